@@ -1,0 +1,66 @@
+"""The wsishard error hierarchy.
+
+Every error wsishard raises on purpose is a :class:`WsiShardError`. Where a caller would naturally catch a
+builtin (``ValueError`` for bad options, ``OSError`` for unreadable files), the subclass also derives from
+that builtin, as fsspec's exceptions do. Errors carry structured fields so a caller never parses messages.
+"""
+
+from __future__ import annotations
+
+
+class WsiShardError(Exception):
+    """Base class of every error wsishard raises on purpose."""
+
+
+class OptionError(WsiShardError, ValueError):
+    """A bad option value (the message names the option and the value)."""
+
+
+class SlideError(WsiShardError, OSError):
+    """A slide could not be used.
+
+    Attributes:
+        path: the slide's file name or URL.
+        reason: one line a person can act on (no traceback).
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class MissingMppError(SlideError):
+    """A slide reports no microns-per-pixel and no override covers it."""
+
+
+class ShardError(WsiShardError, OSError):
+    """A shard is missing, truncated, corrupt or holds fewer samples than the manifest says.
+
+    Attributes:
+        shard: the shard's name or URL.
+        reason: what is wrong with it.
+    """
+
+    def __init__(self, shard: str, reason: str) -> None:
+        super().__init__(f"shard {shard}: {reason}")
+        self.shard = shard
+        self.reason = reason
+
+
+class ManifestError(WsiShardError, ValueError):
+    """A manifest is missing, unreadable, of another format version, or inconsistent.
+
+    Attributes:
+        location: the manifest's path or URL.
+        reason: what is wrong with it.
+    """
+
+    def __init__(self, location: str, reason: str) -> None:
+        super().__init__(f"manifest {location}: {reason}")
+        self.location = location
+        self.reason = reason
+
+
+class TopologyError(WsiShardError, ValueError):
+    """Too few shards for the ranks x workers reading them (the message says how many are needed)."""

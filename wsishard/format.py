@@ -1,0 +1,198 @@
+"""The shard and manifest format: one description shared by the writer and the reader.
+
+A build output is a folder (or object-store prefix) holding WebDataset tar shards named
+``shard-000000.tar``, ``shard-000001.tar``, ... and a ``manifest.json`` written last.
+
+Each sample is one tissue patch with the members::
+
+    <key>.jpg | <key>.png | <key>.webp   the encoded RGB patch, ``patch_size`` x ``patch_size`` px
+    <key>.json                           :class:`PatchMeta` as UTF-8 JSON
+    <key>.cls                            the slide's integer label as ASCII digits (only when labelled)
+
+The key grammar is ``<slide_id>_x<l0_x>_y<l0_y>``: ``slide_id`` is sanitized to ``[A-Za-z0-9_-]`` so a key
+never holds a dot (webdataset splits member names at the first dot) or a path separator, and the
+coordinates are the patch's top-left corner in level-0 pixels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal, TypedDict
+
+from wsishard.errors import ManifestError
+
+FORMAT_NAME = "wsishard"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+SHARD_PREFIX = "shard-"
+SHARD_SUFFIX = ".tar"
+IMAGE_FORMATS: tuple[str, ...] = ("jpg", "png", "webp")
+META_EXT = "json"
+LABEL_EXT = "cls"
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+_MAX_ID_CHARS = 96
+
+ImageFormat = Literal["jpg", "png", "webp"]
+SlideStatus = Literal["ok", "failed"]
+
+
+class PatchMeta(TypedDict, total=False):
+    """The ``.json`` member of a sample. Coordinates and extents are level-0 pixels."""
+
+    slide_id: str
+    file: str  # the source slide's file name (no folders)
+    x: int  # level-0 left
+    y: int  # level-0 top
+    extent: int  # level-0 width (= height) the patch covers
+    mpp: float  # microns per pixel of the patch as written
+    level: int  # pyramid level the pixels were read from
+    patch_size: int  # px, width = height of the written image
+    tissue: float  # fraction of the patch inside the tissue mask, 0..1
+    label: int  # only when the build had labels
+
+
+def sanitize_slide_id(name: str) -> str:
+    """Turn a file stem into a slide id safe for tar member names and webdataset keys.
+
+    Anything outside ``[A-Za-z0-9_-]`` (dots, slashes, spaces, unicode) becomes ``_``; the result is
+    never empty and never starts with ``-`` or ``_``.
+    """
+    cleaned = _UNSAFE.sub("_", name).strip("_-")[:_MAX_ID_CHARS]
+    return cleaned or "slide"
+
+
+def unique_slide_ids(paths: list[str]) -> list[str]:
+    """Sanitized, unique slide ids for ``paths`` (file stems; a short hash of the path breaks ties)."""
+    stems = [sanitize_slide_id(_stem(p)) for p in paths]
+    counts: dict[str, int] = {}
+    for stem in stems:
+        counts[stem] = counts.get(stem, 0) + 1
+    out = []
+    for path, stem in zip(paths, stems, strict=True):
+        if counts[stem] > 1:
+            stem = f"{stem}-{hashlib.sha1(path.encode()).hexdigest()[:8]}"
+        out.append(stem)
+    return out
+
+
+def _stem(path: str) -> str:
+    base = path.rstrip("/").replace("\\", "/").rsplit("/", 1)[-1]
+    head, dot, _ext = base.rpartition(".")
+    return head if dot and head else base
+
+
+def sample_key(slide_id: str, l0_x: int, l0_y: int) -> str:
+    """The webdataset key of the patch at level-0 ``(l0_x, l0_y)`` of ``slide_id`` (already sanitized)."""
+    return f"{slide_id}_x{l0_x}_y{l0_y}"
+
+
+def shard_name(index: int) -> str:
+    """File name of the shard with global index ``index``: ``shard-000042.tar``."""
+    return f"{SHARD_PREFIX}{index:06d}{SHARD_SUFFIX}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardRecord:
+    """One shard as listed in the manifest."""
+
+    name: str  # file name relative to the output root
+    samples: int
+    bytes: int
+    sha256: str
+    slides: int = 0  # distinct slides in the shard
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlideRecord:
+    """One input slide's outcome. Dimensions are level-0 pixels; ``mpp`` is level-0 microns per pixel."""
+
+    slide_id: str
+    file: str
+    status: SlideStatus
+    reason: str = ""
+    width: int = 0
+    height: int = 0
+    mpp: float | None = None
+    mpp_source: str = ""  # "openslide" | "csv" | "default" | ""
+    level: int | None = None
+    downsample: float | None = None
+    tissue_fraction: float = 0.0
+    candidates: int = 0
+    patches: int = 0
+    label: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """The build output's table of contents, written last by the build."""
+
+    options: dict[str, Any]
+    shards: list[ShardRecord]
+    slides: list[SlideRecord]
+    image_format: str = "jpg"
+    created: str = ""
+    wsishard_version: str = ""
+    format: str = FORMAT_NAME
+    version: int = FORMAT_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_samples(self) -> int:
+        return sum(s.samples for s in self.shards)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.bytes for s in self.shards)
+
+    @property
+    def failed_slides(self) -> list[SlideRecord]:
+        return [s for s in self.slides if s.status != "ok"]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["totals"] = {
+            "shards": len(self.shards),
+            "samples": self.total_samples,
+            "bytes": self.total_bytes,
+            "slides": len(self.slides),
+            "slides_ok": len(self.slides) - len(self.failed_slides),
+            "slides_failed": len(self.failed_slides),
+        }
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], location: str = "<manifest>") -> Manifest:
+        if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+            raise ManifestError(location, "not a wsishard manifest")
+        if data.get("version") != FORMAT_VERSION:
+            raise ManifestError(
+                location, f"format version {data.get('version')!r}, this wsishard reads {FORMAT_VERSION}"
+            )
+        try:
+            shards = [ShardRecord(**_known(ShardRecord, s)) for s in data["shards"]]
+            slides = [SlideRecord(**_known(SlideRecord, s)) for s in data["slides"]]
+            top = _known(cls, data)
+            top.update(shards=shards, slides=slides)
+            return cls(**top)
+        except (KeyError, TypeError) as exc:
+            raise ManifestError(location, f"malformed ({exc})") from exc
+
+    @classmethod
+    def from_json(cls, text: str, location: str = "<manifest>") -> Manifest:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ManifestError(location, f"not valid JSON ({exc})") from exc
+        return cls.from_dict(data, location)
+
+
+def _known(klass: type, data: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(klass)}
+    return {k: v for k, v in data.items() if k in names}

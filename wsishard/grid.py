@@ -1,0 +1,202 @@
+"""Pure patch-grid arithmetic: level choice, candidate patches, tissue fractions and read blocks.
+
+Frames: ``l0_`` is level-0 pixels, ``l_`` is pixels of the level read, ``o_`` is output pixels (the slide
+resampled to the target mpp, in which patches are exactly ``patch_size_px`` wide), ``m_`` is tissue-mask pixels.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from wsishard.errors import OptionError, SlideError
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatchOptions:
+    """What a patch is and which ones are kept.
+
+    Attributes:
+        target_mpp: microns per pixel of the written patches.
+        patch_size_px: width = height of a written patch, px.
+        stride_px: grid step in output px (None: ``patch_size_px``, no overlap).
+        min_tissue: keep patches with at least this fraction of tissue (0..1).
+        max_patches_per_slide: keep a seeded random subset of at most this many (None: all).
+        allow_upsample: allow a target finer than level 0 (patches are then upsampled).
+        mpp_tolerance: relative slack when comparing mpp (0.502 vs 0.5 counts as equal at 0.01).
+        block_patches: patches per side of a read block (a block is one region read).
+    """
+
+    target_mpp: float = 0.5
+    patch_size_px: int = 256
+    stride_px: int | None = None
+    min_tissue: float = 0.5
+    max_patches_per_slide: int | None = None
+    allow_upsample: bool = False
+    mpp_tolerance: float = 0.01
+    block_patches: int = 4
+
+    def __post_init__(self) -> None:
+        _check(self.target_mpp > 0 and math.isfinite(self.target_mpp), "target_mpp", self.target_mpp)
+        _check(8 <= self.patch_size_px <= 8192, "patch_size_px", self.patch_size_px)
+        _check(self.stride_px is None or 1 <= self.stride_px <= 8192, "stride_px", self.stride_px)
+        _check(0.0 <= self.min_tissue <= 1.0, "min_tissue", self.min_tissue)
+        _check(self.max_patches_per_slide is None or self.max_patches_per_slide >= 1, "max_patches_per_slide",
+               self.max_patches_per_slide)  # fmt: skip
+        _check(0.0 <= self.mpp_tolerance < 0.5, "mpp_tolerance", self.mpp_tolerance)
+        _check(1 <= self.block_patches <= 64, "block_patches", self.block_patches)
+
+    @property
+    def stride(self) -> int:
+        return self.stride_px or self.patch_size_px
+
+
+def _check(ok: bool, name: str, value: Any) -> None:
+    if not ok:
+        raise OptionError(f"invalid {name}: {value!r}")
+
+
+def choose_level(path: str, mpp0: float, level_downsamples: tuple[float, ...], options: PatchOptions) -> int:
+    """The pyramid level nearest to, and not coarser than, the target resolution.
+
+    Raises:
+        SlideError: the target is finer than level 0 and upsampling is not allowed.
+    """
+    l0_per_o = options.target_mpp / mpp0  # level-0 px per output px
+    slack = 1.0 + options.mpp_tolerance
+    if l0_per_o * slack < 1.0 and not options.allow_upsample:
+        raise SlideError(
+            path,
+            f"target {options.target_mpp} mpp is finer than level 0 ({mpp0:.4g} mpp); use --allow-upsample",
+        )
+    return max(i for i, d in enumerate(level_downsamples) if d <= l0_per_o * slack or i == 0)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Kept grid cells of one slide. Arrays are (n,) and sorted by (row, col)."""
+
+    col: np.ndarray  # (n,) int64 grid column
+    row: np.ndarray  # (n,) int64 grid row
+    tissue: np.ndarray  # (n,) float32 tissue fraction
+    l0_per_o: float  # level-0 px per output px
+    stride: int  # output px between grid cells
+    patch: int  # output px per patch side
+    total: int  # candidate cells with any tissue before the min_tissue cut
+
+    def __len__(self) -> int:
+        return int(self.col.shape[0])
+
+    @property
+    def l0_x(self) -> np.ndarray:
+        return np.rint(self.col * self.stride * self.l0_per_o).astype(np.int64)
+
+    @property
+    def l0_y(self) -> np.ndarray:
+        return np.rint(self.row * self.stride * self.l0_per_o).astype(np.int64)
+
+    @property
+    def l0_extent(self) -> int:
+        return round(self.patch * self.l0_per_o)
+
+
+def grid_shape(l0_dims: tuple[int, int], l0_per_o: float, patch: int, stride: int) -> tuple[int, int]:
+    """(cols, rows) of whole patches that fit in the slide."""
+    o_w, o_h = l0_dims[0] / l0_per_o, l0_dims[1] / l0_per_o
+    cols = math.floor((o_w - patch) / stride) + 1 if o_w >= patch else 0
+    rows = math.floor((o_h - patch) / stride) + 1 if o_h >= patch else 0
+    return cols, rows
+
+
+def tissue_fractions(mask: np.ndarray, m_x0: np.ndarray, m_y0: np.ndarray, m_size: float) -> np.ndarray:
+    """Fraction of tissue in squares of side ``m_size`` mask px at float mask coords, via an integral image.
+
+    Args:
+        mask: (h, w) bool tissue mask.
+        m_x0, m_y0: (n,) float top-left corners in mask px.
+    """
+    h, w = mask.shape
+    integral = np.zeros((h + 1, w + 1), dtype=np.int64)
+    integral[1:, 1:] = np.cumsum(np.cumsum(mask, axis=0, dtype=np.int64), axis=1)
+    x0 = np.clip(np.rint(m_x0), 0, w).astype(np.int64)
+    y0 = np.clip(np.rint(m_y0), 0, h).astype(np.int64)
+    x1 = np.clip(np.maximum(np.rint(m_x0 + m_size), x0 + 1), 0, w).astype(np.int64)
+    y1 = np.clip(np.maximum(np.rint(m_y0 + m_size), y0 + 1), 0, h).astype(np.int64)
+    inside = integral[y1, x1] - integral[y0, x1] - integral[y1, x0] + integral[y0, x0]
+    area = np.maximum((x1 - x0) * (y1 - y0), 1)
+    return (inside / area).astype(np.float32)
+
+
+def candidates(l0_dims: tuple[int, int], mpp0: float, mask: np.ndarray, l0_per_m: float, options: PatchOptions,
+               seed: int = 0) -> Candidates:  # fmt: skip
+    """The slide's patches with at least ``min_tissue`` tissue (and the seeded subset if capped).
+
+    Args:
+        l0_dims: level-0 (width, height).
+        mpp0: level-0 microns per px.
+        mask: (h, w) bool tissue mask covering the slide.
+        l0_per_m: level-0 px per mask px.
+        seed: seeds the subset when ``max_patches_per_slide`` caps the count.
+    """
+    l0_per_o = options.target_mpp / mpp0
+    patch, stride = options.patch_size_px, options.stride
+    cols, rows = grid_shape(l0_dims, l0_per_o, patch, stride)
+    row, col = np.divmod(np.arange(cols * rows, dtype=np.int64), max(cols, 1))
+    m_per_o = l0_per_o / l0_per_m
+    frac = tissue_fractions(mask, col * stride * m_per_o, row * stride * m_per_o, patch * m_per_o)
+    total = int(np.count_nonzero(frac > 0))
+    keep = frac >= options.min_tissue if options.min_tissue > 0 else np.ones_like(frac, dtype=bool)
+    idx = np.flatnonzero(keep)
+    cap = options.max_patches_per_slide
+    if cap is not None and idx.size > cap:
+        idx = np.sort(np.random.default_rng((seed, 0x5A3D)).choice(idx, size=cap, replace=False))
+    return Candidates(col=col[idx], row=row[idx], tissue=frac[idx], l0_per_o=l0_per_o, stride=stride,
+                      patch=patch, total=total)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Block:
+    """A rectangle of neighbouring patches read as one region.
+
+    Attributes:
+        patches: (k,) indices into the slide's :class:`Candidates`.
+        o_x, o_y: output-px top-left of the block.
+        o_w, o_h: output-px size of the block.
+    """
+
+    patches: np.ndarray
+    o_x: int
+    o_y: int
+    o_w: int
+    o_h: int
+
+    def level_rect(self, l0_per_o: float, downsample: float) -> tuple[int, int, int, int]:
+        """The block's (l_x, l_y, l_w, l_h) at a level of the given downsample."""
+        scale = l0_per_o / downsample  # level px per output px
+        l_x, l_y = math.floor(self.o_x * scale), math.floor(self.o_y * scale)
+        l_x1, l_y1 = math.ceil((self.o_x + self.o_w) * scale), math.ceil((self.o_y + self.o_h) * scale)
+        return l_x, l_y, max(1, l_x1 - l_x), max(1, l_y1 - l_y)
+
+
+def blocks(cands: Candidates, block_patches: int) -> list[Block]:
+    """Cut the kept patches into blocks of at most ``block_patches`` x ``block_patches`` grid cells.
+
+    Each block's rectangle is the bounding box of its kept cells, so no more is read than needed.
+    Blocks come in (block row, block col) order.
+    """
+    if len(cands) == 0:
+        return []
+    b_row, b_col = cands.row // block_patches, cands.col // block_patches
+    order = np.lexsort((cands.col, cands.row, b_col, b_row))
+    keys = b_row[order] * (int(b_col.max()) + 1) + b_col[order]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    out = []
+    for members in np.split(order, starts[1:]):
+        c0, c1 = int(cands.col[members].min()), int(cands.col[members].max())
+        r0, r1 = int(cands.row[members].min()), int(cands.row[members].max())
+        s, p = cands.stride, cands.patch
+        out.append(Block(patches=members, o_x=c0 * s, o_y=r0 * s, o_w=(c1 - c0) * s + p, o_h=(r1 - r0) * s + p))
+    return out

@@ -1,0 +1,128 @@
+"""Pure, seeded planning: slides into groups, each group's blocks into shards, and each shard's write order.
+
+No I/O. The same inputs and seed give the same plan; the plan alone fixes which samples land in which shard
+and in what order, so extraction can run shards in any order, in any process, and redo any of them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """One shard: its global index, its group, and its blocks in write order.
+
+    Attributes:
+        blocks: ((slide, block), ...) with ``slide`` an index into the planned slides and ``block`` an index into
+            that slide's block list.
+        patches: planned patch count (before any slide fails during extraction).
+    """
+
+    index: int
+    group: int
+    blocks: tuple[tuple[int, int], ...]
+    patches: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    groups: tuple[tuple[int, ...], ...]  # slide indices per group
+    shards: tuple[ShardPlan, ...]
+
+
+def make_groups(patch_counts: Sequence[int], group_slides: int, seed: int) -> list[list[int]]:
+    """Shuffle slides with the seed and cut them into groups of at most ``group_slides``, balanced by patches.
+
+    Args:
+        patch_counts: patches per slide, indexed like the slides (slides with none are left out).
+    """
+    slides = [i for i, n in enumerate(patch_counts) if n > 0]
+    if not slides:
+        return []
+    rng = np.random.default_rng((seed, 0x6A01))
+    shuffled = [slides[i] for i in rng.permutation(len(slides))]
+    n_groups = math.ceil(len(shuffled) / group_slides)
+    cap = math.ceil(len(shuffled) / n_groups)
+    groups: list[list[int]] = [[] for _ in range(n_groups)]
+    load = [0] * n_groups
+    for s in sorted(shuffled, key=lambda s: -patch_counts[s]):  # stable: ties keep the shuffled order
+        g = min((g for g in range(n_groups) if len(groups[g]) < cap), key=lambda g: (load[g], g))
+        groups[g].append(s)
+        load[g] += patch_counts[s]
+    return [sorted(g, key=shuffled.index) for g in groups]
+
+
+def assign_blocks(
+    block_sizes: dict[int, Sequence[int]], n_shards: int, rng: np.random.Generator
+) -> list[list[tuple[int, int]]]:
+    """Deal a group's blocks to ``n_shards`` shards at random, keeping shard patch counts balanced.
+
+    Blocks are visited in a random order and each goes to the shard with the fewest patches so far.
+    """
+    all_blocks = [(s, b) for s in sorted(block_sizes) for b in range(len(block_sizes[s]))]
+    shards: list[list[tuple[int, int]]] = [[] for _ in range(n_shards)]
+    load = np.zeros(n_shards, dtype=np.int64)
+    for i in rng.permutation(len(all_blocks)):
+        s, b = all_blocks[i]
+        k = int(np.argmin(load))
+        shards[k].append((s, b))
+        load[k] += block_sizes[s][b]
+    return shards
+
+
+def interleave(blocks: list[tuple[int, int]], rng: np.random.Generator) -> list[tuple[int, int]]:
+    """Order a shard's blocks so that consecutive blocks come from different slides wherever possible.
+
+    Each step picks a slide at random (weighted by its remaining blocks) among those other than the previous
+    one, except that a slide holding more than half of what remains must go now: that keeps an order with no
+    two neighbours from one slide possible whenever one exists.
+    """
+    queues: dict[int, list[tuple[int, int]]] = {}
+    for blk in (blocks[i] for i in rng.permutation(len(blocks))):
+        queues.setdefault(blk[0], []).append(blk)
+    order: list[tuple[int, int]] = []
+    prev = -1
+    remaining = len(blocks)
+    while remaining:
+        slides = sorted(queues)
+        counts = np.array([len(queues[s]) for s in slides])
+        big = int(np.argmax(counts))
+        if (2 * counts[big] > remaining and slides[big] != prev) or len(slides) == 1:
+            pick = slides[big]
+        else:
+            weights = np.where(np.array(slides) == prev, 0, counts).astype(float)
+            pick = slides[int(rng.choice(len(slides), p=weights / weights.sum()))]
+        order.append(queues[pick].pop())
+        if not queues[pick]:
+            del queues[pick]
+        prev, remaining = pick, remaining - 1
+    return order
+
+
+def make_plan(block_sizes: Sequence[Sequence[int]], *, samples_per_shard: int, group_slides: int, seed: int) -> Plan:
+    """Plan the whole build.
+
+    Args:
+        block_sizes: per slide, the patch count of each of its blocks (in the slide's block order).
+        samples_per_shard: target patches per shard (shards hold at most about this many).
+        group_slides: slides per group (the unit that shards mix over).
+        seed: the build's seed.
+    """
+    counts = [int(sum(b)) for b in block_sizes]
+    groups = make_groups(counts, group_slides, seed)
+    shards: list[ShardPlan] = []
+    for g, members in enumerate(groups):
+        rng = np.random.default_rng((seed, 0x6A02, g))
+        total = sum(counts[s] for s in members)
+        n_shards = max(1, math.ceil(total / samples_per_shard))
+        for blocks in assign_blocks({s: block_sizes[s] for s in members}, n_shards, rng):
+            if not blocks:
+                continue
+            ordered = tuple(interleave(blocks, rng))
+            shards.append(ShardPlan(len(shards), g, ordered, sum(block_sizes[s][b] for s, b in ordered)))
+    return Plan(groups=tuple(tuple(g) for g in groups), shards=tuple(shards))

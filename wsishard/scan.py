@@ -1,0 +1,119 @@
+"""Per-slide scan: open, resolve mpp, pick the level, detect tissue on a low-res view, lay out the patch grid.
+
+Scanning reads only a low-resolution view (plus, when shards are sized in bytes, two blocks to measure encoded
+bytes per patch), so it is cheap next to extraction. Its result is small and picklable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from wsishard.encode import block_samples
+from wsishard.errors import SlideError
+from wsishard.format import SlideRecord
+from wsishard.grid import Block, Candidates, PatchOptions, blocks, candidates, choose_level, grid_shape
+from wsishard.qc import qc_picture
+from wsishard.slide import SlideReader, open_slide, read_lowres, resolve_mpp
+from wsishard.tissue import TissueOptions, detect_tissue
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScanTask:
+    """Everything a worker needs to scan one slide."""
+
+    index: int
+    path: str
+    slide_id: str
+    patch: PatchOptions
+    tissue: TissueOptions
+    mpp_override: float | None
+    default_mpp: float | None
+    label: int | None
+    seed: int
+    fast_path: bool
+    qc_path: str | None  # where to write the QC picture (None: no picture)
+    measure: tuple[str, int] | None  # (image_format, quality) to measure bytes per patch, None to skip
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """A slide's record plus what extraction needs (empty for failed slides)."""
+
+    record: SlideRecord
+    cands: Candidates | None = None
+    blocks: list[Block] = field(default_factory=list)
+    bytes_per_patch: float | None = None
+
+    @property
+    def block_sizes(self) -> list[int]:
+        return [len(b.patches) for b in self.blocks]
+
+
+def scan_slide(task: ScanTask) -> ScanResult:
+    """Scan one slide. Never raises for a bad slide: failures come back as a failed record with a reason."""
+    base = {"slide_id": task.slide_id, "file": task.path, "label": task.label}
+    try:
+        reader = open_slide(task.path, fast=task.fast_path)
+    except SlideError as exc:
+        return ScanResult(SlideRecord(**base, status="failed", reason=exc.reason))
+    try:
+        return _scan_open(task, reader, base)
+    except SlideError as exc:
+        return ScanResult(SlideRecord(**base, status="failed", reason=exc.reason))
+    except Exception as exc:  # the build's catch-all boundary: any slide failure is recorded, the build goes on
+        logger.debug("scan of %s failed", task.path, exc_info=True)
+        return ScanResult(SlideRecord(**base, status="failed", reason=f"{type(exc).__name__}: {exc}"[:300]))
+    finally:
+        reader.close()
+
+
+def _scan_open(task: ScanTask, reader: SlideReader, base: dict[str, Any]) -> ScanResult:
+    l0_w, l0_h = reader.level_dimensions[0]
+    dims = {"width": l0_w, "height": l0_h}
+    mpp0, mpp_source = resolve_mpp(task.path, reader.properties, task.mpp_override, task.default_mpp)
+    level = choose_level(task.path, mpp0, reader.level_downsamples, task.patch)
+    info = {**base, **dims, "mpp": mpp0, "mpp_source": mpp_source, "level": level,
+            "downsample": reader.level_downsamples[level]}  # fmt: skip
+    cols, rows = grid_shape((l0_w, l0_h), task.patch.target_mpp / mpp0, task.patch.patch_size_px, task.patch.stride)
+    if cols == 0 or rows == 0:
+        reason = f"smaller than one {task.patch.patch_size_px} px patch at {task.patch.target_mpp} mpp ({l0_w}x{l0_h})"
+        return ScanResult(SlideRecord(**info, status="failed", reason=reason))
+    l0_per_t = max(task.tissue.thumb_mpp / mpp0, max(l0_w, l0_h) / task.tissue.max_thumb_px, 1.0)
+    thumb, l0_per_t = read_lowres(reader, l0_per_t)
+    mask = detect_tissue(thumb, l0_per_t * mpp0, task.tissue)
+    cands = candidates((l0_w, l0_h), mpp0, mask, l0_per_t, task.patch, seed=_slide_seed(task))
+    fraction = float(mask.mean())
+    if task.qc_path is not None:
+        qc_picture(thumb, mask, l0_per_t, cands.l0_x, cands.l0_y, cands.l0_extent).save(task.qc_path)
+    info.update(tissue_fraction=round(fraction, 4), candidates=cands.total)
+    if len(cands) == 0:
+        reason = "no tissue found" if not mask.any() else f"no patch with >= {task.patch.min_tissue:.0%} tissue"
+        return ScanResult(SlideRecord(**info, status="failed", reason=reason))
+    block_list = blocks(cands, task.patch.block_patches)
+    measured = _bytes_per_patch(task, reader, cands, block_list, level, *task.measure) if task.measure else None
+    return ScanResult(SlideRecord(**info, status="ok"), cands, block_list, measured)
+
+
+def _slide_seed(task: ScanTask) -> int:
+    return int.from_bytes(task.slide_id.encode()[:8].ljust(8, b"\0"), "little") ^ task.seed
+
+
+def _bytes_per_patch(task: ScanTask, reader: SlideReader, cands: Candidates, block_list: list[Block], level: int,
+                     image_format: str, quality: int) -> float:  # fmt: skip
+    """Mean encoded bytes of a sample, measured on up to two seeded blocks of the slide."""
+    rng = np.random.default_rng((task.seed, task.index, 0x5CA9))
+    picks = rng.choice(len(block_list), size=min(2, len(block_list)), replace=False)
+    sizes = []
+    for b in picks.tolist():
+        samples = block_samples(reader, block_list[b], cands, level=level, slide_id=task.slide_id,
+                                file_name=os.path.basename(task.path), target_mpp=task.patch.target_mpp,
+                                image_format=image_format, quality=quality, label=task.label)  # fmt: skip
+        sizes.extend(sum(len(v) for v in members.values()) for _, members in samples)
+    return float(np.mean(sizes))

@@ -1,0 +1,98 @@
+"""Tar shard writing: samples go to a temporary name and appear under the final name only when complete.
+
+Bytes and sha256 are computed while writing, so the manifest's checksums never need a second read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from types import TracebackType
+from typing import Any
+
+import webdataset as wds
+
+from wsishard.format import ShardRecord
+
+_TAR_MTIME = 0.0  # fixed member mtime: the same samples give byte-identical shards
+
+
+class _HashingFile:
+    """A write-only file object that hashes and counts what passes through it."""
+
+    def __init__(self, fh: Any) -> None:
+        self._fh = fh
+        self.sha256 = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, data: bytes) -> int:
+        self.sha256.update(data)
+        self.bytes += len(data)
+        written: int = self._fh.write(data)
+        return written
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+
+class ShardWriter:
+    """Write one shard atomically: ``with ShardWriter(dir, name) as w: w.write(sample)``.
+
+    The shard is written to ``.<name>.tmp-<pid>`` in the same folder and renamed to ``name`` on a clean exit;
+    on an exception the temporary file is removed and nothing appears under ``name``.
+
+    Args:
+        folder: local output folder.
+        name: the shard's final file name.
+    """
+
+    def __init__(self, folder: str, name: str) -> None:
+        self.folder = folder
+        self.name = name
+        self.final_path = os.path.join(folder, name)
+        self.tmp_path = os.path.join(folder, f".{name}.tmp-{os.getpid()}")
+        self._fh = open(self.tmp_path, "wb")  # noqa: SIM115 - closed in commit()/abort()
+        self._hashing = _HashingFile(self._fh)
+        self._tar = wds.TarWriter(self._hashing, encoder=False, mtime=_TAR_MTIME, user="wsishard", group="wsishard")
+        self._samples = 0
+        self._slides: set[str] = set()
+        self.record: ShardRecord | None = None
+
+    def write(self, key: str, members: dict[str, bytes], slide_id: str) -> None:
+        """Append one sample: ``members`` maps extensions (``jpg``, ``json``, ...) to encoded bytes."""
+        self._tar.write({"__key__": key, **members})
+        self._samples += 1
+        self._slides.add(slide_id)
+
+    def commit(self) -> ShardRecord:
+        """Finish the archive, make it visible under its final name and return its manifest record."""
+        self._tar.close()
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+        os.replace(self.tmp_path, self.final_path)
+        self.record = ShardRecord(
+            name=self.name,
+            samples=self._samples,
+            bytes=self._hashing.bytes,
+            sha256=self._hashing.sha256.hexdigest(),
+            slides=len(self._slides),
+        )
+        return self.record
+
+    def abort(self) -> None:
+        """Drop everything written; nothing appears under the final name."""
+        self._fh.close()
+        if os.path.exists(self.tmp_path):
+            os.remove(self.tmp_path)
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
