@@ -54,6 +54,7 @@ class BuildOptions:
         default_mpp: level-0 mpp for slides that report none.
         mpp_overrides: slide (path, file name or stem) -> level-0 mpp; wins over the slide's own value.
         labels: slide (path, file name or stem) -> integer label written as ``.cls``.
+        label_names: class names when labels were given as names (label i is ``label_names[i]``).
     """
 
     patch: PatchOptions = field(default_factory=PatchOptions)
@@ -70,6 +71,7 @@ class BuildOptions:
     default_mpp: float | None = None
     mpp_overrides: Mapping[str, float] = field(default_factory=dict)
     labels: Mapping[str, int] = field(default_factory=dict)
+    label_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         checks = {
@@ -254,6 +256,7 @@ def _manifest(inputs: Sequence[str], options: BuildOptions, scans: list[ScanResu
     return Manifest(
         options={"inputs": list(inputs), **_options_dict(options)}, shards=shards, slides=slides,
         image_format=options.image_format, wsishard_version=__version__,
+        extra={"label_names": list(options.label_names)} if options.label_names else {},
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )  # fmt: skip
 

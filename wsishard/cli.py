@@ -1,0 +1,246 @@
+"""The ``wsishard`` command: argparse over the library. Logging and progress bars are set up here only."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from wsishard import __version__
+from wsishard.build import BuildOptions, BuildProgress, build
+from wsishard.errors import WsiShardError
+from wsishard.format import IMAGE_FORMATS
+from wsishard.grid import PatchOptions
+from wsishard.report import details, summary
+from wsishard.storage import load_manifest
+from wsishard.tissue import TissueOptions
+
+logger = logging.getLogger("wsishard")
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
+EXIT_OK, EXIT_FAILED_SLIDES, EXIT_USAGE = 0, 1, 2
+
+
+def parse_size(text: str) -> int:
+    """``512MB`` -> 512000000, ``1GiB`` -> 1073741824, ``100k`` -> 100000, ``4096`` -> 4096."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 512MB, 1GiB, 100000)")
+    number, unit, binary = match.groups()
+    base = 1024 if binary else 1000
+    return int(float(number) * base ** " kmgt".index(unit.lower() or " "))
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a {kind.__name__}: {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+        return value
+
+    return parse
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1: {text!r}")
+    return value
+
+
+def read_table(path: str, what: str) -> dict[str, str]:
+    """A two-column CSV (slide, value), with or without a header line, as a dict."""
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = [r for r in csv.reader(fh) if r and r[0].strip() and not r[0].startswith("#")]
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {what} {path}: {exc.strerror}") from exc
+    if any(len(r) < 2 for r in rows):
+        raise argparse.ArgumentTypeError(f"{what} {path}: every line needs two columns: slide,value")
+    return {r[0].strip(): r[1].strip() for r in rows}
+
+
+def _mpp_table(path: str) -> dict[str, float]:
+    table = read_table(path, "--mpp-csv")
+    out = {}
+    for slide, value in table.items():
+        try:
+            out[slide] = float(value)
+        except ValueError:
+            if out or slide != next(iter(table)):  # only the first line may be a header
+                raise argparse.ArgumentTypeError(f"--mpp-csv {path}: mpp of {slide!r} is not a number") from None
+    return out
+
+
+def _label_table(path: str) -> tuple[dict[str, int], list[str]]:
+    """Integer labels as they are; otherwise class names numbered in sorted order (names kept for the manifest)."""
+    table = read_table(path, "--labels")
+    first = next(iter(table), None)
+    if first is not None and table[first].lower() in ("label", "class", "y") and not first.endswith(".svs"):
+        table.pop(first)
+    if all(re.fullmatch(r"-?\d+", v) for v in table.values()):
+        return {k: int(v) for k, v in table.items()}, []
+    names = sorted(set(table.values()))
+    return {k: names.index(v) for k, v in table.items()}, names
+
+
+def _add_build_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "build",
+        help="turn slides into mixed tissue-patch WebDataset shards",
+        description="Detect tissue (Otsu), cut a patch grid at a target resolution, and write the tissue patches "
+        "into WebDataset tar shards that mix slides, with a manifest and QC pictures. "
+        "Exit status: 0 all slides built, 1 some slides failed (listed in the summary and the manifest), 2 bad usage.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "slides", nargs="+", help="slide folders (searched recursively), slide files, or text files listing slides"
+    )
+    p.add_argument("-o", "--output", required=True, help="output folder for shards, manifest.json and qc/")
+    g = p.add_argument_group("patches")
+    g.add_argument("--mpp", type=_positive(float), default=0.5, help="target microns per pixel of the patches")
+    g.add_argument("--patch-size", type=_positive(int), default=256, help="patch width = height, px")
+    g.add_argument(
+        "--stride", type=_positive(int), default=None, help="grid step in px at the target mpp (default: patch size)"
+    )
+    g.add_argument("--min-tissue", type=_fraction, default=0.5, help="keep patches with at least this tissue fraction")
+    g.add_argument("--max-patches-per-slide", type=_positive(int), default=None, help="keep a seeded random subset")
+    g.add_argument("--allow-upsample", action="store_true", help="allow a target finer than the slide's level 0")
+    g = p.add_argument_group("resolution")
+    g.add_argument("--mpp-csv", type=_mpp_table, default={}, help="CSV of slide,mpp that overrides the slides' own mpp")
+    g.add_argument("--default-mpp", type=_positive(float), default=None, help="mpp for slides that report none")
+    g = p.add_argument_group("tissue detection")
+    g.add_argument("--thumb-mpp", type=_positive(float), default=8.0, help="resolution (um/px) detection runs at")
+    g.add_argument(
+        "--tissue-threshold", type=_fraction, default=None, help="fixed saturation threshold instead of Otsu's floor"
+    )
+    g = p.add_argument_group("output")
+    g.add_argument("--format", choices=IMAGE_FORMATS, default="jpg", help="jpg (lossy) or png/webp (lossless)")
+    g.add_argument("--quality", type=int, choices=range(1, 101), metavar="1..100", default=90, help="JPEG quality")
+    g.add_argument("--shard-size", type=parse_size, default="256MB", help="approximate bytes per shard (512MB, 1GiB)")
+    g.add_argument("--shard-samples", type=_positive(int), default=None, help="at most this many samples per shard")
+    g.add_argument("--labels", type=_label_table, default=({}, []), help="CSV of slide,label written as .cls")
+    g.add_argument("--group-slides", type=_positive(int), default=32, help="slides mixed together in each shard group")
+    g.add_argument("--no-qc", action="store_true", help="skip the qc/<slide>.png pictures")
+    g = p.add_argument_group("run")
+    g.add_argument("--seed", type=int, default=0, help="seeds every random choice; same seed, same shards")
+    g.add_argument("--jobs", type=_positive(int), default=None, help="worker processes (default: all cores)")
+    g.add_argument("--no-fast-path", action="store_true", help="read every slide through OpenSlide")
+    g.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cmd_build)
+
+
+def _options(args: argparse.Namespace) -> BuildOptions:
+    tissue_kw: dict[str, Any] = {"thumb_mpp": args.thumb_mpp}
+    if args.tissue_threshold is not None:
+        tissue_kw["fixed_threshold"] = args.tissue_threshold
+    labels, names = args.labels
+    return BuildOptions(
+        patch=PatchOptions(target_mpp=args.mpp, patch_size_px=args.patch_size, stride_px=args.stride,
+                           min_tissue=args.min_tissue, max_patches_per_slide=args.max_patches_per_slide,
+                           allow_upsample=args.allow_upsample),
+        tissue=TissueOptions(**tissue_kw), image_format=args.format, quality=args.quality,
+        shard_size_bytes=args.shard_size, shard_samples=args.shard_samples, group_slides=args.group_slides,
+        seed=args.seed, jobs=args.jobs, qc=not args.no_qc, fast_path=not args.no_fast_path,
+        default_mpp=args.default_mpp, mpp_overrides=args.mpp_csv, labels=labels, label_names=tuple(names),
+    )  # fmt: skip
+
+
+class _Bars:
+    """tqdm bars for the build: slides scanned, then patches written (quiet when not a terminal)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.disable = True if quiet else None  # None: tqdm turns itself off when stderr is not a terminal
+        self.scan: tqdm | None = None
+        self.extract: tqdm | None = None
+
+    def __call__(self, event: BuildProgress) -> None:
+        if event.stage == "scan":
+            if self.scan is None:
+                self.scan = tqdm(total=event.total, desc="scan", unit="slide", disable=self.disable)
+            self.scan.update(event.done - self.scan.n)
+            return
+        if self.extract is None:
+            self.close()
+            self.extract = tqdm(total=event.patches_total, desc="extract", unit="patch", disable=self.disable)
+        self.extract.update(event.patches_done - self.extract.n)
+        self.extract.set_postfix_str(f"{event.done}/{event.total} shards", refresh=False)
+
+    def close(self) -> None:
+        for bar in (self.scan, self.extract):
+            if bar is not None:
+                bar.close()
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    options = _options(args)
+    bars = _Bars(args.quiet)
+    try:
+        manifest = build(args.slides, args.output, options, progress=bars)
+    finally:
+        bars.close()
+    print(summary(manifest, args.output))
+    return EXIT_FAILED_SLIDES if manifest.failed_slides else EXIT_OK
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    manifest, _root = load_manifest(args.output)
+    print(details(manifest, max_rows=args.rows))
+    return EXIT_OK
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from wsishard.demo import run_demo
+
+    return run_demo(args.output, n_slides=args.slides, jobs=args.jobs, quiet=args.quiet)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="wsishard", description="Whole-slide images to mixed tissue-patch "
+                                  "WebDataset shards, streamed into PyTorch with two-level DDP sharding.")  # fmt: skip
+    top.add_argument("--version", action="version", version=f"wsishard {__version__}")
+    top.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_build_parser(sub)
+    p = sub.add_parser("inspect", help="print a readable summary of a build output's manifest")
+    p.add_argument("output", help="build output folder, manifest.json path, or URL prefix")
+    p.add_argument("--rows", type=_positive(int), default=50, help="rows of the slide and shard tables")
+    p.set_defaults(func=_cmd_inspect)
+    p = sub.add_parser("demo", help="generate demo slides offline, build them into shards, stream a few batches")
+    p.add_argument("-o", "--output", default="wsishard-demo", help="folder for the demo slides and shards")
+    p.add_argument("--slides", type=_positive(int), default=8, help="demo slides to generate")
+    p.add_argument("--jobs", type=_positive(int), default=None, help="worker processes (default: all cores)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cmd_demo)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)  # fmt: skip
+    try:
+        code: int = args.func(args)
+    except WsiShardError as exc:
+        print(f"wsishard {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("wsishard: interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Readable summaries of a manifest, for the build's final lines and ``wsishard inspect``."""
+
+from __future__ import annotations
+
+import os
+
+from wsishard.format import Manifest
+
+
+def human_bytes(n: float) -> str:
+    """``1234567`` -> ``1.2 MB`` (decimal units, like the ``--shard-size`` parser accepts)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def summary(manifest: Manifest, location: str = "") -> str:
+    """A few lines: slides ok/failed, samples, shards, bytes, and one line per failed slide."""
+    ok = len(manifest.slides) - len(manifest.failed_slides)
+    where = f" -> {location}" if location else ""
+    lines = [
+        f"{len(manifest.slides)} slides ({ok} ok, {len(manifest.failed_slides)} failed): "
+        f"{manifest.total_samples:,} patches in {len(manifest.shards)} shards "
+        f"({human_bytes(manifest.total_bytes)}, {manifest.image_format}){where}"
+    ]
+    if manifest.shards:
+        counts = [s.samples for s in manifest.shards]
+        mixing = [s.slides for s in manifest.shards]
+        lines.append(f"  samples per shard {min(counts)}..{max(counts)}, slides per shard {min(mixing)}..{max(mixing)}")
+    for slide in manifest.failed_slides:
+        lines.append(f"  FAILED {os.path.basename(slide.file)}: {slide.reason}")
+    return "\n".join(lines)
+
+
+def details(manifest: Manifest, *, max_rows: int = 50) -> str:
+    """The summary, the build options, and tables of slides and shards (``max_rows`` of each)."""
+    opts = manifest.options
+    patch = opts.get("patch", {})
+    lines = [
+        f"wsishard manifest v{manifest.version} (wsishard {manifest.wsishard_version}, created {manifest.created})",
+        summary(manifest),
+        "",
+        f"patches: {patch.get('patch_size_px')} px at {patch.get('target_mpp')} mpp, stride "
+        f"{patch.get('stride_px') or patch.get('patch_size_px')}, min tissue {patch.get('min_tissue')}, "
+        f"seed {opts.get('seed')}, quality {opts.get('quality')}",
+        "",
+        f"{'slide':<32} {'status':<7} {'size':>13} {'mpp':>7} {'src':<9} {'lvl':>3} {'tissue':>6} "
+        f"{'cand':>6} {'patches':>7}",
+    ]
+    for s in manifest.slides[:max_rows]:
+        size = f"{s.width}x{s.height}" if s.width else "-"
+        mpp = f"{s.mpp:.4f}" if s.mpp else "-"
+        lvl = "-" if s.level is None else str(s.level)
+        lines.append(
+            f"{s.slide_id[:32]:<32} {s.status:<7} {size:>13} {mpp:>7} {s.mpp_source or '-':<9} {lvl:>3} "
+            f"{s.tissue_fraction:>6.1%} {s.candidates:>6} {s.patches:>7}"
+        )
+    if len(manifest.slides) > max_rows:
+        lines.append(f"... {len(manifest.slides) - max_rows} more slides")
+    lines += ["", f"{'shard':<20} {'samples':>8} {'slides':>6} {'bytes':>10}  sha256"]
+    for sh in manifest.shards[:max_rows]:
+        lines.append(f"{sh.name:<20} {sh.samples:>8} {sh.slides:>6} {human_bytes(sh.bytes):>10}  {sh.sha256[:16]}")
+    if len(manifest.shards) > max_rows:
+        lines.append(f"... {len(manifest.shards) - max_rows} more shards")
+    return "\n".join(lines)
