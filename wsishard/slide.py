@@ -124,16 +124,13 @@ class TiffTileReader:
         self._decoders: dict[int, Callable[..., Any]] = {}
 
     def _match_level(self, width: int, height: int) -> _TiledLevel:
+        """The first tiled, 8-bit, 3-sample RGB/YCbCr page of exactly ``width`` x ``height``."""
         for index, page in enumerate(self._tif.pages):
-            if not isinstance(page, tifffile.TiffPage) or (page.imagewidth, page.imagelength) != (
-                width,
-                height,
-            ):
+            if not isinstance(page, tifffile.TiffPage) or (page.imagewidth, page.imagelength) != (width, height):
                 continue
-            if not page.is_tiled or page.samplesperpixel != 3 or page.bitspersample != 8 or page.planarconfig != 1:
-                break
-            if page.photometric not in (2, 6) or page.imagedepth != 1:  # RGB or YCbCr
-                break
+            usable = page.is_tiled and page.samplesperpixel == 3 and page.bitspersample == 8
+            if not usable or page.planarconfig != 1 or page.photometric not in (2, 6) or page.imagedepth != 1:
+                continue  # e.g. an untiled thumbnail page of the same size as a level
             return _TiledLevel(
                 page_index=index, width=width, height=height, tile_w=page.tilewidth, tile_h=page.tilelength,
                 tiles_across=math.ceil(width / page.tilewidth), offsets=tuple(page.dataoffsets),

@@ -1,0 +1,106 @@
+"""Pure grid and level arithmetic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wsishard.errors import OptionError, SlideError
+from wsishard.grid import PatchOptions, blocks, candidates, choose_level, grid_shape, tissue_fractions
+
+DOWNSAMPLES = (1.0, 4.0, 16.0, 64.0)
+
+
+@pytest.mark.parametrize(
+    ("mpp0", "target", "level"),
+    [
+        (0.25, 0.5, 0),  # 40x to 20x: read level 0, reduce 2x
+        (0.25, 1.0, 1),  # exactly level 1
+        (0.25, 2.0, 1),  # between levels: the finer one
+        (0.25, 4.0, 2),
+        (0.26, 1.0, 0),  # almost 4x but not quite: level 1 would be 1.04 mpp, coarser than the target
+        (0.2522, 1.0, 1),  # a real 40x scanner: level 1 is 1.0088 mpp, within the 1% tolerance of the target
+        (0.5, 0.5, 0),
+        (0.503, 0.5, 0),  # a hair coarser than the target at level 0: no upsample error within tolerance
+    ],
+)
+def test_choose_level(mpp0: float, target: float, level: int) -> None:
+    assert choose_level("s", mpp0, DOWNSAMPLES, PatchOptions(target_mpp=target)) == level
+
+
+def test_target_finer_than_level0_needs_allow_upsample() -> None:
+    with pytest.raises(SlideError, match="allow-upsample"):
+        choose_level("s", 0.5, DOWNSAMPLES, PatchOptions(target_mpp=0.25))
+    assert choose_level("s", 0.5, DOWNSAMPLES, PatchOptions(target_mpp=0.25, allow_upsample=True)) == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"target_mpp": 0}, {"patch_size_px": 4}, {"min_tissue": 1.5}, {"stride_px": 0}, {"max_patches_per_slide": 0}],
+)
+def test_bad_patch_options(kwargs: dict) -> None:
+    with pytest.raises(OptionError, match=next(iter(kwargs))):
+        PatchOptions(**kwargs)
+
+
+def test_grid_shape_counts_whole_patches_only() -> None:
+    # 10000 l0 px at 0.25 mpp -> 5000 px at 0.5 mpp -> 19 whole 256 px patches (19*256 = 4864)
+    assert grid_shape((10000, 2000), 2.0, 256, 256) == (19, 3)
+    assert grid_shape((300, 300), 2.0, 256, 256) == (0, 0)  # smaller than one patch
+    assert grid_shape((1024, 1024), 2.0, 256, 128) == (3, 3)  # overlapping stride
+
+
+def test_tissue_fractions_integral_image() -> None:
+    mask = np.zeros((10, 10), dtype=bool)
+    mask[:5, :] = True  # top half tissue
+    frac = tissue_fractions(mask, np.array([0.0, 0.0, 0.0]), np.array([0.0, 3.0, 5.0]), 4.0)
+    np.testing.assert_allclose(frac, [1.0, 0.5, 0.0])
+
+
+def test_candidates_keep_min_tissue_and_coordinates() -> None:
+    mask = np.zeros((64, 64), dtype=bool)  # 16 l0 px per mask px over a 1024x1024 slide
+    mask[:, :32] = True  # left half is tissue
+    opts = PatchOptions(target_mpp=0.5, patch_size_px=64, min_tissue=0.5)
+    cands = candidates((1024, 1024), 0.25, mask, 16.0, opts)
+    # output grid: 512 px / 64 = 8 x 8 cells; the left 4 columns are tissue
+    assert len(cands) == 32
+    assert set(cands.col.tolist()) == {0, 1, 2, 3}
+    assert cands.l0_extent == 128
+    assert cands.l0_x.max() == 3 * 128 and cands.l0_y.max() == 7 * 128
+    assert np.all(cands.tissue == 1.0)
+
+
+def test_max_patches_per_slide_is_a_seeded_subset() -> None:
+    mask = np.ones((64, 64), dtype=bool)
+    opts = PatchOptions(target_mpp=0.5, patch_size_px=64, max_patches_per_slide=10)
+    a = candidates((1024, 1024), 0.25, mask, 16.0, opts, seed=1)
+    b = candidates((1024, 1024), 0.25, mask, 16.0, opts, seed=1)
+    c = candidates((1024, 1024), 0.25, mask, 16.0, opts, seed=2)
+    assert len(a) == 10
+    assert np.array_equal(a.col, b.col) and np.array_equal(a.row, b.row)
+    assert not (np.array_equal(a.col, c.col) and np.array_equal(a.row, c.row))
+
+
+def test_blocks_partition_patches_and_bound_their_cells() -> None:
+    rng = np.random.default_rng(0)
+    mask = rng.random((64, 64)) > 0.3
+    opts = PatchOptions(target_mpp=0.5, patch_size_px=32, min_tissue=0.6, block_patches=4)
+    cands = candidates((2048, 2048), 0.25, mask, 32.0, opts)
+    blks = blocks(cands, 4)
+    members = np.concatenate([b.patches for b in blks])
+    assert sorted(members.tolist()) == list(range(len(cands)))  # every patch in exactly one block
+    for b in blks:
+        assert len(b.patches) <= 16
+        cols, rows = cands.col[b.patches], cands.row[b.patches]
+        assert cols.max() // 4 == cols.min() // 4 and rows.max() // 4 == rows.min() // 4
+        assert b.o_x == cols.min() * 32 and b.o_w == (cols.max() - cols.min() + 1) * 32
+
+
+def test_block_level_rect_covers_the_block() -> None:
+    mask = np.ones((32, 32), dtype=bool)
+    opts = PatchOptions(target_mpp=0.5, patch_size_px=256)
+    cands = candidates((10_000, 10_000), 0.2522, mask, 10_000 / 32, opts)
+    for blk in blocks(cands, 4)[:5]:
+        l_x, l_y, l_w, l_h = blk.level_rect(cands.l0_per_o, 1.0)
+        assert l_x <= blk.o_x * cands.l0_per_o and l_x + l_w >= (blk.o_x + blk.o_w) * cands.l0_per_o
+        assert l_y <= blk.o_y * cands.l0_per_o and l_y + l_h >= (blk.o_y + blk.o_h) * cands.l0_per_o
