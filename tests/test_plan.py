@@ -57,7 +57,7 @@ def test_shards_mix_slides_and_are_balanced() -> None:
         runs = max(len(list(g)) for _, g in itertools.groupby(slides))
         assert runs == 1  # consecutive blocks always come from different slides
     patches = [sp.patches for sp in plan.shards]
-    assert max(patches) - min(patches) <= 16  # balanced to within one block
+    assert max(patches) - min(patches) <= 0.1 * np.mean(patches)  # balanced to within a few blocks
 
 
 def test_interleave_avoids_neighbours_whenever_possible() -> None:

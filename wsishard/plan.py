@@ -60,18 +60,22 @@ def make_groups(patch_counts: Sequence[int], group_slides: int, seed: int) -> li
 def assign_blocks(
     block_sizes: dict[int, Sequence[int]], n_shards: int, rng: np.random.Generator
 ) -> list[list[tuple[int, int]]]:
-    """Deal a group's blocks to ``n_shards`` shards at random, keeping shard patch counts balanced.
+    """Deal a group's blocks to ``n_shards`` shards: each slide spread evenly, shard patch counts balanced.
 
-    Blocks are visited in a random order and each goes to the shard with the fewest patches so far.
+    Slides are visited in a random order and each slide's blocks in a random order; a block goes to the shard
+    holding the fewest blocks of its slide so far, then the fewest patches, then a random one. So every slide
+    with at least ``n_shards`` blocks lands in every shard of its group.
     """
-    all_blocks = [(s, b) for s in sorted(block_sizes) for b in range(len(block_sizes[s]))]
     shards: list[list[tuple[int, int]]] = [[] for _ in range(n_shards)]
     load = np.zeros(n_shards, dtype=np.int64)
-    for i in rng.permutation(len(all_blocks)):
-        s, b = all_blocks[i]
-        k = int(np.argmin(load))
-        shards[k].append((s, b))
-        load[k] += block_sizes[s][b]
+    slides = sorted(block_sizes)
+    for s in (slides[i] for i in rng.permutation(len(slides))):
+        mine = np.zeros(n_shards, dtype=np.int64)
+        for b in rng.permutation(len(block_sizes[s])).tolist():
+            k = int(np.lexsort((rng.random(n_shards), load, mine))[0])
+            shards[k].append((s, b))
+            load[k] += block_sizes[s][b]
+            mine[k] += 1
     return shards
 
 

@@ -6,10 +6,12 @@ files, ``AWS_ENDPOINT_URL``) plus explicit ``storage_options``; nothing here log
 
 from __future__ import annotations
 
+import functools
 import os
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any
 
 import fsspec
 
@@ -84,3 +86,46 @@ def load_manifest(source: str, storage_options: StorageOptions | None = None) ->
     except UnicodeDecodeError as exc:
         raise ManifestError(url, "not UTF-8 text") from exc
     return Manifest.from_json(text, url), root
+
+
+@dataclass(frozen=True)
+class StreamOpener:
+    """Opens a shard for one sequential read: local paths with ``open``, URLs through fsspec.
+
+    Picklable (DataLoader workers receive it) and pluggable: any callable ``location -> binary file``
+    can take its place in :func:`wsishard.stream.stream`. The caller closes the returned file.
+
+    Args:
+        storage_options: fsspec options for URLs (e.g. ``{"endpoint_url": ..., "anon": True}``).
+    """
+
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self, location: str) -> IO[bytes]:
+        if not is_url(location):
+            return open(local_path(location), "rb")  # the caller closes it
+        stream: IO[bytes] = fsspec.open(location, "rb", **dict(self.storage_options)).open()
+        return stream
+
+
+def _gopen_fsspec(
+    url: str, mode: str = "rb", bufsize: int = 8192, *, storage_options: StorageOptions, **kw: Any
+) -> IO[bytes]:
+    stream: IO[bytes] = fsspec.open(url, mode, **dict(storage_options)).open()
+    return stream
+
+
+def register_gopen_schemes(
+    schemes: Iterable[str] = ("s3", "gs", "gcs", "az", "abfs"), storage_options: StorageOptions | None = None
+) -> None:
+    """Let plain webdataset pipelines (``wds.WebDataset("s3://...")``) open ``schemes`` through fsspec.
+
+    ``wds.gopen_schemes`` is per process: call this in every DataLoader worker (e.g. from
+    ``worker_init_fn``). wsishard's own :func:`wsishard.stream.stream` does not need it: it opens shards
+    with :class:`StreamOpener`.
+    """
+    import webdataset as wds
+
+    opener = functools.partial(_gopen_fsspec, storage_options=dict(storage_options or {}))
+    for scheme in schemes:
+        wds.gopen_schemes[scheme] = opener

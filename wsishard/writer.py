@@ -1,20 +1,23 @@
 """Tar shard writing: samples go to a temporary name and appear under the final name only when complete.
 
-Bytes and sha256 are computed while writing, so the manifest's checksums never need a second read.
+Bytes and sha256 are computed while writing, so the manifest's checksums never need a second read. The archive
+layout is webdataset's own ``TarWriter`` layout (USTAR, a sample's members in sorted order, fixed owner and
+mode); the standard library's ``tarfile`` writes it directly because importing webdataset imports torch, which
+would add seconds to every build worker's start.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import tarfile
 from types import TracebackType
 from typing import Any
 
-import webdataset as wds
-
 from wsishard.format import ShardRecord
 
-_TAR_MTIME = 0.0  # fixed member mtime: the same samples give byte-identical shards
+_TAR_MTIME = 0  # fixed member mtime: the same samples give byte-identical shards
 
 
 class _HashingFile:
@@ -53,14 +56,19 @@ class ShardWriter:
         self.tmp_path = os.path.join(folder, f".{name}.tmp-{os.getpid()}")
         self._fh = open(self.tmp_path, "wb")  # noqa: SIM115 - closed in commit()/abort()
         self._hashing = _HashingFile(self._fh)
-        self._tar = wds.TarWriter(self._hashing, encoder=False, mtime=_TAR_MTIME, user="wsishard", group="wsishard")
+        self._tar = tarfile.open(fileobj=self._hashing, mode="w|", format=tarfile.USTAR_FORMAT)  # type: ignore[call-overload]  # noqa: SIM115
         self._samples = 0
         self._slides: set[str] = set()
         self.record: ShardRecord | None = None
 
     def write(self, key: str, members: dict[str, bytes], slide_id: str) -> None:
         """Append one sample: ``members`` maps extensions (``jpg``, ``json``, ...) to encoded bytes."""
-        self._tar.write({"__key__": key, **members})
+        for ext in sorted(members):
+            data = members[ext]
+            info = tarfile.TarInfo(f"{key}.{ext}")
+            info.size, info.mtime, info.mode = len(data), _TAR_MTIME, 0o444
+            info.uname = info.gname = "wsishard"
+            self._tar.addfile(info, io.BytesIO(data))
         self._samples += 1
         self._slides.add(slide_id)
 

@@ -1,0 +1,106 @@
+"""Train a small CNN with DistributedDataParallel on a wsishard build output.
+
+    torchrun --nproc_per_node=K examples/train_ddp.py OUT --steps 200          # step-based (resampled)
+    torchrun --nproc_per_node=K examples/train_ddp.py OUT --epoch --epochs 3   # exact epochs
+
+NCCL on GPUs (each rank bound to GPU LOCAL_RANK), gloo on CPU: it runs as is with 2 processes on one CPU
+machine. Every (rank, worker) reads its own shards; in epoch mode every rank yields the same number of
+batches, so the gradient all-reduce never waits for a rank that ran out. Only rank 0 prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from wsishard.collate import GpuCollate
+from wsishard.monitor import MonitoredLoader
+from wsishard.stream import loader, stream
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_single import IMAGENET_MEAN, IMAGENET_STD, loss_fn, make_model, num_classes
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("source", help="build output folder, manifest path or URL prefix")
+    p.add_argument("--steps", type=int, default=100, help="steps per rank (resampled mode)")
+    p.add_argument("--epoch", action="store_true", help="exact epochs instead of endless resampling")
+    p.add_argument("--epochs", type=int, default=1, help="epochs to run with --epoch")
+    p.add_argument("--batch-size", type=int, default=64, help="per rank")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank")
+    p.add_argument("--shuffle", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-every", type=int, default=20)
+    return p.parse_args()
+
+
+def setup() -> tuple[int, torch.device]:
+    """Start the process group and bind this rank to its GPU (or the CPU)."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        dist.init_process_group("nccl", device_id=device)
+        if torch.cuda.current_device() != local_rank:
+            raise RuntimeError(f"rank bound to cuda:{torch.cuda.current_device()}, LOCAL_RANK is {local_rank}")
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=5))
+    return dist.get_rank(), device
+
+
+def main() -> None:
+    args = parse_args()
+    rank, device = setup()
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"[rank {rank}] %(asctime)s %(name)s %(message)s")  # fmt: skip
+    ds = stream(args.source, batch_size=args.batch_size, resampled=not args.epoch, shuffle=args.shuffle,
+                seed=args.seed)  # fmt: skip
+    batches = MonitoredLoader(loader(ds, num_workers=args.workers), every=args.log_every, rank=rank)
+    to_device = GpuCollate(device, mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=True, seed=args.seed + rank)
+    model = DistributedDataParallel(make_model(num_classes(args.source)).to(device),
+                                    device_ids=[device.index] if device.type == "cuda" else None)  # fmt: skip
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def train_step(batch: dict) -> float:
+        b = to_device(batch)
+        loss = loss_fn(model(b["image"]), b["label"])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # all-reduces gradients: every rank must take the same number of steps
+        optimizer.step()
+        return float(loss.item())
+
+    if args.epoch:
+        for epoch in range(args.epochs):
+            planned = ds.batches_per_rank(args.workers, epoch)
+            steps = 0
+            for batch in batches:
+                train_step(batch)
+                steps += 1
+            if rank == 0:
+                print(f"epoch {epoch}: {steps} batches on rank 0, {planned} planned per rank")
+    else:
+        for step, batch in zip(range(args.steps), batches, strict=False):
+            loss = train_step(batch)
+            if rank == 0 and step % args.log_every == 0:
+                print(f"step {step}: loss {loss:.4f}")
+    summaries: list[dict | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(summaries, dict(batches.summary()))
+    if rank == 0:
+        for s in summaries:
+            assert s is not None
+            print(f"rank {s['rank']}: {s['step']} batches, {s['samples_per_s']:.1f} samples/s, "
+                  f"data wait {100 * s['data_wait_fraction']:.0f}%")  # fmt: skip
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

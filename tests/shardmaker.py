@@ -1,0 +1,183 @@
+"""Small wsishard build outputs for tests: noise patches in tar shards plus a manifest.
+
+The format is the one ``wsishard build`` writes (see :mod:`wsishard.format` and :mod:`wsishard.writer`):
+members ``<key>.<jpg|png|webp>``, ``<key>.json`` (PatchMeta, sorted keys) and ``<key>.cls`` (labelled
+builds only), written by ``webdataset.TarWriter`` without an encoder and with a fixed mtime; shards named
+``shard-000000.tar``...; ``manifest.json`` with per-shard counts, bytes and sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import webdataset as wds
+from PIL import Image
+
+from wsishard.format import Manifest, PatchMeta, ShardRecord, SlideRecord, sample_key, shard_name
+
+_PIL = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}
+
+
+@dataclass
+class Output:
+    """What :func:`make_output` wrote."""
+
+    root: str
+    manifest: Manifest
+    keys: dict[str, list[str]] = field(default_factory=dict)  # shard name -> keys in order
+    images: dict[str, np.ndarray] = field(default_factory=dict)  # key -> (h, w, 3) uint8 as encoded
+    labels: dict[str, int] = field(default_factory=dict)  # key -> label (-1 unlabelled)
+
+    def path(self, shard_index: int) -> str:
+        return os.path.join(self.root, self.manifest.shards[shard_index].name)
+
+    @property
+    def shard_of(self) -> dict[str, str]:
+        """key -> shard name."""
+        return {k: name for name, keys in self.keys.items() for k in keys}
+
+
+def encode(image: np.ndarray, image_format: str = "jpg") -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, _PIL[image_format], **({"quality": 90} if image_format == "jpg" else {}))
+    return buf.getvalue()
+
+
+def make_output(
+    root: str,
+    shard_samples: list[int] | tuple[int, ...] = (8, 8, 8, 8),
+    *,
+    size_px: int = 16,
+    labelled: bool = True,
+    image_format: str = "jpg",
+    slides: int = 3,
+    slide_prefix: str = "slide",
+    seed: int = 0,
+    extra_members: dict[str, bytes] | None = None,
+) -> Output:
+    """Write shards holding ``shard_samples[i]`` noise patches each, then the manifest.
+
+    Args:
+        extra_members: members added to every sample (e.g. ``{"pyd": pickle_bytes}``), not in the format.
+    """
+    os.makedirs(root, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    out = Output(root=root, manifest=None)  # type: ignore[arg-type]
+    records, serial = [], 0
+    slide_ids = [f"{slide_prefix}{i}" for i in range(slides)]
+    for index, count in enumerate(shard_samples):
+        name = shard_name(index)
+        out.keys[name] = []
+        with open(os.path.join(root, name), "wb") as fh:
+            writer = wds.TarWriter(fh, encoder=False, mtime=0.0, user="wsishard", group="wsishard")
+            used = set()
+            for _ in range(count):
+                slide = serial % slides
+                key, members = _sample(rng, slide_ids[slide], serial, size_px, labelled, slide, image_format, out)
+                members.update(extra_members or {})
+                writer.write({"__key__": key, **members})
+                out.keys[name].append(key)
+                used.add(slide)
+                serial += 1
+            writer.close()
+        with open(os.path.join(root, name), "rb") as fh:
+            data = fh.read()
+        records.append(ShardRecord(name=name, samples=count, bytes=len(data),
+                                   sha256=hashlib.sha256(data).hexdigest(), slides=len(used)))  # fmt: skip
+    slide_records = [
+        SlideRecord(
+            slide_id=s,
+            file=f"{s}.svs",
+            status="ok",
+            width=10_000,
+            height=10_000,
+            mpp=0.25,
+            mpp_source="openslide",
+            level=0,
+            downsample=1.0,
+            label=(i if labelled else None),
+            patches=sum(1 for k in out.labels if k.startswith(s + "_")),
+        )
+        for i, s in enumerate(slide_ids)
+    ]
+    options = {"patch_size": size_px, "seed": seed}
+    out.manifest = Manifest(options=options, shards=records, slides=slide_records, image_format=image_format,
+                            created="1970-01-01T00:00:00Z", wsishard_version="test")  # fmt: skip
+    write_manifest(out)
+    return out
+
+
+def _sample(rng: np.random.Generator, slide_id: str, serial: int, size: int, labelled: bool, label: int,
+            image_format: str, out: Output) -> tuple[str, dict[str, bytes]]:  # fmt: skip
+    x, y = (serial % 100) * size * 2, (serial // 100) * size * 2
+    key = sample_key(slide_id, x, y)
+    image = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)  # (h, w, 3)
+    data = encode(image, image_format)
+    out.images[key] = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    meta: PatchMeta = {"slide_id": slide_id, "file": f"{slide_id}.svs", "x": x, "y": y, "extent": size * 2,
+                       "mpp": 0.5, "level": 0, "patch_size": size, "tissue": 1.0}  # fmt: skip
+    members = {image_format: data}
+    if labelled:
+        meta["label"] = label
+        members["cls"] = str(label).encode()
+    members["json"] = json.dumps(meta, sort_keys=True).encode()
+    out.labels[key] = label if labelled else -1
+    return key, members
+
+
+def write_manifest(out: Output) -> None:
+    with open(os.path.join(out.root, "manifest.json"), "w") as fh:
+        fh.write(out.manifest.to_json())
+
+
+def set_count(out: Output, shard_index: int, samples: int) -> None:
+    """Make the manifest promise ``samples`` samples for one shard (to fake a short shard)."""
+    shards = list(out.manifest.shards)
+    old = shards[shard_index]
+    shards[shard_index] = ShardRecord(name=old.name, samples=samples, bytes=old.bytes, sha256=old.sha256,
+                                      slides=old.slides)  # fmt: skip
+    out.manifest = Manifest(**{**out.manifest.__dict__, "shards": shards})
+    write_manifest(out)
+
+
+def rewrite_member(out: Output, shard_index: int, key: str, ext: str, change: Callable[[bytes], bytes]) -> None:
+    """Rewrite one shard with member ``<key>.<ext>`` replaced by ``change(old bytes)`` (a valid tar)."""
+    path = out.path(shard_index)
+    samples: dict[str, dict[str, bytes]] = {}
+    with tarfile.open(path) as tar:
+        for member in tar.getmembers():
+            k, e = member.name.split(".", 1)
+            data = tar.extractfile(member).read()  # type: ignore[union-attr]
+            samples.setdefault(k, {"__key__": k})[e] = change(data) if (k, e) == (key, ext) else data  # type: ignore[assignment]
+    with open(path, "wb") as fh:
+        writer = wds.TarWriter(fh, encoder=False, mtime=0.0, user="wsishard", group="wsishard")
+        for sample in samples.values():
+            writer.write(sample)
+        writer.close()
+
+
+def truncate(path: str, keep_fraction: float = 0.6) -> None:
+    """Cut a shard file short (mid-member, like an interrupted upload)."""
+    size = os.path.getsize(path)
+    with open(path, "r+b") as fh:
+        fh.truncate(int(size * keep_fraction) // 512 * 512 + 100)
+
+
+def zero_bytes(path: str, sample_index: int, nbytes: int = 600) -> None:
+    """Overwrite ``nbytes`` with zeros from the header of sample ``sample_index``'s first member.
+
+    Tar readers take the zero block as a clean end of archive: the shard just looks shorter.
+    """
+    with tarfile.open(path) as tar:
+        members = tar.getmembers()
+    firsts = [m for i, m in enumerate(members) if i == 0 or m.name.split(".")[0] != members[i - 1].name.split(".")[0]]
+    with open(path, "r+b") as fh:
+        fh.seek(firsts[sample_index].offset)
+        fh.write(b"\0" * nbytes)

@@ -1,0 +1,191 @@
+"""The build end to end on generated slides: shards, manifest, mixing, bad input, reproducibility."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+
+from tests.buildtools import read_output
+from wsishard.build import BuildOptions, build
+from wsishard.errors import OptionError
+from wsishard.grid import PatchOptions
+from wsishard.synthetic import make_slide, make_slides
+
+SMALL = PatchOptions(target_mpp=0.5, patch_size_px=64, min_tissue=0.5)
+
+
+@pytest.fixture(scope="module")
+def many_slides(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """24 small generated slides (2048x2048 at 0.25 mpp), svs and tiff alternating."""
+    folder = tmp_path_factory.mktemp("many")
+    make_slides(folder, 24, seed=11, width=2048, height=2048)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def mixed_build(many_slides: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("mixed") / "out"
+    build([str(many_slides)], str(out), BuildOptions(patch=SMALL, shard_samples=300, jobs=2, seed=1))
+    return out
+
+
+def test_every_patch_decodes_with_metadata_and_unique_keys(mixed_build: Path) -> None:
+    manifest, samples = read_output(str(mixed_build))
+    assert not manifest.failed_slides
+    assert len(samples) == manifest.total_samples > 0
+    keys = [s.key for s in samples]
+    assert len(set(keys)) == len(keys)
+    for s in samples:
+        assert "." not in s.key and "/" not in s.key
+        assert s.image().shape == (64, 64, 3)
+        meta = s.meta
+        assert s.key == f"{meta['slide_id']}_x{meta['x']}_y{meta['y']}"
+        assert meta["extent"] == 128 and meta["patch_size"] == 64 and meta["mpp"] == 0.5 and meta["level"] == 0
+        assert meta["tissue"] >= 0.5 and meta["file"].startswith("slide-")
+    per_slide = Counter(s.meta["slide_id"] for s in samples)
+    assert {r.slide_id: r.patches for r in manifest.slides} == dict(per_slide)
+
+
+def test_shards_mix_slides(mixed_build: Path) -> None:
+    manifest, samples = read_output(str(mixed_build))
+    assert len(manifest.shards) >= 4
+    block = 4 * 4
+    for record in manifest.shards:
+        slides = [s.meta["slide_id"] for s in samples if s.shard == record.name]
+        assert len(set(slides)) >= 0.75 * 24, f"{record.name} mixes only {len(set(slides))} slides"
+        longest = max(len(list(run)) for _, run in itertools.groupby(slides))
+        assert longest <= block, f"{record.name} has a run of {longest} samples from one slide"
+        assert record.slides == len(set(slides))
+
+
+def test_manifest_records_options_and_slides(mixed_build: Path) -> None:
+    manifest, _ = read_output(str(mixed_build))
+    assert manifest.options["patch"]["patch_size_px"] == 64 and manifest.options["seed"] == 1
+    for slide in manifest.slides:
+        assert slide.status == "ok" and slide.mpp == pytest.approx(0.25) and slide.mpp_source == "openslide"
+        assert (slide.width, slide.height) == (2048, 2048)
+        assert 0.1 < slide.tissue_fraction < 0.6 and slide.candidates >= slide.patches > 0
+    assert sorted(os.listdir(mixed_build / "qc")) == sorted(f"{s.slide_id}.png" for s in manifest.slides)
+
+
+def test_reproducible_across_jobs_and_seed_dependent(many_slides: Path, mixed_build: Path, tmp_path: Path) -> None:
+    again = tmp_path / "again"
+    other = tmp_path / "other"
+    build([str(many_slides)], str(again), BuildOptions(patch=SMALL, shard_samples=300, jobs=1, seed=1, qc=False))
+    build([str(many_slides)], str(other), BuildOptions(patch=SMALL, shard_samples=300, jobs=1, seed=2, qc=False))
+    first, _ = read_output(str(mixed_build))
+    second, _ = read_output(str(again))
+    third, _ = read_output(str(other))
+    assert [s.sha256 for s in first.shards] == [s.sha256 for s in second.shards]
+    assert [s.sha256 for s in first.shards] != [s.sha256 for s in third.shards]
+
+
+def _corrupt_level0_tile(path: Path) -> None:
+    """Zero the start of a level-0 tile in the middle of the slide (a JPEG decode error at extraction)."""
+    with tifffile.TiffFile(path) as tif:
+        page = tif.pages[0]
+        n = len(page.dataoffsets)
+        offsets = [page.dataoffsets[i] for i in range(n) if page.databytecounts[i] > 0]
+    with open(path, "r+b") as fh:
+        for offset in offsets[n // 3 : 2 * n // 3]:
+            fh.seek(offset)
+            fh.write(b"\0" * 64)
+
+
+@pytest.fixture(scope="module")
+def bad_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    folder = tmp_path_factory.mktemp("bad")
+    make_slides(folder, 3, seed=5, width=2048, height=2048)
+    make_slide(folder / "no-mpp.svs", width=2048, height=2048, include_mpp=False, seed=6)
+    make_slide(folder / "blank.svs", width=2048, height=2048, tissue=False, seed=7)
+    make_slide(folder / "tiny.tif", width=96, height=96, seed=8)
+    (folder / "notes.svs").write_text("this is not a slide\n")
+    make_slide(folder / "truncated.svs", width=2048, height=2048, seed=9)
+    size = (folder / "truncated.svs").stat().st_size
+    with open(folder / "truncated.svs", "r+b") as fh:
+        fh.truncate(size // 2)
+    make_slide(folder / "corrupt.svs", width=2048, height=2048, seed=10)
+    _corrupt_level0_tile(folder / "corrupt.svs")
+    out = tmp_path_factory.mktemp("badout") / "out"
+    opts = BuildOptions(patch=SMALL, shard_samples=40, shard_size_bytes=None, jobs=2)
+    return out, build([str(folder)], str(out), opts)
+
+
+@pytest.mark.parametrize(
+    ("file", "reason"),
+    [
+        ("no-mpp.svs", "no microns-per-pixel"),
+        ("blank.svs", "no tissue"),
+        ("tiny.tif", "smaller than one 64 px patch"),
+        ("notes.svs", "cannot open"),
+        ("truncated.svs", ""),
+        ("corrupt.svs", "extraction"),
+    ],
+)
+def test_bad_slides_are_recorded_and_leave_nothing_behind(bad_build: tuple, file: str, reason: str) -> None:
+    out, manifest = bad_build
+    record = next(s for s in manifest.slides if os.path.basename(s.file) == file)
+    assert record.status == "failed" and reason in record.reason and "\n" not in record.reason
+    assert record.patches == 0
+    _, samples = read_output(str(out))
+    assert not [s for s in samples if s.meta["slide_id"] == record.slide_id]
+
+
+def test_good_slides_still_built_next_to_bad_ones(bad_build: tuple) -> None:
+    out, manifest = bad_build
+    ok = [s for s in manifest.slides if s.status == "ok"]
+    assert sorted(os.path.basename(s.file) for s in ok) == ["slide-000.svs", "slide-001.tif", "slide-002.svs"]
+    _, samples = read_output(str(out))
+    assert Counter(s.meta["slide_id"] for s in samples) == {s.slide_id: s.patches for s in ok}
+    assert not [n for n in os.listdir(out) if ".tmp-" in n]
+
+
+def test_mpp_override_and_default(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    make_slide(tmp_path / "in" / "a.svs", width=2048, height=2048, include_mpp=False, seed=1)
+    make_slide(tmp_path / "in" / "b.svs", width=2048, height=2048, seed=2)
+    opts = BuildOptions(patch=SMALL, default_mpp=0.25, mpp_overrides={"b.svs": 0.5}, jobs=1, qc=False)
+    manifest = build([str(tmp_path / "in")], str(tmp_path / "out"), opts)
+    by_file = {os.path.basename(s.file): s for s in manifest.slides}
+    assert (by_file["a.svs"].mpp, by_file["a.svs"].mpp_source) == (0.25, "default")
+    assert (by_file["b.svs"].mpp, by_file["b.svs"].mpp_source) == (0.5, "csv")
+    _, samples = read_output(str(tmp_path / "out"))
+    extents = {s.meta["slide_id"]: s.meta["extent"] for s in samples}
+    assert extents == {"a": 128, "b": 64}  # 0.5 mpp slide: one level-0 px per output px
+
+
+def test_labels_lossless_format_and_patch_cap(tmp_path: Path) -> None:
+    make_slides(tmp_path / "in", 2, seed=3, width=2048, height=2048)
+    opts = BuildOptions(patch=PatchOptions(target_mpp=0.5, patch_size_px=64, max_patches_per_slide=7),
+                        image_format="png", labels={"slide-000": 3, "slide-001.tif": 1}, jobs=1, qc=False)  # fmt: skip
+    build([str(tmp_path / "in")], str(tmp_path / "out"), opts)
+    _, samples = read_output(str(tmp_path / "out"))
+    assert Counter(s.meta["slide_id"] for s in samples) == {"slide-000": 7, "slide-001": 7}
+    for s in samples:
+        assert set(s.members) == {"png", "json", "cls"}
+        assert int(s.members["cls"]) == s.meta["label"] == {"slide-000": 3, "slide-001": 1}[s.meta["slide_id"]]
+
+
+def test_empty_folder_and_missing_input_are_clear_errors(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(OptionError, match="no slide files"):
+        build([str(tmp_path / "empty")], str(tmp_path / "out"))
+    with pytest.raises(OptionError, match="no such file or folder"):
+        build([str(tmp_path / "nope")], str(tmp_path / "out"))
+
+
+def test_slide_list_file(many_slides: Path, tmp_path: Path) -> None:
+    names = sorted(os.listdir(many_slides))[:2]
+    listing = tmp_path / "slides.txt"
+    listing.write_text("# two slides\n" + "".join(f"{many_slides / n}\n" for n in names))
+    shutil.copy(many_slides / names[0], tmp_path / names[0])
+    manifest = build([str(listing)], str(tmp_path / "out"), BuildOptions(patch=SMALL, jobs=1, qc=False))
+    assert sorted(os.path.basename(s.file) for s in manifest.slides) == names
+    assert np.all([s.status == "ok" for s in manifest.slides])

@@ -1,0 +1,117 @@
+"""GPU-side collate numerics, checked on CPU against a plain reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wsishard.collate import GpuCollate, dihedral
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def _batch(b: int = 16, h: int = 8, w: int = 8, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    image = torch.randint(0, 256, (b, h, w, 3), generator=g, dtype=torch.uint8)  # (b, h, w, 3)
+    return {"image": image, "label": torch.arange(b), "meta": [{"i": i} for i in range(b)],
+            "key": [f"k{i}" for i in range(b)]}  # fmt: skip
+
+
+def _reference(image: torch.Tensor) -> torch.Tensor:
+    x = image.permute(0, 3, 1, 2).float()  # (b, 3, h, w)
+    return ((x / 255) - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
+
+
+def _variants(img: torch.Tensor) -> list[torch.Tensor]:
+    """The 8 dihedral transforms of a (c, h, w) image, built from rot90 and flip."""
+    rots = [torch.rot90(img, k, dims=(-2, -1)) for k in range(4)]
+    return rots + [r.flip(-1) for r in rots]
+
+
+def test_matches_the_plain_cpu_reference_exactly() -> None:
+    batch = _batch()
+    out = GpuCollate("cpu", mean=MEAN, std=STD)(batch)
+    assert out["image"].shape == (16, 3, 8, 8) and out["image"].dtype == torch.float32
+    assert out["image"].is_contiguous()
+    assert torch.equal(out["image"], _reference(batch["image"]))
+    assert torch.equal(out["label"], batch["label"])
+    assert out["meta"] is batch["meta"] and out["key"] is batch["key"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_output_is_the_rounded_reference(dtype: torch.dtype) -> None:
+    batch = _batch()
+    out = GpuCollate("cpu", mean=MEAN, std=STD, dtype=dtype).images(batch["image"])
+    assert out.dtype == dtype
+    assert torch.equal(out, _reference(batch["image"]).to(dtype))
+
+
+def test_channels_last_has_the_same_values() -> None:
+    batch = _batch()
+    out = GpuCollate("cpu", mean=MEAN, std=STD, channels_last=True).images(batch["image"])
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(out, _reference(batch["image"]))
+
+
+def test_dihedral_codes_give_the_eight_distinct_symmetries() -> None:
+    img = torch.arange(3 * 4 * 4).view(1, 3, 4, 4)
+    outs = [dihedral(img, torch.tensor([c]))[0] for c in range(8)]
+    assert len({tuple(o.flatten().tolist()) for o in outs}) == 8
+    assert {tuple(o.flatten().tolist()) for o in outs} == {tuple(v.flatten().tolist()) for v in _variants(img[0])}
+
+
+def test_augment_applies_exactly_one_dihedral_transform_per_sample() -> None:
+    batch = _batch(b=64, seed=1)
+    collate = GpuCollate("cpu", mean=MEAN, std=STD, augment=True, seed=3)
+    out = collate.images(batch["image"])
+    ref = _reference(batch["image"])
+    used = set()
+    for i in range(64):
+        matches = [k for k, v in enumerate(_variants(ref[i])) if torch.equal(out[i], v)]
+        assert len(matches) == 1
+        used.add(matches[0])
+    assert used == set(range(8))  # all eight show up in a batch of 64 (fixed seed)
+
+
+def test_augment_is_reproducible_with_a_seed_and_varies_between_batches() -> None:
+    batch = _batch(b=32)
+    a = GpuCollate("cpu", augment=True, seed=5)
+    b = GpuCollate("cpu", augment=True, seed=5)
+    first = a.images(batch["image"])
+    assert torch.equal(first, b.images(batch["image"]))
+    assert not torch.equal(first, a.images(batch["image"]))  # the next batch draws new codes
+
+
+def test_non_square_images_get_flips_only() -> None:
+    batch = _batch(b=32, h=4, w=6)
+    out = GpuCollate("cpu", augment=True, seed=0).images(batch["image"])
+    ref = GpuCollate("cpu").images(batch["image"])
+    assert out.shape == (32, 3, 4, 6)
+    for i in range(32):
+        flips = [ref[i], ref[i].flip(-1), ref[i].flip(-2), ref[i].flip(-1).flip(-2)]
+        assert any(torch.equal(out[i], f) for f in flips)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "bad"),
+    [({"mean": (0.5, 0.5)}, "mean"), ({"std": (1.0, 0.0, 1.0)}, "0.0"), ({"dtype": torch.int32}, "int32")],
+)
+def test_bad_options_raise_value_error(kwargs: dict, bad: str) -> None:
+    with pytest.raises(ValueError, match=bad):
+        GpuCollate("cpu", **kwargs)
+
+
+def test_wrong_input_is_rejected() -> None:
+    collate = GpuCollate("cpu")
+    with pytest.raises(ValueError, match="uint8"):
+        collate.images(torch.zeros(2, 4, 4, 3))
+    with pytest.raises(ValueError, match="uint8"):
+        collate.images(torch.zeros(2, 3, 4, 4, dtype=torch.uint8))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu() -> None:
+    batch = _batch()
+    out = GpuCollate("cuda", mean=MEAN, std=STD)(batch)
+    assert out["image"].device.type == "cuda"
+    torch.testing.assert_close(out["image"].cpu(), _reference(batch["image"]))

@@ -1,0 +1,301 @@
+"""The streaming pipeline in one process (simulated ranks and workers) and through DataLoader workers."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import shardmaker as sm
+import torch
+import webdataset as wds
+
+from wsishard.errors import ManifestError, ShardError, TopologyError
+from wsishard.monitor import MonitoredLoader
+from wsishard.partition import World
+from wsishard.storage import StreamOpener
+from wsishard.stream import (
+    ShardStream,
+    ShardTask,
+    SplitByNode,
+    SplitByWorker,
+    StreamConfig,
+    loader,
+    read_shard,
+    stream,
+)
+
+COUNTS = (10, 7, 12, 5, 9, 14, 6, 11)
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> sm.Output:
+    return sm.make_output(str(tmp_path_factory.mktemp("out")), COUNTS)
+
+
+def _keys(batches: list) -> list[str]:
+    return [k for b in batches for k in b["key"]]
+
+
+def _two_ranks(source: str, **kw: object) -> ShardStream:
+    return stream(source, world=World(rank=0, world_size=2), **kw)  # type: ignore[arg-type]
+
+
+# ---- options and sources ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kw", "bad"), [({"batch_size": 0}, "0"), ({"batch_size": 2, "shuffle": -5}, "-5"),
+                                         ({"batch_size": 2, "seed": -1}, "-1"),
+                                         ({"batch_size": 2, "on_error": "ignore"}, "ignore")])  # fmt: skip
+def test_config_validation_names_the_bad_value(kw: dict, bad: str) -> None:
+    with pytest.raises(ValueError, match=bad):
+        StreamConfig(**kw)
+
+
+def test_missing_manifest_is_a_manifest_error(tmp_path: Path) -> None:
+    with pytest.raises(ManifestError):
+        stream(str(tmp_path), batch_size=2)
+
+
+def test_folder_manifest_path_and_several_sources(out: sm.Output, tmp_path: Path) -> None:
+    other = sm.make_output(str(tmp_path / "b"), (4, 4), slide_prefix="other", seed=1)
+    for source in (out.root, os.path.join(out.root, "manifest.json"), Path(out.root)):
+        assert len(stream(source, batch_size=2).shards) == len(COUNTS)
+    ds = stream([out.root, other.root], batch_size=3, resampled=False, drop_last=False, seed=0)
+    assert sorted(_keys(list(ds))) == sorted([*out.shard_of, *other.shard_of])
+
+
+# ---- epoch mode -------------------------------------------------------------------------------------------
+
+
+def test_epoch_single_process_sees_every_sample_once_with_its_label_and_meta(out: sm.Output) -> None:
+    ds = stream(out.root, batch_size=4, resampled=False, drop_last=False, shuffle=20, seed=0)
+    batches = list(ds)
+    keys = _keys(batches)
+    assert sorted(keys) == sorted(out.shard_of) and len(keys) == sum(COUNTS)
+    for b in batches:
+        assert b["image"].dtype == torch.uint8 and b["image"].shape[1:] == (16, 16, 3)
+        assert b["label"].tolist() == [out.labels[k] for k in b["key"]]
+        assert [m["slide_id"] for m in b["meta"]] == [k.split("_x")[0] for k in b["key"]]
+
+
+def test_simulated_ranks_and_workers_are_disjoint_with_equal_batches(out: sm.Output) -> None:
+    ds = _two_ranks(out.root, batch_size=3, resampled=False, shuffle=8, seed=4)
+    for epoch in range(3):
+        plan = ds.plan(epoch, num_workers=2)
+        per_rank, seen = collections.Counter(), []
+        for r, w in itertools.product(range(2), range(2)):
+            batches = list(ds.pipeline(World(rank=r, world_size=2, worker=w, num_workers=2), epoch))
+            assert len(batches) == plan.budgets[r, w]
+            assert all(len(b["key"]) == 3 for b in batches)  # drop_last: fixed shape
+            shards = {out.shard_of[k] for k in _keys(batches)}
+            assert shards <= {os.path.basename(ds.shards[i].url) for i in plan.shards_of(World(
+                rank=r, world_size=2, worker=w, num_workers=2))}  # fmt: skip
+            per_rank[r] += len(batches)
+            seen += _keys(batches)
+        assert per_rank[0] == per_rank[1] == plan.batches_per_rank
+        assert len(seen) == len(set(seen)) == 2 * plan.batches_per_rank * 3
+
+
+def test_each_iteration_is_a_new_epoch_and_set_epoch_replays(out: sm.Output) -> None:
+    ds = stream(out.root, batch_size=4, resampled=False, shuffle=0, seed=1)
+    first, second = _keys(list(ds)), _keys(list(ds))
+    assert first != second
+    ds.set_epoch(0)
+    assert _keys(list(ds)) == first
+    assert _keys(list(ds)) == second  # counting goes on from the epoch that was set
+
+
+def test_epoch_skip_under_ddp_yields_the_planned_batches(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    bad = sm.make_output(str(tmp_path / "o"), COUNTS)
+    sm.truncate(bad.path(5), 0.3)
+    ds = _two_ranks(bad.root, batch_size=4, resampled=False, on_error="skip", seed=2)
+    plan = ds.plan(0, num_workers=1)
+    broken = next(r for r in range(2) if 5 in plan.shards_of(World(rank=r, world_size=2)))
+    for rank in range(2):
+        batches = list(ds.pipeline(World(rank=rank, world_size=2), 0))
+        assert len(batches) == plan.batches_per_rank  # the rank that lost a shard tops up from its own
+        assert all(len(b["key"]) == 4 for b in batches)
+        keys = _keys(batches)
+        assert (len(set(keys)) < len(keys)) == (rank == broken)  # only the top-up repeats samples
+    assert "re-reading" in caplog.text
+
+
+# ---- resampled mode ---------------------------------------------------------------------------------------
+
+
+def test_resampled_is_endless_and_reproducible_with_a_seed(out: sm.Output) -> None:
+    take = 3 * sum(COUNTS) // 4  # three times the data
+    a = _keys(list(itertools.islice(stream(out.root, batch_size=4, seed=5, shuffle=10), take)))
+    b = _keys(list(itertools.islice(stream(out.root, batch_size=4, seed=5, shuffle=10), take)))
+    assert a == b and len(a) == 4 * take
+    c = _keys(list(itertools.islice(stream(out.root, batch_size=4, seed=6, shuffle=10), take)))
+    assert a != c
+    plain = _keys(list(itertools.islice(stream(out.root, batch_size=2, seed=5, shuffle=0), sum(COUNTS))))
+    assert collections.Counter(plain) == collections.Counter(2 * list(out.shard_of))  # whole passes, reshuffled
+
+
+def test_resampled_without_seed_differs_between_runs_but_not_in_assignment(out: sm.Output) -> None:
+    ds1, ds2 = _two_ranks(out.root, batch_size=4), _two_ranks(out.root, batch_size=4)
+    assert ds1.base_seed != ds2.base_seed and ds1.plan_seed == ds2.plan_seed
+    world = World(rank=1, world_size=2)
+    a = _keys(list(itertools.islice(ds1.pipeline(world, 0), 10)))
+    b = _keys(list(itertools.islice(ds2.pipeline(world, 0), 10)))
+    assert a != b
+    assert {out.shard_of[k] for k in a} == {out.shard_of[k] for k in b}  # same shards, other order
+
+
+def test_resampled_ranks_and_workers_read_disjoint_shards(out: sm.Output) -> None:
+    ds = _two_ranks(out.root, batch_size=2, seed=0)
+    owners: dict[str, tuple[int, int]] = {}
+    for r, w in itertools.product(range(2), range(2)):
+        world = World(rank=r, world_size=2, worker=w, num_workers=2)
+        for key in _keys(list(itertools.islice(ds.pipeline(world, 0), 15))):
+            assert owners.setdefault(out.shard_of[key], (r, w)) == (r, w)
+    assert len(set(owners.values())) == 4
+
+
+def test_split_stages_match_webdataset_splitters(monkeypatch: pytest.MonkeyPatch) -> None:
+    items = list(range(23))
+    for rank, worker in itertools.product(range(3), range(2)):
+        for name, value in (("RANK", rank), ("WORLD_SIZE", 3), ("WORKER", worker), ("NUM_WORKERS", 2)):
+            monkeypatch.setenv(name, str(value))
+        theirs = list(wds.split_by_worker(wds.split_by_node(iter(items))))
+        ours = list(SplitByWorker(worker, 2)(SplitByNode(rank, 3)(iter(items))))
+        assert ours == theirs
+
+
+# ---- decoding and broken shards ---------------------------------------------------------------------------
+
+
+def test_png_decodes_to_the_exact_pixels_and_unlabelled_is_minus_one(tmp_path: Path) -> None:
+    png = sm.make_output(str(tmp_path / "png"), (5, 3), image_format="png", labelled=False)
+    batch = next(iter(stream(png.root, batch_size=8, resampled=False, shuffle=0, seed=0)))
+    for key, image in zip(batch["key"], batch["image"], strict=True):
+        assert np.array_equal(image.numpy(), png.images[key])
+    assert batch["label"].tolist() == [-1] * 8
+
+
+class _Boom:
+    """Unpickling this writes a marker file: it must never happen."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (open, (self.marker, "w"))
+
+
+def test_pickle_members_are_never_unpickled(tmp_path: Path) -> None:
+    marker = str(tmp_path / "unpickled")
+    evil = pickle.dumps(_Boom(marker))
+    bad = sm.make_output(str(tmp_path / "o"), (4, 4), extra_members={"pyd": evil, "pth": evil, "pickle": evil})
+    keys = _keys(list(stream(bad.root, batch_size=2, resampled=False, seed=0)))
+    assert sorted(keys) == sorted(bad.shard_of)
+    assert not os.path.exists(marker)
+
+
+def _break(kind: str, out: sm.Output, index: int) -> None:
+    if kind == "truncated":
+        sm.truncate(out.path(index), 0.5)
+    elif kind == "zeroed":
+        sm.zero_bytes(out.path(index), sample_index=3)
+    elif kind == "short":
+        sm.set_count(out, index, out.manifest.shards[index].samples + 2)
+    elif kind == "corrupt-jpeg":  # same tar, one image's bytes cut short
+        keys = out.keys[out.manifest.shards[index].name]
+        sm.rewrite_member(out, index, keys[2], "jpg", lambda data: data[: len(data) // 3])
+
+
+@pytest.mark.parametrize("kind", ["truncated", "zeroed", "short", "corrupt-jpeg"])
+def test_broken_shard_raises_shard_error_naming_it(tmp_path: Path, kind: str) -> None:
+    bad = sm.make_output(str(tmp_path / "o"), (6, 6, 6))
+    _break(kind, bad, 1)
+    ds = stream(bad.root, batch_size=2, resampled=False, shuffle=0, seed=0)
+    with pytest.raises(ShardError) as info:
+        list(ds)
+    assert info.value.shard.endswith(bad.manifest.shards[1].name)
+    if kind in ("zeroed", "short"):
+        assert "the manifest says" in info.value.reason
+
+
+@pytest.mark.parametrize("kind", ["truncated", "zeroed", "short", "corrupt-jpeg"])
+def test_skip_never_yields_an_incomplete_sample(tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    bad = sm.make_output(str(tmp_path / "o"), (6, 6, 6))
+    _break(kind, bad, 1)
+    ds = stream(bad.root, batch_size=1, resampled=False, drop_last=False, shuffle=0, seed=0, on_error="skip")
+    batches = list(ds)
+    keys = _keys(batches)
+    assert len(keys) == len(set(keys))
+    good = [k for k in keys if bad.shard_of[k] != bad.manifest.shards[1].name]
+    assert len(good) == 12  # the intact shards in full
+    for b in batches:  # every yielded sample is complete: image, label and metadata
+        assert b["image"].shape == (1, 16, 16, 3) and b["label"].item() == bad.labels[b["key"][0]]
+        assert b["meta"][0]["slide_id"] == b["key"][0].split("_x")[0]
+    assert "skipping" in caplog.text
+
+
+def test_read_shard_names_a_missing_shard(tmp_path: Path) -> None:
+    task = ShardTask(url=str(tmp_path / "nope.tar"), samples=1)
+    with pytest.raises(ShardError, match=r"nope\.tar"):
+        list(read_shard(task, StreamOpener()))
+
+
+# ---- through DataLoader workers ---------------------------------------------------------------------------
+
+
+def test_too_few_shards_raise_in_the_main_process(tmp_path: Path) -> None:
+    small = sm.make_output(str(tmp_path / "o"), (4, 4, 4))
+    with pytest.raises(TopologyError, match="need at least 4"):
+        loader(stream(small.root, batch_size=2), num_workers=4)
+    with pytest.raises(TopologyError, match="need at least 4"):
+        loader(_two_ranks(small.root, batch_size=2), num_workers=2)
+    with pytest.raises(ValueError, match="batch_size"):
+        loader(stream(small.root, batch_size=2), num_workers=1, batch_size=4)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_loader_workers_cover_the_epoch_and_reshuffle_each_epoch(out: sm.Output, persistent: bool) -> None:
+    ds = stream(out.root, batch_size=3, resampled=False, seed=0, shuffle=10)
+    dl = loader(ds, num_workers=2, persistent_workers=persistent)
+    epochs = [_keys(list(dl)) for _ in range(2)]
+    for epoch, keys in enumerate(epochs):
+        assert len(keys) == len(set(keys)) == 3 * ds.batches_per_rank(num_workers=2, epoch=epoch)
+    assert epochs[0] != epochs[1]
+    if not persistent:
+        ds.set_epoch(0)
+        assert _keys(list(dl)) == epochs[0]
+
+
+def test_worker_errors_come_back_as_shard_errors(tmp_path: Path) -> None:
+    bad = sm.make_output(str(tmp_path / "o"), (6, 6, 6, 6))
+    sm.truncate(bad.path(2), 0.5)
+    dl = loader(stream(bad.root, batch_size=2, resampled=False, seed=0), num_workers=2)
+    with pytest.raises(ShardError) as info:
+        list(dl)
+    assert info.value.shard.endswith(bad.manifest.shards[2].name)
+
+
+def test_stream_and_stages_pickle(out: sm.Output) -> None:
+    ds = stream(out.root, batch_size=2, seed=0)
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone.base_seed == ds.base_seed
+    pickle.dumps(ds.pipeline(World(), 0).pipeline)
+
+
+def test_monitored_loader_reports_throughput_and_wait(out: sm.Output) -> None:
+    reports: list[dict] = []
+    ds = stream(out.root, batch_size=2, seed=0)
+    mon = MonitoredLoader(itertools.islice(ds, 9), every=4, rank=0, on_report=reports.append)
+    assert sum(1 for _ in mon) == 9
+    assert [r["steps"] for r in reports] == [4, 4]  # the first batch is start-up, not a window step
+    for r in reports:
+        assert r["samples_per_s"] == pytest.approx(2 * r["batches_per_s"])
+        assert 0.0 <= r["data_wait_fraction"] <= 1.0
+    assert mon.summary()["steps"] == 8
+    with pytest.raises(ValueError, match="0"):
+        MonitoredLoader([], every=0)

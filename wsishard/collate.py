@@ -1,0 +1,115 @@
+"""GPU-side collate: uint8 channels-last batches in, normalized (and augmented) device tensors out.
+
+Workers ship compact uint8 ``(b, h, w, 3)`` batches; the float conversion, normalization and random
+dihedral augmentation run here, as a few batched tensor ops on the training device, where they cost almost
+nothing next to the model. Nothing in this module knows about shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
+
+import numpy as np
+import torch
+
+__all__ = ["DeviceBatch", "GpuCollate", "dihedral"]
+
+
+class DeviceBatch(TypedDict):
+    """A batch on the training device."""
+
+    image: torch.Tensor  # (b, 3, h, w) float, normalized
+    label: torch.Tensor  # (b,) int64 on the device, -1 when unlabelled
+    meta: list[Any]
+    key: list[str]
+
+
+def dihedral(x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
+    """Apply one of the 8 dihedral transforms to each image of ``x``, chosen by ``code``.
+
+    Bit 0 of a code transposes (swaps height and width; needs square images), bit 1 flips width, bit 2
+    flips height; together they give the identity, the flips and the 90/180/270 degree rotations.
+
+    Args:
+        x: (b, ..., h, w) tensor; the last two dims are the image plane.
+        code: (b,) int64 in ``[0, 8)`` on ``x``'s device.
+
+    Returns:
+        (b, ..., h, w) tensor, each image transformed by its own code.
+    """
+    shape = (-1,) + (1,) * (x.dim() - 1)  # broadcast (b,) over the image dims
+    if x.shape[-1] == x.shape[-2]:
+        x = torch.where((code & 1).bool().view(shape), x.transpose(-1, -2), x)
+    x = torch.where((code & 2).bool().view(shape), x.flip(-1), x)
+    return torch.where((code & 4).bool().view(shape), x.flip(-2), x)
+
+
+class GpuCollate:
+    """Move a uint8 batch to ``device`` and turn it into normalized float NCHW (optionally augmented).
+
+    uint8 (b, h, w, 3) -> pinned (CUDA) -> ``.to(device, non_blocking=True)`` -> random dihedral transform
+    per sample (on uint8, on the device) -> float32 -> /255 -> (x - mean) / std -> ``dtype`` -> NCHW
+    (contiguous, or ``channels_last`` memory format). On CPU it computes exactly what the plain reference
+    ``((x.float() / 255) - mean) / std`` computes.
+
+    Args:
+        device: the training device.
+        mean: per-channel mean, in [0, 1] units (e.g. ImageNet's ``(0.485, 0.456, 0.406)``).
+        std: per-channel standard deviation, in [0, 1] units.
+        dtype: output float dtype (``torch.float32``, ``torch.bfloat16``, ``torch.float16``).
+        augment: apply a random flip / 90-degree rotation to each sample (flips only for non-square images).
+        channels_last: return tensors in ``torch.channels_last`` memory format.
+        seed: seed of the augmentation's own generator (None: from OS entropy). Give each rank its own.
+
+    Raises:
+        ValueError: mean or std without 3 values, a non-positive std, or a non-float dtype.
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        *,
+        mean: Sequence[float] = (0.0, 0.0, 0.0),
+        std: Sequence[float] = (1.0, 1.0, 1.0),
+        dtype: torch.dtype = torch.float32,
+        augment: bool = False,
+        channels_last: bool = False,
+        seed: int | None = None,
+    ) -> None:
+        if len(mean) != 3 or len(std) != 3:
+            raise ValueError(f"mean and std need 3 values each, got mean={mean!r} std={std!r}")
+        if min(std) <= 0:
+            raise ValueError(f"std must be positive, got {std!r}")
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a float dtype, got {dtype}")
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.augment = augment
+        self.channels_last = channels_last
+        self.mean = torch.tensor(mean, dtype=torch.float32, device=self.device).view(1, 3, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32, device=self.device).view(1, 3, 1, 1)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed if seed is not None else int(np.random.default_rng().integers(2**63)))
+
+    def codes(self, batch_size: int) -> torch.Tensor:
+        """(b,) dihedral codes for the next batch, drawn from this collate's generator."""
+        return torch.randint(0, 8, (batch_size,), generator=self.generator, device=self.device)
+
+    def images(self, image: torch.Tensor) -> torch.Tensor:
+        """uint8 (b, h, w, 3) on any device -> normalized (b, 3, h, w) ``dtype`` on ``self.device``."""
+        if image.dtype != torch.uint8 or image.dim() != 4 or image.shape[-1] != 3:
+            raise ValueError(f"expected a uint8 (b, h, w, 3) batch, got {image.dtype} {tuple(image.shape)}")
+        if self.device.type == "cuda" and image.device.type == "cpu" and not image.is_pinned():
+            image = image.pin_memory()
+        x = image.to(self.device, non_blocking=True).permute(0, 3, 1, 2)  # (b, 3, h, w) uint8 view
+        if self.augment:
+            x = dihedral(x, self.codes(x.shape[0]))
+        x = x.float().div_(255).sub_(self.mean).div_(self.std)  # (b, 3, h, w) float32
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        return x.to(dtype=self.dtype, memory_format=fmt)
+
+    def __call__(self, batch: Mapping[str, Any]) -> DeviceBatch:
+        """Collate a :class:`~wsishard.stream.Batch`; ``meta`` and ``key`` pass through unchanged."""
+        label = batch["label"].to(self.device, non_blocking=True)
+        return DeviceBatch(image=self.images(batch["image"]), label=label, meta=batch["meta"], key=batch["key"])

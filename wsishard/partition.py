@@ -1,0 +1,286 @@
+"""Who reads what: shard assignment and batch arithmetic for two-level (rank x worker) sharding.
+
+Pure numpy, no I/O, no global state: every function takes the shard counts, the topology, a seed and an
+epoch and returns the same answer in every process, so ranks and workers agree without communicating.
+
+The assignment is expressed as one ordered shard list per epoch, split exactly as webdataset's
+``split_by_node`` and ``split_by_worker`` split a list: rank ``r`` of ``W`` reads ``order[r::W]`` and worker
+``w`` of ``K`` reads that rank's list ``[w::K]``. The order is a seeded *balanced deal*: shards are dealt in
+rounds, the largest shard of a round to the least-loaded rank, so rank totals differ by at most the largest
+shard's sample count (and likewise for the workers of a rank).
+
+Epoch mode then caps each worker's batch count (its *budget*) so that every rank yields exactly the same
+number of batches, ``batches_per_rank``, dropping as few samples as possible: a rank drops its surplus over
+the smallest rank (at most the largest shard's count) plus, with ``drop_last``, each worker's last
+incomplete batch (fewer than ``batch_size`` samples per worker).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from wsishard.errors import TopologyError
+
+__all__ = [
+    "EpochPlan",
+    "World",
+    "batch_budgets",
+    "check_topology",
+    "deal",
+    "epoch_order",
+    "plan_epoch",
+    "resample_order",
+    "worker_shards",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class World:
+    """Where this process sits: DDP ``rank`` of ``world_size`` and DataLoader ``worker`` of ``num_workers``.
+
+    Detected once (see :func:`wsishard.stream.detect_world`) and passed down, never re-read from the
+    environment by later stages.
+
+    Raises:
+        ValueError: a size below 1 or an index outside ``[0, size)``.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    worker: int = 0
+    num_workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+        if self.num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
+        if not 0 <= self.worker < self.num_workers:
+            raise ValueError(f"worker must be in [0, {self.num_workers}), got {self.worker}")
+
+    @property
+    def total_workers(self) -> int:
+        """Readers across the job: ``world_size * num_workers``."""
+        return self.world_size * self.num_workers
+
+    def with_worker(self, worker: int, num_workers: int) -> World:
+        """The same rank, seen from DataLoader worker ``worker`` of ``num_workers``."""
+        return replace(self, worker=worker, num_workers=num_workers)
+
+
+def check_topology(num_shards: int, world_size: int, num_workers: int) -> None:
+    """Raise unless every (rank, worker) gets at least one shard.
+
+    Raises:
+        TopologyError: fewer than ``world_size * num_workers`` shards; the message says how many are needed.
+    """
+    needed = world_size * max(num_workers, 1)
+    if num_shards < needed:
+        raise TopologyError(
+            f"{num_shards} shard(s) for {world_size} rank(s) x {max(num_workers, 1)} worker(s): "
+            f"need at least {needed} (one per rank and worker); use fewer DataLoader workers, "
+            f"fewer ranks, or rebuild with smaller shards"
+        )
+
+
+def deal(counts: np.ndarray, bins: int, rng: np.random.Generator) -> np.ndarray:
+    """Order items so that ``order[b::bins]`` (bin ``b``'s items) have balanced count totals.
+
+    Items are taken in a random order in rounds of ``bins``; within a round the largest item goes to the
+    least-loaded bin. Bin totals then differ by at most ``max(counts)``. Bin labels are shuffled at the
+    end (the bins that got an item in a last, incomplete round come first, as ``[b::bins]`` requires).
+
+    Args:
+        counts: (n,) non-negative sample counts.
+        bins: number of bins (ranks or workers), >= 1.
+        rng: source of the random order; consumed deterministically.
+
+    Returns:
+        (n,) permutation of ``range(n)``.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    n = len(counts)
+    perm = rng.permutation(n)
+    columns: list[list[int]] = [[] for _ in range(bins)]
+    totals = np.zeros(bins, dtype=np.int64)
+    receivers = np.arange(0)
+    for start in range(0, n, bins):
+        chunk = perm[start : start + bins]
+        chunk = chunk[np.argsort(-counts[chunk], kind="stable")]  # largest first
+        receivers = np.argsort(totals, kind="stable")[: len(chunk)]  # least loaded first
+        for b, item in zip(receivers.tolist(), chunk.tolist(), strict=True):
+            columns[b].append(item)
+        totals[receivers] += counts[chunk]
+    last = receivers.tolist() if n % bins else []
+    taken = set(last)
+    rest = [b for b in range(bins) if b not in taken]
+    labels = [last[i] for i in rng.permutation(len(last))] + [rest[i] for i in rng.permutation(len(rest))]
+    out = [columns[b][k] for k in range(-(-n // bins)) for b in labels if k < len(columns[b])]
+    return np.asarray(out, dtype=np.int64)
+
+
+def epoch_order(counts: np.ndarray, *, world_size: int, num_workers: int, seed: int, epoch: int) -> np.ndarray:
+    """The shard order of one epoch: ``order[r::W][w::K]`` are the shards of rank ``r``, worker ``w``.
+
+    Args:
+        counts: (n,) samples per shard, from the manifest.
+        world_size: number of ranks ``W``.
+        num_workers: DataLoader workers per rank ``K`` (1 without workers).
+        seed: non-negative base seed shared by all ranks.
+        epoch: epoch number; each epoch deals the shards differently.
+
+    Returns:
+        (n,) permutation of shard indices.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    rng = np.random.default_rng((seed, epoch))
+    by_rank = deal(counts, world_size, rng)
+    out = np.empty_like(by_rank)
+    for r in range(world_size):
+        mine = by_rank[r::world_size]
+        out[r::world_size] = mine[deal(counts[mine], num_workers, rng)]
+    return out
+
+
+def worker_shards(order: np.ndarray, world: World) -> np.ndarray:
+    """Shard indices of ``world``'s (rank, worker): ``order[rank::world_size][worker::num_workers]``."""
+    return np.asarray(order)[world.rank :: world.world_size][world.worker :: world.num_workers]
+
+
+def resample_order(num_shards: int, *, seed: int, rank: int, worker: int, pass_index: int) -> np.ndarray:
+    """A worker's shard order for one pass of resampled mode: a permutation seeded by all four values."""
+    return np.random.default_rng((seed, rank, worker, pass_index)).permutation(num_shards)
+
+
+def _waterfill(loads: np.ndarray, k: int) -> np.ndarray:
+    """Remove ``k`` units from the largest of ``loads``, leaving them as level as possible."""
+    out = loads.astype(np.int64).copy()
+    if k <= 0:
+        return out
+    order = np.argsort(-out, kind="stable")
+    lo, hi = 0, int(out.max())  # find the level L: above-L excess >= k > above-(L+1) excess
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if int(np.maximum(out - mid, 0).sum()) >= k:
+            lo = mid
+        else:
+            hi = mid - 1
+    level = lo + 1
+    k -= int(np.maximum(out - level, 0).sum())
+    out = np.minimum(out, level)
+    at_level = [i for i in order.tolist() if out[i] == level]
+    out[at_level[:k]] -= 1
+    return out
+
+
+def _trim_rank(samples: np.ndarray, batch_size: int, target: int, drop_last: bool) -> np.ndarray:
+    """Budgets for one rank's workers: at most each worker's batches, summing to ``target``."""
+    full, rem = samples // batch_size, samples % batch_size
+    budgets = full + ((rem > 0) & (not drop_last))
+    excess = int(budgets.sum()) - target
+    if not drop_last:  # a short last batch holds the fewest samples: cut those first, smallest first
+        partial = [i for i in np.argsort(rem, kind="stable").tolist() if rem[i] > 0]
+        cut = partial[: max(excess, 0)]
+        budgets[cut] -= 1
+        excess -= len(cut)
+    return _waterfill(budgets, excess)
+
+
+def batch_budgets(samples: np.ndarray, *, batch_size: int, drop_last: bool = True) -> np.ndarray:
+    """Per-(rank, worker) batch caps giving every rank the same batch count, dropping the fewest samples.
+
+    Args:
+        samples: (world_size, num_workers) samples each worker would read.
+        batch_size: samples per batch.
+        drop_last: whether a worker drops its last incomplete batch.
+
+    Returns:
+        (world_size, num_workers) budgets; every row sums to the same total.
+    """
+    samples = np.asarray(samples, dtype=np.int64)
+    most = samples // batch_size + ((samples % batch_size > 0) & (not drop_last))
+    target = int(most.sum(axis=1).min())
+    return np.stack([_trim_rank(row, batch_size, target, drop_last) for row in samples])
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class EpochPlan:
+    """Who reads what in one epoch, and how many batches each worker yields.
+
+    Attributes:
+        order: (n,) shard order; rank ``r`` worker ``w`` reads ``order[r::W][w::K]``.
+        samples: (W, K) samples in each worker's shards.
+        budgets: (W, K) batches each worker yields.
+        kept: (W, K) samples each worker actually yields.
+        batches_per_rank: batches every rank yields (the same on all ranks).
+    """
+
+    order: np.ndarray
+    samples: np.ndarray
+    budgets: np.ndarray
+    kept: np.ndarray
+    batches_per_rank: int
+    batch_size: int
+    drop_last: bool
+
+    @property
+    def dropped_per_rank(self) -> np.ndarray:
+        """(W,) samples each rank skips this epoch."""
+        return np.asarray(self.samples.sum(axis=1) - self.kept.sum(axis=1))
+
+    def shards_of(self, world: World) -> np.ndarray:
+        """Shard indices read by ``world``'s (rank, worker)."""
+        return worker_shards(self.order, world)
+
+    def budget_of(self, world: World) -> int:
+        """Batches ``world``'s (rank, worker) yields."""
+        return int(self.budgets[world.rank, world.worker])
+
+
+def plan_epoch(
+    counts: np.ndarray,
+    *,
+    world_size: int,
+    num_workers: int,
+    batch_size: int,
+    seed: int,
+    epoch: int,
+    drop_last: bool = True,
+) -> EpochPlan:
+    """Plan one exact epoch: the balanced shard order, per-worker sample counts and batch budgets.
+
+    Args:
+        counts: (n,) samples per shard, from the manifest.
+        world_size: ranks ``W``.
+        num_workers: DataLoader workers per rank ``K`` (1 without workers); the same on every rank.
+        batch_size: samples per batch.
+        seed: non-negative base seed, the same on every rank.
+        epoch: epoch number.
+        drop_last: workers drop their last incomplete batch (fixed batch shape) instead of yielding it.
+
+    Raises:
+        TopologyError: fewer shards than ``W * K``.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    check_topology(len(counts), world_size, num_workers)
+    order = epoch_order(counts, world_size=world_size, num_workers=num_workers, seed=seed, epoch=epoch)
+    samples = np.zeros((world_size, num_workers), dtype=np.int64)
+    for r in range(world_size):
+        for w in range(num_workers):
+            world = World(rank=r, world_size=world_size, worker=w, num_workers=num_workers)
+            samples[r, w] = counts[worker_shards(order, world)].sum()
+    budgets = batch_budgets(samples, batch_size=batch_size, drop_last=drop_last)
+    kept = np.minimum(budgets * batch_size, samples)
+    return EpochPlan(
+        order=order,
+        samples=samples,
+        budgets=budgets,
+        kept=kept,
+        batches_per_rank=int(budgets[0].sum()),
+        batch_size=batch_size,
+        drop_last=drop_last,
+    )

@@ -1,0 +1,637 @@
+"""The training-time pipeline, composed from webdataset parts and run inside the DataLoader workers.
+
+    manifest shard list -> split by node (rank) -> split by worker
+      -> resampled: endless re-shuffle of this worker's shards, seeded by (seed, rank, worker, pass)
+       | epoch:     this worker's shards of the epoch's plan, capped at its batch budget
+      -> tar -> samples (counted against the manifest) -> shuffle buffer (bytes) -> lean decode
+      -> uint8 batches (b, h, w, 3)
+
+Ranks and workers split the shard list exactly as ``wds.split_by_node`` and ``wds.split_by_worker`` do
+(``islice(src, index, None, count)``), but from a :class:`~wsishard.partition.World` detected once in the
+main process: webdataset's splitters re-detect the rank in each worker from the environment, which in a
+worker started by ``spawn`` without ``RANK`` silently gives every rank all shards, and would let the epoch
+arithmetic in :mod:`wsishard.partition` and the actual split disagree.
+
+Error behaviour (``on_error``):
+    ``"raise"`` (default): a shard that cannot be opened, is truncated or corrupt, holds a sample with a
+    missing member or an undecodable image, or holds fewer samples than the manifest says raises
+    :class:`~wsishard.errors.ShardError` naming the shard. A sample missing a member is never yielded; a
+    short shard is only detectable at its end, so its earlier (complete) samples may already have been
+    batched. ``"skip"``: the rest of a failing shard (or the one bad sample) is skipped, counted and logged;
+    complete samples read before the failure are kept. In epoch mode under DDP a worker left short by
+    skipping tops up by re-reading its own shards, so every rank still yields the planned number of batches
+    (some samples are then seen twice); a single process just yields fewer batches.
+
+Members other than the image, ``.json`` and ``.cls`` are never read: ``.pyd``/``.pth``/``.pickle``
+members are ignored and nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import re
+import tarfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import IO, Any, Literal, TypedDict
+
+import numpy as np
+import torch
+import webdataset as wds
+from PIL import Image
+from webdataset.tariterators import base_plus_ext, tar_file_iterator
+
+from wsishard.errors import ManifestError, ShardError, TopologyError
+from wsishard.format import IMAGE_FORMATS, LABEL_EXT, META_EXT, PatchMeta
+from wsishard.partition import EpochPlan, World, check_topology, epoch_order, plan_epoch, resample_order
+from wsishard.partition import worker_shards as _worker_shards
+from wsishard.storage import StorageOptions, StreamOpener, join, load_manifest
+
+logger = logging.getLogger(__name__)
+
+ErrorMode = Literal["raise", "skip"]
+Opener = Callable[[str], IO[bytes]]
+_WANTED = frozenset((*IMAGE_FORMATS, META_EXT, LABEL_EXT))
+_PIL_FORMATS = ["JPEG", "PNG", "WEBP"]
+_SHUFFLE_STREAM, _TOPUP_STREAM = 1, 2  # extra seed words keeping the random streams apart
+
+
+class RawSample(TypedDict):
+    """A sample as read from the tar: still encoded bytes (cheap to hold in the shuffle buffer)."""
+
+    key: str
+    shard: str
+    image_ext: str
+    image: bytes
+    meta: bytes
+    label: bytes | None
+
+
+class Sample(TypedDict):
+    """A decoded sample."""
+
+    key: str
+    shard: str
+    image: np.ndarray  # (h, w, 3) uint8 RGB
+    meta: PatchMeta
+    label: int  # -1 when unlabelled
+
+
+class Batch(TypedDict):
+    """A batch as the workers yield it (pinned by the DataLoader when CUDA is there)."""
+
+    image: torch.Tensor  # (b, h, w, 3) uint8 RGB
+    label: torch.Tensor  # (b,) int64, -1 when unlabelled
+    meta: list[PatchMeta]
+    key: list[str]
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """One shard to read: its location and the sample count its manifest promises."""
+
+    url: str
+    samples: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamConfig:
+    """Options of a :class:`ShardStream`.
+
+    Attributes:
+        batch_size: samples per batch, batched in the workers.
+        resampled: endless step-based streaming (True) or exact epochs (False).
+        shuffle: shuffle buffer size in samples per worker (0 or 1: no buffer).
+        seed: base seed; None draws one from OS entropy (resampled) and uses 0 for the epoch plan,
+            which all ranks must share.
+        drop_last: epoch mode: workers drop their last incomplete batch (resampled batches are always full).
+        on_error: ``"raise"`` or ``"skip"`` broken shards and samples.
+    """
+
+    batch_size: int
+    resampled: bool = True
+    shuffle: int = 1000
+    seed: int | None = None
+    drop_last: bool = True
+    on_error: ErrorMode = "raise"
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.shuffle < 0:
+            raise ValueError(f"shuffle must be >= 0 samples, got {self.shuffle}")
+        if self.seed is not None and self.seed < 0:
+            raise ValueError(f"seed must be >= 0 or None, got {self.seed}")
+        if self.on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
+
+
+def detect_world() -> World:
+    """This process's rank and world size (torch.distributed, else torchrun's RANK/WORLD_SIZE) and worker.
+
+    Raises:
+        TopologyError: torch.distributed and RANK/WORLD_SIZE disagree.
+    """
+    env = (os.environ.get("RANK"), os.environ.get("WORLD_SIZE"))
+    rank, size = (int(env[0]), int(env[1])) if env[0] is not None and env[1] is not None else (0, 1)
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        if env[0] is not None and (rank, size) != (dist.get_rank(), dist.get_world_size()):
+            raise TopologyError(
+                f"RANK/WORLD_SIZE say {rank}/{size} but torch.distributed says "
+                f"{dist.get_rank()}/{dist.get_world_size()}"
+            )
+        rank, size = dist.get_rank(), dist.get_world_size()
+    info = torch.utils.data.get_worker_info()
+    worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+    return World(rank=rank, world_size=size, worker=worker, num_workers=workers)
+
+
+# ---- stages: each is picklable and maps an iterator to an iterator -------------------------------------
+
+
+@dataclass(frozen=True)
+class ShardList:
+    """The pipeline's source: the job's shards in this epoch's order."""
+
+    tasks: tuple[ShardTask, ...]
+
+    def __call__(self) -> Iterator[ShardTask]:
+        return iter(self.tasks)
+
+
+@dataclass(frozen=True)
+class SplitByNode:
+    """``wds.split_by_node`` with an explicit rank: ``islice(src, rank, None, world_size)``."""
+
+    rank: int
+    world_size: int
+
+    def __call__(self, src: Iterator[ShardTask]) -> Iterator[ShardTask]:
+        return islice(src, self.rank, None, self.world_size)
+
+
+@dataclass(frozen=True)
+class SplitByWorker:
+    """``wds.split_by_worker`` with an explicit worker: ``islice(src, worker, None, num_workers)``."""
+
+    worker: int
+    num_workers: int
+
+    def __call__(self, src: Iterator[ShardTask]) -> Iterator[ShardTask]:
+        return islice(src, self.worker, None, self.num_workers)
+
+
+@dataclass(frozen=True)
+class Resample:
+    """Endless passes over this worker's shards, pass ``p`` ordered by ``rng((seed, rank, worker, p))``."""
+
+    seed: int
+    rank: int
+    worker: int
+
+    def __call__(self, src: Iterator[ShardTask]) -> Iterator[ShardTask]:
+        tasks = list(src)
+        for pass_index in range(2**62):
+            order = resample_order(len(tasks), seed=self.seed, rank=self.rank, worker=self.worker,
+                                   pass_index=pass_index)  # fmt: skip
+            yield from (tasks[i] for i in order)
+
+
+@dataclass
+class ReadShards:
+    """Open each shard, yield its samples as bytes, and check the count against the manifest.
+
+    Args:
+        opener: ``location -> binary file``.
+        on_error: ``"raise"`` or ``"skip"``.
+        max_failures: in skip mode, this many failures in a row (every shard of the worker) raise.
+    """
+
+    opener: Opener
+    on_error: ErrorMode = "raise"
+    max_failures: int = 1
+    skipped: int = field(default=0, init=False)
+
+    def __call__(self, src: Iterator[ShardTask]) -> Iterator[RawSample]:
+        in_a_row = 0
+        for task in src:
+            try:
+                yield from read_shard(task, self.opener)
+                in_a_row = 0
+            except ShardError as exc:
+                if self.on_error == "raise":
+                    raise
+                self.skipped += 1
+                in_a_row += 1
+                logger.warning("skipping %s (%d skipped in this worker so far)", exc, self.skipped)
+                if in_a_row >= self.max_failures:
+                    raise ShardError(task.url, f"all {in_a_row} shards of this worker failed") from exc
+
+
+def read_shard(task: ShardTask, opener: Opener) -> Iterator[RawSample]:
+    """The samples of one shard, in order; never one with a missing member.
+
+    Raises:
+        ShardError: the shard cannot be opened or read, a sample lacks its image or ``.json``, or the
+            shard holds another number of samples than ``task.samples``.
+    """
+    try:
+        stream = opener(task.url)
+    except (OSError, ValueError) as exc:
+        raise ShardError(task.url, f"cannot be opened ({type(exc).__name__}: {exc})") from exc
+    count = 0
+    try:
+        for key, members in _group_members(tar_file_iterator(stream, select_files=_wanted)):
+            yield _raw_sample(task.url, key, members)
+            count += 1
+    except ShardError:
+        raise
+    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+        raise ShardError(task.url, f"unreadable after {count} samples ({type(exc).__name__}: {exc})") from exc
+    finally:
+        stream.close()
+    if count != task.samples:
+        raise ShardError(task.url, f"holds {count} samples, the manifest says {task.samples}")
+
+
+def _wanted(fname: str) -> bool:
+    return base_plus_ext(fname)[1] in _WANTED
+
+
+def _group_members(files: Iterator[dict[str, Any]]) -> Iterator[tuple[str, dict[str, bytes]]]:
+    key: str | None = None
+    members: dict[str, bytes] = {}
+    for item in files:
+        prefix, ext = base_plus_ext(item["fname"])
+        if prefix != key:
+            if key is not None:
+                yield key, members
+            key, members = prefix, {}
+        if ext in members:
+            raise ValueError(f"duplicate member {item['fname']}")
+        members[ext] = item["data"]
+    if key is not None:
+        yield key, members
+
+
+def _raw_sample(shard: str, key: str, members: dict[str, bytes]) -> RawSample:
+    image_ext = next((ext for ext in IMAGE_FORMATS if ext in members), None)
+    if image_ext is None or META_EXT not in members:
+        missing = "an image" if image_ext is None else f".{META_EXT}"
+        raise ShardError(shard, f"sample {key} lacks {missing} (truncated, or not a wsishard shard)")
+    return RawSample(key=key, shard=shard, image_ext=image_ext, image=members[image_ext],
+                     meta=members[META_EXT], label=members.get(LABEL_EXT))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Shuffle:
+    """Shuffle buffer of ``size`` samples, seeded by ``seed`` (a tuple of non-negative ints)."""
+
+    size: int
+    seed: tuple[int, ...]
+
+    def __call__(self, src: Iterator[RawSample]) -> Iterator[RawSample]:
+        if self.size <= 1:
+            yield from src
+            return
+        rng = np.random.default_rng(self.seed)
+        buf: list[RawSample] = []
+        draws, used = rng.random(1024), 0
+        for sample in src:
+            buf.append(sample)
+            if len(buf) < self.size:
+                continue
+            if used == len(draws):
+                draws, used = rng.random(1024), 0
+            i = int(draws[used] * len(buf))
+            used += 1
+            buf[i], buf[-1] = buf[-1], buf[i]
+            yield buf.pop()
+        for i in rng.permutation(len(buf)).tolist():
+            yield buf[i]
+
+
+def decode_sample(raw: RawSample) -> Sample:
+    """Decode only wsishard's fields: image via PIL (JPEG/PNG/WebP only), ``.json``, ``.cls``.
+
+    Raises:
+        ShardError: a field does not decode (names the shard and the sample).
+    """
+    try:
+        with Image.open(io.BytesIO(raw["image"]), formats=_PIL_FORMATS) as img:
+            image = np.asarray(img if img.mode == "RGB" else img.convert("RGB"))  # (h, w, 3) uint8
+        meta = json.loads(raw["meta"])
+        label = int(raw["label"]) if raw["label"] is not None else int(meta.get("label", -1))
+    except (OSError, ValueError, SyntaxError, TypeError, AttributeError) as exc:
+        raise ShardError(raw["shard"], f"sample {raw['key']} does not decode ({type(exc).__name__}: {exc})") from exc
+    return Sample(key=raw["key"], shard=raw["shard"], image=image, meta=meta, label=label)
+
+
+@dataclass(frozen=True)
+class Decode:
+    """Decode each sample; with ``on_error="skip"`` a bad sample (or one of another size) is dropped."""
+
+    on_error: ErrorMode = "raise"
+
+    def __call__(self, src: Iterator[RawSample]) -> Iterator[Sample]:
+        shape: tuple[int, ...] | None = None
+        for raw in src:
+            try:
+                sample = decode_sample(raw)
+                if shape is not None and sample["image"].shape != shape:
+                    raise ShardError(sample["shard"], f"sample {sample['key']} is {sample['image'].shape}, "
+                                     f"earlier samples are {shape}")  # fmt: skip
+            except ShardError as exc:
+                if self.on_error == "raise":
+                    raise
+                logger.warning("skipping %s", exc)
+                continue
+            shape = sample["image"].shape
+            yield sample
+
+
+def collate_samples(samples: Sequence[Sample]) -> Batch:
+    """Stack decoded samples into a :class:`Batch` (uint8, channels last)."""
+    image = torch.from_numpy(np.stack([s["image"] for s in samples]))  # (b, h, w, 3) uint8
+    label = torch.tensor([s["label"] for s in samples], dtype=torch.int64)  # (b,)
+    return Batch(image=image, label=label, meta=[s["meta"] for s in samples], key=[s["key"] for s in samples])
+
+
+@dataclass(frozen=True)
+class Batched:
+    """Group samples into batches of ``size``; a last incomplete one is kept unless ``drop_last``."""
+
+    size: int
+    drop_last: bool = True
+
+    def __call__(self, src: Iterator[Sample]) -> Iterator[Batch]:
+        buf: list[Sample] = []
+        for sample in src:
+            buf.append(sample)
+            if len(buf) == self.size:
+                yield collate_samples(buf)
+                buf = []
+        if buf and not self.drop_last:
+            yield collate_samples(buf)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Yield exactly ``batches`` batches (epoch mode: every rank's batch count stays equal).
+
+    When the stream ends early (skipped shards under DDP), ``refill(p)`` for ``p = 1, 2, ...`` supplies
+    batches re-read from the worker's own shards until the budget is met.
+    """
+
+    batches: int
+    refill: Callable[[int], Iterator[Batch]] | None = None
+
+    def __call__(self, src: Iterator[Batch]) -> Iterator[Batch]:
+        count, pass_index = 0, 0
+        for batch in src if self.batches > 0 else ():
+            yield batch
+            count += 1
+            if count == self.batches:
+                return
+        while count < self.batches and self.refill is not None:
+            pass_index += 1
+            logger.warning("%d batches short of the epoch budget after skipping; re-reading this worker's "
+                           "shards", self.batches - count)  # fmt: skip
+            got = 0
+            for batch in self.refill(pass_index):
+                yield batch
+                count, got = count + 1, got + 1
+                if count == self.batches:
+                    return
+            if got == 0:
+                raise ShardError("(every shard of this worker)", f"re-reading gave no batch; {count} of "
+                                 f"{self.batches} planned batches")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Refill:
+    """Top-up batches for :class:`Budget`: one more reshuffled pass over a worker's own shards."""
+
+    dataset: ShardStream
+    tasks: tuple[ShardTask, ...]
+    seed: tuple[int, ...]
+
+    def __call__(self, pass_index: int) -> Iterator[Batch]:
+        order = np.random.default_rng((*self.seed, pass_index)).permutation(len(self.tasks))
+        source = ShardList(tuple(self.tasks[i] for i in order.tolist()))
+        stages = self.dataset.sample_stages((*self.seed, pass_index), max_failures=len(self.tasks))
+        return iter(wds.DataPipeline(source, *stages))
+
+
+# ---- the dataset ---------------------------------------------------------------------------------------
+
+
+class ShardStream(torch.utils.data.IterableDataset[Batch]):
+    """An iterable dataset of uint8 :class:`Batch` es over the shards of one or more build outputs.
+
+    Resampled mode never ends: iterate it for a number of steps. Epoch mode yields one exact pass, the
+    same number of batches (:meth:`batches_per_rank`) on every rank. Each new iteration is a new epoch
+    (counted per process, and by :func:`loader` across worker restarts); :meth:`set_epoch` sets it
+    explicitly. Batch counts assume every rank uses the same ``num_workers``.
+
+    Args:
+        shards: every shard of the job, in manifest order.
+        config: the stream's options.
+        world: rank and world size; detected from torch.distributed / torchrun when None.
+        opener: ``location -> binary file``; :class:`~wsishard.storage.StreamOpener` when None.
+    """
+
+    def __init__(self, shards: Sequence[ShardTask], config: StreamConfig, *, world: World | None = None,
+                 opener: Opener | None = None) -> None:  # fmt: skip
+        super().__init__()
+        self.shards = tuple(shards)
+        self.config = config
+        self.world = (world or detect_world()).with_worker(0, 1)
+        self.opener: Opener = opener or StreamOpener()
+        self.counts = np.array([s.samples for s in self.shards], dtype=np.int64)  # (n,)
+        # drawn once here, in the main process, so that every worker of this rank agrees on it
+        self.base_seed = config.seed if config.seed is not None else int(np.random.default_rng().integers(2**63))
+        self._epoch_next = 0
+        self._local_passes = 0
+        self._pinned = False
+
+    @property
+    def plan_seed(self) -> int:
+        """The seed of the shard assignment, shared by all ranks (``seed``, or 0 without one)."""
+        return self.config.seed if self.config.seed is not None else 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass epoch ``epoch``; passes after it count on from there."""
+        self._epoch_next, self._local_passes, self._pinned = epoch, 0, True
+
+    def plan(self, epoch: int, num_workers: int) -> EpochPlan:
+        """The epoch's plan for this job's ranks with ``num_workers`` workers each (epoch mode)."""
+        return plan_epoch(self.counts, world_size=self.world.world_size, num_workers=max(num_workers, 1),
+                          batch_size=self.config.batch_size, seed=self.plan_seed, epoch=epoch,
+                          drop_last=self.config.drop_last)  # fmt: skip
+
+    def batches_per_rank(self, num_workers: int, epoch: int = 0) -> int:
+        """Batches each rank yields in ``epoch`` (epoch mode; varies slightly between epochs)."""
+        return self.plan(epoch, num_workers).batches_per_rank
+
+    def check_topology(self, num_workers: int) -> None:
+        """Raise now, in the main process, what the workers would otherwise hit.
+
+        Raises:
+            TopologyError: fewer shards than ranks x workers, or an epoch without a single batch.
+        """
+        check_topology(len(self.shards), self.world.world_size, max(num_workers, 1))
+        if not self.config.resampled and self.batches_per_rank(num_workers) == 0:
+            raise TopologyError(
+                f"{int(self.counts.sum())} samples give no batch of {self.config.batch_size} per rank "
+                f"with {self.world.world_size} rank(s) x {max(num_workers, 1)} worker(s)"
+            )
+
+    def sample_stages(self, seed: tuple[int, ...], max_failures: int = 1) -> list[Any]:
+        """The stages from shard tasks to batches: read, shuffle (seeded by ``seed``), decode, batch."""
+        cfg = self.config
+        return [ReadShards(self.opener, cfg.on_error, max_failures=max_failures),
+                Shuffle(cfg.shuffle, (*seed, _SHUFFLE_STREAM)), Decode(cfg.on_error),
+                Batched(cfg.batch_size, drop_last=cfg.drop_last or cfg.resampled)]  # fmt: skip
+
+    def pipeline(self, world: World, epoch: int) -> wds.DataPipeline:
+        """The webdataset pipeline that ``world``'s (rank, worker) runs in ``epoch`` (or for ever)."""
+        check_topology(len(self.shards), world.world_size, world.num_workers)
+        seed = (self.base_seed, world.rank, world.worker, epoch)
+        if self.config.resampled:
+            order = epoch_order(self.counts, world_size=world.world_size, num_workers=world.num_workers,
+                                seed=self.plan_seed, epoch=0)  # fmt: skip
+            resample, budget = Resample(self.base_seed, world.rank, world.worker), None
+        else:
+            plan = self.plan(epoch, world.num_workers)
+            order, resample = plan.order, None
+            mine = tuple(self.shards[i] for i in plan.shards_of(world).tolist())
+            topup = self.config.on_error == "skip" and world.world_size > 1
+            budget = Budget(plan.budget_of(world), _Refill(self, mine, (*seed, _TOPUP_STREAM)) if topup else None)
+        mine_count = len(_worker_shards(order, world))
+        logger.debug("rank %d worker %d epoch %d: %d shards", world.rank, world.worker, epoch, mine_count)
+        return wds.DataPipeline(
+            ShardList(tuple(self.shards[i] for i in order.tolist())),
+            SplitByNode(world.rank, world.world_size),
+            SplitByWorker(world.worker, world.num_workers),
+            resample,
+            *self.sample_stages(seed, max_failures=mine_count),
+            budget,
+        )
+
+    def __iter__(self) -> Iterator[Batch]:
+        info = torch.utils.data.get_worker_info()
+        world = self.world.with_worker(info.id, info.num_workers) if info is not None else self.world
+        epoch = self._epoch_next + self._local_passes
+        self._local_passes += 1
+        return iter(self.pipeline(world, epoch))
+
+    def _loader_pass(self, first: bool) -> None:
+        """Called by :class:`ShardLoader` in the main process before it starts its workers."""
+        if self._pinned:
+            self._pinned = False
+        elif not first:
+            self._epoch_next += 1
+
+
+_WORKER_ERROR = re.compile(r"^(?:[\w.]+\.)?ShardError: shard (?P<shard>.+?): (?P<reason>.*)$", re.MULTILINE)
+
+
+def _reraise_shard_errors(batches: Iterator[Batch]) -> Iterator[Batch]:
+    """DataLoader re-raises a worker's ShardError as RuntimeError; give the caller its ShardError back."""
+    try:
+        yield from batches
+    except RuntimeError as exc:
+        match = _WORKER_ERROR.search(str(exc)) if str(exc).startswith("Caught ShardError") else None
+        if match is None:
+            raise
+        raise ShardError(match["shard"], match["reason"]) from exc
+
+
+class ShardLoader(wds.WebLoader):
+    """A ``wds.WebLoader`` (a DataLoader with ``batch_size=None``) that counts epochs for its dataset.
+
+    Each iteration after the first advances the dataset's epoch (unless :meth:`ShardStream.set_epoch`
+    was called), so non-persistent workers, which get a fresh copy of the dataset, still see a new
+    shard order every epoch. Errors from workers come back as :class:`~wsishard.errors.ShardError`.
+    """
+
+    def __init__(self, dataset: ShardStream, **kwargs: Any) -> None:
+        super().__init__(dataset, batch_size=None, **kwargs)
+        self.dataset = dataset
+        self.num_workers = int(kwargs.get("num_workers", 0))
+        self._iterations = 0
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self.num_workers > 0:
+            self.dataset._loader_pass(first=self._iterations == 0)
+        self._iterations += 1
+        return _reraise_shard_errors(super().__iter__())
+
+
+def stream(
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    batch_size: int,
+    resampled: bool = True,
+    shuffle: int = 1000,
+    seed: int | None = None,
+    drop_last: bool = True,
+    on_error: ErrorMode = "raise",
+    storage_options: StorageOptions | None = None,
+    opener: Opener | None = None,
+    world: World | None = None,
+) -> ShardStream:
+    """Stream batches from one or more build outputs (folder, manifest path or URL prefix).
+
+    Shard names and per-shard sample counts come from each output's manifest. Iterate the result
+    directly, or through :func:`loader` for worker processes. Options are those of :class:`StreamConfig`.
+
+    Args:
+        source: a build output, or a list of them (their shards are combined).
+        storage_options: fsspec options for URLs, used for manifests and shards.
+        opener: ``location -> binary file`` replacing the fsspec/local opener (must pickle).
+        world: rank and world size; detected when None.
+
+    Raises:
+        ManifestError: a manifest is missing or unreadable, or the outputs hold no shard.
+        ValueError: a bad option.
+    """
+    config = StreamConfig(batch_size=batch_size, resampled=resampled, shuffle=shuffle, seed=seed,
+                          drop_last=drop_last, on_error=on_error)  # fmt: skip
+    sources = [source] if isinstance(source, str | os.PathLike) else list(source)
+    tasks: list[ShardTask] = []
+    for src in sources:
+        manifest, root = load_manifest(os.fspath(src), storage_options)
+        tasks += [ShardTask(url=join(root, rec.name), samples=rec.samples) for rec in manifest.shards]
+    if not tasks:
+        raise ManifestError(", ".join(os.fspath(s) for s in sources), "lists no shards")
+    return ShardStream(tasks, config, world=world, opener=opener or StreamOpener(dict(storage_options or {})))
+
+
+def loader(dataset: ShardStream, *, num_workers: int = 4, pin_memory: bool | None = None,
+           **kwargs: Any) -> ShardLoader:  # fmt: skip
+    """A :class:`ShardLoader` over ``dataset``: ``batch_size=None`` (the workers batch), pinned on CUDA.
+
+    Args:
+        dataset: from :func:`stream`.
+        num_workers: DataLoader worker processes per rank (use the same on every rank).
+        pin_memory: default: True when CUDA is available.
+        **kwargs: passed to ``torch.utils.data.DataLoader`` (``prefetch_factor``, ``persistent_workers``...).
+
+    Raises:
+        TopologyError: too few shards for ranks x ``num_workers`` (raised here, not in a worker).
+        ValueError: ``batch_size`` among ``kwargs`` (batching happens in the workers).
+    """
+    if "batch_size" in kwargs:
+        raise ValueError(f"batch_size={kwargs['batch_size']!r}: batch in stream(), the loader gets None")
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    dataset.check_topology(num_workers)
+    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+    return ShardLoader(dataset, num_workers=num_workers, pin_memory=pin, **kwargs)

@@ -1,0 +1,219 @@
+"""Pure tissue detection: a low-resolution RGB view of a slide -> a boolean tissue mask. No I/O.
+
+The method is the one CLAM, Trident and hs2p use, with every size given in microns:
+
+1. a per-pixel "stain" feature: HSV saturation, optionally maxed with darkness, where darkness is measured
+   against the glass (``1 - value / glass_value``, the glass value being the most common bright value, pure
+   white excluded) rather than against white, so a dim scan's background is not read as tissue while dark
+   specks and ink still stand out (opaque black fill would read as tissue: use ``use_darkness=False``);
+2. a median blur;
+3. Otsu's threshold on the blurred feature, floored at ``min_threshold`` so a blank slide yields no tissue
+   (or a fixed threshold instead of Otsu);
+4. a morphological closing, then dropping small objects (dust) and filling small holes.
+
+Inputs finer than ``thumb_mpp`` by 2x or more, or longer than ``max_thumb_px``, are first reduced by an
+integer block mean; the mask comes back at the input's size either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import ndimage as ndi
+from skimage.filters import threshold_otsu
+from skimage.filters.rank import median as rank_median
+from skimage.morphology import disk
+
+from wsishard.errors import OptionError
+
+logger = logging.getLogger(__name__)
+
+GLASS_MIN_VALUE = 128  # the glass is the most common HSV value in [GLASS_MIN_VALUE, 254]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TissueOptions:
+    """Tissue-detection options; lengths in microns, areas in square microns.
+
+    Attributes:
+        thumb_mpp: microns per px of the low-res view detection runs on (the build picks a level near this).
+        max_thumb_px: the low-res view's longest side is capped at this (bounded memory).
+        use_darkness: combine HSV saturation with darkness against the glass (max of the two).
+        median_um: median blur radius (24 um: a 7 px wide disk at 8 um/px, CLAM's ``mthresh=7``).
+        close_um: morphological closing radius.
+        min_object_um2: objects at most this large are dropped (dust; a 224 px patch at 0.5 mpp is 12544).
+        min_hole_um2: holes at most this large inside tissue are filled.
+        min_threshold: floor (0..1) on Otsu's threshold, so a blank slide yields no tissue.
+        fixed_threshold: if set (0..1), used instead of Otsu's threshold and its floor.
+
+    Raises:
+        OptionError: (a ``ValueError``) naming the field and the bad value.
+    """
+
+    thumb_mpp: float = 8.0
+    max_thumb_px: int = 4096
+    use_darkness: bool = True
+    median_um: float = 24.0
+    close_um: float = 16.0
+    min_object_um2: float = 20_000.0
+    min_hole_um2: float = 10_000.0
+    min_threshold: float = 0.05
+    fixed_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        """Validate every field."""
+        _check(math.isfinite(self.thumb_mpp) and self.thumb_mpp > 0, "thumb_mpp", self.thumb_mpp)
+        ok_px = isinstance(self.max_thumb_px, int) and not isinstance(self.max_thumb_px, bool)
+        _check(ok_px and self.max_thumb_px >= 16, "max_thumb_px", self.max_thumb_px)
+        _check(isinstance(self.use_darkness, bool), "use_darkness", self.use_darkness)
+        for name in ("median_um", "close_um", "min_object_um2", "min_hole_um2"):
+            value = getattr(self, name)
+            _check(math.isfinite(value) and value >= 0, name, value)
+        _check(0.0 <= self.min_threshold < 1.0, "min_threshold", self.min_threshold)
+        fixed = self.fixed_threshold
+        _check(fixed is None or 0.0 <= fixed < 1.0, "fixed_threshold", fixed)
+
+
+def _check(ok: bool, name: str, value: object) -> None:
+    if not ok:
+        raise OptionError(f"TissueOptions.{name}: invalid value {value!r}")
+
+
+def detect_tissue(rgb: np.ndarray, mpp: float, options: TissueOptions | None = None) -> np.ndarray:
+    """Detect tissue on a low-resolution view of a slide.
+
+    Args:
+        rgb: (H, W, 3) uint8 RGB (or (H, W, 4) RGBA, where fully transparent pixels count as glass).
+        mpp: microns per px of ``rgb``.
+        options: detection options (defaults if None).
+
+    Returns:
+        (H, W) bool mask, True on tissue. A uniform or blank image gives an all-False mask.
+
+    Raises:
+        ValueError: ``rgb`` is not (H, W, 3|4) uint8, or ``mpp`` is not a positive number.
+    """
+    opts = options if options is not None else TissueOptions()
+    if rgb.ndim != 3 or rgb.shape[2] not in (3, 4) or rgb.dtype != np.uint8:
+        raise ValueError(f"rgb must be (H, W, 3 or 4) uint8, got {rgb.shape} {rgb.dtype}")
+    if not (math.isfinite(mpp) and mpp > 0):
+        raise ValueError(f"mpp must be a positive number, got {mpp!r}")
+    h, w = rgb.shape[:2]
+    if h == 0 or w == 0:
+        return np.zeros((h, w), dtype=bool)
+    rgb = _opaque(rgb)
+    factor = max(1, int(opts.thumb_mpp / mpp + 1e-6), math.ceil(max(h, w) / opts.max_thumb_px))
+    small = _block_mean(rgb, factor) if factor > 1 else rgb
+    mask = _detect(small, mpp * factor, opts)
+    if factor > 1:
+        mask = np.repeat(np.repeat(mask, factor, axis=0), factor, axis=1)[:h, :w]
+    return mask
+
+
+def tissue_fraction(mask: np.ndarray) -> float:
+    """Fraction of True pixels in a tissue mask (0.0 for an empty one)."""
+    return float(np.count_nonzero(mask)) / mask.size if mask.size else 0.0
+
+
+def _detect(rgb: np.ndarray, mpp: float, opts: TissueOptions) -> np.ndarray:
+    """The detection steps on (h, w, 3) uint8 at ``mpp`` um/px."""
+    feature = stain_feature(rgb, use_darkness=opts.use_darkness)  # (h, w) uint8, 0..255
+    radius = round(opts.median_um / mpp)
+    if radius >= 1 and min(feature.shape) > 1:
+        feature = rank_median(feature, disk(radius))
+    threshold = _threshold(feature, opts)
+    if threshold is None:
+        return np.zeros(feature.shape, dtype=bool)
+    mask = feature > threshold
+    mask = _close(mask, round(opts.close_um / mpp))
+    mask = _drop_small_objects(mask, opts.min_object_um2 / mpp**2)
+    return _fill_small_holes(mask, opts.min_hole_um2 / mpp**2)
+
+
+def stain_feature(rgb: np.ndarray, *, use_darkness: bool = True) -> np.ndarray:
+    """Per-pixel stain strength, 0..255: HSV saturation, maxed with darkness against the glass if asked.
+
+    Args:
+        rgb: (h, w, 3) uint8.
+        use_darkness: include ``1 - value / glass_value``, the glass value being the most common HSV value
+            in 128..254 (pure white, often padding or transparency, is left out), 255 if there is none.
+
+    Returns:
+        (h, w) uint8.
+    """
+    hi = rgb.max(axis=2)  # HSV value, (h, w) uint8
+    lo = rgb.min(axis=2)
+    delta = (hi - lo).astype(np.uint16)
+    sat = (delta * 255 + hi // 2) // np.maximum(hi, 1)  # == round(255 * S), S = delta / value (0 at black)
+    if not use_darkness:
+        return sat.astype(np.uint8)
+    bright = np.bincount(hi.ravel(), minlength=256)[GLASS_MIN_VALUE:255]
+    glass = GLASS_MIN_VALUE + int(np.argmax(bright)) if bright.any() else 255
+    dark = (np.maximum(glass - hi.astype(np.int32), 0) * 255 + glass // 2) // glass
+    return np.maximum(sat, dark).astype(np.uint8)
+
+
+def _threshold(feature: np.ndarray, opts: TissueOptions) -> float | None:
+    """The feature threshold (0..255 scale), or None when nothing can be tissue (a uniform image)."""
+    if opts.fixed_threshold is not None:
+        return opts.fixed_threshold * 255
+    hist = np.bincount(feature.ravel(), minlength=256)
+    if np.count_nonzero(hist) < 2:
+        return None
+    otsu = float(threshold_otsu(hist=hist))
+    logger.debug("otsu threshold %.3f (floor %.3f)", otsu / 255, opts.min_threshold)
+    return max(otsu, opts.min_threshold * 255)
+
+
+def _close(mask: np.ndarray, radius: int) -> np.ndarray:
+    """Binary closing with a disk; the border is padded by replication so edge tissue is not eroded."""
+    if radius < 1 or not mask.any():
+        return mask
+    padded = np.pad(mask, radius, mode="edge")
+    closed = ndi.binary_closing(padded, structure=disk(radius).astype(bool))
+    return closed[radius:-radius, radius:-radius]
+
+
+def _drop_small_objects(mask: np.ndarray, max_px: float) -> np.ndarray:
+    """Drop 8-connected objects of at most ``max_px`` pixels."""
+    if max_px < 1 or not mask.any():
+        return mask
+    labels, _ = ndi.label(mask, structure=np.ones((3, 3), dtype=bool))
+    sizes = np.bincount(labels.ravel())
+    keep = sizes > max_px
+    keep[0] = False
+    return keep[labels]
+
+
+def _fill_small_holes(mask: np.ndarray, max_px: float) -> np.ndarray:
+    """Fill 4-connected background regions of at most ``max_px`` pixels that do not touch the border."""
+    if max_px < 1 or mask.all() or not mask.any():
+        return mask
+    labels, _ = ndi.label(~mask)
+    sizes = np.bincount(labels.ravel())
+    fill = sizes <= max_px
+    fill[0] = False
+    border = np.concatenate([labels[0], labels[-1], labels[:, 0], labels[:, -1]])
+    fill[border] = False
+    return mask | fill[labels]
+
+
+def _opaque(rgb: np.ndarray) -> np.ndarray:
+    """Drop an alpha channel, painting fully transparent pixels (outside the scan) white, as glass."""
+    if rgb.shape[2] == 3:
+        return rgb
+    out = rgb[..., :3].copy()
+    out[rgb[..., 3] == 0] = 255
+    return out
+
+
+def _block_mean(rgb: np.ndarray, factor: int) -> np.ndarray:
+    """Reduce (h, w, 3) uint8 by an integer ``factor`` (block mean; edge blocks padded by replication)."""
+    h, w = rgb.shape[:2]
+    oh, ow = -(-h // factor), -(-w // factor)
+    padded = np.pad(rgb, ((0, oh * factor - h), (0, ow * factor - w), (0, 0)), mode="edge")
+    blocks = padded.reshape(oh, factor, ow, factor, 3).mean(axis=(1, 3))
+    return np.rint(blocks).astype(np.uint8)
