@@ -42,7 +42,7 @@ def _positive(kind: type) -> Any:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not a {kind.__name__}: {text!r}") from None
+            raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
         return value

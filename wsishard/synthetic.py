@@ -85,7 +85,8 @@ class _Scene:
 
     field: np.ndarray  # (rows, cols) float32 signed distance to the tissue border, mask px
     shade: np.ndarray  # (rows, cols) float32 stain intensity 0..1
-    interp: np.ndarray  # (tile_px, tile_px // MASK_DOWNSAMPLE + 2) float32 bilinear weights
+    lo: np.ndarray  # (tile_px,) int64: tile px -> lower padded-field index (same for rows and columns)
+    frac: np.ndarray  # (tile_px,) float32 bilinear weight of lo + 1
     tissue: np.ndarray  # (S, S, 3) uint8 periodic tissue texture
     glass: np.ndarray  # (S, S, 3) uint8 periodic background texture
     specks: tuple[_Speck, ...]
@@ -458,14 +459,12 @@ def _make_scene(
     shade = np.clip(0.5 + 0.3 * _smooth_noise(rng, field.shape, 300.0 / (mpp * MASK_DOWNSAMPLE)), 0, 1)
     u = (np.arange(tile_px) + 0.5) / MASK_DOWNSAMPLE + 0.5  # tile px -> padded-field coordinates
     lo = np.floor(u).astype(np.int64)
-    interp = np.zeros((tile_px, k + 2), dtype=np.float32)
-    interp[np.arange(tile_px), lo] = 1 - (u - lo)
-    interp[np.arange(tile_px), lo + 1] = u - lo
     swatch = tile_px * math.ceil(1024 / tile_px)
     return _Scene(
         field=np.pad(field, pad, mode="edge"),
         shade=np.pad(shade, pad, mode="edge").astype(np.float32),
-        interp=interp,
+        lo=lo,
+        frac=(u - lo).astype(np.float32),
         tissue=_tissue_swatch(rng, swatch, mpp),
         glass=_glass_swatch(rng, tile_px * math.ceil(512 / tile_px)),
         specks=_dust_specks(rng, field, shape, mpp) if dust else (),
@@ -478,6 +477,12 @@ def _make_scene(
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _bilinear(sc: _Scene, patch: np.ndarray) -> np.ndarray:
+    """Upsample a (k + 2, k + 2) padded-field patch to the (tile_px, tile_px) tile (no BLAS: threads spin)."""
+    rows = patch[sc.lo] + sc.frac[:, None] * (patch[sc.lo + 1] - patch[sc.lo])
+    return rows[:, sc.lo] + sc.frac[None, :] * (rows[:, sc.lo + 1] - rows[:, sc.lo])
+
+
 def _render_tile(sc: _Scene, ty: int, tx: int) -> np.ndarray:
     """The (tile_px, tile_px, 3) uint8 level-0 tile at tile row ``ty``, column ``tx``."""
     t, k = sc.tile_px, sc.tile_px // MASK_DOWNSAMPLE
@@ -487,10 +492,10 @@ def _render_tile(sc: _Scene, ty: int, tx: int) -> np.ndarray:
     patch = sc.field[ty * k : ty * k + k + 2, tx * k : tx * k + k + 2]
     if patch.max() > -1.0:
         sy, sx = y0 % sc.tissue.shape[0], x0 % sc.tissue.shape[1]
-        shade = sc.interp @ sc.shade[ty * k : ty * k + k + 2, tx * k : tx * k + k + 2] @ sc.interp.T
+        shade = _bilinear(sc, sc.shade[ty * k : ty * k + k + 2, tx * k : tx * k + k + 2])
         tissue = sc.tissue[sy : sy + t, sx : sx + t] + (shade[..., None] - 0.5) * SHADE
         if patch.min() < 1.0:
-            f = sc.interp @ patch @ sc.interp.T  # (t, t) signed distance, mask px
+            f = _bilinear(sc, patch)  # (t, t) signed distance, mask px
             alpha = np.clip(f * (MASK_DOWNSAMPLE / EDGE_L0_PX) + 0.5, 0.0, 1.0)[..., None]
             tissue = out + alpha * (tissue - out)
         out = np.clip(tissue + 0.5, 0, 255).astype(np.uint8)

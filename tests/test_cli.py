@@ -1,0 +1,75 @@
+"""The command line end to end: build, inspect, exit codes, usage errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from wsishard.cli import main, parse_size
+from wsishard.synthetic import make_slide, make_slides
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "wsishard.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_build_then_inspect_end_to_end(tmp_path: Path) -> None:
+    make_slides(tmp_path / "slides", 3, seed=4, width=2048, height=2048)
+    (tmp_path / "labels.csv").write_text("slide,label\nslide-000.svs,tumour\nslide-001.tif,normal\n")
+    out = tmp_path / "out"
+    proc = _run("build", str(tmp_path / "slides"), "-o", str(out), "--patch-size", "64", "--shard-samples", "50",
+                "--labels", str(tmp_path / "labels.csv"), "--jobs", "2", "--seed", "3")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "3 slides (3 ok, 0 failed)" in proc.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["totals"]["shards"] == len(list(out.glob("shard-*.tar"))) >= 2
+    assert manifest["options"]["shard_samples"] == 50 and manifest["extra"]["label_names"] == ["normal", "tumour"]
+    assert len(list((out / "qc").glob("*.png"))) == 3
+    proc = _run("inspect", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "slide-002" in proc.stdout and "shard-000000.tar" in proc.stdout and "64 px at 0.5 mpp" in proc.stdout
+
+
+def test_failed_slides_give_exit_status_1_and_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "in").mkdir()
+    make_slide(tmp_path / "in" / "good.svs", width=2048, height=2048, seed=1)
+    make_slide(tmp_path / "in" / "nompp.tif", width=2048, height=2048, seed=2, include_mpp=False)
+    code = main(["build", str(tmp_path / "in"), "-o", str(tmp_path / "out"), "--patch-size", "64", "-q", "--jobs", "1"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "1 failed" in out and "FAILED nompp.tif: no microns-per-pixel" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--shard-size", "lots"], "not a size"),
+        (["--min-tissue", "2"], "between 0 and 1"),
+        (["--mpp", "-1"], "must be > 0"),
+        (["--format", "gif"], "invalid choice"),
+        (["--jobs", "zero"], "not an integer"),
+    ],
+)
+def test_bad_options_are_usage_errors_without_traceback(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = _run("build", str(tmp_path), "-o", str(tmp_path / "out"), *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_empty_folder_and_missing_manifest_say_so(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    proc = _run("build", str(tmp_path / "empty"), "-o", str(tmp_path / "out"))
+    assert proc.returncode == 2 and "no slide files" in proc.stderr and "Traceback" not in proc.stderr
+    proc = _run("inspect", str(tmp_path / "empty"))
+    assert proc.returncode == 2 and "manifest" in proc.stderr and "not found" in proc.stderr
+
+
+def test_parse_size() -> None:
+    assert parse_size("512MB") == 512_000_000
+    assert parse_size("1GiB") == 1024**3
+    assert parse_size("100k") == 100_000
+    assert parse_size("4096") == 4096

@@ -1,0 +1,93 @@
+"""Slide readers: the tile fast path against OpenSlide, mpp resolution, the bounded low-res view."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wsishard.errors import MissingMppError, SlideError
+from wsishard.slide import OpenSlideReader, TiffTileReader, open_slide, read_lowres, resolve_mpp
+from wsishard.synthetic import SyntheticSlide, make_slide
+
+
+@pytest.mark.parametrize("index", [0, 1])  # svs, generic tiff
+def test_fast_path_matches_openslide_pixels(synthetic_slides: list[SyntheticSlide], index: int) -> None:
+    path = synthetic_slides[index].path
+    fast, ref = open_slide(path), OpenSlideReader(path)
+    assert isinstance(fast, TiffTileReader)
+    assert fast.level_dimensions == ref.level_dimensions and fast.level_downsamples == ref.level_downsamples
+    regions = [(0, 1000, 900, 700, 500), (0, 3900, 2900, 400, 300), (1, 130, 70, 300, 200), (2, 0, 0, 256, 192)]
+    for level, x, y, w, h in regions:  # the second one runs past the slide's edge: white there
+        a = fast.read_level(level, x, y, w, h).astype(np.int16)
+        b = ref.read_level(level, x, y, w, h).astype(np.int16)
+        assert a.shape == b.shape == (h, w, 3)
+        diff = np.abs(a - b)
+        assert diff.mean() < 1.0 and diff.max() <= 16, (level, diff.mean(), diff.max())
+    fast.close()
+    ref.close()
+
+
+def test_openslide_backend_reads_white_outside_the_slide(synthetic_slides: list[SyntheticSlide]) -> None:
+    reader = open_slide(synthetic_slides[0].path, fast=False)
+    assert reader.backend == "openslide"
+    w, h = reader.level_dimensions[0]
+    corner = reader.read_level(0, w - 50, h - 50, 100, 100)
+    assert corner[-1, -1].tolist() == [255, 255, 255] and corner.shape == (100, 100, 3)
+    reader.close()
+
+
+def test_unreadable_files_raise_slide_error(tmp_path: Path) -> None:
+    (tmp_path / "junk.svs").write_bytes(b"\x00" * 1000)
+    with pytest.raises(SlideError, match="cannot open"):
+        open_slide(str(tmp_path / "junk.svs"))
+    with pytest.raises(SlideError, match="no such file"):
+        open_slide(str(tmp_path / "missing.svs"))
+
+
+def test_resolve_mpp_sources() -> None:
+    props = {"openslide.mpp-x": "0.2520", "openslide.mpp-y": "0.2524"}
+    assert resolve_mpp("s", props, None, None) == (pytest.approx(0.2522), "openslide")
+    assert resolve_mpp("s", props, 0.5, None) == (0.5, "csv")
+    assert resolve_mpp("s", {}, None, 0.25) == (0.25, "default")
+    assert resolve_mpp("s", {"openslide.mpp-x": "0"}, None, 0.3) == (0.3, "default")
+    with pytest.raises(MissingMppError, match="--default-mpp"):
+        resolve_mpp("s", {"openslide.mpp-x": "nan"}, None, None)
+
+
+def test_lowres_view_of_a_single_level_slide_is_read_in_chunks(tmp_path: Path) -> None:
+    """A one-level slide is reduced chunk by chunk: never more than a chunk of level 0 in memory."""
+    import tifffile
+
+    rng = np.random.default_rng(0)
+    img = np.full((3000, 5000, 3), 240, np.uint8)
+    img[1000:2000, 1000:3000] = rng.integers(100, 200, size=(1000, 2000, 3), dtype=np.uint8)
+    tifffile.imwrite(tmp_path / "flat.tif", img, tile=(256, 256), compression="jpeg", photometric="rgb")
+    reader = open_slide(str(tmp_path / "flat.tif"))
+    assert len(reader.level_dimensions) == 1
+    calls: list[tuple[int, int]] = []
+    original = reader.read_level
+
+    def spy(level: int, x: int, y: int, w: int, h: int) -> np.ndarray:
+        calls.append((w, h))
+        return original(level, x, y, w, h)
+
+    reader.read_level = spy  # type: ignore[method-assign]
+    thumb, l0_per_px = read_lowres(reader, 32.0, chunk_px=1024)
+    assert thumb.shape == (94, 156, 3) and l0_per_px == pytest.approx(5000 / 156)
+    assert max(w * h for w, h in calls) <= 1024 * 1024 and len(calls) == 15
+    assert thumb[45, 60].mean() < 200 and thumb[5, 5].mean() > 230
+    reader.close()
+
+
+def test_truncated_tile_data_is_a_slide_error(tmp_path: Path) -> None:
+    make_slide(tmp_path / "t.svs", width=2048, height=2048, seed=1)
+    size = (tmp_path / "t.svs").stat().st_size
+    reader = open_slide(str(tmp_path / "t.svs"))
+    assert isinstance(reader, TiffTileReader)
+    with open(tmp_path / "t.svs", "r+b") as fh:  # cut the file under the open reader
+        fh.truncate(size // 3)
+    with pytest.raises(SlideError):
+        reader.read_level(0, 0, 0, 2048, 2048)
+    reader.close()
