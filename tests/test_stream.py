@@ -8,6 +8,7 @@ import os
 import pickle
 from pathlib import Path
 
+import fsspec
 import numpy as np
 import pytest
 import shardmaker as sm
@@ -17,13 +18,14 @@ import webdataset as wds
 from wsishard.errors import ManifestError, ShardError, TopologyError
 from wsishard.monitor import MonitoredLoader
 from wsishard.partition import World
-from wsishard.storage import StreamOpener
+from wsishard.storage import StreamOpener, register_gopen_schemes
 from wsishard.stream import (
     ShardStream,
     ShardTask,
     SplitByNode,
     SplitByWorker,
     StreamConfig,
+    detect_world,
     loader,
     read_shard,
     stream,
@@ -299,3 +301,25 @@ def test_monitored_loader_reports_throughput_and_wait(out: sm.Output) -> None:
     assert mon.summary()["steps"] == 8
     with pytest.raises(ValueError, match="0"):
         MonitoredLoader([], every=0)
+
+
+# ---- topology detection and URL sources -------------------------------------------------------------------
+
+
+def test_detect_world_reads_torchrun_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert detect_world() == World(rank=1, world_size=3)
+    monkeypatch.delenv("RANK")
+    assert detect_world() == World()
+
+
+def test_streams_from_an_fsspec_url_and_plain_webdataset_can_too(out: sm.Output) -> None:
+    fs = fsspec.filesystem("memory")
+    for name in [*out.keys, "manifest.json"]:
+        fs.pipe(f"/wsishard-test/{name}", Path(out.root, name).read_bytes())
+    keys = _keys(list(stream("memory://wsishard-test", batch_size=4, resampled=False, drop_last=False, seed=0)))
+    assert sorted(keys) == sorted(out.shard_of)
+    register_gopen_schemes(["memory"])
+    first = next(iter(wds.WebDataset("memory://wsishard-test/shard-000000.tar", shardshuffle=False)))
+    assert first["__key__"] == out.keys["shard-000000.tar"][0]

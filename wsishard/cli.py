@@ -96,6 +96,18 @@ def _label_table(path: str) -> tuple[dict[str, int], list[str]]:
     return {k: names.index(v) for k, v in table.items()}, names
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Shows a default only where there is one worth showing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        hidden = default is None or default is False or default == {} or default == ({}, [])
+        if not hidden and default != argparse.SUPPRESS and "%(default)" not in text and "(default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 def _add_build_parser(sub: Any) -> None:
     p = sub.add_parser(
         "build",
@@ -103,40 +115,85 @@ def _add_build_parser(sub: Any) -> None:
         description="Detect tissue (Otsu), cut a patch grid at a target resolution, and write the tissue patches "
         "into WebDataset tar shards that mix slides, with a manifest and QC pictures. "
         "Exit status: 0 all slides built, 1 some slides failed (listed in the summary and the manifest), 2 bad usage.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     p.add_argument(
-        "slides", nargs="+", help="slide folders (searched recursively), slide files, or text files listing slides"
+        "slides",
+        nargs="+",
+        metavar="SLIDES",
+        help="slide folders (searched recursively), slide files, or text files listing slide paths",
     )
-    p.add_argument("-o", "--output", required=True, help="output folder for shards, manifest.json and qc/")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="output folder: shards, manifest.json, qc/")
     g = p.add_argument_group("patches")
-    g.add_argument("--mpp", type=_positive(float), default=0.5, help="target microns per pixel of the patches")
-    g.add_argument("--patch-size", type=_positive(int), default=256, help="patch width = height, px")
+    g.add_argument("--mpp", type=_positive(float), default=0.5, metavar="UM", help="target microns per pixel")
+    g.add_argument("--patch-size", type=_positive(int), default=256, metavar="PX", help="patch width = height")
     g.add_argument(
-        "--stride", type=_positive(int), default=None, help="grid step in px at the target mpp (default: patch size)"
+        "--stride",
+        type=_positive(int),
+        metavar="PX",
+        help="grid step at the target mpp (default: the patch size, no overlap)",
     )
-    g.add_argument("--min-tissue", type=_fraction, default=0.5, help="keep patches with at least this tissue fraction")
-    g.add_argument("--max-patches-per-slide", type=_positive(int), default=None, help="keep a seeded random subset")
+    g.add_argument(
+        "--min-tissue",
+        type=_fraction,
+        default=0.5,
+        metavar="FRAC",
+        help="keep patches with at least this fraction of tissue",
+    )
+    g.add_argument("--max-patches-per-slide", type=_positive(int), metavar="N", help="keep a seeded random subset")
     g.add_argument("--allow-upsample", action="store_true", help="allow a target finer than the slide's level 0")
     g = p.add_argument_group("resolution")
-    g.add_argument("--mpp-csv", type=_mpp_table, default={}, help="CSV of slide,mpp that overrides the slides' own mpp")
-    g.add_argument("--default-mpp", type=_positive(float), default=None, help="mpp for slides that report none")
-    g = p.add_argument_group("tissue detection")
-    g.add_argument("--thumb-mpp", type=_positive(float), default=8.0, help="resolution (um/px) detection runs at")
     g.add_argument(
-        "--tissue-threshold", type=_fraction, default=None, help="fixed saturation threshold instead of Otsu's floor"
+        "--mpp-csv",
+        type=_mpp_table,
+        default={},
+        metavar="CSV",
+        help="slide,mpp lines that override "
+        "the slides' own level-0 mpp (slide = path, file name or file name without extension)",
+    )
+    g.add_argument(
+        "--default-mpp",
+        type=_positive(float),
+        metavar="UM",
+        help="level-0 mpp for slides that report none (without it such a slide fails with a clear reason)",
+    )
+    g = p.add_argument_group("tissue detection")
+    g.add_argument("--thumb-mpp", type=_positive(float), default=8.0, metavar="UM", help="resolution detection runs at")
+    g.add_argument(
+        "--tissue-threshold",
+        type=_fraction,
+        metavar="T",
+        help="fixed threshold (0..1) on the stain feature instead of Otsu's",
     )
     g = p.add_argument_group("output")
     g.add_argument("--format", choices=IMAGE_FORMATS, default="jpg", help="jpg (lossy) or png/webp (lossless)")
     g.add_argument("--quality", type=int, choices=range(1, 101), metavar="1..100", default=90, help="JPEG quality")
-    g.add_argument("--shard-size", type=parse_size, default="256MB", help="approximate bytes per shard (512MB, 1GiB)")
-    g.add_argument("--shard-samples", type=_positive(int), default=None, help="at most this many samples per shard")
-    g.add_argument("--labels", type=_label_table, default=({}, []), help="CSV of slide,label written as .cls")
-    g.add_argument("--group-slides", type=_positive(int), default=32, help="slides mixed together in each shard group")
+    g.add_argument(
+        "--shard-size",
+        type=parse_size,
+        default="256MB",
+        metavar="BYTES",
+        help="about this many bytes per shard: 512MB, 1GiB, ...",
+    )
+    g.add_argument("--shard-samples", type=_positive(int), metavar="N", help="at most N samples per shard")
+    g.add_argument(
+        "--labels",
+        type=_label_table,
+        default=({}, []),
+        metavar="CSV",
+        help="slide,label lines written as .cls: integers, or class names numbered in sorted order",
+    )
+    g.add_argument(
+        "--group-slides",
+        type=_positive(int),
+        default=32,
+        metavar="N",
+        help="slides mixed together in each group of shards",
+    )
     g.add_argument("--no-qc", action="store_true", help="skip the qc/<slide>.png pictures")
     g = p.add_argument_group("run")
-    g.add_argument("--seed", type=int, default=0, help="seeds every random choice; same seed, same shards")
-    g.add_argument("--jobs", type=_positive(int), default=None, help="worker processes (default: all cores)")
+    g.add_argument("--seed", type=int, default=0, help="seeds every random choice: same inputs and seed, same shards")
+    g.add_argument("--jobs", type=_positive(int), metavar="N", help="worker processes (default: all cores)")
     g.add_argument("--no-fast-path", action="store_true", help="read every slide through OpenSlide")
     g.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_build)

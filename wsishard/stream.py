@@ -513,7 +513,10 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
             mine = tuple(self.shards[i] for i in plan.shards_of(world).tolist())
             topup = self.config.on_error == "skip" and world.world_size > 1
             budget = Budget(plan.budget_of(world), _Refill(self, mine, (*seed, _TOPUP_STREAM)) if topup else None)
-        mine_count = len(_worker_shards(order, world))
+        mine_idx = _worker_shards(order, world)
+        mine_count = len(mine_idx)
+        if self.config.resampled and int(self.counts[mine_idx].sum()) == 0:
+            raise TopologyError(f"rank {world.rank} worker {world.worker} owns only empty shards")
         logger.debug("rank %d worker %d epoch %d: %d shards", world.rank, world.worker, epoch, mine_count)
         return wds.DataPipeline(
             ShardList(tuple(self.shards[i] for i in order.tolist())),
@@ -558,7 +561,9 @@ class ShardLoader(wds.WebLoader):
 
     Each iteration after the first advances the dataset's epoch (unless :meth:`ShardStream.set_epoch`
     was called), so non-persistent workers, which get a fresh copy of the dataset, still see a new
-    shard order every epoch. Errors from workers come back as :class:`~wsishard.errors.ShardError`.
+    shard order every epoch. With ``persistent_workers=True`` the workers count epochs themselves (the
+    same numbers), but a later ``set_epoch`` no longer reaches them. Errors from workers come back as
+    :class:`~wsishard.errors.ShardError` (DataLoader itself would turn them into ``RuntimeError``).
     """
 
     def __init__(self, dataset: ShardStream, **kwargs: Any) -> None:
