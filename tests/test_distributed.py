@@ -6,7 +6,6 @@ turns that hang into a failure. Run as a script (under torchrun) this file is th
 
 from __future__ import annotations
 
-import collections
 import datetime
 import json
 import os
@@ -69,7 +68,6 @@ def test_resampled_mode_runs_fixed_steps_and_each_reader_owns_its_shards(out: sm
             for key in keys:
                 assert owner.setdefault(out.shard_of[key], reader) == reader
     assert len(set(owner.values())) == 2 * WORKERS
-    assert collections.Counter(owner.values()).most_common()[-1][1] >= 1
 
 
 @pytest.mark.timeout(240)

@@ -261,7 +261,11 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from wsishard.demo import run_demo
 
-    return run_demo(args.output, n_slides=args.slides, jobs=args.jobs, quiet=args.quiet)
+    bars = _Bars(args.quiet)
+    try:
+        return run_demo(args.output, print, n_slides=args.slides, jobs=args.jobs, progress=bars)
+    finally:
+        bars.close()
 
 
 def parser() -> argparse.ArgumentParser:

@@ -231,7 +231,7 @@ def _tissue_field(rng: np.random.Generator, shape: tuple[int, int], px_um: float
     ramp = np.clip(np.minimum(yy, xx) / (0.08 * size), 0.0, 1.0)
     base -= 3.0 * (1.0 - ramp).astype(np.float32)  # keep tissue off the slide edges
     sd = _as_distance(base - np.quantile(base, 1.0 - fraction))
-    min_px = min(25_000.0, 0.1 * fraction * sd.size * px_um**2) / px_um**2  # smallest island, mask px
+    min_px = 25_000.0 / px_um**2  # smallest island (the largest is always kept), mask px
     sd = _drop_fragments(sd, min_px)
     islands = sd > 0
     field = _fit_fraction(sd, _hole_field(rng, islands, px_um), _strand_field(rng, islands, px_um), fraction)
