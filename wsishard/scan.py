@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -58,47 +57,51 @@ class ScanResult:
 
 def scan_slide(task: ScanTask) -> ScanResult:
     """Scan one slide. Never raises for a bad slide: failures come back as a failed record with a reason."""
-    base = {"slide_id": task.slide_id, "file": task.path, "label": task.label}
+    record = SlideRecord(slide_id=task.slide_id, file=task.path, status="failed", label=task.label)
     try:
         reader = open_slide(task.path, fast=task.fast_path)
     except SlideError as exc:
-        return ScanResult(SlideRecord(**base, status="failed", reason=exc.reason))
+        return ScanResult(replace(record, reason=exc.reason))
     try:
-        return _scan_open(task, reader, base)
+        return _scan_open(task, reader, record)
     except SlideError as exc:
-        return ScanResult(SlideRecord(**base, status="failed", reason=exc.reason))
+        return ScanResult(replace(record, reason=exc.reason))
     except Exception as exc:  # the build's catch-all boundary: any slide failure is recorded, the build goes on
         logger.debug("scan of %s failed", task.path, exc_info=True)
-        return ScanResult(SlideRecord(**base, status="failed", reason=f"{type(exc).__name__}: {exc}"[:300]))
+        return ScanResult(replace(record, reason=f"{type(exc).__name__}: {exc}"[:300]))
     finally:
         reader.close()
 
 
-def _scan_open(task: ScanTask, reader: SlideReader, base: dict[str, Any]) -> ScanResult:
+def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> ScanResult:
+    """Scan an open slide; ``record`` is filled in as facts become known (failures keep what was learnt)."""
     l0_w, l0_h = reader.level_dimensions[0]
-    dims = {"width": l0_w, "height": l0_h}
-    mpp0, mpp_source = resolve_mpp(task.path, reader.properties, task.mpp_override, task.default_mpp)
-    level = choose_level(task.path, mpp0, reader.level_downsamples, task.patch)
-    info = {**base, **dims, "mpp": mpp0, "mpp_source": mpp_source, "level": level,
-            "downsample": reader.level_downsamples[level]}  # fmt: skip
-    cols, rows = grid_shape((l0_w, l0_h), task.patch.target_mpp / mpp0, task.patch.patch_size_px, task.patch.stride)
+    record = replace(record, width=l0_w, height=l0_h)
+    try:
+        mpp0, mpp_source = resolve_mpp(task.path, reader.properties, task.mpp_override, task.default_mpp)
+        record = replace(record, mpp=mpp0, mpp_source=mpp_source)
+        level = choose_level(task.path, mpp0, reader.level_downsamples, task.patch)
+    except SlideError as exc:
+        return ScanResult(replace(record, reason=exc.reason))
+    record = replace(record, level=level, downsample=reader.level_downsamples[level])
+    patch = task.patch
+    cols, rows = grid_shape((l0_w, l0_h), patch.target_mpp / mpp0, patch.patch_size_px, patch.stride)
     if cols == 0 or rows == 0:
-        reason = f"smaller than one {task.patch.patch_size_px} px patch at {task.patch.target_mpp} mpp ({l0_w}x{l0_h})"
-        return ScanResult(SlideRecord(**info, status="failed", reason=reason))
+        reason = f"smaller than one {patch.patch_size_px} px patch at {patch.target_mpp} mpp ({l0_w}x{l0_h})"
+        return ScanResult(replace(record, reason=reason))
     l0_per_t = max(task.tissue.thumb_mpp / mpp0, max(l0_w, l0_h) / task.tissue.max_thumb_px, 1.0)
     thumb, l0_per_t = read_lowres(reader, l0_per_t)
     mask = detect_tissue(thumb, l0_per_t * mpp0, task.tissue)
-    cands = candidates((l0_w, l0_h), mpp0, mask, l0_per_t, task.patch, seed=_slide_seed(task))
-    fraction = float(mask.mean())
+    cands = candidates((l0_w, l0_h), mpp0, mask, l0_per_t, patch, seed=_slide_seed(task))
     if task.qc_path is not None:
         qc_picture(thumb, mask, l0_per_t, cands.l0_x, cands.l0_y, cands.l0_extent).save(task.qc_path)
-    info.update(tissue_fraction=round(fraction, 4), candidates=cands.total)
+    record = replace(record, tissue_fraction=round(float(mask.mean()), 4), candidates=cands.total)
     if len(cands) == 0:
-        reason = "no tissue found" if not mask.any() else f"no patch with >= {task.patch.min_tissue:.0%} tissue"
-        return ScanResult(SlideRecord(**info, status="failed", reason=reason))
-    block_list = blocks(cands, task.patch.block_patches)
+        reason = "no tissue found" if not mask.any() else f"no patch with >= {patch.min_tissue:.0%} tissue"
+        return ScanResult(replace(record, reason=reason))
+    block_list = blocks(cands, patch.block_patches)
     measured = _bytes_per_patch(task, reader, cands, block_list, level, *task.measure) if task.measure else None
-    return ScanResult(SlideRecord(**info, status="ok"), cands, block_list, measured)
+    return ScanResult(replace(record, status="ok"), cands, block_list, measured)
 
 
 def _slide_seed(task: ScanTask) -> int:
@@ -110,7 +113,7 @@ def _bytes_per_patch(task: ScanTask, reader: SlideReader, cands: Candidates, blo
     """Mean encoded bytes of a sample, measured on up to two seeded blocks of the slide."""
     rng = np.random.default_rng((task.seed, task.index, 0x5CA9))
     picks = rng.choice(len(block_list), size=min(2, len(block_list)), replace=False)
-    sizes = []
+    sizes: list[int] = []
     for b in picks.tolist():
         samples = block_samples(reader, block_list[b], cands, level=level, slide_id=task.slide_id,
                                 file_name=os.path.basename(task.path), target_mpp=task.patch.target_mpp,

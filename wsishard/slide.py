@@ -149,7 +149,7 @@ class TiffTileReader:
             raise SlideError(self.path, f"truncated: tile {index} of page {level.page_index} runs past the end")
         decode = self._decoders.get(level.page_index)
         if decode is None:
-            decode = self._tif.pages[level.page_index].decode  # type: ignore[union-attr]
+            decode = self._tif.pages[level.page_index].decode
             self._decoders[level.page_index] = decode
         try:
             tile, _, _ = decode(data, index, jpegtables=level.jpegtables, jpegheader=level.jpegheader)
