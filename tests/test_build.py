@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tifffile
+from buildtools import read_output
 
-from tests.buildtools import read_output
 from wsishard.build import BuildOptions, build
 from wsishard.errors import OptionError
 from wsishard.grid import PatchOptions

@@ -18,16 +18,15 @@ import webdataset as wds
 from wsishard.errors import ManifestError, ShardError, TopologyError
 from wsishard.monitor import MonitoredLoader
 from wsishard.partition import World
+from wsishard.samples import ShardTask, read_shard
 from wsishard.storage import StreamOpener, register_gopen_schemes
 from wsishard.stream import (
     ShardStream,
-    ShardTask,
     SplitByNode,
     SplitByWorker,
     StreamConfig,
     detect_world,
     loader,
-    read_shard,
     stream,
 )
 

@@ -87,7 +87,7 @@ class _Scene:
     shade: np.ndarray  # (rows, cols) float32 stain intensity 0..1
     lo: np.ndarray  # (tile_px,) int64: tile px -> lower padded-field index (same for rows and columns)
     frac: np.ndarray  # (tile_px,) float32 bilinear weight of lo + 1
-    tissue: np.ndarray  # (S, S, 3) uint8 periodic tissue texture
+    tissue: np.ndarray  # (S, S, 3) float32 periodic tissue texture (0..255)
     glass: np.ndarray  # (S, S, 3) uint8 periodic background texture
     specks: tuple[_Speck, ...]
     tile_px: int
@@ -210,13 +210,14 @@ def _check_args(
 
 
 def _smooth_noise(rng: np.random.Generator, shape: tuple[int, int], spacing_px: float) -> np.ndarray:
-    """Zero-mean, unit-std smooth noise with features about ``spacing_px`` apart (cubic-spline upsampling)."""
-    spacing = max(float(spacing_px), 1.0)
-    grid = rng.standard_normal((math.ceil(shape[0] / spacing) + 4, math.ceil(shape[1] / spacing) + 4))
-    up = ndi.zoom(grid, spacing, order=3, grid_mode=False)
-    off = int(spacing)
-    out = up[off : off + shape[0], off : off + shape[1]].astype(np.float32)
-    return (out - out.mean()) / max(float(out.std()), 1e-6)
+    """Zero-mean, unit-std smooth noise with blobs about ``spacing_px`` apart (wraps around; float32)."""
+    sigma = max(float(spacing_px), 1.0) / 3
+    return _normalized(_blur_wrap(rng.standard_normal(shape, dtype=np.float32), (sigma, sigma)))
+
+
+def _normalized(x: np.ndarray) -> np.ndarray:
+    """``x`` shifted and scaled to zero mean and unit standard deviation."""
+    return (x - x.mean()) / max(float(x.std()), 1e-6)
 
 
 def _tissue_field(rng: np.random.Generator, shape: tuple[int, int], px_um: float, fraction: float) -> np.ndarray:
@@ -366,19 +367,18 @@ def _fit_fraction(sd: np.ndarray, holes: np.ndarray, strands: np.ndarray, fracti
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _periodic_blur(img: np.ndarray, sigma_yx: tuple[float, float]) -> np.ndarray:
-    """Gaussian blur of a (size, size) image with wrap-around borders (FFT), sigmas in px; float32."""
-    size = img.shape[0]
+def _blur_wrap(img: np.ndarray, sigma_yx: tuple[float, float]) -> np.ndarray:
+    """Gaussian blur of a 2-D image with wrap-around borders (FFT), sigmas in px; float32."""
+    h, w = img.shape
     spec = np.fft.rfft2(img.astype(np.float32, copy=False))
-    spec *= np.exp(-2 * np.pi**2 * (sigma_yx[0] * np.fft.fftfreq(size)) ** 2).astype(np.float32)[:, None]
-    spec *= np.exp(-2 * np.pi**2 * (sigma_yx[1] * np.fft.rfftfreq(size)) ** 2).astype(np.float32)[None, :]
-    return np.fft.irfft2(spec, s=img.shape).astype(np.float32, copy=False)
+    spec *= np.exp(-2 * np.pi**2 * (sigma_yx[0] * np.fft.fftfreq(h)) ** 2).astype(np.float32)[:, None]
+    spec *= np.exp(-2 * np.pi**2 * (sigma_yx[1] * np.fft.rfftfreq(w)) ** 2).astype(np.float32)[None, :]
+    return np.fft.irfft2(spec, s=(h, w)).astype(np.float32, copy=False)
 
 
 def _periodic_noise(rng: np.random.Generator, size: int, sigma_yx: tuple[float, float]) -> np.ndarray:
     """(size, size) zero-mean unit-std periodic Gaussian-filtered noise, sigmas in px; float32."""
-    out = _periodic_blur(rng.standard_normal((size, size), dtype=np.float32), sigma_yx)
-    return (out - out.mean()) / max(float(out.std()), 1e-6)
+    return _normalized(_blur_wrap(rng.standard_normal((size, size), dtype=np.float32), sigma_yx))
 
 
 def _tissue_swatch(rng: np.random.Generator, size: int, mpp: float) -> np.ndarray:
@@ -395,7 +395,7 @@ def _tissue_swatch(rng: np.random.Generator, size: int, mpp: float) -> np.ndarra
         ry, rx = rng.uniform(2.8, 5.0, 2) * um
         rr, cc = ellipse(rng.uniform(0, size), rng.uniform(0, size), ry, rx, rotation=rng.uniform(0, np.pi))
         alpha[rr % size, cc % size] = rng.uniform(0.75, 1.0)
-    alpha = np.clip(_periodic_blur(alpha, (0.4 * um, 0.4 * um)), 0.0, 1.0)[..., None]
+    alpha = np.clip(_blur_wrap(alpha, (0.4 * um, 0.4 * um)), 0.0, 1.0)[..., None]
     nuclei = HEMATOXYLIN + fine * np.float32([10, 8, 12])
     return np.clip(stroma * (1 - alpha) + nuclei * alpha + 0.5, 0, 255).astype(np.uint8)
 
@@ -465,7 +465,7 @@ def _make_scene(
         shade=np.pad(shade, pad, mode="edge").astype(np.float32),
         lo=lo,
         frac=(u - lo).astype(np.float32),
-        tissue=_tissue_swatch(rng, swatch, mpp),
+        tissue=_tissue_swatch(rng, swatch, mpp).astype(np.float32),
         glass=_glass_swatch(rng, tile_px * math.ceil(512 / tile_px)),
         specks=_dust_specks(rng, field, shape, mpp) if dust else (),
         tile_px=tile_px,
@@ -485,20 +485,13 @@ def _bilinear(sc: _Scene, patch: np.ndarray) -> np.ndarray:
 
 def _render_tile(sc: _Scene, ty: int, tx: int) -> np.ndarray:
     """The (tile_px, tile_px, 3) uint8 level-0 tile at tile row ``ty``, column ``tx``."""
-    t, k = sc.tile_px, sc.tile_px // MASK_DOWNSAMPLE
+    t = sc.tile_px
     y0, x0 = ty * t, tx * t
     gy, gx = y0 % sc.glass.shape[0], x0 % sc.glass.shape[1]
-    out = sc.glass[gy : gy + t, gx : gx + t]  # a view: copied before any painting
-    patch = sc.field[ty * k : ty * k + k + 2, tx * k : tx * k + k + 2]
-    if patch.max() > -1.0:
-        sy, sx = y0 % sc.tissue.shape[0], x0 % sc.tissue.shape[1]
-        shade = _bilinear(sc, sc.shade[ty * k : ty * k + k + 2, tx * k : tx * k + k + 2])
-        tissue = sc.tissue[sy : sy + t, sx : sx + t] + (shade[..., None] - 0.5) * SHADE
-        if patch.min() < 1.0:
-            f = _bilinear(sc, patch)  # (t, t) signed distance, mask px
-            alpha = np.clip(f * (MASK_DOWNSAMPLE / EDGE_L0_PX) + 0.5, 0.0, 1.0)[..., None]
-            tissue = out + alpha * (tissue - out)
-        out = np.clip(tissue + 0.5, 0, 255).astype(np.uint8)
+    glass = sc.glass[gy : gy + t, gx : gx + t]  # a view: copied before any painting
+    out = _tissue_tile(sc, ty, tx, glass)
+    if out is None:
+        out = glass
     for s in sc.specks:
         sy0, sx0 = s.l0_y - y0, s.l0_x - x0
         h, w = s.alpha.shape
@@ -511,6 +504,32 @@ def _render_tile(sc: _Scene, ty: int, tx: int) -> np.ndarray:
         region = out[sy0 + a0y : sy0 + a0y + a.shape[0], sx0 + a0x : sx0 + a0x + a.shape[1]]
         region[...] = np.clip(region * (1 - a) + s.color * a + 0.5, 0, 255).astype(np.uint8)
     return out
+
+
+def _tissue_tile(sc: _Scene, ty: int, tx: int, glass: np.ndarray) -> np.ndarray | None:
+    """The tile with its tissue painted over ``glass`` (uint8), or None where the tile has no tissue."""
+    t, k = sc.tile_px, sc.tile_px // MASK_DOWNSAMPLE
+    rows, cols = slice(ty * k, ty * k + k + 2), slice(tx * k, tx * k + k + 2)
+    patch = sc.field[rows, cols]
+    if patch.max() <= -1.0:
+        return None
+    sy, sx = (ty * t) % sc.tissue.shape[0], (tx * t) % sc.tissue.shape[1]
+    shade = _bilinear(sc, sc.shade[rows, cols])  # (t, t) float32, 0..1
+    shade -= 0.5
+    out = shade[..., None] * SHADE  # (t, t, 3) float32, in place from here on
+    out += sc.tissue[sy : sy + t, sx : sx + t]
+    if patch.min() < 1.0:  # the border runs through the tile: blend with the glass
+        alpha = _bilinear(sc, patch)  # signed distance, mask px
+        alpha *= MASK_DOWNSAMPLE / EDGE_L0_PX
+        alpha += 0.5
+        np.clip(alpha, 0.0, 1.0, out=alpha)
+        back = glass.astype(np.float32)
+        out -= back
+        out *= alpha[..., None]
+        out += back
+    out += 0.5
+    np.clip(out, 0, 255, out=out)
+    return out.astype(np.uint8)
 
 
 def _reduce(img: np.ndarray, factor: int = LEVEL_FACTOR) -> np.ndarray:

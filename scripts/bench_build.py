@@ -1,0 +1,435 @@
+#!/usr/bin/env python
+"""Benchmark ``wsishard build`` against the naive per-patch OpenSlide loop and the tile-decode floor.
+
+Example::
+
+    python scripts/bench_build.py --quick
+    python scripts/bench_build.py --workdir /data/bench --json-only
+
+Every method processes the patches the build's own scan keeps (same slides, same options). Each method runs
+in its own child process; that process tree is polled with psutil every 50 ms for peak RSS (pool workers are
+grandchildren under forkserver). Synthetic 40x slides are cached in ``--workdir``. Prints a table, then one
+final line ``JSON: {...}``. Wall times are not asserted anywhere: on a shared machine they are what they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+MB = 1024**2
+SLIDE_MPP = 0.25  # level-0 microns per px of the generated slides (40x)
+TARGET_MPP = 0.5
+PATCH_PX = 256
+QUALITY = 90
+SEED = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mode:
+    """Workload of one benchmark mode. Sizes are level-0 (width, height) px."""
+
+    name: str
+    size: tuple[int, int]  # the main slides (builds, naive, floor, small side of the RSS comparison)
+    n_slides: int
+    big: tuple[int, int]  # the large slide of the RSS comparison
+    naive_max: int  # patches timed in the naive loop (a seeded random subset when there are more)
+    shard_size_bytes: int  # scaled to the small synthetic slides so that 2 jobs have many shards to share
+
+
+QUICK = Mode(name="quick", size=(8192, 8192), n_slides=4, big=(16384, 8192), naive_max=1500,
+             shard_size_bytes=512 * 1024)  # fmt: skip
+FULL = Mode(name="full", size=(20480, 20480), n_slides=4, big=(40960, 20480), naive_max=1500,
+            shard_size_bytes=3 * MB)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- child side
+
+
+def _scan(paths: list[str]) -> list[Any]:
+    """The build's own scan of ``paths`` (same options as the builds): ScanResults with kept candidates."""
+    from wsishard.format import unique_slide_ids
+    from wsishard.grid import PatchOptions
+    from wsishard.scan import ScanTask, scan_slide
+    from wsishard.tissue import TissueOptions
+
+    patch = PatchOptions(target_mpp=TARGET_MPP, patch_size_px=PATCH_PX)
+    tasks = [
+        ScanTask(index=i, path=p, slide_id=sid, patch=patch, tissue=TissueOptions(), mpp_override=None,
+                 default_mpp=None, label=None, seed=SEED, fast_path=True, qc_path=None, measure=None)
+        for i, (p, sid) in enumerate(zip(paths, unique_slide_ids(paths), strict=True))
+    ]  # fmt: skip
+    scans = [scan_slide(t) for t in tasks]
+    bad = [s.record.file for s in scans if s.cands is None or s.record.level != 0]
+    if bad:
+        raise SystemExit(f"scan failed or did not pick level 0 for: {bad}")
+    return scans
+
+
+def _rss_mb() -> float:
+    return psutil.Process().memory_info().rss / MB
+
+
+def child_build(spec: dict[str, Any]) -> dict[str, Any]:
+    from wsishard.build import BuildOptions, build
+    from wsishard.grid import PatchOptions
+
+    options = BuildOptions(patch=PatchOptions(target_mpp=TARGET_MPP, patch_size_px=PATCH_PX), jobs=spec["jobs"],
+                           qc=False, shard_size_bytes=spec["shard_size_bytes"], seed=SEED, fast_path=True,
+                           quality=QUALITY)  # fmt: skip
+    shutil.rmtree(spec["output"], ignore_errors=True)
+    rss0 = _rss_mb()
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    manifest = build(spec["slides"], spec["output"], options)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    failed = [f"{s.file}: {s.reason}" for s in manifest.failed_slides]
+    per_slide = {os.path.basename(s.file): s.patches for s in manifest.slides}
+    return {"patches": manifest.total_samples, "wall_s": wall, "cpu_s": cpu, "shards": len(manifest.shards),
+            "per_slide": per_slide, "failed": failed, "rss_before_mb": rss0}  # fmt: skip
+
+
+def child_naive(spec: dict[str, Any]) -> dict[str, Any]:
+    """CLAM/Trident style: per kept patch, read_region at level 0 -> RGB -> resize (antialiased) -> JPEG."""
+    import openslide
+    from PIL import Image
+
+    scans = _scan(spec["slides"])
+    todo = [(k, x, y, s.cands.l0_extent) for k, s in enumerate(scans)
+            for x, y in zip(s.cands.l0_x.tolist(), s.cands.l0_y.tolist(), strict=True)]  # fmt: skip
+    total = len(todo)
+    if total > spec["max_patches"]:  # seeded subset, kept in grid order (as a CLAM loop walks it)
+        pick = np.sort(np.random.default_rng((SEED, 0xBE7C)).choice(total, spec["max_patches"], replace=False))
+        todo = [todo[i] for i in pick.tolist()]
+    slides = [openslide.OpenSlide(p) for p in spec["slides"]]
+    rss0, nbytes = _rss_mb(), 0
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    for k, x, y, extent in todo:
+        image = slides[k].read_region((x, y), 0, (extent, extent)).convert("RGB")
+        image = image.resize((PATCH_PX, PATCH_PX), Image.Resampling.LANCZOS)
+        buf = io.BytesIO()
+        image.save(buf, "JPEG", quality=QUALITY)
+        nbytes += buf.tell()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    per_slide = {os.path.basename(p): len(s.cands) for p, s in zip(spec["slides"], scans, strict=True)}
+    return {"patches": len(todo), "kept_total": total, "wall_s": wall, "cpu_s": cpu, "per_slide": per_slide,
+            "mean_bytes": nbytes / max(len(todo), 1), "rss_before_mb": rss0}  # fmt: skip
+
+
+def _tile_range(x0: int, y0: int, w: int, h: int, page: Any) -> list[int]:
+    """Indices of the level-0 tiles covering a level-0 rectangle (clipped to the image)."""
+    tw, th = page.tilewidth, page.tilelength
+    across = -(-page.imagewidth // tw)
+    x1, y1 = min(x0 + w, page.imagewidth) - 1, min(y0 + h, page.imagelength) - 1
+    return [ty * across + tx for ty in range(max(y0, 0) // th, y1 // th + 1)
+            for tx in range(max(x0, 0) // tw, x1 // tw + 1)]  # fmt: skip
+
+
+def child_floor(spec: dict[str, Any]) -> dict[str, Any]:
+    """Decode each needed level-0 tile once (tifffile + imagecodecs), encode each patch once; timed alone."""
+    import tifffile
+    from PIL import Image
+
+    from wsishard.slide import open_slide
+
+    scans = _scan(spec["slides"])
+    t = {"decode_s": 0.0, "shrink_s": 0.0, "encode_s": 0.0, "cpu_s": 0.0}  # cpu_s: of decode + encode
+    tiles_needed = tiles_build = patches = 0
+    rss0, cpu0 = _rss_mb(), time.process_time()
+    for path, scan in zip(spec["slides"], scans, strict=True):
+        cands, extent = scan.cands, scan.cands.l0_extent
+        with tifffile.TiffFile(path) as tif:
+            page = tif.pages[0]  # Aperio svs: level 0 is the first page, tiled JPEG
+            needed = sorted({i for x, y in zip(cands.l0_x.tolist(), cands.l0_y.tolist(), strict=True)
+                             for i in _tile_range(x, y, extent, extent, page)})  # fmt: skip
+            fh, c0, t0 = tif.filehandle, time.process_time(), time.perf_counter()
+            for i in needed:
+                fh.seek(page.dataoffsets[i])
+                data = fh.read(page.databytecounts[i])
+                page.decode(data, i, jpegtables=page.jpegtables, jpegheader=page.jpegheader)
+            t["decode_s"] += time.perf_counter() - t0
+            t["cpu_s"] += time.process_time() - c0
+            tiles_needed += len(needed)
+            rects = [b.level_rect(cands.l0_per_o, 1.0) for b in scan.blocks]
+            tiles_build += sum(len(_tile_range(*r, page)) for r in rects)
+        reader = open_slide(path, fast=True)
+        for block, (l_x, l_y, l_w, l_h) in zip(scan.blocks, rects, strict=True):
+            pixels = reader.read_level(0, l_x, l_y, l_w, l_h)  # (l_h, l_w, 3) untimed: decoding was timed above
+            for i in block.patches.tolist():
+                x, y = int(cands.l0_x[i]) - l_x, int(cands.l0_y[i]) - l_y
+                crop = Image.fromarray(np.ascontiguousarray(pixels[y : y + extent, x : x + extent]))
+                t0 = time.perf_counter()
+                factor = extent // PATCH_PX
+                small = crop.reduce(factor) if factor * PATCH_PX == extent else crop.resize((PATCH_PX, PATCH_PX))
+                c1, t1 = time.process_time(), time.perf_counter()
+                buf = io.BytesIO()
+                small.save(buf, "JPEG", quality=QUALITY)
+                t["encode_s"] += time.perf_counter() - t1
+                t["cpu_s"] += time.process_time() - c1
+                t["shrink_s"] += t1 - t0
+                patches += 1
+        reader.close()
+    return {"patches": patches, "wall_s": t["decode_s"] + t["encode_s"], **t, "tiles_needed": tiles_needed,
+            "tiles_build_decodes": tiles_build, "cpu_s_whole_child": time.process_time() - cpu0,
+            "rss_before_mb": rss0}  # fmt: skip
+
+
+CHILDREN = {"build": child_build, "naive": child_naive, "floor": child_floor}
+
+
+# --------------------------------------------------------------------------------------------- parent side
+
+
+class TreeWatcher(threading.Thread):
+    """Polls a process and its descendants every ``interval_s``: peak RSS and last CPU time per pid."""
+
+    def __init__(self, pid: int, interval_s: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.interval_s = pid, interval_s
+        self.peak_rss: dict[int, int] = {}
+        self.cpu_s: dict[int, float] = {}
+        self.parent: dict[int, int] = {}
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.NoSuchProcess:
+            return
+        while not self._stop_event.is_set():
+            try:
+                procs = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return
+            for proc in procs:
+                try:
+                    with proc.oneshot():
+                        rss, cpu, ppid = proc.memory_info().rss, proc.cpu_times(), proc.ppid()
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    continue
+                self.peak_rss[proc.pid] = max(self.peak_rss.get(proc.pid, 0), rss)
+                self.cpu_s[proc.pid] = cpu.user + cpu.system
+                self.parent[proc.pid] = ppid
+            self._stop_event.wait(self.interval_s)
+
+    def stop(self) -> dict[str, Any]:
+        self._stop_event.set()
+        self.join()
+        # pool workers are grandchildren (forkserver -> worker); with no pool the root process does the work
+        workers = [p for p, pp in self.parent.items() if p != self.pid and pp != self.pid] or [self.pid]
+        return {"workers": len(workers), "worker_rss_mb": max(self.peak_rss.get(p, 0) for p in workers) / MB,
+                "root_rss_mb": self.peak_rss.get(self.pid, 0) / MB,
+                "workers_cpu_s": sum(self.cpu_s.get(p, 0.0) for p in workers)}  # fmt: skip
+
+
+def run_child(method: str, spec: dict[str, Any]) -> dict[str, Any]:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", method, "--spec", json.dumps(spec)]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    watcher = TreeWatcher(proc.pid)
+    watcher.start()
+    out, _ = proc.communicate()
+    polled = watcher.stop()
+    if proc.returncode != 0:
+        raise SystemExit(f"{method} child failed (exit {proc.returncode})")
+    result = json.loads(out.strip().splitlines()[-1])
+    return {**result, **polled, "process_wall_s": time.perf_counter() - t0}
+
+
+def ensure_slides(folder: Path, size: tuple[int, int], n: int, log: Any) -> list[str]:
+    """``n`` cached synthetic svs slides of ``size`` (generated once, atomically)."""
+    from wsishard.synthetic import make_slide
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for seed in range(n):
+        path = folder / f"synth-{size[0]}x{size[1]}-s{seed}.svs"
+        if not path.exists():
+            log(f"generating {path.name} ...")
+            tmp = folder / f".tmp-{os.getpid()}-{path.name}"
+            make_slide(tmp, width=size[0], height=size[1], mpp=SLIDE_MPP, seed=seed, tissue_fraction=0.3)
+            os.replace(tmp, path)
+        paths.append(str(path))
+    return paths
+
+
+def versions() -> dict[str, str]:
+    import imagecodecs
+    import openslide
+    import PIL
+    import tifffile
+
+    import wsishard
+
+    return {"wsishard": wsishard.__version__, "openslide_python": openslide.__version__,
+            "openslide": openslide.__library_version__, "tifffile": tifffile.__version__,
+            "imagecodecs": imagecodecs.__version__, "pillow": PIL.__version__, "numpy": np.__version__,
+            "psutil": psutil.__version__, "python": platform.python_version()}  # fmt: skip
+
+
+def hs2p_status() -> str:
+    try:
+        import hs2p  # noqa: F401
+    except ImportError:
+        return "not installed"
+    return "installed, not benchmarked by this script"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One method's figures; ``cores`` is the number of processes doing the work."""
+
+    method: str
+    patches: int
+    wall_s: float
+    cores: int
+    cpu_s: float
+    rss_mb: float
+    note: str = ""
+
+    @property
+    def rate(self) -> float:
+        return self.patches / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def rate_per_core(self) -> float:
+        return self.rate / self.cores
+
+
+def measure(mode: Mode, workdir: Path, log: Any) -> dict[str, Any]:
+    slides = ensure_slides(workdir / "slides", mode.size, mode.n_slides, log)
+    big = ensure_slides(workdir / "slides", mode.big, 1, log)[0]
+    spec = {"slides": slides, "shard_size_bytes": mode.shard_size_bytes}
+    raw: dict[str, dict[str, Any]] = {}
+    for name, method, extra in [
+        ("build_j1", "build", {"jobs": 1}), ("build_j2", "build", {"jobs": 2}),
+        ("naive", "naive", {"max_patches": mode.naive_max}), ("floor", "floor", {}),
+        ("rss_small_j2", "build", {"jobs": 2, "slides": slides[:1]}),
+        ("rss_big_j2", "build", {"jobs": 2, "slides": [big]}),
+    ]:  # fmt: skip
+        log(f"running {name} ...")
+        raw[name] = run_child(method, {**spec, "output": str(workdir / f"out-{name}"), **extra})
+    return raw
+
+
+def rows_from(raw: dict[str, dict[str, Any]]) -> list[Row]:
+    j1, j2, nv, fl = raw["build_j1"], raw["build_j2"], raw["naive"], raw["floor"]
+    sub = "" if nv["patches"] == nv["kept_total"] else f"seeded subset {nv['patches']} of {nv['kept_total']}"
+    return [
+        Row("wsishard build --jobs 1", j1["patches"], j1["wall_s"], 1, j1["cpu_s"], j1["worker_rss_mb"],
+            f"{j1['shards']} shards, incl. scan"),
+        Row("wsishard build --jobs 2", j2["patches"], j2["wall_s"], 2, j2["workers_cpu_s"], j2["worker_rss_mb"],
+            f"{j2['shards']} shards, incl. scan + pool start; RSS per worker"),
+        Row("naive OpenSlide loop", nv["patches"], nv["wall_s"], 1, nv["cpu_s"], nv["root_rss_mb"], sub),
+        Row("floor: decode + encode", fl["patches"], fl["wall_s"], 1, fl["cpu_s"],
+            fl["root_rss_mb"], f"{fl['tiles_needed']} tiles once; timed parts only"),
+    ]  # fmt: skip
+
+
+def verdicts(raw: dict[str, dict[str, Any]], rows: list[Row]) -> list[dict[str, Any]]:
+    j1, j2, naive, floor = rows
+    small, big = raw["rss_small_j2"]["worker_rss_mb"], raw["rss_big_j2"]["worker_rss_mb"]
+    items = [
+        ("build -j1 / naive (1 core each)", j1.rate / naive.rate, ">=", 3.0),
+        ("build -j2 per core / naive", j2.rate_per_core / naive.rate, ">=", 3.0),
+        ("floor / build -j1 (distance to floor)", floor.rate / j1.rate, "<=", 1.6),
+        ("build -j2 / build -j1", j2.rate / j1.rate, ">=", 1.7),
+        ("peak RSS per worker, big / small slide", big / small, "<=", 1.3),
+    ]
+    return [{"name": n, "value": v, "target": f"{op} {t:g}x", "pass": v >= t if op == ">=" else v <= t}
+            for n, v, op, t in items]  # fmt: skip
+
+
+def table(mode: Mode, raw: dict[str, dict[str, Any]], rows: list[Row], checks: list[dict[str, Any]],
+          env: dict[str, Any]) -> str:  # fmt: skip
+    w, h = mode.size
+    lines = [f"bench_build ({mode.name}): {mode.n_slides} slides {w}x{h} at {SLIDE_MPP} mpp -> {PATCH_PX} px "
+             f"patches at {TARGET_MPP} mpp, JPEG q{QUALITY}; {env['cpus']} CPUs, load avg {env['load_before']:.2f}"
+             f" before / {env['load_after']:.2f} after (shared machine: other work competes for the cores)",
+             "",
+             f"{'method':<26}{'patches':>8}{'wall s':>8}{'patch/s':>9}{'/core':>8}{'cpu%':>6}{'RSS MB':>8}  note",
+             "-" * 110]  # fmt: skip
+    for r in rows:
+        cpu_pct = 100 * r.cpu_s / (r.wall_s * r.cores) if r.wall_s else 0
+        lines.append(f"{r.method:<26}{r.patches:>8}{r.wall_s:>8.2f}{r.rate:>9.1f}{r.rate_per_core:>8.1f}"
+                     f"{cpu_pct:>6.0f}{r.rss_mb:>8.0f}  {r.note}")  # fmt: skip
+    fl = raw["floor"]
+    lines += [f"{'hs2p tiling + tar':<26}{'-':>8}  {env['hs2p']}", "",
+              f"floor parts: decode {fl['decode_s']:.2f} s ({fl['tiles_needed']} tiles, "
+              f"{1000 * fl['decode_s'] / max(fl['tiles_needed'], 1):.2f} ms/tile), encode {fl['encode_s']:.2f} s "
+              f"({1000 * fl['encode_s'] / max(fl['patches'], 1):.2f} ms/patch); not in the floor: 2x reduce "
+              f"{fl['shrink_s']:.2f} s. Tiles the build's block rectangles cover: {fl['tiles_build_decodes']} "
+              f"({fl['tiles_build_decodes'] / max(fl['tiles_needed'], 1):.2f}x the needed ones)",
+              f"peak RSS per worker (--jobs 2, one slide): {w}x{h}: {raw['rss_small_j2']['worker_rss_mb']:.0f} MB, "
+              f"{mode.big[0]}x{mode.big[1]}: {raw['rss_big_j2']['worker_rss_mb']:.0f} MB; build -j2 parent: "
+              f"{raw['build_j2']['root_rss_mb']:.0f} MB; baseline of a child after imports+scan: "
+              f"{raw['naive']['rss_before_mb']:.0f} MB", "", "targets:"]  # fmt: skip
+    for c in checks:
+        lines.append(f"  {c['name']:<42}{c['value']:>7.2f}x  (target {c['target']:<7}) "
+                     f"{'PASS' if c['pass'] else 'MISS'}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="small slides, well under 2 minutes")
+    p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "wsishard-bench",
+                   help="slides (cached between runs) and build outputs")  # fmt: skip
+    p.add_argument("--json-only", action="store_true", help="print only the final JSON line")
+    p.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    p.add_argument("--spec", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        print(json.dumps(CHILDREN[args.child](json.loads(args.spec))))
+        return 0
+    mode = QUICK if args.quick else FULL
+
+    def log(msg: str) -> None:
+        if not args.json_only:
+            print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+    load_before = os.getloadavg()[0]
+    raw = measure(mode, args.workdir, log)
+    env = {"cpus": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg()[0],
+           "hs2p": hs2p_status()}  # fmt: skip
+    rows = rows_from(raw)
+    counts = {raw[k]["per_slide"] != raw["build_j1"]["per_slide"] for k in ("build_j2", "naive")}
+    if counts != {False}:
+        log("WARNING: the methods did not see the same kept patches per slide")
+    checks = verdicts(raw, rows)
+    if not args.json_only:
+        print(table(mode, raw, rows, checks, env))
+    report = {
+        "config": {"mode": mode.name, **asdict(mode), "slide_mpp": SLIDE_MPP, "target_mpp": TARGET_MPP,
+                   "patch_size_px": PATCH_PX, "jpeg_quality": QUALITY, "seed": SEED, **env,
+                   "same_patches": counts == {False}},
+        "versions": versions(),
+        "methods": {r.method: {**asdict(r), "patches_per_s": r.rate, "patches_per_s_per_core": r.rate_per_core}
+                    for r in rows},
+        "targets": checks,
+        "raw": raw,
+    }  # fmt: skip
+    print("JSON: " + json.dumps(report, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
