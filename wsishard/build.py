@@ -18,13 +18,23 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from wsishard import __version__
+from wsishard.destination import Destination
 from wsishard.errors import OptionError
 from wsishard.extract import ShardOutcome, ShardTask, SlideWork, close_readers, extract_shard
-from wsishard.format import IMAGE_FORMATS, MANIFEST_NAME, Manifest, ShardRecord, SlideRecord, unique_slide_ids
+from wsishard.format import (
+    IMAGE_FORMATS,
+    MANIFEST_NAME,
+    Manifest,
+    ShardRecord,
+    SlideRecord,
+    shard_name,
+    unique_slide_ids,
+)
 from wsishard.grid import PatchOptions
-from wsishard.plan import Plan, ShardPlan, make_plan
+from wsishard.plan import Plan, ShardPlan, assign_parts, make_plan
 from wsishard.scan import ScanResult, ScanTask, scan_slide
 from wsishard.slide import SLIDE_SUFFIXES
+from wsishard.state import BuildState, fingerprint
 from wsishard.tissue import TissueOptions
 
 logger = logging.getLogger(__name__)
@@ -147,38 +157,83 @@ def lookup(table: Mapping[str, T], path: str) -> T | None:
 
 
 def build(inputs: Sequence[str], output: str, options: BuildOptions | None = None, *,
-          progress: ProgressCallback | None = None) -> Manifest:  # fmt: skip
+          progress: ProgressCallback | None = None, storage_options: Mapping[str, Any] | None = None,
+          part: tuple[int, int] | None = None, overwrite: bool = False) -> Manifest:  # fmt: skip
     """Build mixed tissue-patch shards from slides into ``output`` and return the manifest it wrote.
 
+    Re-running the same build on the same output resumes it: finished shards are kept, the rest is written.
+
+    Args:
+        inputs: slide folders, slide files, or text files listing slides.
+        output: local folder or fsspec URL prefix (``s3://bucket/prefix``).
+        options: every build option (defaults: :class:`BuildOptions`).
+        progress: called after each slide scanned and each shard written.
+        storage_options: fsspec options for an URL output (endpoint, credentials); never logged or stored.
+        part: ``(i, n)``, 1-based: build only part ``i`` of ``n`` (whole groups, balanced by patches) and write
+            a part manifest; :func:`wsishard.merge.merge` joins the parts.
+        overwrite: replace a build with other inputs or options found in ``output`` instead of refusing.
+
     Raises:
-        OptionError: bad inputs (nothing found, a missing path). Bad slides never raise: they are failed records.
+        OptionError: bad inputs (nothing found, a missing path), a bad ``part``, or ``output`` holding another
+            build. Bad slides never raise: they are failed records.
     """
     options = options or BuildOptions()
+    if part is not None and not 1 <= part[0] <= part[1]:
+        raise OptionError(f"invalid part {part[0]}/{part[1]}: need 1 <= i <= n")
     paths = find_slides(inputs)
-    os.makedirs(output, exist_ok=True)
-    _remove_leftovers(output)
-    if options.qc:
-        os.makedirs(os.path.join(output, "qc"), exist_ok=True)
-    jobs = options.jobs or os.cpu_count() or 1
-    with _Pool(jobs) as pool:
-        scans = _scan_all(pool, paths, output, options, progress)
+    dest = Destination(output, storage_options)
+    dest.makedirs()
+    state = BuildState(dest, fingerprint(paths, _options_dict(options, for_fingerprint=True)))
+    state.claim(overwrite=overwrite)
+    _remove_leftovers(dest)
+    with _Pool(options.jobs or os.cpu_count() or 1) as pool:
+        scans = state.load_scans(options.patch.block_patches)
+        if scans is None:
+            scans = _scan_all(pool, paths, dest, options, progress)
+            state.save_scans(scans)
         plan = make_plan([s.block_sizes for s in scans], samples_per_shard=_samples_per_shard(options, scans),
                          group_slides=options.group_slides, seed=options.seed)  # fmt: skip
-        outcomes, failed = _extract_all(pool, plan, scans, output, options, progress)
-    manifest = _manifest(inputs, options, scans, outcomes, failed)
-    _write_manifest(output, manifest)
+        groups = _part_groups(plan, part)
+        shards = [sp for sp in plan.shards if sp.group in groups]
+        outcomes, failed = _extract_all(pool, shards, scans, dest, options, progress, state)
+    slides = _slides_of_part(plan, groups, len(scans), part)
+    manifest = _manifest(inputs, options, scans, outcomes, failed, state.digest, slides, part)
+    dest.write_bytes(manifest_name(part), manifest.to_json().encode())
     return manifest
 
 
-def _scan_all(pool: _Pool, paths: list[str], output: str, options: BuildOptions,
+def manifest_name(part: tuple[int, int] | None) -> str:
+    """``manifest.json``, or ``manifest.part-0002-of-0008.json`` for part 2 of 8."""
+    return MANIFEST_NAME if part is None else f"manifest.part-{part[0]:04d}-of-{part[1]:04d}.json"
+
+
+def _part_groups(plan: Plan, part: tuple[int, int] | None) -> set[int]:
+    if part is None:
+        return set(range(len(plan.groups)))
+    patches = [sum(sp.patches for sp in plan.shards if sp.group == g) for g in range(len(plan.groups))]
+    return {g for g, p in enumerate(assign_parts(patches, part[1])) if p == part[0] - 1}
+
+
+def _slides_of_part(plan: Plan, groups: set[int], n_slides: int, part: tuple[int, int] | None) -> list[int]:
+    """Slides a (part) manifest lists: its groups' slides; part 1 also lists slides in no group (failed)."""
+    grouped = {s for g in plan.groups for s in g}
+    mine = {s for g in groups for s in plan.groups[g]}
+    if part is None or part[0] == 1:
+        mine |= set(range(n_slides)) - grouped
+    return sorted(mine)
+
+
+def _scan_all(pool: _Pool, paths: list[str], dest: Destination, options: BuildOptions,
               progress: ProgressCallback | None) -> list[ScanResult]:  # fmt: skip
     ids = unique_slide_ids(paths)
     measure = (options.image_format, options.quality) if options.shard_size_bytes else None
+    if options.qc:
+        dest.makedirs("qc")
     tasks = [
         ScanTask(index=i, path=p, slide_id=sid, patch=options.patch, tissue=options.tissue,
                  mpp_override=lookup(options.mpp_overrides, p), default_mpp=options.default_mpp,
-                 label=lookup(options.labels, p), seed=options.seed, fast_path=options.fast_path,
-                 qc_path=os.path.join(output, "qc", f"{sid}.png") if options.qc else None, measure=measure)
+                 label=lookup(options.labels, p), seed=options.seed, fast_path=options.fast_path, dest=dest,
+                 qc_name=f"qc/{sid}.png" if options.qc else None, measure=measure)
         for i, (p, sid) in enumerate(zip(paths, ids, strict=True))
     ]  # fmt: skip
     scans = []
@@ -199,88 +254,110 @@ def _samples_per_shard(options: BuildOptions, scans: list[ScanResult]) -> int:
     return min(limits) if limits else 2**31
 
 
-def _extract_all(pool: _Pool, plan: Plan, scans: list[ScanResult], output: str, options: BuildOptions,
-                 progress: ProgressCallback | None) -> tuple[dict[int, ShardOutcome], dict[int, str]]:  # fmt: skip
-    """Write every planned shard; a slide failing mid-way is excluded and the shards it touched are redone."""
+def _extract_all(pool: _Pool, shards: list[ShardPlan], scans: list[ScanResult], dest: Destination,
+                 options: BuildOptions, progress: ProgressCallback | None,
+                 state: BuildState) -> tuple[dict[int, ShardOutcome], dict[int, str]]:  # fmt: skip
+    """Write the shards not already done; a slide failing mid-way is excluded and the shards it touched redone."""
     works = {
         i: SlideWork(s.record.file, s.record.slide_id, s.record.level or 0, s.cands, s.blocks, s.record.label)
         for i, s in enumerate(scans) if s.cands is not None
     }  # fmt: skip
-    failed: dict[int, str] = {}
-    done: dict[int, ShardOutcome] = {}
-    pending: list[ShardPlan] = list(plan.shards)
-    total_patches = sum(sp.patches for sp in plan.shards)
+    failed = state.load_failed()
+    done = _still_valid(state.load_done(), shards, failed)
+    pending = [sp for sp in shards if sp.index not in done]
+    total_patches = sum(sp.patches for sp in shards)
     while pending:
-        tasks = [_shard_task(sp, works, frozenset(failed), output, options) for sp in pending]
+        tasks = [_shard_task(sp, works, frozenset(failed), dest, options) for sp in pending]
         new_failed: dict[int, str] = {}
         for outcome in pool.imap_unordered(extract_shard, tasks):
             if outcome.failed_slide is not None:
                 new_failed.setdefault(outcome.failed_slide, outcome.reason)
                 continue
             done[outcome.index] = outcome
+            sp = next(sp for sp in pending if sp.index == outcome.index)
+            state.save_done(outcome, shard_name(sp.index), _excluded(sp, failed))
             if progress:
                 written = sum(o.record.samples for o in done.values() if o.record)
-                progress(BuildProgress("extract", len(done), len(plan.shards), written, total_patches))
+                progress(BuildProgress("extract", len(done), len(shards), written, total_patches))
         failed.update(new_failed)
-        pending = [sp for sp in plan.shards if any(s in new_failed for s, _ in sp.blocks)]
+        if new_failed:
+            state.save_failed(failed)
+        pending = [sp for sp in shards if any(s in new_failed for s, _ in sp.blocks)]
         for sp in pending:  # rewritten without the failed slides, or gone if nothing else was in them
-            stale = done.pop(sp.index, None)
-            if stale is not None and stale.record is not None:
-                os.remove(os.path.join(output, stale.record.name))
+            done.pop(sp.index, None)
+    for sp in shards:
+        if done[sp.index].record is None:
+            dest.remove(shard_name(sp.index))  # a shard left empty: no file (an earlier run may have written one)
     return done, failed
 
 
-def _shard_task(sp: ShardPlan, works: dict[int, SlideWork], excluded: frozenset[int], output: str,
+def _excluded(sp: ShardPlan, failed: Mapping[int, str]) -> frozenset[int]:
+    return frozenset(s for s, _ in sp.blocks if s in failed)
+
+
+def _still_valid(previous: dict[int, tuple[ShardOutcome, frozenset[int]]], shards: list[ShardPlan],
+                 failed: Mapping[int, str]) -> dict[int, ShardOutcome]:  # fmt: skip
+    """Shards an earlier run finished that need no redo: written with the same slides excluded as now."""
+    return {
+        sp.index: previous[sp.index][0]
+        for sp in shards
+        if sp.index in previous and previous[sp.index][1] == _excluded(sp, failed)
+    }
+
+
+def _shard_task(sp: ShardPlan, works: dict[int, SlideWork], excluded: frozenset[int], dest: Destination,
                 options: BuildOptions) -> ShardTask:  # fmt: skip
     slides = {s: works[s] for s in {s for s, _ in sp.blocks}}
-    return ShardTask(index=sp.index, blocks=sp.blocks, slides=slides, excluded=excluded, output=output,
+    return ShardTask(index=sp.index, blocks=sp.blocks, slides=slides, excluded=excluded, dest=dest,
                      target_mpp=options.patch.target_mpp, image_format=options.image_format,
                      quality=options.quality, fast_path=options.fast_path)  # fmt: skip
 
 
 def _manifest(inputs: Sequence[str], options: BuildOptions, scans: list[ScanResult],
-              outcomes: dict[int, ShardOutcome], failed: dict[int, str]) -> Manifest:  # fmt: skip
+              outcomes: dict[int, ShardOutcome], failed: dict[int, str], digest: str, slide_indices: list[int],
+              part: tuple[int, int] | None) -> Manifest:  # fmt: skip
     patches: dict[int, int] = {}
     for outcome in outcomes.values():
         for slide, n in (outcome.patches_by_slide or {}).items():
             patches[slide] = patches.get(slide, 0) + n
     slides: list[SlideRecord] = []
-    for i, scan in enumerate(scans):
-        record = scan.record
+    for i in slide_indices:
+        record = scans[i].record
         if i in failed:
             record = dataclasses.replace(record, status="failed", reason=f"extraction: {failed[i]}", patches=0)
         elif record.status == "ok":
             record = dataclasses.replace(record, patches=patches.get(i, 0))
         slides.append(record)
     shards: list[ShardRecord] = [o.record for _, o in sorted(outcomes.items()) if o.record is not None]
+    extra: dict[str, Any] = {"fingerprint": digest}
+    if options.label_names:
+        extra["label_names"] = list(options.label_names)
+    if part is not None:
+        extra.update(part=list(part), slide_indices=slide_indices, slides_total=len(scans))
     return Manifest(
         options={"inputs": list(inputs), **_options_dict(options)}, shards=shards, slides=slides,
-        image_format=options.image_format, wsishard_version=__version__,
-        extra={"label_names": list(options.label_names)} if options.label_names else {},
+        image_format=options.image_format, wsishard_version=__version__, extra=extra,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )  # fmt: skip
 
 
-def _options_dict(options: BuildOptions) -> dict[str, Any]:
+def _options_dict(options: BuildOptions, *, for_fingerprint: bool = False) -> dict[str, Any]:
+    """Every option as plain data; the fingerprint leaves out what does not change the output (``jobs``)."""
     data = dataclasses.asdict(options)
     data["mpp_overrides"] = dict(options.mpp_overrides)
     data["labels"] = dict(options.labels)
+    data["label_names"] = list(options.label_names)
+    if for_fingerprint:
+        data.pop("jobs")
     return data
 
 
-def _write_manifest(output: str, manifest: Manifest) -> None:
-    final = os.path.join(output, MANIFEST_NAME)
-    tmp = f"{final}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(manifest.to_json())
-    os.replace(tmp, final)
-
-
-def _remove_leftovers(output: str) -> None:
-    """Remove temporary shard files an interrupted build left behind (they are never listed anywhere)."""
-    for name in os.listdir(output):
-        if name.startswith(".shard-") and ".tmp-" in name:
-            os.remove(os.path.join(output, name))
+def _remove_leftovers(dest: Destination) -> None:
+    """Remove temporary shard files an interrupted local build left behind (they are never listed anywhere)."""
+    if not dest.remote:
+        for name in dest.listdir():
+            if name.startswith(".shard-") and ".tmp-" in name:
+                dest.remove(name)
 
 
 class _Pool:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import logging
+import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -17,6 +19,7 @@ from wsishard.build import BuildOptions, BuildProgress, build
 from wsishard.errors import WsiShardError
 from wsishard.format import IMAGE_FORMATS
 from wsishard.grid import PatchOptions
+from wsishard.merge import merge
 from wsishard.report import details, summary
 from wsishard.storage import load_manifest
 from wsishard.tissue import TissueOptions
@@ -195,8 +198,63 @@ def _add_build_parser(sub: Any) -> None:
     g.add_argument("--seed", type=int, default=0, help="seeds every random choice: same inputs and seed, same shards")
     g.add_argument("--jobs", type=_positive(int), metavar="N", help="worker processes (default: all cores)")
     g.add_argument("--no-fast-path", action="store_true", help="read every slide through OpenSlide")
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a build with other slides or options in OUT "
+        "(without it that is refused; the same build is resumed)",
+    )
+    g.add_argument(
+        "--part",
+        type=_part,
+        metavar="I/N",
+        help="build only part I of N (1-based) and write a part "
+        "manifest; `wsishard merge OUT` joins the parts (default in a Slurm array job: "
+        "SLURM_ARRAY_TASK_ID / SLURM_ARRAY_TASK_COUNT)",
+    )
+    _add_storage_option(g)
     g.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_build)
+
+
+def _part(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not match or not 1 <= int(match.group(1)) <= int(match.group(2)):
+        raise argparse.ArgumentTypeError(f"not a part I/N with 1 <= I <= N: {text!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def slurm_part(environ: Mapping[str, str]) -> tuple[int, int] | None:
+    """The part of a Slurm array task (1-based), from ``SLURM_ARRAY_TASK_ID``/``_COUNT``/``_MIN``, or None."""
+    try:
+        task = int(environ["SLURM_ARRAY_TASK_ID"]) - int(environ.get("SLURM_ARRAY_TASK_MIN", "0"))
+        count = int(environ["SLURM_ARRAY_TASK_COUNT"])
+    except (KeyError, ValueError):
+        return None
+    return (task + 1, count) if 0 <= task < count else None
+
+
+def _storage_option(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError("expected key=value (the value is not shown here)")
+    try:
+        parsed: Any = json.loads(value)  # numbers, true/false, JSON objects
+    except json.JSONDecodeError:
+        parsed = value
+    return key.strip(), parsed
+
+
+def _add_storage_option(group: Any) -> None:
+    group.add_argument(
+        "--storage-option",
+        type=_storage_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="fsspec option for s3:// and other URLs, e.g. endpoint_url=http://127.0.0.1:9000 "
+        "(credentials: the standard AWS sources, or key=... secret=...); repeatable",
+    )
 
 
 def _options(args: argparse.Namespace) -> BuildOptions:
@@ -245,15 +303,23 @@ def _cmd_build(args: argparse.Namespace) -> int:
     options = _options(args)
     bars = _Bars(args.quiet)
     try:
-        manifest = build(args.slides, args.output, options, progress=bars)
+        part = args.part or slurm_part(os.environ)
+        manifest = build(args.slides, args.output, options, progress=bars, storage_options=dict(args.storage_option),
+                         part=part, overwrite=args.overwrite)  # fmt: skip
     finally:
         bars.close()
     print(summary(manifest, args.output))
     return EXIT_FAILED_SLIDES if manifest.failed_slides else EXIT_OK
 
 
+def _cmd_merge(args: argparse.Namespace) -> int:
+    manifest = merge(args.output, dict(args.storage_option))
+    print(summary(manifest, args.output))
+    return EXIT_FAILED_SLIDES if manifest.failed_slides else EXIT_OK
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    manifest, _root = load_manifest(args.output)
+    manifest, _root = load_manifest(args.output, dict(args.storage_option))
     print(details(manifest, max_rows=args.rows))
     return EXIT_OK
 
@@ -278,7 +344,12 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="print a readable summary of a build output's manifest")
     p.add_argument("output", help="build output folder, manifest.json path, or URL prefix")
     p.add_argument("--rows", type=_positive(int), default=50, help="rows of the slide and shard tables")
+    _add_storage_option(p)
     p.set_defaults(func=_cmd_inspect)
+    p = sub.add_parser("merge", help="join the part manifests of a cluster build (build --part I/N) into one")
+    p.add_argument("output", help="the build output all parts wrote to (folder or URL prefix)")
+    _add_storage_option(p)
+    p.set_defaults(func=_cmd_merge)
     p = sub.add_parser("demo", help="generate demo slides offline, build them into shards, stream a few batches")
     p.add_argument("-o", "--output", default="wsishard-demo", help="folder for the demo slides and shards")
     p.add_argument("--slides", type=_positive(int), default=8, help="demo slides to generate")

@@ -12,6 +12,7 @@ import os
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from wsishard.destination import Destination
 from wsishard.encode import block_samples
 from wsishard.errors import SlideError
 from wsishard.format import ShardRecord, shard_name
@@ -40,7 +41,7 @@ class ShardTask:
     blocks: tuple[tuple[int, int], ...]  # (slide, block) in write order
     slides: dict[int, SlideWork]  # the slides this shard draws from
     excluded: frozenset[int]  # slides that failed: their blocks are skipped
-    output: str
+    dest: Destination
     target_mpp: float
     image_format: str
     quality: int
@@ -87,7 +88,7 @@ def extract_shard(task: ShardTask) -> ShardOutcome:
     """Write one shard. A slide that fails mid-way aborts the shard (nothing appears) and is named."""
     name = shard_name(task.index)
     counts: dict[int, int] = {}
-    writer = ShardWriter(task.output, name)
+    writer = ShardWriter(task.dest, name)
     try:
         for slide_index, block_index in task.blocks:
             if slide_index in task.excluded:

@@ -130,3 +130,17 @@ def make_plan(block_sizes: Sequence[Sequence[int]], *, samples_per_shard: int, g
             ordered = tuple(interleave(blocks, rng))
             shards.append(ShardPlan(len(shards), g, ordered, sum(block_sizes[s][b] for s, b in ordered)))
     return Plan(groups=tuple(tuple(g) for g in groups), shards=tuple(shards))
+
+
+def assign_parts(group_patches: Sequence[int], n_parts: int) -> list[int]:
+    """Deal groups to ``n_parts`` parts (0-based), largest group first to the lightest part: balanced by patches.
+
+    Deterministic: every machine of a cluster build computes the same assignment without talking to the others.
+    """
+    load = [0] * n_parts
+    part = [0] * len(group_patches)
+    for g in sorted(range(len(group_patches)), key=lambda g: (-group_patches[g], g)):
+        p = min(range(n_parts), key=lambda p: (load[p], p))
+        part[g] = p
+        load[p] += group_patches[g]
+    return part

@@ -6,12 +6,14 @@ bytes per patch), so it is cheap next to extraction. Its result is small and pic
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from wsishard.destination import Destination
 from wsishard.encode import block_samples
 from wsishard.errors import SlideError
 from wsishard.format import SlideRecord
@@ -37,7 +39,8 @@ class ScanTask:
     label: int | None
     seed: int
     fast_path: bool
-    qc_path: str | None  # where to write the QC picture (None: no picture)
+    dest: Destination  # the build output (QC pictures go there)
+    qc_name: str | None  # the QC picture's name in the output (None: no picture)
     measure: tuple[str, int] | None  # (image_format, quality) to measure bytes per patch, None to skip
 
 
@@ -93,8 +96,11 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
     thumb, l0_per_t = read_lowres(reader, l0_per_t)
     mask = detect_tissue(thumb, l0_per_t * mpp0, task.tissue)
     cands = candidates((l0_w, l0_h), mpp0, mask, l0_per_t, patch, seed=_slide_seed(task))
-    if task.qc_path is not None:
-        qc_picture(thumb, mask, l0_per_t, cands.l0_x, cands.l0_y, cands.l0_extent).save(task.qc_path)
+    if task.qc_name is not None:
+        picture = qc_picture(thumb, mask, l0_per_t, cands.l0_x, cands.l0_y, cands.l0_extent)
+        buf = io.BytesIO()
+        picture.save(buf, "PNG")
+        task.dest.write_bytes(task.qc_name, buf.getvalue())
     record = replace(record, tissue_fraction=round(float(mask.mean()), 4), candidates=cands.total)
     if len(cands) == 0:
         reason = "no tissue found" if not mask.any() else f"no patch with >= {patch.min_tissue:.0%} tissue"

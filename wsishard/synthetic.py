@@ -87,8 +87,9 @@ class _Scene:
     shade: np.ndarray  # (rows, cols) float32 stain intensity 0..1
     lo: np.ndarray  # (tile_px,) int64: tile px -> lower padded-field index (same for rows and columns)
     frac: np.ndarray  # (tile_px,) float32 bilinear weight of lo + 1
-    tissue: np.ndarray  # (S, S, 3) float32 periodic tissue texture (0..255)
-    glass: np.ndarray  # (S, S, 3) uint8 periodic background texture
+    tissue: np.ndarray  # (S, S, 3) float32 periodic tissue texture, 0..255 plus 0.5 (rounding)
+    glass: np.ndarray  # (G, G, 3) uint8 periodic background texture
+    glass_f: np.ndarray  # the same as float32 plus 0.5
     specks: tuple[_Speck, ...]
     tile_px: int
 
@@ -460,13 +461,15 @@ def _make_scene(
     u = (np.arange(tile_px) + 0.5) / MASK_DOWNSAMPLE + 0.5  # tile px -> padded-field coordinates
     lo = np.floor(u).astype(np.int64)
     swatch = tile_px * math.ceil(1024 / tile_px)
+    glass = _glass_swatch(rng, tile_px * math.ceil(512 / tile_px))
     return _Scene(
         field=np.pad(field, pad, mode="edge"),
         shade=np.pad(shade, pad, mode="edge").astype(np.float32),
         lo=lo,
         frac=(u - lo).astype(np.float32),
-        tissue=_tissue_swatch(rng, swatch, mpp).astype(np.float32),
-        glass=_glass_swatch(rng, tile_px * math.ceil(512 / tile_px)),
+        tissue=_tissue_swatch(rng, swatch, mpp).astype(np.float32) + np.float32(0.5),
+        glass=glass,
+        glass_f=glass.astype(np.float32) + np.float32(0.5),
         specks=_dust_specks(rng, field, shape, mpp) if dust else (),
         tile_px=tile_px,
     )
@@ -489,7 +492,7 @@ def _render_tile(sc: _Scene, ty: int, tx: int) -> np.ndarray:
     y0, x0 = ty * t, tx * t
     gy, gx = y0 % sc.glass.shape[0], x0 % sc.glass.shape[1]
     glass = sc.glass[gy : gy + t, gx : gx + t]  # a view: copied before any painting
-    out = _tissue_tile(sc, ty, tx, glass)
+    out = _tissue_tile(sc, ty, tx)
     if out is None:
         out = glass
     for s in sc.specks:
@@ -506,8 +509,8 @@ def _render_tile(sc: _Scene, ty: int, tx: int) -> np.ndarray:
     return out
 
 
-def _tissue_tile(sc: _Scene, ty: int, tx: int, glass: np.ndarray) -> np.ndarray | None:
-    """The tile with its tissue painted over ``glass`` (uint8), or None where the tile has no tissue."""
+def _tissue_tile(sc: _Scene, ty: int, tx: int) -> np.ndarray | None:
+    """The tile with its tissue painted over the glass (uint8), or None where the tile has no tissue."""
     t, k = sc.tile_px, sc.tile_px // MASK_DOWNSAMPLE
     rows, cols = slice(ty * k, ty * k + k + 2), slice(tx * k, tx * k + k + 2)
     patch = sc.field[rows, cols]
@@ -523,11 +526,11 @@ def _tissue_tile(sc: _Scene, ty: int, tx: int, glass: np.ndarray) -> np.ndarray 
         alpha *= MASK_DOWNSAMPLE / EDGE_L0_PX
         alpha += 0.5
         np.clip(alpha, 0.0, 1.0, out=alpha)
-        back = glass.astype(np.float32)
+        gy, gx = (ty * t) % sc.glass.shape[0], (tx * t) % sc.glass.shape[1]
+        back = sc.glass_f[gy : gy + t, gx : gx + t]
         out -= back
         out *= alpha[..., None]
         out += back
-    out += 0.5
     np.clip(out, 0, 255, out=out)
     return out.astype(np.uint8)
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import tarfile
 from types import TracebackType
 from typing import Any
 
+from wsishard.destination import Destination
 from wsishard.format import ShardRecord
 
 _TAR_MTIME = 0  # fixed member mtime: the same samples give byte-identical shards
@@ -39,27 +39,28 @@ class _HashingFile:
 
 
 class ShardWriter:
-    """Write one shard atomically: ``with ShardWriter(dir, name) as w: w.write(sample)``.
+    """Write one shard atomically: ``with ShardWriter(dest, name) as w: w.write(key, members, slide_id)``.
 
-    The shard is written to ``.<name>.tmp-<pid>`` in the same folder and renamed to ``name`` on a clean exit;
-    on an exception the temporary file is removed and nothing appears under ``name``.
+    The shard appears under ``name`` only on a clean exit (or :meth:`commit`); on an exception (or
+    :meth:`abort`) nothing appears: see :class:`~wsishard.destination.Destination` for how each store does it.
 
     Args:
-        folder: local output folder.
-        name: the shard's final file name.
+        dest: the build output.
+        name: the shard's final name, relative to the output.
     """
 
-    def __init__(self, folder: str, name: str) -> None:
-        self.folder = folder
+    def __init__(self, dest: Destination, name: str) -> None:
         self.name = name
-        self.final_path = os.path.join(folder, name)
-        self.tmp_path = os.path.join(folder, f".{name}.tmp-{os.getpid()}")
-        self._fh = open(self.tmp_path, "wb")  # noqa: SIM115 - closed in commit()/abort()
-        self._hashing = _HashingFile(self._fh)
+        self._out = dest.open_atomic(name)
+        self._hashing = _HashingFile(self._out)
         self._tar = tarfile.open(fileobj=self._hashing, mode="w|", format=tarfile.USTAR_FORMAT)  # type: ignore[call-overload]  # noqa: SIM115
         self._samples = 0
         self._slides: set[str] = set()
         self.record: ShardRecord | None = None
+
+    @property
+    def samples(self) -> int:
+        return self._samples
 
     def write(self, key: str, members: dict[str, bytes], slide_id: str) -> None:
         """Append one sample: ``members`` maps extensions (``jpg``, ``json``, ...) to encoded bytes."""
@@ -75,10 +76,7 @@ class ShardWriter:
     def commit(self) -> ShardRecord:
         """Finish the archive, make it visible under its final name and return its manifest record."""
         self._tar.close()
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
-        self._fh.close()
-        os.replace(self.tmp_path, self.final_path)
+        self._out.commit()
         self.record = ShardRecord(
             name=self.name,
             samples=self._samples,
@@ -90,9 +88,7 @@ class ShardWriter:
 
     def abort(self) -> None:
         """Drop everything written; nothing appears under the final name."""
-        self._fh.close()
-        if os.path.exists(self.tmp_path):
-            os.remove(self.tmp_path)
+        self._out.abort()
 
     def __enter__(self) -> ShardWriter:
         return self

@@ -1,0 +1,423 @@
+#!/usr/bin/env python
+"""Benchmark wsishard's training-time stream: throughput, decode floor, wsistream, S3 vs disk, diversity.
+
+Example::
+
+    python scripts/bench_stream.py --quick
+    python scripts/bench_stream.py --workdir /data/bench --json-only
+    python scripts/bench_stream.py --quick --profile   # also cProfile one worker's pipeline in-process
+
+Synthetic 40x slides (0.25 mpp) are generated and built into shards of 256 px patches at 0.5 mpp once, then
+cached in ``--workdir``. Every loader figure is measured to the point where a batch is ready on the device
+(after :class:`~wsishard.collate.GpuCollate` returns the normalized float NCHW tensor; on a CPU-only machine
+that collate runs in the main process, on the same cores as the workers). Throughput counts a fixed number
+of batches after one warm-up batch per worker. The S3 figure streams the same shards from a moto server
+started in this process. Prints a table, then one final line ``JSON: {...}``. Targets are reported as
+PASS/MISS, never asserted: on a shared machine wall-clock figures are what they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import math
+import os
+import platform
+import pstats
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+SLIDE_MPP = 0.25  # level-0 microns per px of the generated slides (40x)
+TARGET_MPP = 0.5
+PATCH_PX = 256
+BATCH = 256
+SEED = 0
+TISSUE_FRACTION = 0.5
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+BUCKET, PREFIX = "wsishard-bench", "shards"
+TARGETS = {"per_worker_vs_floor": 0.85, "vs_wsistream": 20.0, "s3_vs_local": 0.80, "first_batch_s": 2.0,
+           "diversity_vs_uniform": 0.80}  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mode:
+    """Workload of one benchmark mode."""
+
+    name: str
+    n_slides: int
+    size_px: int  # level-0 width = height of each slide
+    shard_samples: int  # at most this many samples per shard (small, so 2 workers share many shards)
+    batches: int  # timed batches per loader run (after the warm-up)
+    floor_samples: int  # JPEGs decoded in the floor loop
+    ws_batches: int  # timed wsistream batches (after the warm-up)
+
+
+QUICK = Mode(name="quick", n_slides=6, size_px=8192, shard_samples=64, batches=12, floor_samples=2000,
+             ws_batches=2)  # fmt: skip
+FULL = Mode(name="full", n_slides=16, size_px=12288, shard_samples=128, batches=40, floor_samples=6000,
+            ws_batches=6)  # fmt: skip
+
+
+def log(msg: str) -> None:
+    print(f"[bench_stream] {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------- data
+
+
+def _make_one(path: str, size_px: int, seed: int) -> str:
+    from wsishard.synthetic import make_slide
+
+    make_slide(path, width=size_px, height=size_px, mpp=SLIDE_MPP, seed=seed, tissue_fraction=TISSUE_FRACTION)
+    return path
+
+
+def prepare(workdir: Path, mode: Mode) -> tuple[list[str], Path]:
+    """Slides and shards for ``mode``, generated and built once and reused while their parameters match."""
+    from wsishard.build import BuildOptions, build
+    from wsishard.grid import PatchOptions
+
+    root = workdir / mode.name
+    slides_dir, shards_dir, stamp = root / "slides", root / "shards", root / "stamp.json"
+    want = {"n_slides": mode.n_slides, "size_px": mode.size_px, "shard_samples": mode.shard_samples,
+            "tissue_fraction": TISSUE_FRACTION, "slide_mpp": SLIDE_MPP, "target_mpp": TARGET_MPP,
+            "patch_px": PATCH_PX}  # fmt: skip
+    paths = [str(slides_dir / f"slide-{i:03d}.{'svs' if i % 2 == 0 else 'tif'}") for i in range(mode.n_slides)]
+    if stamp.exists() and json.loads(stamp.read_text()) == want and (shards_dir / "manifest.json").exists():
+        return paths, shards_dir
+    slides_dir.mkdir(parents=True, exist_ok=True)
+    todo = [p for p in paths if not Path(p).exists()]
+    log(f"generating {len(todo)} slides of {mode.size_px}^2 px in {slides_dir}")
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        list(pool.map(_make_one, todo, [mode.size_px] * len(todo), [1000 + paths.index(p) for p in todo]))
+    log(f"building shards in {shards_dir}")
+    opts = BuildOptions(patch=PatchOptions(target_mpp=TARGET_MPP, patch_size_px=PATCH_PX), jobs=2, qc=False,
+                        shard_samples=mode.shard_samples, seed=SEED)  # fmt: skip
+    manifest = build(paths, str(shards_dir), opts)
+    if manifest.failed_slides:
+        raise SystemExit(f"build failed for {[s.file for s in manifest.failed_slides]}")
+    stamp.write_text(json.dumps(want))
+    return paths, shards_dir
+
+
+# ----------------------------------------------------------------------------------------------- loaders
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_wsishard(source: str, workers: int, batches: int, storage_options: dict[str, Any] | None = None
+                  ) -> dict[str, Any]:  # fmt: skip
+    """wsishard's loader, resampled, batch 256: first-batch latency, samples/s, distinct slides per batch."""
+    from wsishard.collate import GpuCollate
+    from wsishard.stream import loader, stream
+
+    device = _device()
+    collate = GpuCollate(device, mean=MEAN, std=STD)
+    ds = stream(source, batch_size=BATCH, resampled=True, seed=SEED, storage_options=storage_options)
+    dl = loader(ds, num_workers=workers)
+    distinct: list[int] = []
+    t0 = time.perf_counter()
+    it = iter(dl)
+    for i in range(workers + batches):
+        if i == workers:  # warm-up done: one batch per worker
+            t_start, collate_s = time.perf_counter(), 0.0
+        batch = next(it)
+        tc = time.perf_counter()
+        out = collate(batch)
+        _sync(device)
+        if i >= workers:
+            collate_s += time.perf_counter() - tc
+        if i == 0:
+            first_s = time.perf_counter() - t0
+        assert out["image"].shape == (BATCH, 3, PATCH_PX, PATCH_PX)
+        distinct.append(len({m["slide_id"] for m in batch["meta"]}))
+    wall = time.perf_counter() - t_start
+    del it  # shuts the workers down
+    rate = batches * BATCH / wall
+    return {"workers": workers, "samples_per_s": rate, "per_worker": rate / workers, "first_batch_s": first_s,
+            "collate_ms_per_batch": 1000 * collate_s / batches, "distinct_slides": distinct}  # fmt: skip
+
+
+def floor_decode(shards_dir: Path, n: int) -> dict[str, Any]:
+    """PIL decode of the shards' own JPEG bytes, already in memory, in a tight loop in this process."""
+    from PIL import Image
+
+    from wsishard.storage import load_manifest
+
+    manifest, _ = load_manifest(str(shards_dir))
+    blobs: list[bytes] = []
+    for rec in manifest.shards:
+        with tarfile.open(shards_dir / rec.name) as tar:
+            blobs += [tar.extractfile(m).read() for m in tar if m.name.endswith(".jpg")]  # type: ignore[union-attr]
+    work = [blobs[i % len(blobs)] for i in range(n)]
+    for b in work[:100]:  # warm-up
+        np.asarray(Image.open(io.BytesIO(b)).convert("RGB"))
+    t0 = time.perf_counter()
+    for b in work:
+        np.asarray(Image.open(io.BytesIO(b)).convert("RGB"))  # (256, 256, 3) uint8
+    wall = time.perf_counter() - t0
+    return {"samples_per_s": n / wall, "jpeg_kb_mean": float(np.mean([len(b) for b in blobs]) / 1024)}
+
+
+def _import_wsistream() -> Any | None:
+    try:
+        import wsistream
+    except ImportError:
+        log("wsistream not importable; trying `pip install wsistream` once (120 s)")
+        try:
+            cmd = [sys.executable, "-m", "pip", "install", "-q", "wsistream"]
+            subprocess.run(cmd, timeout=120, check=True, capture_output=True)
+            import wsistream
+        except (subprocess.SubprocessError, ImportError, OSError) as exc:
+            log(f"wsistream not installed ({type(exc).__name__})")
+            return None
+    return wsistream
+
+
+def time_wsistream(slides: list[str], workers: int, batches: int) -> dict[str, Any]:
+    """wsistream on-the-fly: random 512 px crops at level 0 (0.25 mpp) resized to 256 px = 0.5 mpp.
+
+    ``RandomSampler(target_mpp=0.5)`` would pick the nearest pyramid level (level 0 here, the 4x level being
+    1.0 mpp) and read 256 px at 0.25 mpp; ``ContinuousMagnificationSampler`` with a degenerate mpp range
+    crops 512 px at level 0 and resizes to 256, the same field of view and resolution as the shards.
+    """
+    ws = _import_wsistream()
+    if ws is None:
+        return {"installed": False}
+    from torch.utils.data import DataLoader
+    from wsistream.torch import WsiStreamDataset
+
+    from wsishard.collate import GpuCollate
+
+    sampler = ws.ContinuousMagnificationSampler(output_size=PATCH_PX, mpp_range=(TARGET_MPP, TARGET_MPP + 1e-9))
+    ds = WsiStreamDataset(slides, backend=ws.OpenSlideBackend(), tissue_detector=ws.OtsuTissueDetector(),
+                          sampler=sampler, seed=SEED, output_dtype="uint8")  # fmt: skip
+    device = _device()
+    collate = GpuCollate(device, mean=MEAN, std=STD)
+    dl = DataLoader(ds, batch_size=BATCH, num_workers=workers)
+    t0 = time.perf_counter()
+    it = iter(dl)
+    for i in range(workers + batches):
+        if i == workers:
+            t_start = time.perf_counter()
+        batch = next(it)
+        out = collate.images(batch["image"].permute(0, 2, 3, 1))  # (b, 3, h, w) uint8 -> channels-last view
+        _sync(device)
+        if i == 0:
+            first_s = time.perf_counter() - t0
+        assert out.shape == (BATCH, 3, PATCH_PX, PATCH_PX)
+        mpp = float(batch["mpp"].float().mean())
+    wall = time.perf_counter() - t_start
+    del it
+    rate = batches * BATCH / wall
+    return {"installed": True, "version": ws.__version__, "workers": workers, "samples_per_s": rate,
+            "first_batch_s": first_s, "mpp_mean": mpp}  # fmt: skip
+
+
+def time_s3(shards_dir: Path, workers: int, batches: int) -> dict[str, Any]:
+    """The same loader streaming from ``s3://`` on a moto server in this process (upload not timed)."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    os.environ["AWS_ACCESS_KEY_ID"] = os.environ["AWS_SECRET_ACCESS_KEY"] = "testing"  # moto's dummy values
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        for path in sorted(shards_dir.iterdir()):
+            client.upload_file(str(path), BUCKET, f"{PREFIX}/{path.name}")
+        options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
+        return time_wsishard(f"s3://{BUCKET}/{PREFIX}", workers, batches, storage_options=options)
+    finally:
+        server.stop()
+
+
+# ------------------------------------------------------------------------------------------ diversity
+
+
+def expected_distinct(counts: list[int], k: int) -> float:
+    """E[distinct slides] in ``k`` patches drawn uniformly without replacement: sum_s 1 - C(N-n_s,k)/C(N,k)."""
+    total = sum(counts)
+
+    def log_comb(n: int, r: int) -> float:
+        return math.lgamma(n + 1) - math.lgamma(r + 1) - math.lgamma(n - r + 1)
+
+    k = min(k, total)
+    return sum(1.0 - (math.exp(log_comb(total - n, k) - log_comb(total, k)) if total - n >= k else 0.0)
+               for n in counts)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------- profile
+
+_BUCKETS = [("Imaging", "PIL decode (C)"), ("/PIL/", "PIL python"), ("webdataset", "webdataset tar"),
+            ("tarfile", "webdataset tar"), ("_io.", "file I/O"), ("wsishard", "wsishard python"),
+            ("numpy", "numpy"), ("torch", "torch"), ("json", "json")]  # fmt: skip
+
+
+def profile_pipeline(shards_dir: Path, batches: int) -> str:
+    """cProfile one worker's pipeline run in-process (``iter(ds)``, no DataLoader): top functions by own time."""
+    from wsishard.stream import stream
+
+    it: Iterator[Any] = iter(stream(str(shards_dir), batch_size=BATCH, resampled=True, seed=SEED))
+    next(it)  # fill the shuffle buffer outside the profile
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(batches):
+        next(it)
+    prof.disable()
+    wall = time.perf_counter() - t0
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(14)
+    own: dict[str, float] = {}
+    for (file, _, func), (_, _, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]
+        where = file + func
+        bucket = next((b for k, b in _BUCKETS if k in where), "other")
+        own[bucket] = own.get(bucket, 0.0) + tottime
+    total = sum(own.values())
+    head = f"in-process, {batches} batches in {wall:.2f} s = {batches * BATCH / wall:.0f} samples/s (profiled)\n"
+    head += "own time: " + ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(own.items(), key=lambda kv: -kv[1]))
+    return head + "\n" + "\n".join(out.getvalue().splitlines()[:40])
+
+
+# ------------------------------------------------------------------------------------------------- main
+
+
+def _versions(ws: dict[str, Any]) -> dict[str, str]:
+    import PIL
+    import webdataset
+
+    import wsishard
+
+    v = {"wsishard": wsishard.__version__, "webdataset": webdataset.__version__, "torch": torch.__version__,
+         "pillow": PIL.__version__, "python": platform.python_version()}  # fmt: skip
+    v["wsistream"] = ws.get("version", "not installed")
+    return v
+
+
+def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(figure, value, target, verdict) rows of the table."""
+    t, floor = r["targets"], r["floor"]["samples_per_s"]
+    pf = t["per_worker_vs_floor"]
+    rows = [("decode floor (PIL, 1 process)", f"{floor:,.0f} samples/s", "", "")]
+    for key in ("local_w1", "local_w2"):
+        x = r[key]
+        ok = x["per_worker"] >= pf * floor
+        rows += [(f"wsishard local, {x['workers']} worker(s)", f"{x['samples_per_s']:,.0f} samples/s", "", ""),
+                 ("  per worker (x floor)", f"{x['per_worker']:,.0f}/s ({x['per_worker'] / floor:.2f}x)",
+                  f">= {pf:.2f}x floor", _verdict(ok)),
+                 ("  collate on device, per batch", f"{x['collate_ms_per_batch']:.0f} ms", "", "")]  # fmt: skip
+    ws = r["wsistream"]
+    if ws.get("installed"):
+        ratio = r["local_w2"]["samples_per_s"] / ws["samples_per_s"]
+        rows += [(f"wsistream {ws['version']}, 2 workers", f"{ws['samples_per_s']:,.1f} samples/s", "", ""),
+                 ("  wsishard / wsistream (2 workers)", f"{ratio:,.1f}x", f">= {t['vs_wsistream']:.0f}x",
+                  _verdict(ratio >= t["vs_wsistream"]))]  # fmt: skip
+    else:
+        rows.append(("wsistream", "not installed", f">= {t['vs_wsistream']:.0f}x", "n/a"))
+    s3 = r["s3"]
+    if "error" in s3:
+        rows.append(("S3 (moto), 2 workers", f"failed: {s3['error']}", f">= {t['s3_vs_local']:.2f}x", "MISS"))
+    else:
+        ratio = s3["samples_per_s"] / r["local_w2"]["samples_per_s"]
+        rows += [("S3 (moto, in-process), 2 workers", f"{s3['samples_per_s']:,.0f} samples/s", "", ""),
+                 ("  S3 / local", f"{ratio:.2f}x", f">= {t['s3_vs_local']:.2f}x",
+                  _verdict(ratio >= t["s3_vs_local"]))]  # fmt: skip
+    first = r["local_w2"]["first_batch_s"]
+    rows.append(("first batch, local, 2 workers", f"{first:.2f} s", f"< {t['first_batch_s']:.0f} s",
+                 _verdict(first < t["first_batch_s"])))  # fmt: skip
+    d = r["diversity"]
+    rows.append((f"distinct slides / batch (of {d['slides']})", f"{d['mean']:.2f} vs {d['uniform']:.2f} uniform "
+                 f"({d['ratio']:.2f}x)", f">= {t['diversity_vs_uniform']:.2f}x",
+                 _verdict(d["ratio"] >= t["diversity_vs_uniform"])))  # fmt: skip
+    return rows
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def _print_table(rows: list[tuple[str, str, str, str]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _step(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    log(name)
+    t0 = time.perf_counter()
+    out = fn()
+    out["step_s"] = round(time.perf_counter() - t0, 2)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--quick", action="store_true", help="small workload, under 2 minutes")
+    parser.add_argument("--workdir", default="/tmp/wsishard-bench-stream", help="cache of slides and shards")
+    parser.add_argument("--json-only", action="store_true", help="print only the final JSON line")
+    parser.add_argument("--profile", action="store_true", help="also cProfile one worker's pipeline in-process")
+    args = parser.parse_args(argv)
+    mode = QUICK if args.quick else FULL
+    from wsishard.storage import load_manifest
+
+    t_all, load0 = time.perf_counter(), os.getloadavg()[0]
+    slides, shards_dir = prepare(Path(args.workdir), mode)
+    manifest, _ = load_manifest(str(shards_dir))
+    r: dict[str, Any] = {"targets": TARGETS}
+    r["local_w1"] = _step("wsishard, 1 worker", lambda: time_wsishard(str(shards_dir), 1, mode.batches))
+    r["local_w2"] = _step("wsishard, 2 workers", lambda: time_wsishard(str(shards_dir), 2, mode.batches))
+    try:
+        r["s3"] = _step("wsishard from S3 (moto), 2 workers", lambda: time_s3(shards_dir, 2, mode.batches))
+    except Exception as exc:  # report exactly what fails instead of aborting the other figures
+        r["s3"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    r["floor"] = _step("decode floor", lambda: floor_decode(shards_dir, mode.floor_samples))
+    r["wsistream"] = _step("wsistream, 2 workers", lambda: time_wsistream(slides, 2, mode.ws_batches))
+    counts = [s.patches for s in manifest.slides]
+    seen = r["local_w2"]["distinct_slides"] + r["local_w1"]["distinct_slides"]
+    uniform = expected_distinct(counts, BATCH)
+    r["diversity"] = {"slides": len(counts), "batches": len(seen), "mean": float(np.mean(seen)), "min": min(seen),
+                      "uniform": uniform, "ratio": float(np.mean(seen)) / uniform}  # fmt: skip
+    profile = profile_pipeline(shards_dir, max(4, mode.batches // 3)) if args.profile else ""
+    config = {**asdict(mode), "batch": BATCH, "slide_mpp": SLIDE_MPP, "target_mpp": TARGET_MPP,
+              "patch_px": PATCH_PX, "tissue_fraction": TISSUE_FRACTION, "shards": len(manifest.shards),
+              "samples": manifest.total_samples, "device": str(_device()), "cpus": os.cpu_count(),
+              "torch_threads": torch.get_num_threads(), "loadavg_1m_start": load0,
+              "loadavg_1m_end": os.getloadavg()[0], "total_s": round(time.perf_counter() - t_all, 1)}  # fmt: skip
+    if not args.json_only:
+        print(f"wsishard stream benchmark ({mode.name}): {len(counts)} slides {mode.size_px}^2 px at {SLIDE_MPP} mpp"
+              f" -> {manifest.total_samples} patches of {PATCH_PX} px at {TARGET_MPP} mpp in {len(manifest.shards)}"
+              f" shards; device {config['device']}, {config['cpus']} cpus, load {load0:.1f}")  # fmt: skip
+        _print_table([("figure", "value", "target", ""), *_rows(r)])
+        if profile:
+            print("\nprofile of one worker's pipeline:\n" + profile)
+    r["versions"], r["config"] = _versions(r["wsistream"]), config
+    print("JSON: " + json.dumps(r, default=float, separators=(",", ":")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Where a build writes: a local folder or an fsspec URL prefix (``s3://bucket/prefix``, ...).
+
+Every write is atomic. Locally a file is written under a temporary name and renamed. On S3 the object is uploaded
+under its final key and S3 makes it visible only when the upload completes; an aborted upload is discarded
+(multipart uploads are aborted), so no partial object is ever listed. Other fsspec stores get a temporary key
+and a move. Credentials come from ``storage_options`` and the standard AWS sources and are never logged.
+
+A :class:`Destination` pickles (location and options only; the filesystem is made lazily in each process).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from typing import IO, Any
+
+import fsspec
+
+_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+_UPLOAD_BLOCK_BYTES = 16 * 2**20
+_DIRECT_UPLOAD_PROTOCOLS = ("s3", "s3a")  # stores that show an object only when its upload completes
+
+
+class AtomicFile:
+    """A file being written: :meth:`commit` makes it visible under its final name, :meth:`abort` drops it."""
+
+    def __init__(self, fh: IO[bytes], commit: Any, abort: Any) -> None:
+        self.fh = fh
+        self._commit = commit
+        self._abort = abort
+
+    def write(self, data: bytes) -> int:
+        return self.fh.write(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+    def commit(self) -> None:
+        self._commit()
+
+    def abort(self) -> None:
+        self._abort()
+
+
+class Destination:
+    """A build output location.
+
+    Args:
+        location: local folder, ``file://`` path, or fsspec URL prefix.
+        storage_options: fsspec options for URLs (``endpoint_url``, ``key``, ...); never logged or stored.
+    """
+
+    def __init__(self, location: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.location = location.rstrip("/") or location
+        self.storage_options = dict(storage_options or {})
+        self.remote = bool(_SCHEME.match(location)) and not location.startswith("file://")
+        self._fs: Any = None
+
+    def __repr__(self) -> str:  # never shows storage options
+        return f"Destination({self.location!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"location": self.location, "storage_options": self.storage_options, "remote": self.remote}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _fs=None)
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None:
+            self._fs, _ = fsspec.core.url_to_fs(self.location, **self.storage_options)
+        return self._fs
+
+    def path(self, name: str) -> str:
+        """The full path or URL of ``name`` (relative, ``/``-separated)."""
+        if self.remote:
+            return f"{self.location}/{name}"
+        root = self.location[len("file://") :] if self.location.startswith("file://") else self.location
+        return os.path.join(root, *name.split("/"))
+
+    def makedirs(self, name: str = "") -> None:
+        if not self.remote:
+            os.makedirs(self.path(name) if name else self.path(""), exist_ok=True)
+
+    def exists(self, name: str) -> bool:
+        return bool(self.fs.exists(self.path(name))) if self.remote else os.path.exists(self.path(name))
+
+    def read_bytes(self, name: str) -> bytes | None:
+        """The content of ``name``, or None when it does not exist."""
+        try:
+            if self.remote:
+                data: bytes = self.fs.cat_file(self.path(name))
+                return data
+            with open(self.path(name), "rb") as fh:
+                return fh.read()
+        except FileNotFoundError:
+            return None
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """Write ``name`` atomically."""
+        out = self.open_atomic(name)
+        try:
+            out.write(data)
+        except BaseException:
+            out.abort()
+            raise
+        out.commit()
+
+    def remove(self, name: str) -> None:
+        """Delete ``name`` if it exists."""
+        if self.remote:
+            if self.fs.exists(self.path(name)):
+                self.fs.rm(self.path(name), recursive=True)
+        elif os.path.isdir(self.path(name)):
+            shutil.rmtree(self.path(name))
+        elif os.path.exists(self.path(name)):
+            os.remove(self.path(name))
+
+    def listdir(self, name: str = "") -> list[str]:
+        """Names (not paths) directly under ``name``; empty when it does not exist."""
+        try:
+            if self.remote:
+                entries = self.fs.ls(self.path(name) if name else self.location, detail=False)
+                return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
+            return sorted(os.listdir(self.path(name)))
+        except FileNotFoundError:
+            return []
+
+    def open_atomic(self, name: str) -> AtomicFile:
+        """Open ``name`` for writing; it appears only on :meth:`AtomicFile.commit`."""
+        final = self.path(name)
+        if not self.remote:
+            os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
+            head, base = os.path.split(final)
+            tmp = os.path.join(head, f".{base}.tmp-{os.getpid()}")
+            fh = open(tmp, "wb")  # noqa: SIM115 - closed by commit/abort
+            return AtomicFile(fh, lambda: _commit_local(fh, tmp, final), lambda: _abort_local(fh, tmp))
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        if set(protocols) & set(_DIRECT_UPLOAD_PROTOCOLS):
+            fh = self.fs.open(final, "wb", block_size=_UPLOAD_BLOCK_BYTES)
+            return AtomicFile(fh, fh.close, lambda: _discard(fh))
+        tmp = f"{final}.tmp-{os.getpid()}"
+        fh = self.fs.open(tmp, "wb")
+        return AtomicFile(fh, lambda: (fh.close(), self.fs.mv(tmp, final)), lambda: _abort_remote(self.fs, fh, tmp))
+
+
+def _commit_local(fh: IO[bytes], tmp: str, final: str) -> None:
+    fh.flush()
+    os.fsync(fh.fileno())
+    fh.close()
+    os.replace(tmp, final)
+
+
+def _abort_local(fh: IO[bytes], tmp: str) -> None:
+    fh.close()
+    if os.path.exists(tmp):
+        os.remove(tmp)
+
+
+def _discard(fh: Any) -> None:
+    """Drop an S3 upload in flight: abort its multipart upload; nothing becomes visible."""
+    fh.discard()
+    fh.closed = True
+
+
+def _abort_remote(fs: Any, fh: Any, tmp: str) -> None:
+    try:
+        fh.close()
+    finally:
+        if fs.exists(tmp):
+            fs.rm(tmp)

@@ -1,0 +1,62 @@
+"""Join the part manifests of a cluster build (``wsishard build --part i/n``) into the final manifest."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from wsishard.destination import Destination
+from wsishard.errors import ManifestError
+from wsishard.format import MANIFEST_NAME, Manifest
+
+_PART = re.compile(r"^manifest\.part-(\d{4,})-of-(\d{4,})\.json$")
+
+
+def merge(output: str, storage_options: Mapping[str, Any] | None = None) -> Manifest:
+    """Check that every part of ``output`` is there and consistent, then write and return ``manifest.json``.
+
+    Raises:
+        ManifestError: no part manifests, a part missing, or parts of different builds (other options).
+    """
+    dest = Destination(output, storage_options)
+    found: dict[int, tuple[int, Manifest]] = {}
+    for name in dest.listdir():
+        match = _PART.match(name)
+        if match:
+            data = dest.read_bytes(name) or b""
+            found[int(match.group(1))] = (int(match.group(2)), Manifest.from_json(data.decode(), dest.path(name)))
+    if not found:
+        raise ManifestError(dest.path(MANIFEST_NAME), "no part manifests (manifest.part-I-of-N.json) to merge")
+    counts = {n for n, _ in found.values()}
+    if len(counts) != 1:
+        raise ManifestError(dest.location, f"part manifests of different part counts: {sorted(counts)}")
+    n = counts.pop()
+    missing = sorted(set(range(1, n + 1)) - set(found))
+    if missing:
+        raise ManifestError(dest.location, f"parts {', '.join(map(str, missing))} of {n} are not finished yet")
+    parts = [found[i][1] for i in range(1, n + 1)]
+    manifest = _join(parts, dest.location)
+    dest.write_bytes(MANIFEST_NAME, manifest.to_json().encode())
+    return manifest
+
+
+def _join(parts: list[Manifest], location: str) -> Manifest:
+    first = parts[0]
+    for i, part in enumerate(parts[1:], start=2):
+        if part.extra.get("fingerprint") != first.extra.get("fingerprint"):
+            raise ManifestError(location, f"part {i} was built from other slides or options than part 1")
+    indexed = [(i, s) for p in parts for i, s in zip(p.extra["slide_indices"], p.slides, strict=True)]
+    total = first.extra["slides_total"]
+    if sorted(i for i, _ in indexed) != list(range(total)):
+        raise ManifestError(location, f"the parts do not list each of the {total} slides exactly once")
+    shards = sorted((s for p in parts for s in p.shards), key=lambda s: s.name)
+    if len({s.name for s in shards}) != len(shards):
+        raise ManifestError(location, "two parts list the same shard")
+    extra = {k: v for k, v in first.extra.items() if k not in ("part", "slide_indices", "slides_total")}
+    return dataclasses.replace(
+        first, shards=shards, slides=[s for _, s in sorted(indexed, key=lambda t: t[0])], extra=extra,
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )  # fmt: skip
