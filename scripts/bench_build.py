@@ -104,7 +104,10 @@ def child_build(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def child_naive(spec: dict[str, Any]) -> dict[str, Any]:
-    """CLAM/Trident style: per kept patch, read_region at level 0 -> RGB -> resize (antialiased) -> JPEG."""
+    """CLAM/Trident style: per kept patch, read_region at level 0 -> RGB -> PIL resize -> JPEG.
+
+    The resize is Pillow's default filter (bicubic, antialiased when shrinking), as CLAM's ``img.resize``.
+    """
     import openslide
     from PIL import Image
 
@@ -120,7 +123,7 @@ def child_naive(spec: dict[str, Any]) -> dict[str, Any]:
     cpu0, t0 = time.process_time(), time.perf_counter()
     for k, x, y, extent in todo:
         image = slides[k].read_region((x, y), 0, (extent, extent)).convert("RGB")
-        image = image.resize((PATCH_PX, PATCH_PX), Image.Resampling.LANCZOS)
+        image = image.resize((PATCH_PX, PATCH_PX), Image.Resampling.BICUBIC)
         buf = io.BytesIO()
         image.save(buf, "JPEG", quality=QUALITY)
         nbytes += buf.tell()
@@ -309,6 +312,10 @@ class Row:
     def rate_per_core(self) -> float:
         return self.rate / self.cores
 
+    @property
+    def rate_per_cpu_s(self) -> float:  # robust to other load on a shared machine
+        return self.patches / self.cpu_s if self.cpu_s > 0 else 0.0
+
 
 def measure(mode: Mode, workdir: Path, log: Any) -> dict[str, Any]:
     slides = ensure_slides(workdir / "slides", mode.size, mode.n_slides, log)
@@ -334,7 +341,8 @@ def rows_from(raw: dict[str, dict[str, Any]]) -> list[Row]:
             f"{j1['shards']} shards, incl. scan"),
         Row("wsishard build --jobs 2", j2["patches"], j2["wall_s"], 2, j2["workers_cpu_s"], j2["worker_rss_mb"],
             f"{j2['shards']} shards, incl. scan + pool start; RSS per worker"),
-        Row("naive OpenSlide loop", nv["patches"], nv["wall_s"], 1, nv["cpu_s"], nv["root_rss_mb"], sub),
+        Row("naive OpenSlide loop", nv["patches"], nv["wall_s"], 1, nv["cpu_s"], nv["root_rss_mb"],
+            f"read_region+RGB+bicubic+JPEG {sub}"),
         Row("floor: decode + encode", fl["patches"], fl["wall_s"], 1, fl["cpu_s"],
             fl["root_rss_mb"], f"{fl['tiles_needed']} tiles once; timed parts only"),
     ]  # fmt: skip
@@ -343,15 +351,18 @@ def rows_from(raw: dict[str, dict[str, Any]]) -> list[Row]:
 def verdicts(raw: dict[str, dict[str, Any]], rows: list[Row]) -> list[dict[str, Any]]:
     j1, j2, naive, floor = rows
     small, big = raw["rss_small_j2"]["worker_rss_mb"], raw["rss_big_j2"]["worker_rss_mb"]
-    items = [
-        ("build -j1 / naive (1 core each)", j1.rate / naive.rate, ">=", 3.0),
-        ("build -j2 per core / naive", j2.rate_per_core / naive.rate, ">=", 3.0),
-        ("floor / build -j1 (distance to floor)", floor.rate / j1.rate, "<=", 1.6),
-        ("build -j2 / build -j1", j2.rate / j1.rate, ">=", 1.7),
-        ("peak RSS per worker, big / small slide", big / small, "<=", 1.3),
-    ]
-    return [{"name": n, "value": v, "target": f"{op} {t:g}x", "pass": v >= t if op == ">=" else v <= t}
-            for n, v, op, t in items]  # fmt: skip
+    items = [  # name, wall-clock value (the verdict), the same ratio from CPU seconds (information only)
+        ("build -j1 / naive (1 core each)", j1.rate / naive.rate, j1.rate_per_cpu_s / naive.rate_per_cpu_s,
+         ">=", 3.0),
+        ("build -j2 per core / naive", j2.rate_per_core / naive.rate, j2.rate_per_cpu_s / naive.rate_per_cpu_s,
+         ">=", 3.0),
+        ("floor / build -j1 (distance to floor)", floor.rate / j1.rate, floor.rate_per_cpu_s / j1.rate_per_cpu_s,
+         "<=", 1.6),
+        ("build -j2 / build -j1", j2.rate / j1.rate, None, ">=", 1.7),
+        ("peak RSS per worker, big / small slide", big / small, None, "<=", 1.3),
+    ]  # fmt: skip
+    return [{"name": n, "value": v, "cpu_value": c, "target": f"{op} {t:g}x", "pass": v >= t if op == ">=" else v <= t}
+            for n, v, c, op, t in items]  # fmt: skip
 
 
 def table(mode: Mode, raw: dict[str, dict[str, Any]], rows: list[Row], checks: list[dict[str, Any]],
@@ -361,12 +372,12 @@ def table(mode: Mode, raw: dict[str, dict[str, Any]], rows: list[Row], checks: l
              f"patches at {TARGET_MPP} mpp, JPEG q{QUALITY}; {env['cpus']} CPUs, load avg {env['load_before']:.2f}"
              f" before / {env['load_after']:.2f} after (shared machine: other work competes for the cores)",
              "",
-             f"{'method':<26}{'patches':>8}{'wall s':>8}{'patch/s':>9}{'/core':>8}{'cpu%':>6}{'RSS MB':>8}  note",
-             "-" * 110]  # fmt: skip
+             f"{'method':<26}{'patches':>8}{'wall s':>8}{'patch/s':>9}{'/core':>8}{'/cpu-s':>8}{'cpu%':>6}"
+             f"{'RSS MB':>8}  note", "-" * 118]  # fmt: skip
     for r in rows:
         cpu_pct = 100 * r.cpu_s / (r.wall_s * r.cores) if r.wall_s else 0
         lines.append(f"{r.method:<26}{r.patches:>8}{r.wall_s:>8.2f}{r.rate:>9.1f}{r.rate_per_core:>8.1f}"
-                     f"{cpu_pct:>6.0f}{r.rss_mb:>8.0f}  {r.note}")  # fmt: skip
+                     f"{r.rate_per_cpu_s:>8.1f}{cpu_pct:>6.0f}{r.rss_mb:>8.0f}  {r.note}")  # fmt: skip
     fl = raw["floor"]
     lines += [f"{'hs2p tiling + tar':<26}{'-':>8}  {env['hs2p']}", "",
               f"floor parts: decode {fl['decode_s']:.2f} s ({fl['tiles_needed']} tiles, "
@@ -379,8 +390,9 @@ def table(mode: Mode, raw: dict[str, dict[str, Any]], rows: list[Row], checks: l
               f"{raw['build_j2']['root_rss_mb']:.0f} MB; baseline of a child after imports+scan: "
               f"{raw['naive']['rss_before_mb']:.0f} MB", "", "targets:"]  # fmt: skip
     for c in checks:
-        lines.append(f"  {c['name']:<42}{c['value']:>7.2f}x  (target {c['target']:<7}) "
-                     f"{'PASS' if c['pass'] else 'MISS'}")  # fmt: skip
+        by_cpu = f"   (from CPU seconds: {c['cpu_value']:.2f}x)" if c["cpu_value"] is not None else ""
+        lines.append(f"  {c['name']:<42}{c['value']:>7.2f}x  target {c['target']:<7} "
+                     f"{'PASS' if c['pass'] else 'MISS'}{by_cpu}")  # fmt: skip
     return "\n".join(lines)
 
 

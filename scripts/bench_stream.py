@@ -19,9 +19,11 @@ PASS/MISS, never asserted: on a shared machine wall-clock figures are what they 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
+import logging
 import math
 import os
 import platform
@@ -37,12 +39,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 
 SLIDE_MPP = 0.25  # level-0 microns per px of the generated slides (40x)
 TARGET_MPP = 0.5
 PATCH_PX = 256
 BATCH = 256
+WS_BATCH = 64  # wsistream's batch: at its rate a 256 batch per worker would take most of a quick run
 SEED = 0
 TISSUE_FRACTION = 0.5
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -61,13 +65,13 @@ class Mode:
     shard_samples: int  # at most this many samples per shard (small, so 2 workers share many shards)
     batches: int  # timed batches per loader run (after the warm-up)
     floor_samples: int  # JPEGs decoded in the floor loop
-    ws_batches: int  # timed wsistream batches (after the warm-up)
+    ws_batches: int  # timed wsistream batches of WS_BATCH (after the warm-up)
 
 
-QUICK = Mode(name="quick", n_slides=6, size_px=8192, shard_samples=64, batches=12, floor_samples=2000,
-             ws_batches=2)  # fmt: skip
-FULL = Mode(name="full", n_slides=16, size_px=12288, shard_samples=128, batches=40, floor_samples=6000,
-            ws_batches=6)  # fmt: skip
+QUICK = Mode(name="quick", n_slides=6, size_px=8192, shard_samples=64, batches=8, floor_samples=2000,
+             ws_batches=4)  # fmt: skip
+FULL = Mode(name="full", n_slides=16, size_px=12288, shard_samples=128, batches=30, floor_samples=6000,
+            ws_batches=16)  # fmt: skip
 
 
 def log(msg: str) -> None:
@@ -124,9 +128,23 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_wsishard(source: str, workers: int, batches: int, storage_options: dict[str, Any] | None = None
-                  ) -> dict[str, Any]:  # fmt: skip
-    """wsishard's loader, resampled, batch 256: first-batch latency, samples/s, distinct slides per batch."""
+def _cpu_s(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            t = proc.cpu_times()
+            total += t.user + t.system
+    return total
+
+
+def time_wsishard(source: str, workers: int, batches: int, *, to_device: bool = True,
+                  storage_options: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """wsishard's loader, resampled, batch 256: first-batch latency, samples/s, distinct slides per batch.
+
+    With ``to_device`` each batch goes through GpuCollate (the figure a training loop sees); without it the
+    uint8 batch as the DataLoader hands it over (the loader alone). ``cpu_per_worker`` is samples per CPU
+    second of the worker processes: what one worker would deliver with a core of its own.
+    """
     from wsishard.collate import GpuCollate
     from wsishard.stream import loader, stream
 
@@ -135,26 +153,32 @@ def time_wsishard(source: str, workers: int, batches: int, storage_options: dict
     ds = stream(source, batch_size=BATCH, resampled=True, seed=SEED, storage_options=storage_options)
     dl = loader(ds, num_workers=workers)
     distinct: list[int] = []
+    collate_s, procs, cpu0 = 0.0, [], 0.0
     t0 = time.perf_counter()
     it = iter(dl)
     for i in range(workers + batches):
         if i == workers:  # warm-up done: one batch per worker
-            t_start, collate_s = time.perf_counter(), 0.0
+            procs = psutil.Process().children()
+            t_start, cpu0 = time.perf_counter(), _cpu_s(procs)
         batch = next(it)
         tc = time.perf_counter()
-        out = collate(batch)
-        _sync(device)
-        if i >= workers:
-            collate_s += time.perf_counter() - tc
+        if to_device:
+            out = collate(batch)
+            _sync(device)
+            if out["image"].shape != (BATCH, 3, PATCH_PX, PATCH_PX):
+                raise SystemExit(f"unexpected device batch {tuple(out['image'].shape)}")
         if i == 0:
-            first_s = time.perf_counter() - t0
-        assert out["image"].shape == (BATCH, 3, PATCH_PX, PATCH_PX)
+            first_s, first_loader_s = time.perf_counter() - t0, tc - t0
+        elif i >= workers:
+            collate_s += time.perf_counter() - tc
         distinct.append(len({m["slide_id"] for m in batch["meta"]}))
-    wall = time.perf_counter() - t_start
+    wall, cpu = time.perf_counter() - t_start, _cpu_s(procs) - cpu0
     del it  # shuts the workers down
     rate = batches * BATCH / wall
-    return {"workers": workers, "samples_per_s": rate, "per_worker": rate / workers, "first_batch_s": first_s,
-            "collate_ms_per_batch": 1000 * collate_s / batches, "distinct_slides": distinct}  # fmt: skip
+    return {"workers": workers, "to_device": to_device, "samples_per_s": rate, "per_worker": rate / workers,
+            "cpu_per_worker": batches * BATCH / cpu if cpu > 0 else None, "first_batch_s": first_s,
+            "first_batch_loader_s": first_loader_s, "collate_ms_per_batch": 1000 * collate_s / batches,
+            "distinct_slides": distinct}  # fmt: skip
 
 
 def floor_decode(shards_dir: Path, n: int) -> dict[str, Any]:
@@ -171,11 +195,12 @@ def floor_decode(shards_dir: Path, n: int) -> dict[str, Any]:
     work = [blobs[i % len(blobs)] for i in range(n)]
     for b in work[:100]:  # warm-up
         np.asarray(Image.open(io.BytesIO(b)).convert("RGB"))
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for b in work:
         np.asarray(Image.open(io.BytesIO(b)).convert("RGB"))  # (256, 256, 3) uint8
-    wall = time.perf_counter() - t0
-    return {"samples_per_s": n / wall, "jpeg_kb_mean": float(np.mean([len(b) for b in blobs]) / 1024)}
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    return {"samples_per_s": n / wall, "cpu_samples_per_s": n / cpu,
+            "jpeg_kb_mean": float(np.mean([len(b) for b in blobs]) / 1024)}  # fmt: skip
 
 
 def _import_wsistream() -> Any | None:
@@ -213,7 +238,7 @@ def time_wsistream(slides: list[str], workers: int, batches: int) -> dict[str, A
                           sampler=sampler, seed=SEED, output_dtype="uint8")  # fmt: skip
     device = _device()
     collate = GpuCollate(device, mean=MEAN, std=STD)
-    dl = DataLoader(ds, batch_size=BATCH, num_workers=workers)
+    dl = DataLoader(ds, batch_size=WS_BATCH, num_workers=workers)
     t0 = time.perf_counter()
     it = iter(dl)
     for i in range(workers + batches):
@@ -224,20 +249,26 @@ def time_wsistream(slides: list[str], workers: int, batches: int) -> dict[str, A
         _sync(device)
         if i == 0:
             first_s = time.perf_counter() - t0
-        assert out.shape == (BATCH, 3, PATCH_PX, PATCH_PX)
+        if out.shape != (WS_BATCH, 3, PATCH_PX, PATCH_PX):
+            raise SystemExit(f"unexpected wsistream batch {tuple(out.shape)}")
         mpp = float(batch["mpp"].float().mean())
     wall = time.perf_counter() - t_start
     del it
-    rate = batches * BATCH / wall
+    rate = batches * WS_BATCH / wall
     return {"installed": True, "version": ws.__version__, "workers": workers, "samples_per_s": rate,
             "first_batch_s": first_s, "mpp_mean": mpp}  # fmt: skip
 
 
-def time_s3(shards_dir: Path, workers: int, batches: int) -> dict[str, Any]:
-    """The same loader streaming from ``s3://`` on a moto server in this process (upload not timed)."""
+@contextlib.contextmanager
+def moto_s3(shards_dir: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A moto S3 server in this process holding the manifest and shards: yields ``(url, storage_options)``."""
     import boto3
     from moto.server import ThreadedMotoServer
 
+    from wsishard.format import MANIFEST_NAME
+    from wsishard.storage import load_manifest
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no per-request lines from the server
     os.environ["AWS_ACCESS_KEY_ID"] = os.environ["AWS_SECRET_ACCESS_KEY"] = "testing"  # moto's dummy values
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -246,10 +277,10 @@ def time_s3(shards_dir: Path, workers: int, batches: int) -> dict[str, Any]:
         endpoint = f"http://{host}:{port}"
         client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
         client.create_bucket(Bucket=BUCKET)
-        for path in sorted(shards_dir.iterdir()):
-            client.upload_file(str(path), BUCKET, f"{PREFIX}/{path.name}")
-        options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
-        return time_wsishard(f"s3://{BUCKET}/{PREFIX}", workers, batches, storage_options=options)
+        manifest, _ = load_manifest(str(shards_dir))
+        for name in [MANIFEST_NAME, *(rec.name for rec in manifest.shards)]:
+            client.upload_file(str(shards_dir / name), BUCKET, f"{PREFIX}/{name}")
+        yield f"s3://{BUCKET}/{PREFIX}", {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
     finally:
         server.stop()
 
@@ -276,7 +307,7 @@ _BUCKETS = [("Imaging", "PIL decode (C)"), ("/PIL/", "PIL python"), ("webdataset
             ("numpy", "numpy"), ("torch", "torch"), ("json", "json")]  # fmt: skip
 
 
-def profile_pipeline(shards_dir: Path, batches: int) -> str:
+def profile_pipeline(shards_dir: Path, batches: int) -> tuple[str, dict[str, float]]:
     """cProfile one worker's pipeline run in-process (``iter(ds)``, no DataLoader): top functions by own time."""
     from wsishard.stream import stream
 
@@ -300,7 +331,7 @@ def profile_pipeline(shards_dir: Path, batches: int) -> str:
     total = sum(own.values())
     head = f"in-process, {batches} batches in {wall:.2f} s = {batches * BATCH / wall:.0f} samples/s (profiled)\n"
     head += "own time: " + ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(own.items(), key=lambda kv: -kv[1]))
-    return head + "\n" + "\n".join(out.getvalue().splitlines()[:40])
+    return head + "\n" + "\n".join(out.getvalue().splitlines()[:40]), {k: v / total for k, v in own.items()}
 
 
 # ------------------------------------------------------------------------------------------------- main
@@ -318,46 +349,53 @@ def _versions(ws: dict[str, Any]) -> dict[str, str]:
     return v
 
 
+def _v(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
 def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """(figure, value, target, verdict) rows of the table."""
-    t, floor = r["targets"], r["floor"]["samples_per_s"]
+    t, fl = TARGETS, r["floor"]
     pf = t["per_worker_vs_floor"]
-    rows = [("decode floor (PIL, 1 process)", f"{floor:,.0f} samples/s", "", "")]
-    for key in ("local_w1", "local_w2"):
-        x = r[key]
-        ok = x["per_worker"] >= pf * floor
-        rows += [(f"wsishard local, {x['workers']} worker(s)", f"{x['samples_per_s']:,.0f} samples/s", "", ""),
-                 ("  per worker (x floor)", f"{x['per_worker']:,.0f}/s ({x['per_worker'] / floor:.2f}x)",
-                  f">= {pf:.2f}x floor", _verdict(ok)),
-                 ("  collate on device, per batch", f"{x['collate_ms_per_batch']:.0f} ms", "", "")]  # fmt: skip
+    rows = [("decode floor (PIL, 1 process)", f"{fl['samples_per_s']:,.0f}/s ({fl['cpu_samples_per_s']:,.0f}/CPU-s)",
+             "", "")]  # fmt: skip
+    for w in (1, 2):
+        dev, ldr = r[f"w{w}"], r[f"w{w}_loader"]
+        x, y, z = (dev["per_worker"] / fl["samples_per_s"], ldr["per_worker"] / fl["samples_per_s"],
+                   ldr["cpu_per_worker"] / fl["cpu_samples_per_s"])  # fmt: skip
+        rows += [(f"wsishard local, {w} worker(s), device-ready", f"{dev['samples_per_s']:,.0f}/s", "", ""),
+                 ("  per worker / floor", f"{dev['per_worker']:,.0f}/s = {x:.2f}x", f">= {pf}x", _v(x >= pf)),
+                 ("  collate on device (CPU here), per batch", f"{dev['collate_ms_per_batch']:,.0f} ms", "", ""),
+                 ("  loader alone (uint8 batches)", f"{ldr['samples_per_s']:,.0f}/s", "", ""),
+                 ("  loader alone, per worker / floor", f"{ldr['per_worker']:,.0f}/s = {y:.2f}x", f">= {pf}x",
+                  _v(y >= pf)),
+                 ("  loader alone, per worker CPU-s / floor's", f"{ldr['cpu_per_worker']:,.0f}/CPU-s = {z:.2f}x",
+                  f">= {pf}x", _v(z >= pf))]  # fmt: skip
+    first, loader_first = r["w2"]["first_batch_s"], r["w2"]["first_batch_loader_s"]
+    rows.append(("first batch, local, 2 workers, device-ready", f"{first:.2f} s (loader {loader_first:.2f} s)",
+                 f"< {t['first_batch_s']:.0f} s", _v(first < t["first_batch_s"])))  # fmt: skip
+    if "error" in r["s3"]:
+        rows.append(("S3 (moto), 2 workers", f"failed: {r['s3']['error']}", f">= {t['s3_vs_local']}x", "MISS"))
+    else:
+        for key, name in (("s3", "device-ready"), ("s3_loader", "loader alone")):
+            local = r["w2" if key == "s3" else "w2_loader"]["samples_per_s"]
+            x = r[key]["samples_per_s"] / local
+            rows.append((f"S3 (moto, in-process), 2 workers, {name}", f"{r[key]['samples_per_s']:,.0f}/s = "
+                         f"{x:.2f}x local", f">= {t['s3_vs_local']}x", _v(x >= t["s3_vs_local"])))  # fmt: skip
     ws = r["wsistream"]
     if ws.get("installed"):
-        ratio = r["local_w2"]["samples_per_s"] / ws["samples_per_s"]
-        rows += [(f"wsistream {ws['version']}, 2 workers", f"{ws['samples_per_s']:,.1f} samples/s", "", ""),
-                 ("  wsishard / wsistream (2 workers)", f"{ratio:,.1f}x", f">= {t['vs_wsistream']:.0f}x",
-                  _verdict(ratio >= t["vs_wsistream"]))]  # fmt: skip
+        rows.append((f"wsistream {ws['version']}, 2 workers, device-ready", f"{ws['samples_per_s']:,.1f}/s", "", ""))
+        for key, name in (("w2", "device-ready"), ("w2_loader", "loader alone")):
+            x = r[key]["samples_per_s"] / ws["samples_per_s"]
+            rows.append((f"  wsishard ({name}) / wsistream", f"{x:,.1f}x", f">= {t['vs_wsistream']:.0f}x",
+                         _v(x >= t["vs_wsistream"])))  # fmt: skip
     else:
         rows.append(("wsistream", "not installed", f">= {t['vs_wsistream']:.0f}x", "n/a"))
-    s3 = r["s3"]
-    if "error" in s3:
-        rows.append(("S3 (moto), 2 workers", f"failed: {s3['error']}", f">= {t['s3_vs_local']:.2f}x", "MISS"))
-    else:
-        ratio = s3["samples_per_s"] / r["local_w2"]["samples_per_s"]
-        rows += [("S3 (moto, in-process), 2 workers", f"{s3['samples_per_s']:,.0f} samples/s", "", ""),
-                 ("  S3 / local", f"{ratio:.2f}x", f">= {t['s3_vs_local']:.2f}x",
-                  _verdict(ratio >= t["s3_vs_local"]))]  # fmt: skip
-    first = r["local_w2"]["first_batch_s"]
-    rows.append(("first batch, local, 2 workers", f"{first:.2f} s", f"< {t['first_batch_s']:.0f} s",
-                 _verdict(first < t["first_batch_s"])))  # fmt: skip
     d = r["diversity"]
-    rows.append((f"distinct slides / batch (of {d['slides']})", f"{d['mean']:.2f} vs {d['uniform']:.2f} uniform "
-                 f"({d['ratio']:.2f}x)", f">= {t['diversity_vs_uniform']:.2f}x",
-                 _verdict(d["ratio"] >= t["diversity_vs_uniform"])))  # fmt: skip
+    rows.append((f"distinct slides / batch of {BATCH} (of {d['slides']})", f"{d['mean']:.2f} vs {d['uniform']:.2f}"
+                 f" uniform = {d['ratio']:.2f}x", f">= {t['diversity_vs_uniform']}x",
+                 _v(d["ratio"] >= t["diversity_vs_uniform"])))  # fmt: skip
     return rows
-
-
-def _verdict(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
 
 
 def _print_table(rows: list[tuple[str, str, str, str]]) -> None:
@@ -374,9 +412,28 @@ def _step(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def measure(mode: Mode, slides: list[str], shards_dir: Path) -> dict[str, Any]:
+    """Every figure, in one run: local loaders, S3, floor, wsistream, diversity."""
+    local, n, r = str(shards_dir), mode.batches, {}
+    for w in (1, 2):
+        r[f"w{w}"] = _step(f"wsishard, {w} worker(s), device-ready", lambda w=w: time_wsishard(local, w, n))
+        r[f"w{w}_loader"] = _step(f"wsishard, {w} worker(s), loader alone",
+                                  lambda w=w: time_wsishard(local, w, n, to_device=False))  # fmt: skip
+    try:
+        with moto_s3(shards_dir) as (url, opts):
+            r["s3"] = _step("S3, device-ready", lambda: time_wsishard(url, 2, n, storage_options=opts))
+            r["s3_loader"] = _step("S3, loader alone",
+                                   lambda: time_wsishard(url, 2, n, to_device=False, storage_options=opts))  # fmt: skip
+    except Exception as exc:  # report exactly what fails; the other figures still count
+        r["s3"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    r["floor"] = _step("decode floor", lambda: floor_decode(shards_dir, mode.floor_samples))
+    r["wsistream"] = _step("wsistream, 2 workers", lambda: time_wsistream(slides, 2, mode.ws_batches))
+    return r
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    parser.add_argument("--quick", action="store_true", help="small workload, under 2 minutes")
+    parser.add_argument("--quick", action="store_true", help="small workload, under 2 minutes once cached")
     parser.add_argument("--workdir", default="/tmp/wsishard-bench-stream", help="cache of slides and shards")
     parser.add_argument("--json-only", action="store_true", help="print only the final JSON line")
     parser.add_argument("--profile", action="store_true", help="also cProfile one worker's pipeline in-process")
@@ -387,34 +444,27 @@ def main(argv: list[str] | None = None) -> int:
     t_all, load0 = time.perf_counter(), os.getloadavg()[0]
     slides, shards_dir = prepare(Path(args.workdir), mode)
     manifest, _ = load_manifest(str(shards_dir))
-    r: dict[str, Any] = {"targets": TARGETS}
-    r["local_w1"] = _step("wsishard, 1 worker", lambda: time_wsishard(str(shards_dir), 1, mode.batches))
-    r["local_w2"] = _step("wsishard, 2 workers", lambda: time_wsishard(str(shards_dir), 2, mode.batches))
-    try:
-        r["s3"] = _step("wsishard from S3 (moto), 2 workers", lambda: time_s3(shards_dir, 2, mode.batches))
-    except Exception as exc:  # report exactly what fails instead of aborting the other figures
-        r["s3"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-    r["floor"] = _step("decode floor", lambda: floor_decode(shards_dir, mode.floor_samples))
-    r["wsistream"] = _step("wsistream, 2 workers", lambda: time_wsistream(slides, 2, mode.ws_batches))
+    r = measure(mode, slides, shards_dir)
     counts = [s.patches for s in manifest.slides]
-    seen = r["local_w2"]["distinct_slides"] + r["local_w1"]["distinct_slides"]
+    seen = [d for key in ("w1", "w1_loader", "w2", "w2_loader") for d in r[key]["distinct_slides"]]
     uniform = expected_distinct(counts, BATCH)
     r["diversity"] = {"slides": len(counts), "batches": len(seen), "mean": float(np.mean(seen)), "min": min(seen),
                       "uniform": uniform, "ratio": float(np.mean(seen)) / uniform}  # fmt: skip
-    profile = profile_pipeline(shards_dir, max(4, mode.batches // 3)) if args.profile else ""
-    config = {**asdict(mode), "batch": BATCH, "slide_mpp": SLIDE_MPP, "target_mpp": TARGET_MPP,
-              "patch_px": PATCH_PX, "tissue_fraction": TISSUE_FRACTION, "shards": len(manifest.shards),
-              "samples": manifest.total_samples, "device": str(_device()), "cpus": os.cpu_count(),
-              "torch_threads": torch.get_num_threads(), "loadavg_1m_start": load0,
-              "loadavg_1m_end": os.getloadavg()[0], "total_s": round(time.perf_counter() - t_all, 1)}  # fmt: skip
+    profile, r["profile_own_time"] = profile_pipeline(shards_dir, 6) if args.profile else ("", {})
+    r["targets"], r["versions"] = TARGETS, _versions(r["wsistream"])
+    r["config"] = {**asdict(mode), "batch": BATCH, "wsistream_batch": WS_BATCH, "slide_mpp": SLIDE_MPP,
+                   "target_mpp": TARGET_MPP, "patch_px": PATCH_PX, "tissue_fraction": TISSUE_FRACTION,
+                   "shards": len(manifest.shards), "samples": manifest.total_samples, "device": str(_device()),
+                   "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "loadavg_1m_start": load0,
+                   "loadavg_1m_end": os.getloadavg()[0], "total_s": round(time.perf_counter() - t_all, 1)}  # fmt: skip
     if not args.json_only:
         print(f"wsishard stream benchmark ({mode.name}): {len(counts)} slides {mode.size_px}^2 px at {SLIDE_MPP} mpp"
               f" -> {manifest.total_samples} patches of {PATCH_PX} px at {TARGET_MPP} mpp in {len(manifest.shards)}"
-              f" shards; device {config['device']}, {config['cpus']} cpus, load {load0:.1f}")  # fmt: skip
+              f" shards; device {r['config']['device']}, {os.cpu_count()} cpus, 1-min load {load0:.1f} at start,"
+              f" {r['config']['loadavg_1m_end']:.1f} at end")  # fmt: skip
         _print_table([("figure", "value", "target", ""), *_rows(r)])
         if profile:
-            print("\nprofile of one worker's pipeline:\n" + profile)
-    r["versions"], r["config"] = _versions(r["wsistream"]), config
+            print("\none worker's pipeline, in-process (no DataLoader), cProfile:\n" + profile)
     print("JSON: " + json.dumps(r, default=float, separators=(",", ":")))
     return 0
 

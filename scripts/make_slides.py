@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from wsishard.synthetic import make_slides
+from wsishard.synthetic import SlideKind, make_slides
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -30,8 +30,8 @@ def _size(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"expected WxH, got {text!r}") from None
     if len(parts) == 1:
         parts *= 2
-    if len(parts) != 2 or min(parts) < 16:
-        raise argparse.ArgumentTypeError(f"expected WxH with sides >= 16, got {text!r}")
+    if len(parts) != 2 or min(parts) < 64:
+        raise argparse.ArgumentTypeError(f"expected WxH with sides >= 64, got {text!r}")
     return parts[0], parts[1]
 
 
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit status."""
     args = _parser().parse_args(argv)
     width, height = args.size if args.size is not None else (args.width, args.height)
-    kinds = ("svs", "tiff") if args.kind == "both" else (args.kind,)
+    kinds: tuple[SlideKind, ...] = ("svs", "tiff") if args.kind == "both" else (args.kind,)
     start = time.perf_counter()
     try:
         slides = make_slides(

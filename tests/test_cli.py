@@ -60,6 +60,12 @@ def test_bad_options_are_usage_errors_without_traceback(tmp_path: Path, args: li
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_shard_samples_below_one_block_is_refused(tmp_path: Path) -> None:
+    make_slides(tmp_path / "in", 1, seed=1, width=2048, height=2048)
+    proc = _run("build", str(tmp_path / "in"), "-o", str(tmp_path / "out"), "--shard-samples", "5")
+    assert proc.returncode == 2 and "invalid shard_samples: 5" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_empty_folder_and_missing_manifest_say_so(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     proc = _run("build", str(tmp_path / "empty"), "-o", str(tmp_path / "out"))

@@ -73,3 +73,12 @@ def test_interleave_avoids_neighbours_whenever_possible() -> None:
             assert neighbours == 0
         else:  # one slide dominates: the fewest neighbours possible
             assert neighbours == 2 * counts.max() - n - 1
+
+
+def test_shards_never_exceed_the_sample_cap() -> None:
+    for seed in range(5):
+        sizes = _sizes(13, 9, seed)
+        for cap in (16, 25, 40, 300):
+            plan = make_plan(sizes, samples_per_shard=cap, group_slides=4, seed=seed)
+            assert max(sp.patches for sp in plan.shards) <= cap
+            assert sum(sp.patches for sp in plan.shards) == sum(map(sum, sizes))

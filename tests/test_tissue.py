@@ -229,7 +229,7 @@ def test_options_validation_names_field_and_value(field: str, value: object) -> 
 
 def test_options_are_keyword_only_and_frozen() -> None:
     with pytest.raises(TypeError):
-        TissueOptions(8.0)  # type: ignore[misc]
+        TissueOptions(8.0)  # type: ignore[call-arg]
     opts = TissueOptions()
     with pytest.raises(AttributeError):
         opts.thumb_mpp = 4.0  # type: ignore[misc]

@@ -55,7 +55,8 @@ class BuildOptions:
         image_format: ``jpg`` (lossy, ``quality``), ``png`` or ``webp`` (lossless).
         quality: JPEG quality 1..100.
         shard_size_bytes: shards are planned to hold at most about this many bytes (None: no byte limit).
-        shard_samples: at most this many samples per shard (None: no count limit).
+        shard_samples: at most this many samples per shard (None: no count limit); at least one read block
+            (``patch.block_patches`` squared, 16 by default).
         group_slides: slides per group; every shard mixes the slides of its group.
         seed: seeds every random choice of the build.
         jobs: worker processes (None: all cores).
@@ -88,7 +89,7 @@ class BuildOptions:
             "image_format": self.image_format in IMAGE_FORMATS,
             "quality": 1 <= self.quality <= 100,
             "shard_size_bytes": self.shard_size_bytes is None or self.shard_size_bytes >= 1024,
-            "shard_samples": self.shard_samples is None or self.shard_samples >= 1,
+            "shard_samples": self.shard_samples is None or self.shard_samples >= self.patch.block_patches**2,
             "group_slides": self.group_slides >= 1,
             "jobs": self.jobs is None or self.jobs >= 1,
             "default_mpp": self.default_mpp is None or 0 < self.default_mpp < 1000,
@@ -250,7 +251,7 @@ def _samples_per_shard(options: BuildOptions, scans: list[ScanResult]) -> int:
     if options.shard_size_bytes and measured:
         members = 3 if options.labels else 2
         per_sample = sum(measured) / len(measured) + members * _TAR_BYTES_PER_MEMBER
-        limits.append(max(1, int(options.shard_size_bytes // per_sample)))
+        limits.append(max(options.patch.block_patches**2, int(options.shard_size_bytes // per_sample)))
     return min(limits) if limits else 2**31
 
 

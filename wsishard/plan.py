@@ -108,12 +108,26 @@ def interleave(blocks: list[tuple[int, int]], rng: np.random.Generator) -> list[
     return order
 
 
+def _deal_within_cap(block_sizes: dict[int, Sequence[int]], total: int, cap: int, seed: int,
+                     group: int) -> list[list[tuple[int, int]]]:  # fmt: skip
+    """Deal blocks to as few shards as keep every shard at or under ``cap`` patches (when blocks allow it)."""
+    n_blocks = sum(len(b) for b in block_sizes.values())
+    n_shards = max(1, math.ceil(total / cap))
+    while True:
+        rng = np.random.default_rng((seed, 0x6A02, group, n_shards))
+        shards = assign_blocks(block_sizes, n_shards, rng)
+        heaviest = max(sum(block_sizes[s][b] for s, b in shard) for shard in shards)
+        if heaviest <= cap or n_shards >= n_blocks:
+            return shards
+        n_shards += 1
+
+
 def make_plan(block_sizes: Sequence[Sequence[int]], *, samples_per_shard: int, group_slides: int, seed: int) -> Plan:
     """Plan the whole build.
 
     Args:
         block_sizes: per slide, the patch count of each of its blocks (in the slide's block order).
-        samples_per_shard: target patches per shard (shards hold at most about this many).
+        samples_per_shard: at most this many patches per shard (when it is at least the largest block).
         group_slides: slides per group (the unit that shards mix over).
         seed: the build's seed.
     """
@@ -121,10 +135,9 @@ def make_plan(block_sizes: Sequence[Sequence[int]], *, samples_per_shard: int, g
     groups = make_groups(counts, group_slides, seed)
     shards: list[ShardPlan] = []
     for g, members in enumerate(groups):
-        rng = np.random.default_rng((seed, 0x6A02, g))
+        rng = np.random.default_rng((seed, 0x6A03, g))
         total = sum(counts[s] for s in members)
-        n_shards = max(1, math.ceil(total / samples_per_shard))
-        for blocks in assign_blocks({s: block_sizes[s] for s in members}, n_shards, rng):
+        for blocks in _deal_within_cap({s: block_sizes[s] for s in members}, total, samples_per_shard, seed, g):
             if not blocks:
                 continue
             ordered = tuple(interleave(blocks, rng))

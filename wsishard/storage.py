@@ -1,7 +1,9 @@
 """Where shards and manifests live: local paths and fsspec URLs (``s3://``, ``gs://``, ``http(s)://``, ...).
 
-Credentials and endpoints come from the ecosystem's own sources (botocore's environment variables and config
-files, ``AWS_ENDPOINT_URL``) plus explicit ``storage_options``; nothing here logs them.
+Remote reads go through :mod:`wsishard.remote`: large ranged reads with read-ahead, transient errors retried
+with backoff (at open time and mid-stream), failures as ``OSError`` with one-line messages, credentials never in
+reprs, logs or errors. Credentials and endpoints come from the ecosystem's own sources (botocore's environment
+variables and config files, ``AWS_ENDPOINT_URL``) plus explicit ``storage_options``.
 """
 
 from __future__ import annotations
@@ -11,14 +13,32 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import fsspec
+import fsspec.core
 
 from wsishard.errors import ManifestError
 from wsishard.format import MANIFEST_NAME, Manifest
+from wsishard.remote import RetryPolicy, call_with_retries, describe, open_remote, redact, redacted_options
+
+__all__ = [
+    "RetryPolicy",
+    "StorageOptions",
+    "StreamOpener",
+    "is_url",
+    "join",
+    "list_names",
+    "load_manifest",
+    "local_path",
+    "manifest_location",
+    "read_bytes",
+    "redact",
+    "register_gopen_schemes",
+]
 
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+_MiB = 2**20
 
 StorageOptions = Mapping[str, Any]
 
@@ -53,14 +73,72 @@ def manifest_location(source: str) -> tuple[str, str]:
     return join(src, MANIFEST_NAME), src
 
 
+@dataclass(frozen=True)
+class StreamOpener:
+    """Opens a shard for one sequential read: local paths with ``open``, URLs with :func:`wsishard.remote.open_remote`.
+
+    Picklable (DataLoader workers receive it) and pluggable: any callable ``location -> binary file``
+    can take its place in :func:`wsishard.stream.stream`. The caller closes the returned file. Errors are
+    ``OSError``s as :mod:`wsishard.remote` describes; the repr shows no credential.
+
+    Args:
+        storage_options: fsspec options for URLs (e.g. ``{"endpoint_url": ..., "anon": True}``).
+        block_size: bytes per ranged request.
+        prefetch: blocks fetched ahead in a background thread (0: fetch in the reading thread).
+        retry: how transient errors are retried.
+    """
+
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    block_size: int = 8 * _MiB
+    prefetch: int = 2
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.prefetch < 0:
+            raise ValueError(f"block_size must be >= 1 and prefetch >= 0, got {self.block_size}, {self.prefetch}")
+
+    def __repr__(self) -> str:
+        return (f"StreamOpener(storage_options={redacted_options(self.storage_options)!r}, "
+                f"block_size={self.block_size}, prefetch={self.prefetch}, retry={self.retry!r})")  # fmt: skip
+
+    def __call__(self, location: str) -> IO[bytes]:
+        if not is_url(location):
+            return open(local_path(location), "rb")  # the caller closes it
+        reader = open_remote(location, self.storage_options, block_size=self.block_size, prefetch=self.prefetch,
+                             retry=self.retry)  # fmt: skip
+        return cast(IO[bytes], reader)
+
+
+# ---- small files, listings, manifests ------------------------------------------------------------------
+
+
 def read_bytes(location: str, storage_options: StorageOptions | None = None) -> bytes:
-    """The whole content of a (small) file or object."""
+    """The whole content of a (small) file or object; URLs with retries as :class:`StreamOpener` does."""
     if not is_url(location):
         with open(local_path(location), "rb") as fh:
             return fh.read()
-    with fsspec.open(location, "rb", **dict(storage_options or {})) as fh:
-        data: bytes = fh.read()
-        return data
+    with StreamOpener(dict(storage_options or {}), prefetch=0)(location) as fh:
+        return fh.read()
+
+
+def list_names(folder: str, storage_options: StorageOptions | None = None) -> list[str]:
+    """Names of the files directly in a folder or under a URL prefix, sorted (listings are not cached).
+
+    Raises:
+        OSError: the folder cannot be listed (HTTP servers list only where they serve an index page).
+    """
+    if not is_url(folder):
+        path = local_path(folder)
+        return sorted(n for n in os.listdir(path) if os.path.isfile(os.path.join(path, n)))
+    options = dict(storage_options or {})
+    fs, path = fsspec.core.url_to_fs(folder, **options)
+
+    def listing() -> list[str]:
+        fs.invalidate_cache(path)
+        entries = fs.ls(path, detail=True)
+        return sorted(str(e["name"]).rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") != "directory")
+
+    return call_with_retries(listing, f"{folder} (listing)", policy=RetryPolicy(), storage_options=options)
 
 
 def load_manifest(source: str, storage_options: StorageOptions | None = None) -> tuple[Manifest, str]:
@@ -77,40 +155,23 @@ def load_manifest(source: str, storage_options: StorageOptions | None = None) ->
         ManifestError: no manifest there, or not a readable wsishard manifest.
     """
     url, root = manifest_location(source)
+    where = redact(url, storage_options)
     try:
         text = read_bytes(url, storage_options).decode("utf-8")
     except FileNotFoundError as exc:
-        raise ManifestError(url, "not found (is this a wsishard build output?)") from exc
+        raise ManifestError(where, "not found (is this a wsishard build output?)") from exc
     except OSError as exc:
-        raise ManifestError(url, f"cannot be read ({type(exc).__name__}: {exc})") from exc
+        raise ManifestError(where, f"cannot be read ({describe(exc, storage_options)})") from exc
     except UnicodeDecodeError as exc:
-        raise ManifestError(url, "not UTF-8 text") from exc
-    return Manifest.from_json(text, url), root
-
-
-@dataclass(frozen=True)
-class StreamOpener:
-    """Opens a shard for one sequential read: local paths with ``open``, URLs through fsspec.
-
-    Picklable (DataLoader workers receive it) and pluggable: any callable ``location -> binary file``
-    can take its place in :func:`wsishard.stream.stream`. The caller closes the returned file.
-
-    Args:
-        storage_options: fsspec options for URLs (e.g. ``{"endpoint_url": ..., "anon": True}``).
-    """
-
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-
-    def __call__(self, location: str) -> IO[bytes]:
-        if not is_url(location):
-            return open(local_path(location), "rb")  # the caller closes it
-        stream: IO[bytes] = fsspec.open(location, "rb", **dict(self.storage_options)).open()
-        return stream
+        raise ManifestError(where, "not UTF-8 text") from exc
+    return Manifest.from_json(text, where), root
 
 
 def _gopen_fsspec(
     url: str, mode: str = "rb", bufsize: int = 8192, *, storage_options: StorageOptions, **kw: Any
 ) -> IO[bytes]:
+    if mode == "rb":
+        return StreamOpener(storage_options)(url)
     stream: IO[bytes] = fsspec.open(url, mode, **dict(storage_options)).open()
     return stream
 
@@ -120,9 +181,9 @@ def register_gopen_schemes(
 ) -> None:
     """Let plain webdataset pipelines (``wds.WebDataset("s3://...")``) open ``schemes`` through fsspec.
 
-    ``wds.gopen_schemes`` is per process: call this in every DataLoader worker (e.g. from
-    ``worker_init_fn``). wsishard's own :func:`wsishard.stream.stream` does not need it: it opens shards
-    with :class:`StreamOpener`.
+    Reads go through :class:`StreamOpener` (large blocks, read-ahead, retries). ``wds.gopen_schemes`` is per
+    process: call this in every DataLoader worker (e.g. from ``worker_init_fn``). wsishard's own
+    :func:`wsishard.stream.stream` does not need it: it opens shards with :class:`StreamOpener`.
     """
     import webdataset as wds
 

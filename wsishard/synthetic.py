@@ -3,8 +3,10 @@
 Two layouts are written:
 
 - ``svs``: Aperio-style. Level 0 tiled, an untiled thumbnail page, then the lower levels, all JPEG with the
-  Aperio ``ImageDescription`` (``AppMag``, ``MPP``) on level 0. The tiles are RGB-colourspace JPEG with the
-  RGB photometric tag, as Aperio writes them. OpenSlide's vendor is ``aperio``.
+  Aperio ``ImageDescription`` (``AppMag``, ``MPP``) on level 0. Level tiles are RGB-colourspace JPEG (no
+  YCbCr transform, Adobe marker) with the RGB photometric tag, like ``JPEG/RGB`` Aperio files (newer
+  scanners write YCbCr); the thumbnail is YCbCr JPEG, which OpenSlide needs for associated images.
+  OpenSlide's vendor is ``aperio``.
 - ``tiff``: a generic pyramidal TIFF, each level its own tiled page (YCbCr 2x2 JPEG, as libvips writes it)
   with its resolution in pixels per centimetre. OpenSlide's vendor is ``generic-tiff``.
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -40,11 +42,17 @@ MIN_LEVEL_PX = 1000  # levels are added until the longest side is below this
 THUMB_PX = 1024  # longest side of the svs thumbnail page
 EDGE_L0_PX = 3.0  # width of the soft tissue border at level 0
 
-EOSIN = np.array([225.0, 150.0, 190.0], dtype=np.float32)
-HEMATOXYLIN = np.array([100.0, 60.0, 150.0], dtype=np.float32)
-GLASS = np.array([240.0, 240.0, 242.0], dtype=np.float32)
-PALE_GAP = np.array([238.0, 222.0, 232.0], dtype=np.float32)
-SHADE = np.array([-20.0, -44.0, -20.0], dtype=np.float32)  # colour shift from pale (shade 0) to dark (shade 1)
+
+def _rgb(r: float, g: float, b: float) -> np.ndarray:
+    """A (3,) float32 colour (or colour offset)."""
+    return np.array([r, g, b], dtype=np.float32)
+
+
+EOSIN = _rgb(225, 150, 190)
+HEMATOXYLIN = _rgb(100, 60, 150)
+GLASS = _rgb(240, 240, 242)
+PALE_GAP = _rgb(238, 222, 232)
+SHADE = _rgb(-20, -44, -20)  # colour shift from pale (shade 0) to dark (shade 1)
 
 SlideKind = Literal["svs", "tiff"]
 
@@ -113,7 +121,7 @@ def make_slide(
 
     Args:
         path: output file; its suffix picks the layout when ``kind`` is None (``.svs``; ``.tif``/``.tiff``).
-        width, height: level-0 size in px.
+        width, height: level-0 size in px, at least 64.
         mpp: level-0 microns per px; the svs ``AppMag`` is ``round(10 / mpp)``.
         kind: ``"svs"`` or ``"tiff"``; None infers it from the suffix.
         seed: non-negative seed; the same arguments and seed give byte-identical files.
@@ -160,7 +168,7 @@ def make_slides(
         raise ValueError(f"kinds must name 'svs' or 'tiff', got {kinds!r}")
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    slides = []
+    slides: list[SyntheticSlide] = []
     for i in range(n):
         kind = kinds[i % len(kinds)]
         name = f"slide-{i:03d}.{'svs' if kind == 'svs' else 'tif'}"
@@ -182,8 +190,8 @@ def _check_args(
 ) -> SlideKind:
     """Validate make_slide's arguments and return the layout kind."""
     checks = [
-        ("width", width, width >= 16),
-        ("height", height, height >= 16),
+        ("width", width, width >= 64),
+        ("height", height, height >= 64),
         ("mpp", mpp, math.isfinite(mpp) and mpp > 0),
         ("seed", seed, seed >= 0),
         ("tissue_fraction", tissue_fraction, 0.0 <= tissue_fraction <= 0.9),
@@ -299,8 +307,8 @@ def _strand_field(rng: np.random.Generator, islands: np.ndarray, px_um: float) -
     depth = ndi.distance_transform_edt(islands)
     for _ in range(min(int(rng.integers(1, 3)), n - 1)):  # connecting strands
         a, b = rng.choice(n, 2, replace=False) + 1
-        p0 = _pick(rng, (labels == a) & (depth >= 2))
-        p1 = _pick(rng, (labels == b) & (depth >= 2))
+        p0 = _pick(rng, _deepest(labels == a, depth, 2.0))
+        p1 = _pick(rng, _deepest(labels == b, depth, 2.0))
         _draw_strand(rng, strands, p0, p1, rng.uniform(30.0, 70.0) / px_um)
     for _ in range(int(rng.integers(1, 3))):  # trailing strands
         lab = int(rng.integers(n)) + 1
@@ -312,6 +320,11 @@ def _strand_field(rng: np.random.Generator, islands: np.ndarray, px_um: float) -
         p1 = p0 + length * np.array([math.sin(angle), math.cos(angle)])
         _draw_strand(rng, strands, p0, p1, rng.uniform(30.0, 60.0) / px_um)
     return strands
+
+
+def _deepest(island: np.ndarray, depth: np.ndarray, at_least: float) -> np.ndarray:
+    """The island's pixels at least ``at_least`` px deep, or its deepest ones if it is thinner."""
+    return island & (depth >= min(at_least, float(depth[island].max())))
 
 
 def _pick(rng: np.random.Generator, where: np.ndarray) -> np.ndarray:
@@ -353,7 +366,7 @@ def _fit_fraction(sd: np.ndarray, holes: np.ndarray, strands: np.ndarray, fracti
     in_strand = strands > 0
     free = (holes > 0) & ~in_strand
     vals = sd[free]
-    k = int(round(fraction * sd.size)) - int(in_strand.sum())
+    k = round(fraction * sd.size) - int(in_strand.sum())
     if k <= 0 or len(vals) == 0:
         shift = float(vals.max()) if len(vals) else 0.0
     elif k >= len(vals):
@@ -388,16 +401,16 @@ def _tissue_swatch(rng: np.random.Generator, size: int, mpp: float) -> np.ndarra
     fine = _periodic_noise(rng, size, (0.8 * um, 0.8 * um))[..., None]
     fibre = _periodic_noise(rng, size, (1.5 * um, 8.0 * um))[..., None]
     gaps = np.clip((_periodic_noise(rng, size, (4 * um, 4 * um)) - 1.1) * 1.5, 0.0, 0.8)[..., None]
-    stroma = EOSIN + fine * np.float32([4, 6, 4]) + fibre * np.float32([7, 11, 7])
+    stroma = EOSIN + fine * _rgb(4, 6, 4) + fibre * _rgb(7, 11, 7)
     stroma = stroma * (1 - gaps) + PALE_GAP * gaps
     alpha = np.zeros((size, size), dtype=np.float32)
-    mean_r = 4.0 * um
-    for _ in range(int(0.12 * size * size / (np.pi * mean_r**2))):
-        ry, rx = rng.uniform(2.8, 5.0, 2) * um
+    mean_r = max(4.0 * um, 1.5)
+    for _ in range(int(0.12 * size * size / (np.pi * mean_r**2))):  # nuclei, 5.6-10 um wide
+        ry, rx = np.maximum(rng.uniform(2.8, 5.0, 2) * um, 1.0)
         rr, cc = ellipse(rng.uniform(0, size), rng.uniform(0, size), ry, rx, rotation=rng.uniform(0, np.pi))
         alpha[rr % size, cc % size] = rng.uniform(0.75, 1.0)
     alpha = np.clip(_blur_wrap(alpha, (0.4 * um, 0.4 * um)), 0.0, 1.0)[..., None]
-    nuclei = HEMATOXYLIN + fine * np.float32([10, 8, 12])
+    nuclei = HEMATOXYLIN + fine * _rgb(10, 8, 12)
     return np.clip(stroma * (1 - alpha) + nuclei * alpha + 0.5, 0, 255).astype(np.uint8)
 
 
@@ -446,7 +459,7 @@ def _speck(rng: np.random.Generator, d: float, l0_cy: float, l0_cx: float) -> _S
     theta = np.arctan2(yy, xx)
     radius = d / 2 * (1 + 0.2 * np.sin(2 * theta + rng.uniform(0, 6.3)) + 0.1 * np.sin(5 * theta))
     alpha = np.clip(radius - np.hypot(yy, xx) + 0.5, 0.0, 1.0) * 0.92
-    color = np.float32([55, 48, 42]) + np.float32(rng.uniform(-15, 15))
+    color = _rgb(55, 48, 42) + np.float32(rng.uniform(-15, 15))
     return _Speck(int(l0_cy) - side // 2, int(l0_cx) - side // 2, alpha.astype(np.float32), color)
 
 
@@ -519,7 +532,9 @@ def _tissue_tile(sc: _Scene, ty: int, tx: int) -> np.ndarray | None:
     sy, sx = (ty * t) % sc.tissue.shape[0], (tx * t) % sc.tissue.shape[1]
     shade = _bilinear(sc, sc.shade[rows, cols])  # (t, t) float32, 0..1
     shade -= 0.5
-    out = shade[..., None] * SHADE  # (t, t, 3) float32, in place from here on
+    out = np.empty((t, t, 3), dtype=np.float32)  # in place from here on
+    for c in range(3):  # per channel: numpy broadcasting over a last axis of 3 is slow
+        np.multiply(shade, SHADE[c], out=out[..., c])
     out += sc.tissue[sy : sy + t, sx : sx + t]
     if patch.min() < 1.0:  # the border runs through the tile: blend with the glass
         alpha = _bilinear(sc, patch)  # signed distance, mask px
@@ -529,7 +544,8 @@ def _tissue_tile(sc: _Scene, ty: int, tx: int) -> np.ndarray | None:
         gy, gx = (ty * t) % sc.glass.shape[0], (tx * t) % sc.glass.shape[1]
         back = sc.glass_f[gy : gy + t, gx : gx + t]
         out -= back
-        out *= alpha[..., None]
+        for c in range(3):
+            out[..., c] *= alpha
         out += back
     np.clip(out, 0, 255, out=out)
     return out.astype(np.uint8)
@@ -557,7 +573,9 @@ def _level0_tiles(sc: _Scene, shape: tuple[int, int], level1: np.ndarray) -> Ite
             yield tile
 
 
-def _levels(sc: _Scene, shape: tuple[int, int], write0: Any) -> tuple[np.ndarray, list[np.ndarray]]:
+def _levels(
+    sc: _Scene, shape: tuple[int, int], write0: Callable[[Iterator[np.ndarray]], None]
+) -> tuple[np.ndarray, list[np.ndarray]]:
     """Render level 0 through ``write0(tiles)``; return the 4x-reduced view and the lower levels.
 
     Lower levels are added in 4x steps while the previous level's longest side is at least 1000 px.
@@ -588,7 +606,7 @@ def _write_svs(path: str, sc: _Scene, shape: tuple[int, int], mpp: float, includ
     desc = f"{head} JPEG/RGB Q={quality}|AppMag = {round(10 / mpp)}"
     desc += f"|MPP = {mpp:g}" if include_mpp else ""
     jpeg = _jpeg_args("svs", quality)
-    common = {"metadata": None, "maxworkers": 1}
+    common: dict[str, Any] = {"metadata": None, "maxworkers": 1}
     with tifffile.TiffWriter(path, bigtiff=3 * h * w > 2**31) as tw:
 
         def write0(tiles: Iterator[np.ndarray]) -> None:
@@ -599,7 +617,7 @@ def _write_svs(path: str, sc: _Scene, shape: tuple[int, int], mpp: float, includ
         scale = min(THUMB_PX, max(src.shape[:2])) / max(shape)
         tw_, th_ = max(1, round(w * scale)), max(1, round(h * scale))
         thumb = np.asarray(Image.fromarray(np.ascontiguousarray(src)).resize((tw_, th_), Image.Resampling.BOX))
-        thumb_jpeg = {"compression": "jpeg", "compressionargs": {"level": quality}, "photometric": "rgb"}
+        thumb_jpeg = _jpeg_args("tiff", quality)  # untiled, YCbCr JPEG strips
         tw.write(thumb, description=f"{head} -> {tw_}x{th_} - ", **thumb_jpeg, **common)
         for lv in levels:
             lh, lw = lv.shape[:2]
@@ -619,7 +637,7 @@ def _write_tiff(path: str, sc: _Scene, shape: tuple[int, int], mpp: float, inclu
         sy, sx = h / level_shape[0], w / level_shape[1]
         return {"resolution": (1e4 / (mpp * sx), 1e4 / (mpp * sy)), "resolutionunit": "CENTIMETER"}
 
-    common = {"metadata": None, "maxworkers": 1}
+    common: dict[str, Any] = {"metadata": None, "maxworkers": 1}
     with tifffile.TiffWriter(path, bigtiff=3 * h * w > 2**31) as tw:
 
         def write0(tiles: Iterator[np.ndarray]) -> None:

@@ -1,0 +1,211 @@
+"""Streaming from object storage against real servers on 127.0.0.1: moto's S3 server and a local HTTP server.
+
+The same output streamed from S3, over HTTP and from the local folder gives the same batches; transient server
+errors (503, connections dropped mid-body) are retried, missing shards and persistent failures are ShardErrors,
+and credentials never show in reprs, errors or log records.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import s3fs
+import shardmaker as sm
+from servers import HttpServer, S3Server
+
+from wsishard.errors import ManifestError, ShardError
+from wsishard.format import shard_name
+from wsishard.remote import RetryPolicy, is_transient, redact
+from wsishard.storage import StreamOpener, list_names, read_bytes
+from wsishard.stream import loader, stream
+
+pytest_plugins = ("servers",)
+pytestmark = pytest.mark.timeout(120)
+
+COUNTS = (10, 7, 12, 5, 9, 6)
+SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYSECRET"
+FAST = RetryPolicy(attempts=5, backoff_s=0.01)
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> sm.Output:
+    return sm.make_output(str(tmp_path_factory.mktemp("site") / "out"), COUNTS)
+
+
+@pytest.fixture
+def s3_out(s3: S3Server, s3_bucket: str, out: sm.Output) -> str:
+    """``out`` uploaded to a fresh bucket: its ``s3://`` URL."""
+    url = f"s3://{s3_bucket}/builds/out"
+    s3.upload(out.root, url)
+    return url
+
+
+def _samples(batches: Any) -> list[tuple[str, int, bytes]]:
+    """(key, label, pixels) of every sample, in order."""
+    return [(key, int(label), image.numpy().tobytes())
+            for b in batches for key, label, image in zip(b["key"], b["label"], b["image"], strict=True)]  # fmt: skip
+
+
+def _epoch(source: str, *, num_workers: int | None = None, **kw: Any) -> list[tuple[str, int, bytes]]:
+    ds = stream(source, batch_size=4, resampled=False, drop_last=False, shuffle=16, seed=3, **kw)
+    return _samples(ds if num_workers is None else loader(ds, num_workers=num_workers))
+
+
+def _check_truth(samples: list[tuple[str, int, bytes]], out: sm.Output) -> None:
+    assert sorted(k for k, _, _ in samples) == sorted(out.shard_of)
+    for key, label, pixels in samples:
+        assert label == out.labels[key]
+        assert pixels == np.ascontiguousarray(out.images[key]).tobytes()
+
+
+# ---- the same samples from every place ---------------------------------------------------------------------
+
+
+def test_s3_streams_the_same_samples_as_local_in_process_and_with_workers(
+    s3: S3Server, s3_out: str, out: sm.Output
+) -> None:
+    local = _epoch(out.root)
+    _check_truth(local, out)
+    assert _epoch(s3_out, storage_options=s3.storage_options) == local
+    assert _epoch(s3_out, storage_options=s3.storage_options, num_workers=2) == _epoch(out.root, num_workers=2)
+
+
+def test_http_streams_the_same_samples_as_local(http_serve: Any, out: sm.Output) -> None:
+    server: HttpServer = http_serve(Path(out.root).parent)
+    assert _epoch(f"{server.url}/out") == _epoch(out.root)
+    assert _epoch(f"{server.url}/out", num_workers=2) == _epoch(out.root, num_workers=2)
+    ranged = [r for r in server.log if r[0] == "GET" and r[1].endswith(".tar")]
+    assert ranged and all(r[2] is not None and r[2].startswith("bytes=0-") for r in ranged)  # one large read each
+
+
+def test_aws_endpoint_url_from_the_environment(
+    s3: S3Server, s3_out: str, out: sm.Output, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint_url)
+    s3fs.S3FileSystem.clear_instance_cache()  # so that no cached client with another endpoint is reused
+    _check_truth(_epoch(s3_out), out)
+
+
+def test_small_blocks_without_and_with_read_ahead_give_the_same_bytes(s3: S3Server, s3_out: str,
+                                                                       out: sm.Output) -> None:  # fmt: skip
+    want = Path(out.path(2)).read_bytes()
+    for prefetch in (0, 1, 3):
+        opener = StreamOpener(s3.storage_options, block_size=1000, prefetch=prefetch)
+        with opener(f"{s3_out}/shard-000002.tar") as fh:
+            got = fh.read(7) + fh.read(2500) + fh.read()
+            assert got == want and fh.tell() == len(want) and fh.read(10) == b""
+    assert list_names(s3_out, s3.storage_options) == sorted(["manifest.json", *out.keys])
+
+
+# ---- failures ----------------------------------------------------------------------------------------------
+
+
+def test_missing_shard_on_s3_is_a_shard_error_naming_it(s3: S3Server, s3_out: str) -> None:
+    s3.fs().rm(f"{s3_out}/shard-000003.tar")
+    with pytest.raises(ShardError) as info:
+        list(stream(s3_out, batch_size=4, resampled=False, storage_options=s3.storage_options))
+    assert info.value.shard == f"{s3_out}/shard-000003.tar"
+    assert "FileNotFoundError" in info.value.reason
+    with pytest.raises(ShardError, match="shard-000003"):
+        list(loader(stream(s3_out, batch_size=4, resampled=False, storage_options=s3.storage_options),
+                    num_workers=2))  # fmt: skip
+
+
+def test_missing_output_on_s3_is_a_manifest_error(s3: S3Server, s3_bucket: str) -> None:
+    with pytest.raises(ManifestError, match="not found"):
+        stream(f"s3://{s3_bucket}/nothing-here", batch_size=2, storage_options=s3.storage_options)
+
+
+def test_transient_http_errors_are_retried_at_open_and_mid_stream(http_serve: Any, out: sm.Output) -> None:
+    server: HttpServer = http_serve(Path(out.root).parent)
+    reference = _epoch(out.root)
+    server.faults.fail = 3  # 503 for the first three shard requests (HEAD/GET at open time)
+    assert _epoch(f"{server.url}/out", opener=StreamOpener(retry=FAST)) == reference
+    assert server.faults.fail == 0
+    server.faults.reset, server.faults.min_offset = 4, 4096  # connections dropped half-way through a body
+    del server.log[:]
+    assert _epoch(f"{server.url}/out", opener=StreamOpener(block_size=4096, retry=FAST)) == reference
+    assert server.faults.reset == 0
+    gets = [(path, rng) for method, path, rng in server.log if method == "GET"]
+    again = [g for g, previous in zip(gets[1:], gets, strict=False) if g == previous]
+    assert again and all(not rng.startswith("bytes=0-") for _, rng in again)  # re-read from where it broke
+
+
+def test_persistent_failures_end_in_a_shard_error(http_serve: Any, out: sm.Output) -> None:
+    server: HttpServer = http_serve(Path(out.root).parent)
+    server.faults.fail, server.faults.match = 10_000, "shard-000001"
+    with pytest.raises(ShardError, match=r"shard-000001.*gave up .* after 5 attempts") as info:
+        list(stream(f"{server.url}/out", batch_size=4, resampled=False, opener=StreamOpener(retry=FAST)))
+    assert info.value.shard.endswith("shard-000001.tar")
+
+
+def test_not_found_and_forbidden_are_not_retried(http_serve: Any, out: sm.Output) -> None:
+    server: HttpServer = http_serve(Path(out.root).parent)
+    with pytest.raises(FileNotFoundError):
+        StreamOpener(retry=FAST)(f"{server.url}/out/no-such-shard.tar")
+    assert len(server.requests_to("no-such-shard.tar")) <= 2  # fsspec's HEAD, then GET: one attempt
+    server.faults.fail, server.faults.status = 10_000, 403
+    with pytest.raises(PermissionError):
+        StreamOpener(retry=FAST)(f"{server.url}/out/shard-000000.tar")
+    assert len(server.requests_to("shard-000000.tar")) <= 2
+
+
+def _client_error(code: str, status: int) -> Exception:
+    from botocore.exceptions import ClientError
+
+    return ClientError({"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                       "GetObject")  # fmt: skip
+
+
+def _wrapped(outer: BaseException, cause: BaseException) -> BaseException:
+    outer.__cause__ = cause
+    return outer
+
+
+@pytest.mark.parametrize(("exc", "transient"), [
+    (_client_error("SlowDown", 503), True), (_client_error("InternalError", 500), True),
+    (_client_error("NoSuchKey", 404), False), (_client_error("AccessDenied", 403), False),
+    (ConnectionResetError(), True), (TimeoutError(), True), (FileNotFoundError("x"), False),
+    (_wrapped(OSError(16, "SlowDown"), _client_error("SlowDown", 503)), True),
+    (_wrapped(FileNotFoundError("x"), _client_error("ServiceUnavailable", 503)), True),
+    (_wrapped(PermissionError("x"), _client_error("AccessDenied", 403)), False),
+    (ValueError("bad option"), False),
+])  # fmt: skip
+def test_transient_or_not(exc: BaseException, transient: bool) -> None:
+    assert is_transient(exc) is transient
+
+
+# ---- credentials -------------------------------------------------------------------------------------------
+
+
+def test_credentials_never_in_reprs_errors_or_logs(s3: S3Server, s3_out: str, http_serve: Any, out: sm.Output,
+                                                    caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    caplog.set_level(logging.DEBUG, logger="wsishard")
+    options = {**s3.storage_options, "key": "AKIDEXAMPLE", "secret": SECRET}
+    opener = StreamOpener(options)
+    assert SECRET not in repr(opener) and "AKIDEXAMPLE" not in repr(opener)
+    assert pickle.loads(pickle.dumps(opener)).storage_options == options  # workers still get them
+    s3.fs().rm(f"{s3_out}/shard-000000.tar")
+    with pytest.raises(ShardError) as shard_error:
+        list(stream(s3_out, batch_size=4, resampled=False, storage_options=options))
+    with pytest.raises(ManifestError) as manifest_error:
+        stream(f"{s3_out}-missing", batch_size=4, storage_options=options)
+    server: HttpServer = http_serve(Path(out.root).parent)
+    with_password = server.url.replace("http://", f"http://reader:{SECRET}@")
+    server.faults.fail = 2  # retried: logged
+    assert read_bytes(f"{with_password}/out/{shard_name(1)}") == Path(out.path(1)).read_bytes()
+    with pytest.raises(FileNotFoundError) as not_found:
+        StreamOpener()(f"{with_password}/out/none.tar?X-Amz-Signature={SECRET}")
+    with pytest.raises(ManifestError) as http_manifest:
+        stream(f"{with_password}/elsewhere", batch_size=2)
+    texts = [str(e.value) for e in (shard_error, manifest_error, not_found, http_manifest)]
+    assert all(SECRET not in text for text in texts), texts
+    assert "retrying" in caplog.text and SECRET not in caplog.text
+    assert redact(f"s3://b/k?X-Amz-Credential=AKID&X-Amz-Signature={SECRET}") == (
+        "s3://b/k?X-Amz-Credential=***&X-Amz-Signature=***"
+    )

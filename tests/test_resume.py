@@ -1,0 +1,137 @@
+"""Resumable builds (SIGKILL mid-way, then the same command again), option changes, and part/merge builds."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from buildtools import read_output
+
+from wsishard.build import BuildOptions, build
+from wsishard.errors import ManifestError, OptionError
+from wsishard.grid import PatchOptions
+from wsishard.merge import merge
+from wsishard.synthetic import make_slides
+
+ARGS = ["--patch-size", "64", "--shard-samples", "25", "--group-slides", "3", "--seed", "5", "-q"]
+
+
+@pytest.fixture(scope="module")
+def slides(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("resume-slides")
+    make_slides(folder, 8, seed=21, width=3072, height=3072)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def reference(slides: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("reference") / "out"
+    assert _cli("build", str(slides), "-o", str(out), "--jobs", "2", *ARGS).returncode == 0
+    return out
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "wsishard.cli", *args], capture_output=True, text=True, timeout=600)
+
+
+def _same_output(a: Path, b: Path) -> None:
+    ma, sa = read_output(str(a))
+    mb, sb = read_output(str(b))
+    assert [(s.name, s.sha256, s.samples) for s in ma.shards] == [(s.name, s.sha256, s.samples) for s in mb.shards]
+    assert ma.slides == mb.slides
+    assert [s.key for s in sa] == [s.key for s in sb]
+    assert sorted(p.name for p in a.glob("shard-*.tar")) == sorted(p.name for p in b.glob("shard-*.tar"))
+
+
+def test_resume_after_sigkill_gives_the_uninterrupted_result(slides: Path, reference: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "wsishard.cli", "build", str(slides), "-o", str(out), "--jobs", "1", *ARGS]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = out / ".wsishard" / "done"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if done.is_dir() and len(os.listdir(done)) >= 3:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, "the build finished before it could be killed"
+    assert not (out / "manifest.json").exists()
+    finished_before = set(os.listdir(done))
+    mtimes = {n: (done / n).stat().st_mtime_ns for n in finished_before}
+    again = _cli("build", str(slides), "-o", str(out), "--jobs", "2", *ARGS)
+    assert again.returncode == 0, again.stderr
+    assert all((done / n).stat().st_mtime_ns == mtimes[n] for n in finished_before)  # finished shards skipped
+    assert len(os.listdir(done)) > len(finished_before)
+    _same_output(out, reference)
+    assert not [p for p in out.iterdir() if ".tmp-" in p.name]
+
+
+def test_rerun_of_a_finished_build_changes_nothing(slides: Path, reference: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    opts = BuildOptions(patch=PatchOptions(patch_size_px=64), shard_samples=25, group_slides=3, seed=5, jobs=1)
+    first = build([str(slides)], str(out), opts)
+    stamps = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.tar")}
+    second = build([str(slides)], str(out), opts)
+    assert first.shards == second.shards
+    assert stamps == {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.tar")}
+
+
+def test_other_options_are_refused_unless_overwrite(slides: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    build([str(slides)], str(out), BuildOptions(patch=PatchOptions(patch_size_px=64), shard_samples=25, jobs=1))
+    other = BuildOptions(patch=PatchOptions(patch_size_px=64), shard_samples=40, jobs=1)
+    with pytest.raises(OptionError, match="--overwrite"):
+        build([str(slides)], str(out), other)
+    proc = _cli("build", str(slides), "-o", str(out), "--patch-size", "64", "--shard-samples", "40", "-q")
+    assert proc.returncode == 2 and "--overwrite" in proc.stderr and "Traceback" not in proc.stderr
+    manifest = build([str(slides)], str(out), other, overwrite=True)
+    assert manifest.options["shard_samples"] == 40
+    assert sorted(p.name for p in out.glob("shard-*.tar")) == [s.name for s in manifest.shards]
+
+
+def test_three_parts_in_separate_processes_merge_to_the_single_build(slides: Path, reference: Path,
+                                                                      tmp_path: Path) -> None:  # fmt: skip
+    out = tmp_path / "out"
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "wsishard.cli", "build", str(slides), "-o", str(out), "--jobs", "1",
+                          "--part", f"{i}/3", *ARGS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in (1, 2, 3)
+    ]  # fmt: skip
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+    parts = sorted(p.name for p in out.glob("manifest.part-*"))
+    assert parts == [f"manifest.part-000{i}-of-0003.json" for i in (1, 2, 3)]
+    assert all(json.loads((out / n).read_text())["shards"] for n in parts)  # every part did some of the work
+    assert not (out / "manifest.json").exists()
+    proc = _cli("merge", str(out))
+    assert proc.returncode == 0, proc.stderr
+    _same_output(out, reference)
+
+
+def test_merge_names_missing_parts(slides: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    opts = BuildOptions(
+        patch=PatchOptions(patch_size_px=64), shard_samples=25, group_slides=3, seed=5, jobs=1, qc=False
+    )
+    build([str(slides)], str(out), opts, part=(2, 3))
+    with pytest.raises(ManifestError, match="parts 1, 3 of 3 are not finished"):
+        merge(str(out))
+
+
+def test_slurm_array_environment_gives_the_part() -> None:
+    from wsishard.cli import slurm_part
+
+    assert slurm_part({"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "4"}) == (1, 4)
+    assert slurm_part({"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "4"}) == (
+        4,
+        4,
+    )
+    assert slurm_part({}) is None

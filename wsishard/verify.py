@@ -1,0 +1,233 @@
+"""Check a build output against its manifest: every shard's presence, size, sha256 and sample count.
+
+Each shard listed in the manifest is read once, start to end (local file or any fsspec URL, through
+:class:`~wsishard.storage.StreamOpener`, so object storage gets large reads and retries): the bytes are hashed
+and counted while the standard library's ``tarfile`` walks the members in stream mode, and samples are counted
+as runs of members sharing a key, as the stream reader counts them. A shard that is missing, truncated, altered
+(even zero-filled to its original length, which a tar reader takes for a clean end) or that holds another
+number of samples is a problem. ``shard-*.tar`` files that the manifest does not list, and temporary files of an
+interrupted build, are warnings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import tarfile
+from collections import Counter
+from collections.abc import Callable, Container, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from typing import IO, Any, cast
+
+from wsishard.format import IMAGE_FORMATS, LABEL_EXT, META_EXT, SHARD_PREFIX, SHARD_SUFFIX, ShardRecord
+from wsishard.remote import describe
+from wsishard.storage import StorageOptions, StreamOpener, join, list_names, load_manifest, redact
+
+logger = logging.getLogger(__name__)
+
+_KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's key/extension split (first dot)
+_WANTED = frozenset((*IMAGE_FORMATS, META_EXT, LABEL_EXT))
+_CHUNK = 2**20
+
+
+@dataclass(frozen=True)
+class VerifyProgress:
+    """What a progress callback receives after each shard checked."""
+
+    done: int  # shards checked so far
+    total: int
+    bytes_done: int  # bytes read so far
+    bytes_total: int  # bytes the manifest lists
+
+
+ProgressCallback = Callable[[VerifyProgress], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyReport:
+    """The outcome of :func:`verify`.
+
+    Attributes:
+        output: the build output checked (credentials redacted).
+        shards_checked: shards the manifest lists (every one was read, or found missing).
+        samples_checked: samples counted in the shards read.
+        bytes_checked: bytes read.
+        problems: ``(shard name, reason)`` for every shard that does not match the manifest.
+        warnings: ``(file name, reason)`` for stray or temporary files, or a folder that could not be listed.
+    """
+
+    output: str
+    shards_checked: int
+    samples_checked: int = 0
+    bytes_checked: int = 0
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no shard has a problem (warnings do not count)."""
+        return not self.problems
+
+
+@dataclass(frozen=True)
+class ShardCheck:
+    """One shard as read: samples counted, bytes read, and how it differs from the manifest (empty: it matches)."""
+
+    name: str
+    samples: int
+    nbytes: int
+    reasons: list[str]
+
+
+def verify(output: str, storage_options: StorageOptions | None = None, progress: ProgressCallback | None = None,
+           *, jobs: int = 4) -> VerifyReport:  # fmt: skip
+    """Re-read every shard of a build output and compare it with the manifest.
+
+    Args:
+        output: build output folder, ``manifest.json`` path, or URL prefix.
+        storage_options: fsspec options for URLs (endpoint, credentials...).
+        progress: called after each shard with a :class:`VerifyProgress`.
+        jobs: shards read at the same time (threads).
+
+    Returns:
+        The report; ``report.ok`` is False when any shard is missing, truncated, altered or miscounted.
+
+    Raises:
+        ManifestError: the manifest is missing or unreadable.
+        ValueError: ``jobs < 1``.
+    """
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    manifest, root = load_manifest(output, storage_options)
+    opener = StreamOpener(dict(storage_options or {}))
+    problems = [(name, "listed more than once in the manifest") for name in _duplicates(manifest.shards)]
+    results: dict[str, ShardCheck] = {}  # by name: duplicates are read twice, reported once
+    done, done_bytes, total_bytes = 0, 0, manifest.total_bytes
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="wsishard-verify") as pool:
+        futures = [pool.submit(check_shard, join(root, rec.name), rec, opener) for rec in manifest.shards]
+        for future in as_completed(futures):
+            result = future.result()
+            results[result.name] = result
+            done, done_bytes = done + 1, done_bytes + result.nbytes
+            if progress:
+                progress(VerifyProgress(done, len(futures), done_bytes, total_bytes))
+    listed = dict.fromkeys(rec.name for rec in manifest.shards)  # manifest order, each name once
+    problems += [(name, "; ".join(results[name].reasons)) for name in listed if results[name].reasons]
+    return VerifyReport(output=redact(output, storage_options), shards_checked=len(manifest.shards),
+                        samples_checked=sum(r.samples for r in results.values()),
+                        bytes_checked=sum(r.nbytes for r in results.values()),
+                        problems=problems, warnings=_stray_files(root, listed, storage_options))  # fmt: skip
+
+
+def check_shard(location: str, record: ShardRecord, opener: Callable[[str], IO[bytes]]) -> ShardCheck:
+    """Read one shard and list how it differs from its manifest record (nothing when it matches)."""
+    try:
+        stream = opener(location)
+    except FileNotFoundError:
+        return ShardCheck(record.name, 0, 0, ["missing"])
+    except OSError as exc:
+        return ShardCheck(record.name, 0, 0, [f"cannot be opened ({describe(exc)})"])
+    hashing = _Hashing(stream)
+    samples, incomplete, reasons = 0, [], []
+    try:
+        for key, exts in _samples(hashing):
+            samples += 1
+            if META_EXT not in exts or not exts & set(IMAGE_FORMATS):
+                incomplete.append(key)
+        hashing.drain()
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        reasons.append(f"unreadable after {samples} samples ({describe(exc)})")
+    finally:
+        stream.close()
+    reasons += _compare(record, samples, hashing.nbytes, hashing.hexdigest())
+    if incomplete:
+        reasons.append(f"{len(incomplete)} samples lack an image or .{META_EXT} (first: {incomplete[0]})")
+    return ShardCheck(record.name, samples, hashing.nbytes, reasons)
+
+
+def _compare(record: ShardRecord, samples: int, nbytes: int, sha256: str) -> list[str]:
+    reasons = []
+    if nbytes < record.bytes:
+        reasons.append(f"truncated: {nbytes} bytes, the manifest says {record.bytes}")
+    elif nbytes > record.bytes:
+        reasons.append(f"{nbytes} bytes, the manifest says {record.bytes}")
+    elif sha256 != record.sha256:
+        reasons.append("sha256 differs from the manifest (altered)")
+    if samples != record.samples:
+        reasons.append(f"holds {samples} samples, the manifest says {record.samples}")
+    return reasons
+
+
+class _Hashing:
+    """A read-only file wrapper that hashes and counts every byte read through it."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw = raw
+        self.nbytes = 0
+        self._sha = hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self._sha.update(data)
+        self.nbytes += len(data)
+        return data
+
+    def drain(self) -> None:
+        """Read (and hash) whatever is left."""
+        while self.read(_CHUNK):
+            pass
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+
+def _samples(fileobj: _Hashing) -> Iterator[tuple[str, set[str]]]:
+    """``(key, member extensions)`` per sample: runs of wanted regular members sharing a key, in order."""
+    key: str | None = None
+    exts: set[str] = set()
+    with tarfile.open(fileobj=cast(Any, fileobj), mode="r|") as tar:
+        for member in tar:
+            match = _KEY_EXT.match(member.name)
+            if not member.isfile() or match is None or match[2] not in _WANTED:
+                continue
+            if match[1] != key:
+                if key is not None:
+                    yield key, exts
+                key, exts = match[1], set()
+            exts.add(match[2])
+    if key is not None:
+        yield key, exts
+
+
+def _duplicates(shards: list[ShardRecord]) -> list[str]:
+    counts = Counter(rec.name for rec in shards)
+    return sorted(name for name, n in counts.items() if n > 1)
+
+
+def _stray_files(root: str, listed: Container[str], storage_options: StorageOptions | None) -> list[tuple[str, str]]:
+    """Warnings for shard files the manifest does not list and for leftover temporary shards."""
+    try:
+        names = list_names(root, storage_options)
+    except OSError as exc:
+        return [(redact(root, storage_options), f"cannot be listed to look for stray shards ({describe(exc)})")]
+    warnings = []
+    for name in names:
+        if name.startswith(SHARD_PREFIX) and name.endswith(SHARD_SUFFIX) and name not in listed:
+            warnings.append((name, "not in the manifest (stray shard)"))
+        elif name.startswith("." + SHARD_PREFIX) and ".tmp-" in name:
+            warnings.append((name, "temporary file of an interrupted build"))
+    return warnings
+
+
+def format_report(report: VerifyReport) -> str:
+    """The report as lines of text for a terminal: a verdict, then each problem and warning."""
+    size_mb = report.bytes_checked / 1e6
+    lines = [f"{report.output}: {report.shards_checked} shards, {report.samples_checked} samples, "
+             f"{size_mb:.1f} MB checked"]  # fmt: skip
+    lines += [f"  problem  {name}: {reason}" for name, reason in report.problems]
+    lines += [f"  warning  {name}: {reason}" for name, reason in report.warnings]
+    bad = len({name for name, _ in report.problems})
+    lines.append("OK" if report.ok else f"FAILED: {bad} of {report.shards_checked} shards do not match the manifest")
+    return "\n".join(lines)
