@@ -25,7 +25,7 @@ from wsishard.monitor import MonitoredLoader
 from wsishard.stream import loader, stream
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_single import IMAGENET_MEAN, IMAGENET_STD, loss_fn, make_model, num_classes
+from train_single import IMAGENET_MEAN, IMAGENET_STD, Targets, loss_fn, make_model
 
 
 def parse_args() -> argparse.Namespace:
@@ -66,13 +66,13 @@ def main() -> None:
                 seed=args.seed)  # fmt: skip
     batches = MonitoredLoader(loader(ds, num_workers=args.workers), every=args.log_every, rank=rank)
     to_device = GpuCollate(device, mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=True, seed=args.seed + rank)
-    model = DistributedDataParallel(make_model(num_classes(args.source)).to(device),
+    targets = Targets(args.source)
+    model = DistributedDataParallel(make_model(targets.classes).to(device),
                                     device_ids=[device.index] if device.type == "cuda" else None)  # fmt: skip
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     def train_step(batch: dict) -> float:
-        b = to_device(batch)
-        loss = loss_fn(model(b["image"]), b["label"])
+        loss = loss_fn(model(to_device(batch)["image"]), targets(batch, device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # all-reduces gradients: every rank must take the same number of steps
         optimizer.step()

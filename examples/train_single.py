@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,18 +36,30 @@ def make_model(classes: int) -> nn.Module:
                          nn.Linear(64, classes))  # fmt: skip
 
 
-def num_classes(source: str) -> int:
-    """Number of classes from the manifest's slide labels (1 for an unlabelled build)."""
-    manifest, _ = load_manifest(source)
-    labels = [s.label for s in manifest.slides if s.label is not None]
-    return max(labels) + 1 if labels else 1
+class Targets:
+    """What the model learns: the slide labels of a labelled build, else which slide each patch came from.
+
+    Slide identification is a weakly supervised pretext task that needs no annotation (rotation prediction, the
+    usual alternative, is meaningless for pathology, which has no canonical orientation).
+    """
+
+    def __init__(self, source: str) -> None:
+        manifest, _ = load_manifest(source)
+        labels = [s.label for s in manifest.slides if s.label is not None]
+        self.labelled = bool(labels)
+        self.slides = {s.slide_id: i for i, s in enumerate(manifest.slides)}
+        self.classes = max(labels) + 1 if labels else len(self.slides)
+
+    def __call__(self, batch: dict[str, Any], device: torch.device) -> torch.Tensor:
+        if self.labelled:
+            return batch["label"].to(device)
+        ids = [self.slides.get(m["slide_id"], -1) for m in batch["meta"]]
+        return torch.tensor(ids, dtype=torch.int64, device=device)
 
 
-def loss_fn(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy on labelled samples; a placeholder loss for unlabelled batches."""
-    if bool((label >= 0).any()):
-        return F.cross_entropy(logits, label, ignore_index=-1)
-    return logits.pow(2).mean()
+def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy; samples without a label (-1) are ignored."""
+    return F.cross_entropy(logits, target, ignore_index=-1)
 
 
 def parse_args() -> argparse.Namespace:
@@ -70,18 +83,21 @@ def main() -> None:
     batches = MonitoredLoader(loader(ds, num_workers=args.workers), every=args.log_every)
     to_device = GpuCollate(device, mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=True, seed=args.seed,
                            channels_last=device.type == "cuda")  # fmt: skip
-    model = make_model(num_classes(args.source)).to(device)
+    targets = Targets(args.source)
+    model = make_model(targets.classes).to(device)
     if device.type == "cuda":
-        model = model.to(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for step, batch in zip(range(args.steps), batches, strict=False):
-        b = to_device(batch)
-        loss = loss_fn(model(b["image"]), b["label"])
+        x, y = to_device(batch)["image"], targets(batch, device)
+        logits = model(x)
+        loss = loss_fn(logits, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        if step % args.log_every == 0:
-            print(f"step {step}: loss {loss.item():.4f}")  # .item() syncs: the wait fraction stays honest
+        if step % args.log_every == 0:  # .item() syncs: the wait fraction stays honest
+            accuracy = (logits.argmax(1) == y).float().mean().item()
+            print(f"step {step}: loss {loss.item():.4f}, accuracy {accuracy:.2f}")
     s = batches.summary()
     print(f"{s['samples_per_s']:.1f} samples/s, {s['batches_per_s']:.2f} batches/s, "
           f"data wait {100 * s['data_wait_fraction']:.0f}% of step time, start-up {s['startup_s']:.1f} s")  # fmt: skip

@@ -15,6 +15,7 @@ final line ``JSON: {...}``. Wall times are not asserted anywhere: on a shared ma
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import io
 import json
 import os
@@ -22,6 +23,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -61,24 +63,22 @@ FULL = Mode(name="full", size=(20480, 20480), n_slides=4, big=(40960, 20480), na
 # ---------------------------------------------------------------------------------------------- child side
 
 
-def _scan(paths: list[str]) -> list[Any]:
-    """The build's own scan of ``paths`` (same options as the builds): ScanResults with kept candidates."""
-    from wsishard.format import unique_slide_ids
-    from wsishard.grid import PatchOptions
-    from wsishard.scan import ScanTask, scan_slide
-    from wsishard.tissue import TissueOptions
-
-    patch = PatchOptions(target_mpp=TARGET_MPP, patch_size_px=PATCH_PX)
-    tasks = [
-        ScanTask(index=i, path=p, slide_id=sid, patch=patch, tissue=TissueOptions(), mpp_override=None,
-                 default_mpp=None, label=None, seed=SEED, fast_path=True, qc_path=None, measure=None)
-        for i, (p, sid) in enumerate(zip(paths, unique_slide_ids(paths), strict=True))
-    ]  # fmt: skip
-    scans = [scan_slide(t) for t in tasks]
-    bad = [s.record.file for s in scans if s.cands is None or s.record.level != 0]
-    if bad:
-        raise SystemExit(f"scan failed or did not pick level 0 for: {bad}")
-    return scans
+def shard_patches(output: str, slides: list[str]) -> list[tuple[int, int, int, int]]:
+    """(slide index, level-0 x, y, extent) of every sample the build wrote, read from its shards' ``.json``."""
+    index = {os.path.basename(p): k for k, p in enumerate(slides)}
+    found = []
+    for name in sorted(os.listdir(output)):
+        if not name.endswith(".tar"):
+            continue
+        with tarfile.open(os.path.join(output, name)) as tar:
+            for member in tar:
+                fh = tar.extractfile(member) if member.name.endswith(".json") else None
+                if fh is not None:
+                    meta = json.load(fh)
+                    if meta.get("level", 0) != 0:
+                        raise SystemExit(f"expected the build to read level 0, got {meta}")
+                    found.append((index[meta["file"]], meta["x"], meta["y"], meta["extent"]))
+    return sorted(found, key=lambda p: (p[0], p[2], p[1]))  # slide, then grid (row-major) order
 
 
 def _rss_mb() -> float:
@@ -92,7 +92,7 @@ def child_build(spec: dict[str, Any]) -> dict[str, Any]:
     options = BuildOptions(patch=PatchOptions(target_mpp=TARGET_MPP, patch_size_px=PATCH_PX), jobs=spec["jobs"],
                            qc=False, shard_size_bytes=spec["shard_size_bytes"], seed=SEED, fast_path=True,
                            quality=QUALITY)  # fmt: skip
-    shutil.rmtree(spec["output"], ignore_errors=True)
+    shutil.rmtree(spec["output"], ignore_errors=True)  # a build into an existing output would resume it
     rss0 = _rss_mb()
     cpu0, t0 = time.process_time(), time.perf_counter()
     manifest = build(spec["slides"], spec["output"], options)
@@ -111,9 +111,7 @@ def child_naive(spec: dict[str, Any]) -> dict[str, Any]:
     import openslide
     from PIL import Image
 
-    scans = _scan(spec["slides"])
-    todo = [(k, x, y, s.cands.l0_extent) for k, s in enumerate(scans)
-            for x, y in zip(s.cands.l0_x.tolist(), s.cands.l0_y.tolist(), strict=True)]  # fmt: skip
+    todo = [tuple(p) for p in spec["patches"]]
     total = len(todo)
     if total > spec["max_patches"]:  # seeded subset, kept in grid order (as a CLAM loop walks it)
         pick = np.sort(np.random.default_rng((SEED, 0xBE7C)).choice(total, spec["max_patches"], replace=False))
@@ -128,12 +126,11 @@ def child_naive(spec: dict[str, Any]) -> dict[str, Any]:
         image.save(buf, "JPEG", quality=QUALITY)
         nbytes += buf.tell()
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    per_slide = {os.path.basename(p): len(s.cands) for p, s in zip(spec["slides"], scans, strict=True)}
-    return {"patches": len(todo), "kept_total": total, "wall_s": wall, "cpu_s": cpu, "per_slide": per_slide,
+    return {"patches": len(todo), "kept_total": total, "wall_s": wall, "cpu_s": cpu,
             "mean_bytes": nbytes / max(len(todo), 1), "rss_before_mb": rss0}  # fmt: skip
 
 
-def _tile_range(x0: int, y0: int, w: int, h: int, page: Any) -> list[int]:
+def _tiles(x0: int, y0: int, w: int, h: int, page: Any) -> list[int]:
     """Indices of the level-0 tiles covering a level-0 rectangle (clipped to the image)."""
     tw, th = page.tilewidth, page.tilelength
     across = -(-page.imagewidth // tw)
@@ -142,23 +139,37 @@ def _tile_range(x0: int, y0: int, w: int, h: int, page: Any) -> list[int]:
             for tx in range(max(x0, 0) // tw, x1 // tw + 1)]  # fmt: skip
 
 
+def _block_rects(patches: list[tuple[int, int, int, int]], block: int) -> list[tuple[int, int, int, int]]:
+    """Level-0 bounding boxes of the kept cells of each ``block`` x ``block`` group of grid cells."""
+    cells: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for _, x, y, extent in patches:
+        col, row = x // extent, y // extent
+        cells.setdefault((row // block, col // block), []).append((col, row))
+    ext = patches[0][3] if patches else 0
+    rects = []
+    for members in cells.values():
+        cols, rows = [c for c, _ in members], [r for _, r in members]
+        rects.append((min(cols) * ext, min(rows) * ext, (max(cols) - min(cols) + 1) * ext,
+                      (max(rows) - min(rows) + 1) * ext))  # fmt: skip
+    return rects
+
+
 def child_floor(spec: dict[str, Any]) -> dict[str, Any]:
     """Decode each needed level-0 tile once (tifffile + imagecodecs), encode each patch once; timed alone."""
     import tifffile
     from PIL import Image
 
+    from wsishard.grid import PatchOptions
     from wsishard.slide import open_slide
 
-    scans = _scan(spec["slides"])
     t = {"decode_s": 0.0, "shrink_s": 0.0, "encode_s": 0.0, "cpu_s": 0.0}  # cpu_s: of decode + encode
-    tiles_needed = tiles_build = patches = 0
+    tiles_needed = tiles_build = 0
     rss0, cpu0 = _rss_mb(), time.process_time()
-    for path, scan in zip(spec["slides"], scans, strict=True):
-        cands, extent = scan.cands, scan.cands.l0_extent
+    for k, path in enumerate(spec["slides"]):
+        mine = [tuple(p) for p in spec["patches"] if p[0] == k]
         with tifffile.TiffFile(path) as tif:
-            page = tif.pages[0]  # Aperio svs: level 0 is the first page, tiled JPEG
-            needed = sorted({i for x, y in zip(cands.l0_x.tolist(), cands.l0_y.tolist(), strict=True)
-                             for i in _tile_range(x, y, extent, extent, page)})  # fmt: skip
+            page: Any = tif.pages[0]  # Aperio svs: level 0 is the first page, tiled JPEG
+            needed = sorted({i for _, x, y, e in mine for i in _tiles(x, y, e, e, page)})
             fh, c0, t0 = tif.filehandle, time.process_time(), time.perf_counter()
             for i in needed:
                 fh.seek(page.dataoffsets[i])
@@ -167,28 +178,24 @@ def child_floor(spec: dict[str, Any]) -> dict[str, Any]:
             t["decode_s"] += time.perf_counter() - t0
             t["cpu_s"] += time.process_time() - c0
             tiles_needed += len(needed)
-            rects = [b.level_rect(cands.l0_per_o, 1.0) for b in scan.blocks]
-            tiles_build += sum(len(_tile_range(*r, page)) for r in rects)
+            rects = _block_rects(mine, PatchOptions().block_patches)
+            tiles_build += sum(len(_tiles(*r, page)) for r in rects)
         reader = open_slide(path, fast=True)
-        for block, (l_x, l_y, l_w, l_h) in zip(scan.blocks, rects, strict=True):
-            pixels = reader.read_level(0, l_x, l_y, l_w, l_h)  # (l_h, l_w, 3) untimed: decoding was timed above
-            for i in block.patches.tolist():
-                x, y = int(cands.l0_x[i]) - l_x, int(cands.l0_y[i]) - l_y
-                crop = Image.fromarray(np.ascontiguousarray(pixels[y : y + extent, x : x + extent]))
-                t0 = time.perf_counter()
-                factor = extent // PATCH_PX
-                small = crop.reduce(factor) if factor * PATCH_PX == extent else crop.resize((PATCH_PX, PATCH_PX))
-                c1, t1 = time.process_time(), time.perf_counter()
-                buf = io.BytesIO()
-                small.save(buf, "JPEG", quality=QUALITY)
-                t["encode_s"] += time.perf_counter() - t1
-                t["cpu_s"] += time.process_time() - c1
-                t["shrink_s"] += t1 - t0
-                patches += 1
+        for _, x, y, extent in mine:
+            crop = Image.fromarray(reader.read_level(0, x, y, extent, extent))  # untimed: decoding is timed above
+            t0 = time.perf_counter()
+            factor = extent // PATCH_PX
+            small = crop.reduce(factor) if factor * PATCH_PX == extent else crop.resize((PATCH_PX, PATCH_PX))
+            c1, t1 = time.process_time(), time.perf_counter()
+            buf = io.BytesIO()
+            small.save(buf, "JPEG", quality=QUALITY)
+            t["encode_s"] += time.perf_counter() - t1
+            t["cpu_s"] += time.process_time() - c1
+            t["shrink_s"] += t1 - t0
         reader.close()
-    return {"patches": patches, "wall_s": t["decode_s"] + t["encode_s"], **t, "tiles_needed": tiles_needed,
-            "tiles_build_decodes": tiles_build, "cpu_s_whole_child": time.process_time() - cpu0,
-            "rss_before_mb": rss0}  # fmt: skip
+    return {"patches": len(spec["patches"]), "wall_s": t["decode_s"] + t["encode_s"], **t,
+            "tiles_needed": tiles_needed, "tiles_build_decodes": tiles_build,
+            "cpu_s_whole_child": time.process_time() - cpu0, "rss_before_mb": rss0}  # fmt: skip
 
 
 CHILDREN = {"build": child_build, "naive": child_naive, "floor": child_floor}
@@ -239,8 +246,11 @@ class TreeWatcher(threading.Thread):
                 "workers_cpu_s": sum(self.cpu_s.get(p, 0.0) for p in workers)}  # fmt: skip
 
 
-def run_child(method: str, spec: dict[str, Any]) -> dict[str, Any]:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", method, "--spec", json.dumps(spec)]
+def run_child(method: str, spec: dict[str, Any], stem: Path) -> dict[str, Any]:
+    """Run one method in a child process (spec in ``stem``.json), polling its process tree."""
+    spec_path = stem.with_suffix(".json")
+    spec_path.write_text(json.dumps(spec))
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", method, "--spec", str(spec_path)]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     watcher = TreeWatcher(proc.pid)
@@ -284,14 +294,6 @@ def versions() -> dict[str, str]:
             "psutil": psutil.__version__, "python": platform.python_version()}  # fmt: skip
 
 
-def hs2p_status() -> str:
-    try:
-        import hs2p  # noqa: F401
-    except ImportError:
-        return "not installed"
-    return "installed, not benchmarked by this script"
-
-
 @dataclass(frozen=True)
 class Row:
     """One method's figures; ``cores`` is the number of processes doing the work."""
@@ -320,16 +322,19 @@ class Row:
 def measure(mode: Mode, workdir: Path, log: Any) -> dict[str, Any]:
     slides = ensure_slides(workdir / "slides", mode.size, mode.n_slides, log)
     big = ensure_slides(workdir / "slides", mode.big, 1, log)[0]
-    spec = {"slides": slides, "shard_size_bytes": mode.shard_size_bytes}
+    spec: dict[str, Any] = {"slides": slides, "shard_size_bytes": mode.shard_size_bytes}
     raw: dict[str, dict[str, Any]] = {}
-    for name, method, extra in [
+    runs: list[tuple[str, str, dict[str, Any]]] = [
         ("build_j1", "build", {"jobs": 1}), ("build_j2", "build", {"jobs": 2}),
         ("naive", "naive", {"max_patches": mode.naive_max}), ("floor", "floor", {}),
         ("rss_small_j2", "build", {"jobs": 2, "slides": slides[:1]}),
         ("rss_big_j2", "build", {"jobs": 2, "slides": [big]}),
-    ]:  # fmt: skip
+    ]  # fmt: skip
+    for name, method, extra in runs:
+        if name == "naive":  # the baselines process exactly the samples the build wrote
+            spec["patches"] = shard_patches(str(workdir / "out-build_j1"), slides)
         log(f"running {name} ...")
-        raw[name] = run_child(method, {**spec, "output": str(workdir / f"out-{name}"), **extra})
+        raw[name] = run_child(method, {**spec, "output": str(workdir / f"out-{name}"), **extra}, workdir / name)
     return raw
 
 
@@ -358,7 +363,7 @@ def verdicts(raw: dict[str, dict[str, Any]], rows: list[Row]) -> list[dict[str, 
          ">=", 3.0),
         ("floor / build -j1 (distance to floor)", floor.rate / j1.rate, floor.rate_per_cpu_s / j1.rate_per_cpu_s,
          "<=", 1.6),
-        ("build -j2 / build -j1", j2.rate / j1.rate, None, ">=", 1.7),
+        ("build -j2 / build -j1", j2.rate / j1.rate, 2 * j2.rate_per_cpu_s / j1.rate_per_cpu_s, ">=", 1.7),
         ("peak RSS per worker, big / small slide", big / small, None, "<=", 1.3),
     ]  # fmt: skip
     return [{"name": n, "value": v, "cpu_value": c, "target": f"{op} {t:g}x", "pass": v >= t if op == ">=" else v <= t}
@@ -379,7 +384,9 @@ def table(mode: Mode, raw: dict[str, dict[str, Any]], rows: list[Row], checks: l
         lines.append(f"{r.method:<26}{r.patches:>8}{r.wall_s:>8.2f}{r.rate:>9.1f}{r.rate_per_core:>8.1f}"
                      f"{r.rate_per_cpu_s:>8.1f}{cpu_pct:>6.0f}{r.rss_mb:>8.0f}  {r.note}")  # fmt: skip
     fl = raw["floor"]
-    lines += [f"{'hs2p tiling + tar':<26}{'-':>8}  {env['hs2p']}", "",
+    lines += [f"{'hs2p tiling + tar':<26}{'-':>8}  {env['hs2p']}",
+              "/cpu-s: patches per CPU-second of the working processes; cpu%: CPU-s / (wall s x cores): well below "
+              "100 means the work waited for a core.", "",
               f"floor parts: decode {fl['decode_s']:.2f} s ({fl['tiles_needed']} tiles, "
               f"{1000 * fl['decode_s'] / max(fl['tiles_needed'], 1):.2f} ms/tile), encode {fl['encode_s']:.2f} s "
               f"({1000 * fl['encode_s'] / max(fl['patches'], 1):.2f} ms/patch); not in the floor: 2x reduce "
@@ -387,10 +394,10 @@ def table(mode: Mode, raw: dict[str, dict[str, Any]], rows: list[Row], checks: l
               f"({fl['tiles_build_decodes'] / max(fl['tiles_needed'], 1):.2f}x the needed ones)",
               f"peak RSS per worker (--jobs 2, one slide): {w}x{h}: {raw['rss_small_j2']['worker_rss_mb']:.0f} MB, "
               f"{mode.big[0]}x{mode.big[1]}: {raw['rss_big_j2']['worker_rss_mb']:.0f} MB; build -j2 parent: "
-              f"{raw['build_j2']['root_rss_mb']:.0f} MB; baseline of a child after imports+scan: "
+              f"{raw['build_j2']['root_rss_mb']:.0f} MB; naive child before its loop: "
               f"{raw['naive']['rss_before_mb']:.0f} MB", "", "targets:"]  # fmt: skip
     for c in checks:
-        by_cpu = f"   (from CPU seconds: {c['cpu_value']:.2f}x)" if c["cpu_value"] is not None else ""
+        by_cpu = f"   (same ratio from CPU-seconds: {c['cpu_value']:.2f}x)" if c["cpu_value"] is not None else ""
         lines.append(f"  {c['name']:<42}{c['value']:>7.2f}x  target {c['target']:<7} "
                      f"{'PASS' if c['pass'] else 'MISS'}{by_cpu}")  # fmt: skip
     return "\n".join(lines)
@@ -410,7 +417,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
-        print(json.dumps(CHILDREN[args.child](json.loads(args.spec))))
+        print(json.dumps(CHILDREN[args.child](json.loads(Path(args.spec).read_text()))))
         return 0
     mode = QUICK if args.quick else FULL
 
@@ -420,22 +427,24 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before = os.getloadavg()[0]
     raw = measure(mode, args.workdir, log)
-    env = {"cpus": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg()[0],
-           "hs2p": hs2p_status()}  # fmt: skip
+    hs2p = "installed, not benchmarked by this script" if importlib.util.find_spec("hs2p") else "not installed"
+    env = {"cpus": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg()[0], "hs2p": hs2p}
     rows = rows_from(raw)
-    counts = {raw[k]["per_slide"] != raw["build_j1"]["per_slide"] for k in ("build_j2", "naive")}
-    if counts != {False}:
-        log("WARNING: the methods did not see the same kept patches per slide")
+    same = raw["build_j2"]["per_slide"] == raw["build_j1"]["per_slide"] and all(
+        raw[k]["patches"] == raw["build_j1"]["patches"] for k in ("build_j2", "floor")
+    )
+    if not same:
+        log("WARNING: the methods did not process the same patches")
     checks = verdicts(raw, rows)
     if not args.json_only:
         print(table(mode, raw, rows, checks, env))
     report = {
         "config": {"mode": mode.name, **asdict(mode), "slide_mpp": SLIDE_MPP, "target_mpp": TARGET_MPP,
                    "patch_size_px": PATCH_PX, "jpeg_quality": QUALITY, "seed": SEED, **env,
-                   "same_patches": counts == {False}},
+                   "same_patches": same},
         "versions": versions(),
-        "methods": {r.method: {**asdict(r), "patches_per_s": r.rate, "patches_per_s_per_core": r.rate_per_core}
-                    for r in rows},
+        "methods": {r.method: {**asdict(r), "patches_per_s": r.rate, "patches_per_s_per_core": r.rate_per_core,
+                               "patches_per_cpu_s": r.rate_per_cpu_s} for r in rows},
         "targets": checks,
         "raw": raw,
     }  # fmt: skip

@@ -28,6 +28,7 @@ import math
 import os
 import platform
 import pstats
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -51,6 +52,7 @@ SEED = 0
 TISSUE_FRACTION = 0.5
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 BUCKET, PREFIX = "wsishard-bench", "shards"
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TARGETS = {"per_worker_vs_floor": 0.85, "vs_wsistream": 20.0, "s3_vs_local": 0.80, "first_batch_s": 2.0,
            "diversity_vs_uniform": 0.80}  # fmt: skip
 
@@ -78,9 +80,6 @@ def log(msg: str) -> None:
     print(f"[bench_stream] {msg}", file=sys.stderr, flush=True)
 
 
-# ------------------------------------------------------------------------------------------------- data
-
-
 def _make_one(path: str, size_px: int, seed: int) -> str:
     from wsishard.synthetic import make_slide
 
@@ -102,6 +101,7 @@ def prepare(workdir: Path, mode: Mode) -> tuple[list[str], Path]:
     if stamp.exists() and json.loads(stamp.read_text()) == want and (shards_dir / "manifest.json").exists():
         return paths, shards_dir
     slides_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(shards_dir, ignore_errors=True)
     todo = [p for p in paths if not Path(p).exists()]
     log(f"generating {len(todo)} slides of {mode.size_px}^2 px in {slides_dir}")
     with ProcessPoolExecutor(max_workers=2) as pool:
@@ -114,18 +114,6 @@ def prepare(workdir: Path, mode: Mode) -> tuple[list[str], Path]:
         raise SystemExit(f"build failed for {[s.file for s in manifest.failed_slides]}")
     stamp.write_text(json.dumps(want))
     return paths, shards_dir
-
-
-# ----------------------------------------------------------------------------------------------- loaders
-
-
-def _device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _cpu_s(procs: list[psutil.Process]) -> float:
@@ -148,8 +136,7 @@ def time_wsishard(source: str, workers: int, batches: int, *, to_device: bool = 
     from wsishard.collate import GpuCollate
     from wsishard.stream import loader, stream
 
-    device = _device()
-    collate = GpuCollate(device, mean=MEAN, std=STD)
+    collate = GpuCollate(DEVICE, mean=MEAN, std=STD)
     ds = stream(source, batch_size=BATCH, resampled=True, seed=SEED, storage_options=storage_options)
     dl = loader(ds, num_workers=workers)
     distinct: list[int] = []
@@ -164,7 +151,8 @@ def time_wsishard(source: str, workers: int, batches: int, *, to_device: bool = 
         tc = time.perf_counter()
         if to_device:
             out = collate(batch)
-            _sync(device)
+            if DEVICE.type == "cuda":
+                torch.cuda.synchronize(DEVICE)
             if out["image"].shape != (BATCH, 3, PATCH_PX, PATCH_PX):
                 raise SystemExit(f"unexpected device batch {tuple(out['image'].shape)}")
         if i == 0:
@@ -236,8 +224,7 @@ def time_wsistream(slides: list[str], workers: int, batches: int) -> dict[str, A
     sampler = ws.ContinuousMagnificationSampler(output_size=PATCH_PX, mpp_range=(TARGET_MPP, TARGET_MPP + 1e-9))
     ds = WsiStreamDataset(slides, backend=ws.OpenSlideBackend(), tissue_detector=ws.OtsuTissueDetector(),
                           sampler=sampler, seed=SEED, output_dtype="uint8")  # fmt: skip
-    device = _device()
-    collate = GpuCollate(device, mean=MEAN, std=STD)
+    collate = GpuCollate(DEVICE, mean=MEAN, std=STD)
     dl = DataLoader(ds, batch_size=WS_BATCH, num_workers=workers)
     t0 = time.perf_counter()
     it = iter(dl)
@@ -246,7 +233,8 @@ def time_wsistream(slides: list[str], workers: int, batches: int) -> dict[str, A
             t_start = time.perf_counter()
         batch = next(it)
         out = collate.images(batch["image"].permute(0, 2, 3, 1))  # (b, 3, h, w) uint8 -> channels-last view
-        _sync(device)
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize(DEVICE)
         if i == 0:
             first_s = time.perf_counter() - t0
         if out.shape != (WS_BATCH, 3, PATCH_PX, PATCH_PX):
@@ -285,9 +273,6 @@ def moto_s3(shards_dir: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         server.stop()
 
 
-# ------------------------------------------------------------------------------------------ diversity
-
-
 def expected_distinct(counts: list[int], k: int) -> float:
     """E[distinct slides] in ``k`` patches drawn uniformly without replacement: sum_s 1 - C(N-n_s,k)/C(N,k)."""
     total = sum(counts)
@@ -300,11 +285,10 @@ def expected_distinct(counts: list[int], k: int) -> float:
                for n in counts)  # fmt: skip
 
 
-# ------------------------------------------------------------------------------------------- profile
-
-_BUCKETS = [("Imaging", "PIL decode (C)"), ("/PIL/", "PIL python"), ("webdataset", "webdataset tar"),
-            ("tarfile", "webdataset tar"), ("_io.", "file I/O"), ("wsishard", "wsishard python"),
-            ("numpy", "numpy"), ("torch", "torch"), ("json", "json")]  # fmt: skip
+_BUCKETS = [("ImagingDecoder", "PIL decode (C)"), ("ImagingEncoder", "PIL tobytes copy"),
+            ("'join' of 'bytes'", "PIL tobytes copy"), ("/PIL/", "PIL python"), ("shape_base", "np.stack"),
+            ("webdataset", "tar read"), ("tarfile", "tar read"), ("_io.", "file I/O"),
+            ("wsishard", "wsishard python"), ("json", "json")]  # fmt: skip
 
 
 def profile_pipeline(shards_dir: Path, batches: int) -> tuple[str, dict[str, float]]:
@@ -335,18 +319,6 @@ def profile_pipeline(shards_dir: Path, batches: int) -> tuple[str, dict[str, flo
 
 
 # ------------------------------------------------------------------------------------------------- main
-
-
-def _versions(ws: dict[str, Any]) -> dict[str, str]:
-    import PIL
-    import webdataset
-
-    import wsishard
-
-    v = {"wsishard": wsishard.__version__, "webdataset": webdataset.__version__, "torch": torch.__version__,
-         "pillow": PIL.__version__, "python": platform.python_version()}  # fmt: skip
-    v["wsistream"] = ws.get("version", "not installed")
-    return v
 
 
 def _v(ok: bool) -> str:
@@ -404,30 +376,28 @@ def _print_table(rows: list[tuple[str, str, str, str]]) -> None:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
-def _step(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _step(name: str, fn: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any) -> dict[str, Any]:
     log(name)
     t0 = time.perf_counter()
-    out = fn()
+    out = fn(*args, **kwargs)
     out["step_s"] = round(time.perf_counter() - t0, 2)
     return out
 
 
 def measure(mode: Mode, slides: list[str], shards_dir: Path) -> dict[str, Any]:
-    """Every figure, in one run: local loaders, S3, floor, wsistream, diversity."""
+    """Every figure, in one run: local loaders, S3, floor, wsistream."""
     local, n, r = str(shards_dir), mode.batches, {}
     for w in (1, 2):
-        r[f"w{w}"] = _step(f"wsishard, {w} worker(s), device-ready", lambda w=w: time_wsishard(local, w, n))
-        r[f"w{w}_loader"] = _step(f"wsishard, {w} worker(s), loader alone",
-                                  lambda w=w: time_wsishard(local, w, n, to_device=False))  # fmt: skip
+        r[f"w{w}"] = _step(f"wsishard, {w} worker(s), device-ready", time_wsishard, local, w, n)
+        r[f"w{w}_loader"] = _step(f"wsishard, {w} worker(s), loader alone", time_wsishard, local, w, n, to_device=False)
     try:
         with moto_s3(shards_dir) as (url, opts):
-            r["s3"] = _step("S3, device-ready", lambda: time_wsishard(url, 2, n, storage_options=opts))
-            r["s3_loader"] = _step("S3, loader alone",
-                                   lambda: time_wsishard(url, 2, n, to_device=False, storage_options=opts))  # fmt: skip
+            r["s3"] = _step("S3, device-ready", time_wsishard, url, 2, n, storage_options=opts)
+            r["s3_loader"] = _step("S3, loader alone", time_wsishard, url, 2, n, to_device=False, storage_options=opts)
     except Exception as exc:  # report exactly what fails; the other figures still count
         r["s3"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-    r["floor"] = _step("decode floor", lambda: floor_decode(shards_dir, mode.floor_samples))
-    r["wsistream"] = _step("wsistream, 2 workers", lambda: time_wsistream(slides, 2, mode.ws_batches))
+    r["floor"] = _step("decode floor", floor_decode, shards_dir, mode.floor_samples)
+    r["wsistream"] = _step("wsistream, 2 workers", time_wsistream, slides, 2, mode.ws_batches)
     return r
 
 
@@ -439,6 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="also cProfile one worker's pipeline in-process")
     args = parser.parse_args(argv)
     mode = QUICK if args.quick else FULL
+    import PIL
+    from webdataset import __version__ as wds_version
+
+    import wsishard
     from wsishard.storage import load_manifest
 
     t_all, load0 = time.perf_counter(), os.getloadavg()[0]
@@ -451,10 +425,12 @@ def main(argv: list[str] | None = None) -> int:
     r["diversity"] = {"slides": len(counts), "batches": len(seen), "mean": float(np.mean(seen)), "min": min(seen),
                       "uniform": uniform, "ratio": float(np.mean(seen)) / uniform}  # fmt: skip
     profile, r["profile_own_time"] = profile_pipeline(shards_dir, 6) if args.profile else ("", {})
-    r["targets"], r["versions"] = TARGETS, _versions(r["wsistream"])
+    r["targets"], r["versions"] = TARGETS, {"wsishard": wsishard.__version__, "webdataset": wds_version,
+        "torch": torch.__version__, "pillow": PIL.__version__, "python": platform.python_version(),
+        "wsistream": r["wsistream"].get("version", "not installed")}  # fmt: skip
     r["config"] = {**asdict(mode), "batch": BATCH, "wsistream_batch": WS_BATCH, "slide_mpp": SLIDE_MPP,
                    "target_mpp": TARGET_MPP, "patch_px": PATCH_PX, "tissue_fraction": TISSUE_FRACTION,
-                   "shards": len(manifest.shards), "samples": manifest.total_samples, "device": str(_device()),
+                   "shards": len(manifest.shards), "samples": manifest.total_samples, "device": str(DEVICE),
                    "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "loadavg_1m_start": load0,
                    "loadavg_1m_end": os.getloadavg()[0], "total_s": round(time.perf_counter() - t_all, 1)}  # fmt: skip
     if not args.json_only:

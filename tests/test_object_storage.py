@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import logging
 import pickle
+import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 import s3fs
 import shardmaker as sm
-from servers import HttpServer, S3Server
 
 from wsishard.errors import ManifestError, ShardError
 from wsishard.format import shard_name
 from wsishard.remote import RetryPolicy, is_transient, redact
 from wsishard.storage import StreamOpener, list_names, read_bytes
 from wsishard.stream import loader, stream
+
+if TYPE_CHECKING:  # imported by pytest_plugins below, with assertion rewriting
+    from servers import HttpServer, S3Server
 
 pytest_plugins = ("servers",)
 pytestmark = pytest.mark.timeout(120)
@@ -95,11 +98,24 @@ def test_small_blocks_without_and_with_read_ahead_give_the_same_bytes(s3: S3Serv
                                                                        out: sm.Output) -> None:  # fmt: skip
     want = Path(out.path(2)).read_bytes()
     for prefetch in (0, 1, 3):
-        opener = StreamOpener(s3.storage_options, block_size=1000, prefetch=prefetch)
+        opener = StreamOpener(s3.storage_options, block_size=5000, prefetch=prefetch)
         with opener(f"{s3_out}/shard-000002.tar") as fh:
-            got = fh.read(7) + fh.read(2500) + fh.read()
+            got = fh.read(7) + fh.read(12_000) + fh.read()
             assert got == want and fh.tell() == len(want) and fh.read(10) == b""
     assert list_names(s3_out, s3.storage_options) == sorted(["manifest.json", *out.keys])
+
+
+def test_closing_a_reader_early_stops_its_read_ahead_thread(s3: S3Server, s3_out: str) -> None:
+    before = set(threading.enumerate())
+    fh = StreamOpener(s3.storage_options, block_size=2000, prefetch=2)(f"{s3_out}/shard-000000.tar")
+    assert len(fh.read(10)) == 10
+    mine = [t for t in set(threading.enumerate()) - before if t.name == "wsishard-prefetch"]
+    assert len(mine) == 1
+    fh.close()
+    mine[0].join(timeout=5)
+    assert not mine[0].is_alive()
+    with pytest.raises(ValueError, match="closed"):
+        fh.read(10)
 
 
 # ---- failures ----------------------------------------------------------------------------------------------
@@ -133,7 +149,7 @@ def test_transient_http_errors_are_retried_at_open_and_mid_stream(http_serve: An
     assert server.faults.reset == 0
     gets = [(path, rng) for method, path, rng in server.log if method == "GET"]
     again = [g for g, previous in zip(gets[1:], gets, strict=False) if g == previous]
-    assert again and all(not rng.startswith("bytes=0-") for _, rng in again)  # re-read from where it broke
+    assert again and all(not (rng or "").startswith("bytes=0-") for _, rng in again)  # re-read where it broke
 
 
 def test_persistent_failures_end_in_a_shard_error(http_serve: Any, out: sm.Output) -> None:

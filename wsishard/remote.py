@@ -82,8 +82,8 @@ def _secret_values(options: Any, secret: bool = False) -> Iterator[str]:
 def redact(text: str, storage_options: StorageOptions | None = None) -> str:
     """``text`` without credentials: option secrets, AWS secrets from the environment, URL user info and
     signed-URL query parameters become ``***``."""
-    env = [os.environ.get(name, "") for name in _SECRET_ENV]
-    for value in sorted({*_secret_values(storage_options), *(v for v in env if len(v) >= 4)}, key=len, reverse=True):
+    env = [os.environ.get(name, "") for name in _SECRET_ENV]  # real ones are 40+ characters; "testing" is not
+    for value in sorted({*_secret_values(storage_options), *(v for v in env if len(v) >= 16)}, key=len, reverse=True):
         text = text.replace(value, "***")
     return _SIGNED_QUERY.sub(r"\1***", _USERINFO.sub("***@", text))
 
@@ -230,10 +230,10 @@ def _give_up(exc: Exception, what: str, tries: int, policy: RetryPolicy,
     """The error to raise for ``exc`` after ``tries`` tries, or None to try again."""
     link, transient = _deciding(exc)
     text = describe(link, storage_options)
+    if transient and tries < policy.attempts:
+        return None
     if transient:
-        return (
-            ConnectionError(f"gave up on {what} after {tries} attempts ({text})") if tries >= policy.attempts else None
-        )
+        return ConnectionError(f"gave up on {what} after {tries} attempts ({text})")
     if _status_and_code(link)[0] in (401, 403):
         return PermissionError(text)
     for kind in (FileNotFoundError, PermissionError, IsADirectoryError):
@@ -299,41 +299,50 @@ def _blocks(remote: _Remote, block_size: int) -> Iterator[bytes]:
             return
 
 
-class _Prefetcher:
-    """Runs a block iterator in a daemon thread, ``depth`` blocks ahead of :meth:`get`."""
+class _Blocks:
+    """An object's blocks in order: fetched when asked for (``depth`` 0), or by a daemon thread that stays
+    ``depth`` blocks ahead. The end, or an error, is sticky: every later :meth:`get` gives it again."""
 
     _END = object()
 
     def __init__(self, blocks: Iterator[bytes], depth: int, stop: threading.Event) -> None:
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
-        self._stop = stop
-        # the thread holds this object, not the reader: a reader dropped unclosed is still collected
-        threading.Thread(target=self._run, args=(blocks,), name="wsishard-prefetch", daemon=True).start()
+        self._blocks, self._stop = blocks, stop
+        self._last: Any = None  # the end marker or the error, once met
+        self._queue: queue.Queue[Any] | None = None
+        if depth > 0:
+            self._queue = queue.Queue(maxsize=depth)
+            # the thread holds this object, not the reader: a reader dropped unclosed is still collected
+            threading.Thread(target=self._run, name="wsishard-prefetch", daemon=True).start()
 
-    def _run(self, blocks: Iterator[bytes]) -> None:
+    def _run(self) -> None:
+        while self._put(item := self._take_here()) and isinstance(item, bytes):
+            pass
+
+    def _take_here(self) -> Any:
         try:
-            for block in blocks:
-                if not self._put(block):
-                    return
-            self._put(self._END)
+            return next(self._blocks, self._END)
         except BaseException as exc:  # handed over to the reading thread, raised there
-            self._put(exc)
+            return exc
 
     def _put(self, item: Any) -> bool:
         while not self._stop.is_set():
             try:
-                self._queue.put(item, timeout=0.1)
+                cast("queue.Queue[Any]", self._queue).put(item, timeout=0.1)
                 return True
             except queue.Full:
                 continue
         return False
 
     def get(self) -> bytes:
-        """The next block; b"" at the end. Raises what the fetching thread raised."""
-        item = self._queue.get()
-        if isinstance(item, BaseException):
-            raise item
-        return b"" if item is self._END else cast(bytes, item)
+        """The next block; b"" at the end. Raises what fetching raised."""
+        if self._last is None:
+            item = self._queue.get() if self._queue is not None else self._take_here()
+            if isinstance(item, bytes):
+                return item
+            self._last = item
+        if isinstance(self._last, BaseException):
+            raise self._last
+        return b""
 
 
 class RemoteReader(io.RawIOBase):
@@ -347,9 +356,7 @@ class RemoteReader(io.RawIOBase):
         self.name = redact(remote.url, remote.options)
         self._stop = remote.stop
         blocks = _blocks(remote, block_size)
-        self._next: Callable[[], bytes] = (
-            _Prefetcher(blocks, prefetch, self._stop).get if prefetch > 0 else functools.partial(next, blocks, b"")
-        )
+        self._next = _Blocks(blocks, prefetch, self._stop).get
         self._buf = memoryview(b"")
         self._pos = 0
 
@@ -365,6 +372,7 @@ class RemoteReader(io.RawIOBase):
         return bool(self._buf)
 
     def readinto(self, buffer: Any) -> int:
+        self._checkClosed()
         if not self._fill():
             return 0
         n = min(len(buffer), len(self._buf))
@@ -373,6 +381,7 @@ class RemoteReader(io.RawIOBase):
         return n
 
     def read(self, size: int | None = -1) -> bytes:
+        self._checkClosed()
         parts: list[bytes] = []
         want = -1 if size is None or size < 0 else size
         while want != 0 and self._fill():

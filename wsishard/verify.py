@@ -110,6 +110,7 @@ def verify(output: str, storage_options: StorageOptions | None = None, progress:
         for future in as_completed(futures):
             result = future.result()
             results[result.name] = result
+            logger.debug("%s: %s", result.name, "; ".join(result.reasons) or "ok")
             done, done_bytes = done + 1, done_bytes + result.nbytes
             if progress:
                 progress(VerifyProgress(done, len(futures), done_bytes, total_bytes))
@@ -132,13 +133,17 @@ def check_shard(location: str, record: ShardRecord, opener: Callable[[str], IO[b
     hashing = _Hashing(stream)
     samples, incomplete, reasons = 0, [], []
     try:
-        for key, exts in _samples(hashing):
-            samples += 1
-            if META_EXT not in exts or not exts & set(IMAGE_FORMATS):
-                incomplete.append(key)
+        try:
+            for key, exts in _samples(hashing):
+                samples += 1
+                if META_EXT not in exts or not exts & set(IMAGE_FORMATS):
+                    incomplete.append(key)
+        except (tarfile.TarError, EOFError) as exc:  # the bytes are still read, hashed and counted
+            reasons.append(f"not a valid tar after {samples} samples ({describe(exc)})")
         hashing.drain()
-    except (tarfile.TarError, EOFError, OSError) as exc:
-        reasons.append(f"unreadable after {samples} samples ({describe(exc)})")
+    except OSError as exc:  # the stream itself broke: sizes and hashes would mean nothing
+        return ShardCheck(record.name, samples, hashing.nbytes,
+                          [*reasons, f"cannot be read past byte {hashing.nbytes} ({describe(exc)})"])  # fmt: skip
     finally:
         stream.close()
     reasons += _compare(record, samples, hashing.nbytes, hashing.hexdigest())

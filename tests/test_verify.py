@@ -1,0 +1,134 @@
+"""``verify``: every shard re-read and compared with the manifest, locally, on S3 (moto) and over HTTP."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import shardmaker as sm
+
+from wsishard.errors import ManifestError
+from wsishard.format import shard_name
+from wsishard.verify import VerifyProgress, VerifyReport, format_report, verify
+
+if TYPE_CHECKING:  # imported by pytest_plugins below, with assertion rewriting
+    from servers import HttpServer, S3Server
+
+pytest_plugins = ("servers",)
+pytestmark = pytest.mark.timeout(120)
+
+COUNTS = (8, 6, 9, 7)
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> sm.Output:
+    return sm.make_output(str(tmp_path / "out"), COUNTS)
+
+
+def _problem(report: VerifyReport) -> dict[str, str]:
+    return dict(report.problems)
+
+
+def _flip_byte(path: str, offset: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_an_intact_output_passes_with_counts_and_progress(out: sm.Output) -> None:
+    seen: list[VerifyProgress] = []
+    report = verify(out.root, progress=seen.append)
+    assert report.ok and report.problems == [] and report.warnings == []
+    assert report.shards_checked == len(COUNTS) and report.samples_checked == sum(COUNTS)
+    assert report.bytes_checked == out.manifest.total_bytes
+    assert [p.done for p in seen] == [1, 2, 3, 4] and seen[-1].bytes_done == seen[-1].bytes_total
+    assert format_report(report).splitlines()[-1] == "OK"
+    assert verify(os.path.join(out.root, "manifest.json"), jobs=1).ok
+
+
+def test_missing_truncated_flipped_and_zeroed_shards_are_each_named(out: sm.Output) -> None:
+    os.remove(out.path(0))
+    sm.truncate(out.path(1), 0.5)
+    _flip_byte(out.path(2), os.path.getsize(out.path(2)) // 2)
+    size = os.path.getsize(out.path(3))
+    sm.zero_bytes(out.path(3), 4)  # a zero block where sample 4 starts: tar readers see a clean end
+    assert os.path.getsize(out.path(3)) == size
+    report = verify(out.root)
+    problems = _problem(report)
+    assert not report.ok and list(problems) == [shard_name(i) for i in range(4)]
+    assert problems[shard_name(0)] == "missing"
+    assert "truncated" in problems[shard_name(1)]
+    assert "sha256 differs" in problems[shard_name(2)]
+    assert "holds 4 samples, the manifest says 7" in problems[shard_name(3)]
+    assert "sha256 differs" in problems[shard_name(3)]
+    text = format_report(report)
+    assert all(shard_name(i) in text for i in range(4)) and "FAILED: 4 of 4" in text
+
+
+def test_a_shard_zero_padded_back_to_its_length_is_caught(out: sm.Output) -> None:
+    path, size = out.path(1), os.path.getsize(out.path(1))
+    sm.truncate(path, 0.5)
+    with open(path, "ab") as fh:
+        fh.write(b"\0" * (size - os.path.getsize(path)))
+    problems = _problem(verify(out.root))
+    assert list(problems) == [shard_name(1)]
+    assert "sha256 differs" in problems[shard_name(1)] or "samples" in problems[shard_name(1)]
+
+
+def test_a_corrupt_member_header_mid_shard_is_caught(out: sm.Output) -> None:
+    key = out.keys[shard_name(2)][3]
+    data = Path(out.path(2)).read_bytes().replace(f"{key}.jpg".encode(), f"{key}.xyz".encode(), 1)
+    Path(out.path(2)).write_bytes(data)  # bad header checksum: tarfile takes it for the end of the archive
+    problems = _problem(verify(out.root))
+    assert list(problems) == [shard_name(2)]
+    assert "holds 3 samples, the manifest says 9" in problems[shard_name(2)]
+
+
+def test_stray_and_temporary_shard_files_are_warnings(out: sm.Output) -> None:
+    shutil.copy(out.path(0), os.path.join(out.root, shard_name(17)))
+    Path(out.root, f".{shard_name(5)}.tmp-1234").write_bytes(b"partial")
+    Path(out.root, "notes.txt").write_text("not a shard")
+    report = verify(out.root)
+    assert report.ok
+    assert [name for name, _ in report.warnings] == [f".{shard_name(5)}.tmp-1234", shard_name(17)]
+    assert "not in the manifest" in dict(report.warnings)[shard_name(17)]
+    assert "warning" in format_report(report)
+
+
+def test_no_manifest_is_a_manifest_error(tmp_path: Path) -> None:
+    with pytest.raises(ManifestError):
+        verify(str(tmp_path))
+    with pytest.raises(ValueError, match="jobs"):
+        verify(str(tmp_path), jobs=0)
+
+
+def test_verify_on_s3(s3: S3Server, s3_bucket: str, out: sm.Output) -> None:
+    url = f"s3://{s3_bucket}/out"
+    s3.upload(out.root, url)
+    report = verify(url, storage_options=s3.storage_options)
+    assert report.ok and report.samples_checked == sum(COUNTS) and report.warnings == []
+    fs = s3.fs()
+    fs.rm(f"{url}/{shard_name(1)}")
+    data = bytearray(Path(out.path(2)).read_bytes())
+    data[len(data) // 3] ^= 0x01
+    fs.pipe(f"{url}/{shard_name(2)}", bytes(data))
+    fs.pipe(f"{url}/{shard_name(9)}", b"stray")
+    report = verify(url, storage_options=s3.storage_options)
+    assert list(_problem(report)) == [shard_name(1), shard_name(2)]
+    assert _problem(report)[shard_name(1)] == "missing"
+    assert [name for name, _ in report.warnings] == [shard_name(9)]
+
+
+def test_verify_over_http(http_serve: Any, out: sm.Output) -> None:
+    server: HttpServer = http_serve(Path(out.root).parent)
+    assert verify(f"{server.url}/out").ok
+    sm.truncate(out.path(3), 0.5)
+    shutil.copy(out.path(0), os.path.join(out.root, shard_name(8)))
+    report = verify(f"{server.url}/out")
+    assert list(_problem(report)) == [shard_name(3)]
+    assert [name for name, _ in report.warnings] == [shard_name(8)]  # from the server's index page
