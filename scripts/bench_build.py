@@ -6,10 +6,10 @@ Example::
     python scripts/bench_build.py --quick
     python scripts/bench_build.py --workdir /data/bench --json-only
 
-Every method processes the patches the build's own scan keeps (same slides, same options). Each method runs
-in its own child process; that process tree is polled with psutil every 50 ms for peak RSS (pool workers are
-grandchildren under forkserver). Synthetic 40x slides are cached in ``--workdir``. Prints a table, then one
-final line ``JSON: {...}``. Wall times are not asserted anywhere: on a shared machine they are what they are.
+The baselines process exactly the samples ``build --jobs 1`` wrote (read back from its shards). Each method
+runs in its own child process, whose tree is polled with psutil every 50 ms for peak RSS and CPU time (pool
+workers are grandchildren under forkserver). Synthetic 40x slides are cached in ``--workdir``. Prints a table,
+then one line ``JSON: {...}``. Verdicts use wall time; on a shared machine the CPU-second ratios say more.
 """
 
 from __future__ import annotations

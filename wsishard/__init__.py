@@ -44,6 +44,10 @@ _EXPORTS: dict[str, str] = {
     "LoaderReport": "wsishard.monitor",
     "StreamOpener": "wsishard.storage",
     "register_gopen_schemes": "wsishard.storage",
+    "verify": "wsishard.verify",
+    "VerifyReport": "wsishard.verify",
+    "merge": "wsishard.merge",
+    "RetryPolicy": "wsishard.remote",
     # errors
     "WsiShardError": "wsishard.errors",
     "OptionError": "wsishard.errors",
@@ -69,6 +73,7 @@ __all__ = [
     "OptionError",
     "PatchMeta",
     "PatchOptions",
+    "RetryPolicy",
     "Sample",
     "ShardError",
     "ShardLoader",
@@ -80,6 +85,7 @@ __all__ = [
     "StreamOpener",
     "TissueOptions",
     "TopologyError",
+    "VerifyReport",
     "World",
     "WsiShardError",
     "__version__",
@@ -89,10 +95,12 @@ __all__ = [
     "find_slides",
     "load_manifest",
     "loader",
+    "merge",
     "open_slide",
     "plan_epoch",
     "register_gopen_schemes",
     "stream",
+    "verify",
 ]
 
 

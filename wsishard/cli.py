@@ -23,6 +23,7 @@ from wsishard.merge import merge
 from wsishard.report import details, summary
 from wsishard.storage import load_manifest
 from wsishard.tissue import TissueOptions
+from wsishard.verify import VerifyProgress, format_report, verify
 
 logger = logging.getLogger("wsishard")
 
@@ -318,6 +319,24 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     return EXIT_FAILED_SLIDES if manifest.failed_slides else EXIT_OK
 
 
+def _cmd_verify(args: argparse.Namespace) -> int:
+    bar: tqdm | None = None
+
+    def progress(event: VerifyProgress) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=event.bytes_total, desc="verify", unit="B", unit_scale=True, disable=args.quiet or None)
+        bar.update(event.bytes_done - bar.n)
+
+    try:
+        report = verify(args.output, dict(args.storage_option), progress, jobs=args.jobs)
+    finally:
+        if bar is not None:
+            bar.close()
+    print(format_report(report))
+    return EXIT_OK if report.ok else EXIT_FAILED_SLIDES
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     manifest, _root = load_manifest(args.output, dict(args.storage_option))
     print(details(manifest, max_rows=args.rows))
@@ -346,6 +365,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=_positive(int), default=50, help="rows of the slide and shard tables")
     _add_storage_option(p)
     p.set_defaults(func=_cmd_inspect)
+    p = sub.add_parser("verify", help="re-read every shard and check sizes, sha256 and sample counts")
+    p.add_argument("output", help="build output folder, manifest.json path, or URL prefix")
+    p.add_argument("--jobs", type=_positive(int), default=4, metavar="N", help="shards read at once")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    _add_storage_option(p)
+    p.set_defaults(func=_cmd_verify)
     p = sub.add_parser("merge", help="join the part manifests of a cluster build (build --part I/N) into one")
     p.add_argument("output", help="the build output all parts wrote to (folder or URL prefix)")
     _add_storage_option(p)

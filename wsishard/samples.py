@@ -22,6 +22,7 @@ from webdataset.tariterators import base_plus_ext, tar_file_iterator
 
 from wsishard.errors import ShardError
 from wsishard.format import IMAGE_FORMATS, LABEL_EXT, META_EXT, PatchMeta
+from wsishard.remote import redact
 
 logger = logging.getLogger(__name__)
 
@@ -107,23 +108,24 @@ def read_shard(task: ShardTask, opener: Opener) -> Iterator[RawSample]:
         ShardError: the shard cannot be opened or read, a sample lacks its image or ``.json``, or the
             shard holds another number of samples than ``task.samples``.
     """
+    name = redact(task.url)  # what errors and samples show: no credentials from the URL
     try:
         stream = opener(task.url)
     except (OSError, ValueError) as exc:
-        raise ShardError(task.url, f"cannot be opened ({type(exc).__name__}: {exc})") from exc
+        raise ShardError(name, f"cannot be opened ({type(exc).__name__}: {exc})") from exc
     count = 0
     try:
         for key, members in _group_members(tar_file_iterator(stream, select_files=_wanted)):
-            yield _raw_sample(task.url, key, members)
+            yield _raw_sample(name, key, members)
             count += 1
     except ShardError:
         raise
     except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
-        raise ShardError(task.url, f"unreadable after {count} samples ({type(exc).__name__}: {exc})") from exc
+        raise ShardError(name, f"unreadable after {count} samples ({type(exc).__name__}: {exc})") from exc
     finally:
         stream.close()
     if count != task.samples:
-        raise ShardError(task.url, f"holds {count} samples, the manifest says {task.samples}")
+        raise ShardError(name, f"holds {count} samples, the manifest says {task.samples}")
 
 
 def _wanted(fname: str) -> bool:
