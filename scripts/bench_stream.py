@@ -385,17 +385,28 @@ def _step(name: str, fn: Callable[..., dict[str, Any]], *args: Any, **kwargs: An
 
 
 def measure(mode: Mode, slides: list[str], shards_dir: Path) -> dict[str, Any]:
-    """Every figure, in one run: local loaders, S3, floor, wsistream."""
+    """Every figure, in one run. Each S3 run directly follows its local twin: the load of a shared machine
+    drifts within minutes, so the S3 / local ratio compares neighbours."""
     local, n, r = str(shards_dir), mode.batches, {}
-    for w in (1, 2):
-        r[f"w{w}"] = _step(f"wsishard, {w} worker(s), device-ready", time_wsishard, local, w, n)
-        r[f"w{w}_loader"] = _step(f"wsishard, {w} worker(s), loader alone", time_wsishard, local, w, n, to_device=False)
-    try:
-        with moto_s3(shards_dir) as (url, opts):
-            r["s3"] = _step("S3, device-ready", time_wsishard, url, 2, n, storage_options=opts)
-            r["s3_loader"] = _step("S3, loader alone", time_wsishard, url, 2, n, to_device=False, storage_options=opts)
-    except Exception as exc:  # report exactly what fails; the other figures still count
-        r["s3"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    r["w1"] = _step("wsishard, 1 worker, device-ready", time_wsishard, local, 1, n)
+    r["w1_loader"] = _step("wsishard, 1 worker, loader alone", time_wsishard, local, 1, n, to_device=False)
+    s3_error = ""
+    with contextlib.ExitStack() as stack:
+        try:
+            url, opts = stack.enter_context(moto_s3(shards_dir))
+        except Exception as exc:  # report exactly what fails; the other figures still count
+            s3_error = f"{type(exc).__name__}: {exc}"
+        for suffix, to_device in (("", True), ("_loader", False)):
+            what = "device-ready" if to_device else "loader alone"
+            r[f"w2{suffix}"] = _step(f"wsishard, 2 workers, {what}", time_wsishard, local, 2, n, to_device=to_device)
+            if not s3_error:
+                try:
+                    r[f"s3{suffix}"] = _step(f"S3, 2 workers, {what}", time_wsishard, url, 2, n,
+                                             to_device=to_device, storage_options=opts)  # fmt: skip
+                except Exception as exc:
+                    s3_error = f"{type(exc).__name__}: {exc}"
+    if s3_error:
+        r["s3"] = {"error": s3_error[:300]}
     r["floor"] = _step("decode floor", floor_decode, shards_dir, mode.floor_samples)
     r["wsistream"] = _step("wsistream, 2 workers", time_wsistream, slides, 2, mode.ws_batches)
     return r

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import math
 
-import numpy as np
 from PIL import Image
 
 from wsishard.format import PatchMeta, sample_key
@@ -15,10 +15,9 @@ from wsishard.slide import SlideReader
 _PIL_FORMAT = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}
 
 
-def encode_image(patch: np.ndarray, image_format: str, quality: int) -> bytes:
-    """Encode a (h, w, 3) uint8 patch. ``png`` and ``webp`` are lossless; ``quality`` applies to ``jpg``."""
+def encode_image(image: Image.Image, image_format: str, quality: int) -> bytes:
+    """Encode an RGB patch. ``png`` and ``webp`` are lossless; ``quality`` applies to ``jpg``."""
     buf = io.BytesIO()
-    image = Image.fromarray(patch)
     if image_format == "jpg":
         image.save(buf, "JPEG", quality=quality)
     elif image_format == "webp":
@@ -28,43 +27,49 @@ def encode_image(patch: np.ndarray, image_format: str, quality: int) -> bytes:
     return buf.getvalue()
 
 
-def read_block_pixels(reader: SlideReader, block: Block, level: int, l0_per_o: float) -> np.ndarray:
-    """The block's region at the output resolution: (o_h, o_w, 3) uint8, read once and resized once."""
+def read_block_image(reader: SlideReader, block: Block, cands: Candidates, level: int) -> Image.Image:
+    """The block's region at the output resolution, (o_w, o_h): read once, resized once.
+
+    Source tiles that no kept patch of the block (nor the resampling filter around it) touches are not decoded:
+    they stay white and are never cut into a patch.
+    """
     downsample = reader.level_downsamples[level]
-    l_x, l_y, l_w, l_h = block.level_rect(l0_per_o, downsample)
-    pixels = reader.read_level(level, l_x, l_y, l_w, l_h)  # (l_h, l_w, 3)
-    scale = l0_per_o / downsample  # level px per output px
-    # crop to the exact block extent in level px, then resize it to the block's output size
-    fx, fy = block.o_x * scale - l_x, block.o_y * scale - l_y
-    box = (fx, fy, fx + block.o_w * scale, fy + block.o_h * scale)
-    image = Image.fromarray(pixels)
+    scale = cands.l0_per_o / downsample  # level px per output px
+    l_x, l_y, l_w, l_h = block.level_rect(cands.l0_per_o, downsample)
+    size = cands.patch
+    margin = math.ceil(3 * max(scale, 1.0)) + 1  # the resampling filter's reach beyond a patch's edge
+    needed = [
+        (math.floor(ox * scale) - margin, math.floor(oy * scale) - margin,
+         math.ceil((ox + size) * scale) + margin, math.ceil((oy + size) * scale) + margin)
+        for ox, oy in zip((cands.col[block.patches] * cands.stride).tolist(),
+                          (cands.row[block.patches] * cands.stride).tolist(), strict=True)
+    ]  # fmt: skip
+    image = Image.fromarray(reader.read_level(level, l_x, l_y, l_w, l_h, needed=needed))  # (l_h, l_w, 3)
+    fx, fy = block.o_x * scale - l_x, block.o_y * scale - l_y  # the block's exact extent within the read
     factor = round(scale)
     if abs(scale - factor) < 1e-9 and factor >= 1 and fx == 0 and fy == 0:
-        out = image if factor == 1 else image.reduce(factor)
-        if out.size != (block.o_w, block.o_h):
-            out = out.crop((0, 0, block.o_w, block.o_h))
-    else:
-        out = image.resize((block.o_w, block.o_h), Image.Resampling.LANCZOS, box=box, reducing_gap=3.0)
-    return np.asarray(out)
+        out = image if factor == 1 else image.reduce(factor)  # exact box filter for integer factors
+        return out if out.size == (block.o_w, block.o_h) else out.crop((0, 0, block.o_w, block.o_h))
+    box = (fx, fy, fx + block.o_w * scale, fy + block.o_h * scale)
+    return image.resize((block.o_w, block.o_h), Image.Resampling.LANCZOS, box=box, reducing_gap=3.0)
 
 
 def block_samples(reader: SlideReader, block: Block, cands: Candidates, *, level: int, slide_id: str,
                   file_name: str, target_mpp: float, image_format: str, quality: int,
                   label: int | None) -> list[tuple[str, dict[str, bytes]]]:  # fmt: skip
     """Read one block and return its patches as ``(key, members)`` in the block's patch order."""
-    pixels = read_block_pixels(reader, block, level, cands.l0_per_o)  # (o_h, o_w, 3)
+    image = read_block_image(reader, block, cands, level)
     l0_x, l0_y = cands.l0_x, cands.l0_y
     size, extent = cands.patch, cands.l0_extent
     out = []
     for i in block.patches.tolist():
         ox, oy = int(cands.col[i]) * cands.stride - block.o_x, int(cands.row[i]) * cands.stride - block.o_y
-        patch = np.ascontiguousarray(pixels[oy : oy + size, ox : ox + size])
         x, y = int(l0_x[i]), int(l0_y[i])
         meta: PatchMeta = {
             "slide_id": slide_id, "file": file_name, "x": x, "y": y, "extent": extent, "mpp": target_mpp,
             "level": level, "patch_size": size, "tissue": round(float(cands.tissue[i]), 4),
         }  # fmt: skip
-        members = {image_format: encode_image(patch, image_format, quality)}
+        members = {image_format: encode_image(image.crop((ox, oy, ox + size, oy + size)), image_format, quality)}
         if label is not None:
             meta["label"] = label
             members["cls"] = str(label).encode()

@@ -24,6 +24,8 @@ from wsishard.tissue import TissueOptions, detect_tissue
 
 logger = logging.getLogger(__name__)
 
+_MEASURED_PATCHES = 6  # patches per slide encoded while scanning to size shards in bytes
+
 
 @dataclass(frozen=True, kw_only=True)
 class ScanTask:
@@ -106,7 +108,7 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
         reason = "no tissue found" if not mask.any() else f"no patch with >= {patch.min_tissue:.0%} tissue"
         return ScanResult(replace(record, reason=reason))
     block_list = blocks(cands, patch.block_patches)
-    measured = _bytes_per_patch(task, reader, cands, block_list, level, *task.measure) if task.measure else None
+    measured = _bytes_per_patch(task, reader, cands, level, *task.measure) if task.measure else None
     return ScanResult(replace(record, status="ok"), cands, block_list, measured)
 
 
@@ -114,14 +116,16 @@ def _slide_seed(task: ScanTask) -> int:
     return int.from_bytes(task.slide_id.encode()[:8].ljust(8, b"\0"), "little") ^ task.seed
 
 
-def _bytes_per_patch(task: ScanTask, reader: SlideReader, cands: Candidates, block_list: list[Block], level: int,
-                     image_format: str, quality: int) -> float:  # fmt: skip
-    """Mean encoded bytes of a sample, measured on up to two seeded blocks of the slide."""
+def _bytes_per_patch(task: ScanTask, reader: SlideReader, cands: Candidates, level: int, image_format: str,
+                     quality: int) -> float:  # fmt: skip
+    """Mean encoded bytes of a sample, measured on a few seeded patches of the slide (read one by one)."""
     rng = np.random.default_rng((task.seed, task.index, 0x5CA9))
-    picks = rng.choice(len(block_list), size=min(2, len(block_list)), replace=False)
+    picks = rng.choice(len(cands), size=min(_MEASURED_PATCHES, len(cands)), replace=False)
     sizes: list[int] = []
-    for b in picks.tolist():
-        samples = block_samples(reader, block_list[b], cands, level=level, slide_id=task.slide_id,
+    for i in picks.tolist():
+        ox, oy = int(cands.col[i]) * cands.stride, int(cands.row[i]) * cands.stride
+        one = Block(patches=np.array([i]), o_x=ox, o_y=oy, o_w=cands.patch, o_h=cands.patch)
+        samples = block_samples(reader, one, cands, level=level, slide_id=task.slide_id,
                                 file_name=os.path.basename(task.path), target_mpp=task.patch.target_mpp,
                                 image_format=image_format, quality=quality, label=task.label)  # fmt: skip
         sizes.extend(sum(len(v) for v in members.values()) for _, members in samples)

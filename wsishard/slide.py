@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
 
@@ -30,6 +30,7 @@ SLIDE_SUFFIXES: tuple[str, ...] = (
     ".svs", ".tif", ".tiff", ".ndpi", ".vms", ".vmu", ".scn", ".mrxs", ".svslide", ".bif", ".dcm", ".czi",
 )  # fmt: skip
 _FAST_SUFFIXES = (".svs", ".tif", ".tiff")
+Rect = tuple[int, int, int, int]  # (x0, y0, x1, y1), half-open
 _BACKGROUND = 255  # what lies outside the image or under transparent pixels: white glass
 
 
@@ -42,8 +43,13 @@ class SlideReader(Protocol):
     level_downsamples: tuple[float, ...]
     properties: Mapping[str, str]
 
-    def read_level(self, level: int, l_x: int, l_y: int, width: int, height: int) -> np.ndarray:
-        """Pixels ``[l_y, l_y+height) x [l_x, l_x+width)`` of ``level``, in that level's own pixels."""
+    def read_level(self, level: int, l_x: int, l_y: int, width: int, height: int,
+                   needed: Sequence[Rect] | None = None) -> np.ndarray:  # fmt: skip
+        """Pixels ``[l_y, l_y+height) x [l_x, l_x+width)`` of ``level``, in that level's own pixels.
+
+        ``needed``: level-pixel rectangles ``(x0, y0, x1, y1)`` the caller will use; a reader may leave pixels
+        outside all of them white instead of decoding them.
+        """
         ...
 
     def close(self) -> None: ...
@@ -66,7 +72,8 @@ class OpenSlideReader:
         self.level_downsamples = tuple(float(d) for d in self._slide.level_downsamples)
         self.properties: Mapping[str, str] = dict(self._slide.properties)
 
-    def read_level(self, level: int, l_x: int, l_y: int, width: int, height: int) -> np.ndarray:
+    def read_level(self, level: int, l_x: int, l_y: int, width: int, height: int,
+                   needed: Sequence[Rect] | None = None) -> np.ndarray:  # fmt: skip
         ds = self.level_downsamples[level]
         l0_xy = (round(l_x * ds), round(l_y * ds))
         try:
@@ -159,7 +166,8 @@ class TiffTileReader:
             ) from exc
         return np.asarray(tile).reshape(level.tile_h, level.tile_w, 3)
 
-    def read_level(self, level: int, l_x: int, l_y: int, width: int, height: int) -> np.ndarray:
+    def read_level(self, level: int, l_x: int, l_y: int, width: int, height: int,
+                   needed: Sequence[Rect] | None = None) -> np.ndarray:  # fmt: skip
         lv = self._levels[level]
         out = np.full((height, width, 3), _BACKGROUND, dtype=np.uint8)  # (h, w, 3)
         x_lo, y_lo = max(l_x, 0), max(l_y, 0)
@@ -168,10 +176,12 @@ class TiffTileReader:
             return out
         for ty in range(y_lo // lv.tile_h, (y_hi - 1) // lv.tile_h + 1):
             for tx in range(x_lo // lv.tile_w, (x_hi - 1) // lv.tile_w + 1):
+                t_x0, t_y0 = tx * lv.tile_w, ty * lv.tile_h
+                if needed is not None and not _touches(needed, t_x0, t_y0, t_x0 + lv.tile_w, t_y0 + lv.tile_h):
+                    continue  # no pixel of this tile is used: leave it white
                 tile = self._tile(lv, ty * lv.tiles_across + tx)
                 if tile is None:
                     continue
-                t_x0, t_y0 = tx * lv.tile_w, ty * lv.tile_h
                 sx0, sy0 = max(x_lo, t_x0), max(y_lo, t_y0)
                 sx1, sy1 = min(x_hi, t_x0 + lv.tile_w), min(y_hi, t_y0 + lv.tile_h)
                 out[sy0 - l_y : sy1 - l_y, sx0 - l_x : sx1 - l_x] = tile[
@@ -263,6 +273,10 @@ def read_lowres(reader: SlideReader, l0_per_px: float, *, chunk_px: int = 2048) 
             small = Image.fromarray(chunk).resize((ox1 - ox0, oy1 - oy0), Image.Resampling.BOX)
             out[oy0:oy1, ox0:ox1] = np.asarray(small)
     return out, l0_w / out_w
+
+
+def _touches(rects: Sequence[Rect], x0: int, y0: int, x1: int, y1: int) -> bool:
+    return any(rx0 < x1 and x0 < rx1 and ry0 < y1 and y0 < ry1 for rx0, ry0, rx1, ry1 in rects)
 
 
 def _one_line(exc: BaseException) -> str:
