@@ -37,7 +37,10 @@ def read_block_image(reader: SlideReader, block: Block, cands: Candidates, level
     scale = cands.l0_per_o / downsample  # level px per output px
     l_x, l_y, l_w, l_h = block.level_rect(cands.l0_per_o, downsample)
     size = cands.patch
-    margin = math.ceil(3 * max(scale, 1.0)) + 1  # the resampling filter's reach beyond a patch's edge
+    fx, fy = block.o_x * scale - l_x, block.o_y * scale - l_y  # the block's exact extent within the read
+    factor = round(scale)
+    boxed = abs(scale - factor) < 1e-9 and factor >= 1 and fx == 0 and fy == 0  # integer box reduction
+    margin = 0 if boxed else math.ceil(3 * max(scale, 1.0)) + 1  # the resampling filter's reach past an edge
     needed = [
         (math.floor(ox * scale) - margin, math.floor(oy * scale) - margin,
          math.ceil((ox + size) * scale) + margin, math.ceil((oy + size) * scale) + margin)
@@ -45,9 +48,7 @@ def read_block_image(reader: SlideReader, block: Block, cands: Candidates, level
                           (cands.row[block.patches] * cands.stride).tolist(), strict=True)
     ]  # fmt: skip
     image = Image.fromarray(reader.read_level(level, l_x, l_y, l_w, l_h, needed=needed))  # (l_h, l_w, 3)
-    fx, fy = block.o_x * scale - l_x, block.o_y * scale - l_y  # the block's exact extent within the read
-    factor = round(scale)
-    if abs(scale - factor) < 1e-9 and factor >= 1 and fx == 0 and fy == 0:
+    if boxed:  # each output pixel is the mean of its own factor x factor source pixels: nothing bleeds in
         out = image if factor == 1 else image.reduce(factor)  # exact box filter for integer factors
         return out if out.size == (block.o_w, block.o_h) else out.crop((0, 0, block.o_w, block.o_h))
     box = (fx, fy, fx + block.o_w * scale, fy + block.o_h * scale)

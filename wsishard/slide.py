@@ -15,7 +15,7 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import openslide
@@ -127,7 +127,7 @@ class TiffTileReader:
         except SlideError:
             self._tif.close()
             raise
-        self._fh: BinaryIO = self._tif.filehandle  # type: ignore[assignment]
+        self._fd = os.open(path, os.O_RDONLY)  # tiles are read with one pread each (no seek, no buffer copy)
         self._decoders: dict[int, Callable[..., Any]] = {}
 
     def _match_level(self, width: int, height: int) -> _TiledLevel:
@@ -150,8 +150,7 @@ class TiffTileReader:
         offset, count = level.offsets[index], level.bytecounts[index]
         if count == 0:
             return None
-        self._fh.seek(offset)
-        data = self._fh.read(count)
+        data = os.pread(self._fd, count, offset)
         if len(data) != count:
             raise SlideError(self.path, f"truncated: tile {index} of page {level.page_index} runs past the end")
         decode = self._decoders.get(level.page_index)
@@ -190,6 +189,7 @@ class TiffTileReader:
         return out
 
     def close(self) -> None:
+        os.close(self._fd)
         self._tif.close()
 
 
