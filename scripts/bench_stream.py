@@ -140,13 +140,13 @@ def time_wsishard(source: str, workers: int, batches: int, *, to_device: bool = 
     ds = stream(source, batch_size=BATCH, resampled=True, seed=SEED, storage_options=storage_options)
     dl = loader(ds, num_workers=workers)
     distinct: list[int] = []
-    collate_s, procs, cpu0 = 0.0, [], 0.0
+    collate_s, procs, cpu0, main0 = 0.0, [], 0.0, 0.0
     t0 = time.perf_counter()
     it = iter(dl)
     for i in range(workers + batches):
         if i == workers:  # warm-up done: one batch per worker
             procs = psutil.Process().children()
-            t_start, cpu0 = time.perf_counter(), _cpu_s(procs)
+            t_start, cpu0, main0 = time.perf_counter(), _cpu_s(procs), time.process_time()
         batch = next(it)
         tc = time.perf_counter()
         if to_device:
@@ -160,12 +160,13 @@ def time_wsishard(source: str, workers: int, batches: int, *, to_device: bool = 
         elif i >= workers:
             collate_s += time.perf_counter() - tc
         distinct.append(len({m["slide_id"] for m in batch["meta"]}))
-    wall, cpu = time.perf_counter() - t_start, _cpu_s(procs) - cpu0
+    wall, cpu, main_cpu = time.perf_counter() - t_start, _cpu_s(procs) - cpu0, time.process_time() - main0
     del it  # shuts the workers down
     rate = batches * BATCH / wall
     return {"workers": workers, "to_device": to_device, "samples_per_s": rate, "per_worker": rate / workers,
             "cpu_per_worker": batches * BATCH / cpu if cpu > 0 else None, "first_batch_s": first_s,
             "first_batch_loader_s": first_loader_s, "collate_ms_per_batch": 1000 * collate_s / batches,
+            "main_cpu_ms_per_batch": 1000 * main_cpu / batches,
             "distinct_slides": distinct}  # fmt: skip
 
 
@@ -354,6 +355,10 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             x = r[key]["samples_per_s"] / local
             rows.append((f"S3 (moto, in-process), 2 workers, {name}", f"{r[key]['samples_per_s']:,.0f}/s = "
                          f"{x:.2f}x local", f">= {t['s3_vs_local']}x", _v(x >= t["s3_vs_local"])))  # fmt: skip
+        s3l, w2l = r["s3_loader"], r["w2_loader"]
+        rows.append(("  loader alone, CPU: workers per sample; main", f"{1e3 / s3l['cpu_per_worker']:.2f} vs "
+                     f"{1e3 / w2l['cpu_per_worker']:.2f} ms local; {s3l['main_cpu_ms_per_batch']:,.0f} (moto) vs "
+                     f"{w2l['main_cpu_ms_per_batch']:,.0f} ms/batch", "", ""))  # fmt: skip
     ws = r["wsistream"]
     if ws.get("installed"):
         rows.append((f"wsistream {ws['version']}, 2 workers, device-ready", f"{ws['samples_per_s']:,.1f}/s", "", ""))

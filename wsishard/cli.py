@@ -20,6 +20,7 @@ from wsishard.errors import WsiShardError
 from wsishard.format import IMAGE_FORMATS
 from wsishard.grid import PatchOptions
 from wsishard.merge import merge
+from wsishard.remote import redact
 from wsishard.report import details, summary
 from wsishard.storage import load_manifest
 from wsishard.tissue import TissueOptions
@@ -386,12 +387,18 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)  # fmt: skip
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logger.setLevel(logging.DEBUG if args.verbose else logging.WARNING)  # -v: wsishard's own debug lines only
     try:
         code: int = args.func(args)
     except WsiShardError as exc:
         print(f"wsishard {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as exc:  # storage, credentials, disk: one line (credentials redacted), traceback with -v
+        if args.verbose:
+            logger.exception("wsishard %s failed", args.command)
+        options = dict(getattr(args, "storage_option", []) or [])
+        print(f"wsishard {args.command}: error: {redact(f'{type(exc).__name__}: {exc}', options)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("wsishard: interrupted", file=sys.stderr)

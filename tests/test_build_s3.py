@@ -1,0 +1,137 @@
+"""Building to object storage against a real S3 endpoint (moto's server on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from buildtools import read_output
+
+from wsishard.build import BuildOptions, build
+from wsishard.destination import Destination
+from wsishard.grid import PatchOptions
+from wsishard.stream import stream
+from wsishard.synthetic import make_slides
+
+if TYPE_CHECKING:
+    from servers import S3Server
+
+pytest_plugins = ("servers",)
+pytestmark = pytest.mark.timeout(300)
+
+OPTS = BuildOptions(patch=PatchOptions(patch_size_px=64), shard_samples=30, group_slides=3, seed=2, jobs=2)
+ARGS = ["--patch-size", "64", "--shard-samples", "30", "--group-slides", "3", "--seed", "2", "-q"]
+
+
+@pytest.fixture(scope="module")
+def slides(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("s3-slides")
+    make_slides(folder, 6, seed=31, width=3072, height=3072)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def local(slides: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("s3-local") / "out"
+    build([str(slides)], str(out), OPTS)
+    return out
+
+
+def _download(s3: S3Server, url: str, to: Path) -> Path:
+    fs = s3.fs()
+    fs.invalidate_cache()
+    to.mkdir(parents=True, exist_ok=True)
+    for path in fs.ls(url, detail=False):
+        name = path.rsplit("/", 1)[-1]
+        if fs.isfile(path):
+            fs.get_file(path, str(to / name))
+    return to
+
+
+def test_build_to_s3_equals_the_local_build_and_streams_back(s3: S3Server, s3_bucket: str, slides: Path,
+                                                              local: Path, tmp_path: Path) -> None:  # fmt: skip
+    url = f"s3://{s3_bucket}/cohort/shards"
+    manifest = build([str(slides)], url, OPTS, storage_options=s3.storage_options)
+    names = sorted(p.rsplit("/", 1)[-1] for p in s3.fs().ls(url, detail=False))
+    assert names == sorted([".wsishard", "manifest.json", "qc", *(s.name for s in manifest.shards)])
+    copy = _download(s3, url, tmp_path / "copy")
+    local_manifest, local_samples = read_output(str(local))
+    s3_manifest, _ = read_output(str(copy))
+    assert s3_manifest.shards == local_manifest.shards  # same names, counts, bytes, sha256
+    assert s3_manifest.slides == local_manifest.slides
+    assert len(s3.fs().ls(f"{url}/qc", detail=False)) == 6
+    ds = stream(url, batch_size=16, resampled=False, shuffle=0, drop_last=False, storage_options=s3.storage_options)
+    keys = [k for batch in ds for k in batch["key"]]
+    assert sorted(keys) == sorted(s.key for s in local_samples)
+
+
+def test_resume_on_s3_after_sigkill(s3: S3Server, s3_bucket: str, slides: Path, local: Path, tmp_path: Path) -> None:
+    url = f"s3://{s3_bucket}/shards"
+    endpoint = ["--storage-option", f"endpoint_url={s3.endpoint_url}"]
+    cmd = [sys.executable, "-m", "wsishard.cli", "build", str(slides), "-o", url, "--jobs", "1", *ARGS, *endpoint]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    fs = s3.fs()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        fs.invalidate_cache()
+        if len(fs.ls(f"{url}/.wsishard/done", detail=False) if fs.exists(f"{url}/.wsishard/done") else []) >= 2:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, "the build finished before it could be killed"
+    fs.invalidate_cache()
+    assert not fs.exists(f"{url}/manifest.json")
+    again = subprocess.run([*cmd[:8], "2", *cmd[9:]], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    copy = _download(s3, url, tmp_path / "copy")
+    local_manifest, _ = read_output(str(local))
+    s3_manifest, _ = read_output(str(copy))
+    assert s3_manifest.shards == local_manifest.shards
+    fs.invalidate_cache()
+    listed = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(url, detail=False) if p.endswith(".tar"))
+    assert listed == [s.name for s in s3_manifest.shards]  # nothing stray, nothing half-uploaded
+
+
+def test_an_aborted_upload_leaves_no_object(s3: S3Server, s3_bucket: str) -> None:
+    dest = Destination(f"s3://{s3_bucket}/out", s3.storage_options)
+    out = dest.open_atomic("shard-000000.tar")
+    out.write(os.urandom(17 * 2**20))  # past one 16 MiB part: a multipart upload is under way
+    out.write(b"tail")
+    out.abort()
+    s3.fs().invalidate_cache()
+    assert not s3.fs().exists(f"s3://{s3_bucket}/out/shard-000000.tar")
+    dest.write_bytes("ok.txt", b"done")
+    assert s3.fs().cat_file(f"s3://{s3_bucket}/out/ok.txt") == b"done"
+
+
+def test_credentials_never_reach_output_or_logs(s3: S3Server, s3_bucket: str, slides: Path) -> None:
+    secret = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"  # moto accepts any credentials
+    url = f"s3://{s3_bucket}/secret-check"
+    one = sorted(slides.iterdir())[0]
+    env = {**os.environ, "AWS_SECRET_ACCESS_KEY": secret}
+    proc = subprocess.run(
+        [sys.executable, "-m", "wsishard.cli", "-v", "build", str(one), "-o", url, "--patch-size", "64", "--jobs", "1",
+         "--storage-option", f"endpoint_url={s3.endpoint_url}", "--storage-option", f"secret={secret}",
+         "--storage-option", "key=AKIAEXAMPLEKEY"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert secret not in proc.stdout + proc.stderr
+    bad = subprocess.run(  # a failing run: the error is one line, without the secret
+        [sys.executable, "-m", "wsishard.cli", "build", str(one), "-o", url + "-2", "--storage-option",
+         f"endpoint_url={s3.endpoint_url}", "--storage-option", f"secret={secret}"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "Credentials" in bad.stderr
+    assert secret not in bad.stdout + bad.stderr
+    fs = s3.fs()
+    fs.invalidate_cache()
+    for path in fs.find(url):
+        assert secret.encode() not in fs.cat_file(path), path
