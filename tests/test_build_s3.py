@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -135,3 +138,39 @@ def test_credentials_never_reach_output_or_logs(s3: S3Server, s3_bucket: str, sl
     fs.invalidate_cache()
     for path in fs.find(url):
         assert secret.encode() not in fs.cat_file(path), path
+
+
+def test_slides_read_from_a_bucket_through_bounded_scratch(
+    s3: S3Server, s3_bucket: str, slides: Path, local: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import wsishard.scan
+    import wsishard.scratch
+
+    s3.fs().mkdir(f"{s3_bucket}/cohort/slides")
+    s3.upload(str(slides), f"s3://{s3_bucket}/cohort/slides")
+    live: list[int] = [0, 0]  # copies on disk now, most at once
+    original = wsishard.scratch.local_copy
+
+    @contextlib.contextmanager
+    def spy(*args: object, **kwargs: object) -> Iterator[str]:
+        with original(*args, **kwargs) as path:  # type: ignore[arg-type]
+            live[0] += 1
+            live[1] = max(live)
+            try:
+                yield path
+            finally:
+                live[0] -= 1
+
+    monkeypatch.setattr(wsishard.scratch, "local_copy", spy)
+    monkeypatch.setattr(wsishard.scan, "local_copy", spy)
+    scratch = tmp_path / "scratch"
+    opts = dataclasses.replace(OPTS, jobs=1)  # in-process, so the spy sees every copy
+    out = tmp_path / "out"
+    manifest = build([f"s3://{s3_bucket}/cohort/slides/"], str(out), opts, storage_options=s3.storage_options,
+                     scratch=str(scratch))  # fmt: skip
+    assert live == [0, 1]  # one slide on local disk at a time, and none left
+    assert not [p for p in scratch.rglob("*") if p.is_file()]  # copies and staged patches removed
+    local_manifest, _ = read_output(str(local))
+    assert manifest.shards == local_manifest.shards  # byte-identical shards from the same slides
+    assert [s.file for s in manifest.slides] == [f"s3://{s3_bucket}/cohort/slides/{Path(s.file).name}"
+                                                 for s in local_manifest.slides]  # fmt: skip

@@ -11,16 +11,17 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-import multiprocessing as mp
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from wsishard import __version__
 from wsishard.destination import Destination
 from wsishard.errors import OptionError
-from wsishard.extract import ShardOutcome, ShardTask, SlideWork, close_readers, extract_shard
+from wsishard.extract import ShardOutcome, ShardTask, SlideWork, extract_shard
 from wsishard.format import (
     IMAGE_FORMATS,
     MANIFEST_NAME,
@@ -31,15 +32,17 @@ from wsishard.format import (
     unique_slide_ids,
 )
 from wsishard.grid import PatchOptions
+from wsishard.inputs import find_slides, lookup
 from wsishard.plan import Plan, ShardPlan, assign_parts, make_plan
+from wsishard.pool import WorkerPool
 from wsishard.scan import ScanResult, ScanTask, scan_slide
-from wsishard.slide import SLIDE_SUFFIXES
+from wsishard.scratch import StagedSlide, StageTask, remove_staging, stage_slide
 from wsishard.state import BuildState, fingerprint
+from wsishard.storage import is_url
 from wsishard.tissue import TissueOptions
 
 logger = logging.getLogger(__name__)
 
-_LIST_SUFFIXES = (".txt", ".lst", ".list", ".csv")
 _TAR_BYTES_PER_MEMBER = 512 + 256  # header + mean padding
 T = TypeVar("T")
 R = TypeVar("R")
@@ -111,55 +114,13 @@ class BuildProgress:
 
 
 ProgressCallback = Callable[[BuildProgress], None]
-
-
-def find_slides(inputs: Sequence[str]) -> list[str]:
-    """Slide files from folders (recursive), slide files, and text files listing slides (one per line).
-
-    Raises:
-        OptionError: an input does not exist, or nothing that looks like a slide was found.
-    """
-    found: list[str] = []
-    for item in inputs:
-        if os.path.isdir(item):
-            found.extend(_walk(item))
-        elif os.path.isfile(item) and item.lower().endswith(_LIST_SUFFIXES):
-            found.extend(_read_list(item))
-        elif os.path.isfile(item):
-            found.append(item)
-        else:
-            raise OptionError(f"no such file or folder: {item}")
-    paths = sorted(dict.fromkeys(os.path.normpath(p) for p in found))
-    if not paths:
-        raise OptionError(f"no slide files ({', '.join(SLIDE_SUFFIXES)}) found in: {', '.join(inputs)}")
-    return paths
-
-
-def _walk(folder: str) -> Iterator[str]:
-    for root, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        yield from (os.path.join(root, f) for f in files if f.lower().endswith(SLIDE_SUFFIXES) and f[0] != ".")
-
-
-def _read_list(list_path: str) -> list[str]:
-    here = os.path.dirname(list_path)
-    with open(list_path, encoding="utf-8") as fh:
-        lines = [ln.split(",", 1)[0].strip() for ln in fh]
-    return [p if os.path.isabs(p) else os.path.join(here, p) for p in lines if p and not p.startswith("#")]
-
-
-def lookup(table: Mapping[str, T], path: str) -> T | None:
-    """Find ``path`` in a per-slide table keyed by path, file name, or file name without extension."""
-    name = os.path.basename(path)
-    for key in (path, os.path.abspath(path), name, name.rsplit(".", 1)[0]):
-        if key in table:
-            return table[key]
-    return None
+Extracted = tuple[dict[int, ShardOutcome], dict[int, str]]  # shard outcomes by index, failed slides' reasons
 
 
 def build(inputs: Sequence[str], output: str, options: BuildOptions | None = None, *,
           progress: ProgressCallback | None = None, storage_options: Mapping[str, Any] | None = None,
-          part: tuple[int, int] | None = None, overwrite: bool = False) -> Manifest:  # fmt: skip
+          part: tuple[int, int] | None = None, overwrite: bool = False,
+          scratch: str | None = None) -> Manifest:  # fmt: skip
     """Build mixed tissue-patch shards from slides into ``output`` and return the manifest it wrote.
 
     Re-running the same build on the same output resumes it: finished shards are kept, the rest is written.
@@ -173,6 +134,8 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
         part: ``(i, n)``, 1-based: build only part ``i`` of ``n`` (whole groups, balanced by patches) and write
             a part manifest; :func:`wsishard.merge.merge` joins the parts.
         overwrite: replace a build with other inputs or options found in ``output`` instead of refusing.
+        scratch: local folder for copies of slides given as URLs (default: a temporary folder); it holds at most
+            one slide per worker, plus one group's staged patches.
 
     Raises:
         OptionError: bad inputs (nothing found, a missing path), a bad ``part``, or ``output`` holding another
@@ -181,22 +144,30 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
     options = options or BuildOptions()
     if part is not None and not 1 <= part[0] <= part[1]:
         raise OptionError(f"invalid part {part[0]}/{part[1]}: need 1 <= i <= n")
-    paths = find_slides(inputs)
+    paths = find_slides(inputs, storage_options)
     dest = Destination(output, storage_options)
     dest.makedirs()
     state = BuildState(dest, fingerprint(paths, _options_dict(options, for_fingerprint=True)))
     state.claim(overwrite=overwrite)
     _remove_leftovers(dest)
-    with _Pool(options.jobs or os.cpu_count() or 1) as pool:
-        scans = state.load_scans(options.patch.block_patches)
-        if scans is None:
-            scans = _scan_all(pool, paths, dest, options, progress)
-            state.save_scans(scans)
-        plan = make_plan([s.block_sizes for s in scans], samples_per_shard=_samples_per_shard(options, scans),
-                         group_slides=options.group_slides, seed=options.seed)  # fmt: skip
-        groups = _part_groups(plan, part)
-        shards = [sp for sp in plan.shards if sp.group in groups]
-        outcomes, failed = _extract_all(pool, shards, scans, dest, options, progress, state)
+    remote = _Remote(scratch or tempfile.mkdtemp(prefix="wsishard-scratch-"), dict(storage_options or {}))
+    try:
+        with WorkerPool(options.jobs or os.cpu_count() or 1) as pool:
+            scans = state.load_scans(options.patch.block_patches)
+            if scans is None:
+                scans = _scan_all(pool, paths, dest, options, progress, remote)
+                state.save_scans(scans)
+            plan = make_plan([s.block_sizes for s in scans], samples_per_shard=_samples_per_shard(options, scans),
+                             group_slides=options.group_slides, seed=options.seed)  # fmt: skip
+            groups = _part_groups(plan, part)
+            shards = [sp for sp in plan.shards if sp.group in groups]
+            if any(is_url(p) for p in paths):
+                outcomes, failed = _extract_staged(pool, plan, shards, scans, dest, options, progress, state, remote)
+            else:
+                outcomes, failed = _extract_all(pool, shards, scans, dest, options, progress, state)
+    finally:
+        if scratch is None:
+            shutil.rmtree(remote.scratch, ignore_errors=True)
     slides = _slides_of_part(plan, groups, len(scans), part)
     manifest = _manifest(inputs, options, scans, outcomes, failed, state.digest, slides, part)
     dest.write_bytes(manifest_name(part), manifest.to_json().encode())
@@ -224,8 +195,16 @@ def _slides_of_part(plan: Plan, groups: set[int], n_slides: int, part: tuple[int
     return sorted(mine)
 
 
-def _scan_all(pool: _Pool, paths: list[str], dest: Destination, options: BuildOptions,
-              progress: ProgressCallback | None) -> list[ScanResult]:  # fmt: skip
+@dataclass(frozen=True)
+class _Remote:
+    """Where slides given as URLs are copied and staged, and the options to fetch them."""
+
+    scratch: str
+    storage_options: dict[str, Any]
+
+
+def _scan_all(pool: WorkerPool, paths: list[str], dest: Destination, options: BuildOptions,
+              progress: ProgressCallback | None, remote: _Remote) -> list[ScanResult]:  # fmt: skip
     ids = unique_slide_ids(paths)
     measure = (options.image_format, options.quality) if options.shard_size_bytes else None
     if options.qc:
@@ -234,7 +213,8 @@ def _scan_all(pool: _Pool, paths: list[str], dest: Destination, options: BuildOp
         ScanTask(index=i, path=p, slide_id=sid, patch=options.patch, tissue=options.tissue,
                  mpp_override=lookup(options.mpp_overrides, p), default_mpp=options.default_mpp,
                  label=lookup(options.labels, p), seed=options.seed, fast_path=options.fast_path, dest=dest,
-                 qc_name=f"qc/{sid}.png" if options.qc else None, measure=measure)
+                 qc_name=f"qc/{sid}.png" if options.qc else None, measure=measure, scratch=remote.scratch,
+                 storage_options=remote.storage_options)
         for i, (p, sid) in enumerate(zip(paths, ids, strict=True))
     ]  # fmt: skip
     scans = []
@@ -255,12 +235,41 @@ def _samples_per_shard(options: BuildOptions, scans: list[ScanResult]) -> int:
     return min(limits) if limits else 2**31
 
 
-def _extract_all(pool: _Pool, shards: list[ShardPlan], scans: list[ScanResult], dest: Destination,
-                 options: BuildOptions, progress: ProgressCallback | None,
-                 state: BuildState) -> tuple[dict[int, ShardOutcome], dict[int, str]]:  # fmt: skip
+def _extract_staged(pool: WorkerPool, plan: Plan, shards: list[ShardPlan], scans: list[ScanResult],
+                    dest: Destination, options: BuildOptions, progress: ProgressCallback | None, state: BuildState,
+                    remote: _Remote) -> Extracted:  # fmt: skip
+    """Slides in object storage, group by group: stage each slide's patches once, then write the group's shards."""
+    outcomes: dict[int, ShardOutcome] = {}
+    for g in sorted({sp.group for sp in shards}):
+        mine = [sp for sp in shards if sp.group == g]
+        failed = state.load_failed()
+        todo = [sp for sp in mine if sp.index not in _still_valid(state.load_done(), mine, failed)]
+        wanted = sorted({s for sp in todo for s, _ in sp.blocks} - set(failed))
+        tasks = [StageTask(index=s, url=scans[s].record.file, slide_id=scans[s].record.slide_id,
+                           level=scans[s].record.level or 0, cands=scans[s].cands, blocks=scans[s].blocks,
+                           label=scans[s].record.label, scratch=remote.scratch, storage_options=remote.storage_options,
+                           target_mpp=options.patch.target_mpp, image_format=options.image_format,
+                           quality=options.quality, fast_path=options.fast_path) for s in wanted]  # fmt: skip
+        staged: dict[int, StagedSlide] = {}
+        for result in pool.imap_unordered(stage_slide, tasks):
+            if result.staged is None:
+                failed[result.index] = result.reason
+            else:
+                staged[result.index] = result.staged
+        state.save_failed(failed)
+        done, _ = _extract_all(pool, mine, scans, dest, options, progress, state, staged)
+        outcomes.update(done)
+        remove_staging(remote.scratch)
+    return outcomes, state.load_failed()
+
+
+def _extract_all(pool: WorkerPool, shards: list[ShardPlan], scans: list[ScanResult], dest: Destination,
+                 options: BuildOptions, progress: ProgressCallback | None, state: BuildState,
+                 staged: dict[int, StagedSlide] | None = None) -> Extracted:  # fmt: skip
     """Write the shards not already done; a slide failing mid-way is excluded and the shards it touched redone."""
     works = {
-        i: SlideWork(s.record.file, s.record.slide_id, s.record.level or 0, s.cands, s.blocks, s.record.label)
+        i: SlideWork(s.record.file, s.record.slide_id, s.record.level or 0, s.cands, s.blocks, s.record.label,
+                     (staged or {}).get(i))
         for i, s in enumerate(scans) if s.cands is not None
     }  # fmt: skip
     failed = state.load_failed()
@@ -359,29 +368,3 @@ def _remove_leftovers(dest: Destination) -> None:
         for name in dest.listdir():
             if name.startswith(".shard-") and ".tmp-" in name:
                 dest.remove(name)
-
-
-class _Pool:
-    """A process pool of ``jobs`` workers, or plain in-process calls for ``jobs == 1``."""
-
-    def __init__(self, jobs: int) -> None:
-        self._pool = None
-        if jobs > 1:
-            ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(["wsishard.scan", "wsishard.extract"])
-            self._pool = ctx.Pool(jobs)
-
-    def imap(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
-        return self._pool.imap(fn, items) if self._pool else map(fn, items)
-
-    def imap_unordered(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
-        return self._pool.imap_unordered(fn, items) if self._pool else map(fn, items)
-
-    def __enter__(self) -> _Pool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
-            self._pool.terminate() if exc[0] else self._pool.close()
-            self._pool.join()
-        close_readers()

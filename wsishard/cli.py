@@ -214,6 +214,12 @@ def _add_build_parser(sub: Any) -> None:
         "manifest; `wsishard merge OUT` joins the parts (default in a Slurm array job: "
         "SLURM_ARRAY_TASK_ID / SLURM_ARRAY_TASK_COUNT)",
     )
+    g.add_argument(
+        "--scratch",
+        metavar="DIR",
+        help="local folder for copies of slides read from object storage "
+        "(one slide per worker at a time, plus one group's staged patches; default: a temporary folder)",
+    )
     _add_storage_option(g)
     g.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_build)
@@ -307,7 +313,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     try:
         part = args.part or slurm_part(os.environ)
         manifest = build(args.slides, args.output, options, progress=bars, storage_options=dict(args.storage_option),
-                         part=part, overwrite=args.overwrite)  # fmt: skip
+                         part=part, overwrite=args.overwrite, scratch=args.scratch)  # fmt: skip
     finally:
         bars.close()
     print(summary(manifest, args.output))

@@ -17,6 +17,7 @@ from wsishard.encode import block_samples
 from wsishard.errors import SlideError
 from wsishard.format import ShardRecord, shard_name
 from wsishard.grid import Block, Candidates
+from wsishard.scratch import StagedSlide
 from wsishard.slide import SlideReader, open_slide
 from wsishard.writer import ShardWriter
 
@@ -33,6 +34,7 @@ class SlideWork:
     cands: Candidates
     blocks: list[Block]
     label: int | None
+    staged: StagedSlide | None = None  # a slide from object storage: its patches, already encoded
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,6 +116,8 @@ def extract_shard(task: ShardTask) -> ShardOutcome:
 
 
 def _read_block(task: ShardTask, work: SlideWork, block_index: int) -> list[tuple[str, dict[str, bytes]]]:
+    if work.staged is not None:
+        return work.staged.read(block_index)
     reader = _CACHE.get(work.path, task.fast_path)
     return block_samples(
         reader, work.blocks[block_index], work.cands, level=work.level, slide_id=work.slide_id,

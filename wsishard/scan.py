@@ -10,6 +10,7 @@ import io
 import logging
 import os
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +20,9 @@ from wsishard.errors import SlideError
 from wsishard.format import SlideRecord
 from wsishard.grid import Block, Candidates, PatchOptions, blocks, candidates, choose_level, grid_shape
 from wsishard.qc import qc_picture
+from wsishard.scratch import local_copy
 from wsishard.slide import SlideReader, open_slide, read_lowres, resolve_mpp
+from wsishard.storage import is_url
 from wsishard.tissue import TissueOptions, detect_tissue
 
 logger = logging.getLogger(__name__)
@@ -44,6 +47,8 @@ class ScanTask:
     dest: Destination  # the build output (QC pictures go there)
     qc_name: str | None  # the QC picture's name in the output (None: no picture)
     measure: tuple[str, int] | None  # (image_format, quality) to measure bytes per patch, None to skip
+    scratch: str = ""  # local folder for a copy of a slide given as a URL
+    storage_options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -63,8 +68,18 @@ class ScanResult:
 def scan_slide(task: ScanTask) -> ScanResult:
     """Scan one slide. Never raises for a bad slide: failures come back as a failed record with a reason."""
     record = SlideRecord(slide_id=task.slide_id, file=task.path, status="failed", label=task.label)
+    if is_url(task.path):
+        try:
+            with local_copy(task.path, task.scratch, task.storage_options) as local:
+                return _scan_path(task, local, record)
+        except SlideError as exc:
+            return ScanResult(replace(record, reason=exc.reason))
+    return _scan_path(task, task.path, record)
+
+
+def _scan_path(task: ScanTask, path: str, record: SlideRecord) -> ScanResult:
     try:
-        reader = open_slide(task.path, fast=task.fast_path)
+        reader = open_slide(path, fast=task.fast_path)
     except SlideError as exc:
         return ScanResult(replace(record, reason=exc.reason))
     try:

@@ -1,0 +1,38 @@
+"""The build's worker processes: a forkserver pool, or plain in-process calls for one job."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
+
+from wsishard.extract import close_readers
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class WorkerPool:
+    """A process pool of ``jobs`` workers, or plain in-process calls for ``jobs == 1``."""
+
+    def __init__(self, jobs: int) -> None:
+        self._pool = None
+        if jobs > 1:
+            ctx = mp.get_context("forkserver")
+            ctx.set_forkserver_preload(["wsishard.scan", "wsishard.extract"])
+            self._pool = ctx.Pool(jobs)
+
+    def imap(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+        return self._pool.imap(fn, items) if self._pool else map(fn, items)
+
+    def imap_unordered(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+        return self._pool.imap_unordered(fn, items) if self._pool else map(fn, items)
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.terminate() if exc[0] else self._pool.close()
+            self._pool.join()
+        close_readers()
