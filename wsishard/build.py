@@ -147,9 +147,8 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
     paths = find_slides(inputs, storage_options)
     dest = Destination(output, storage_options)
     dest.makedirs()
-    state = BuildState(dest, fingerprint(paths, _options_dict(options, for_fingerprint=True)))
+    state = BuildState(dest, fingerprint(paths, _options_dict(options, for_fingerprint=True)), part)
     state.claim(overwrite=overwrite)
-    _remove_leftovers(dest)
     remote = _Remote(scratch or tempfile.mkdtemp(prefix="wsishard-scratch-"), dict(storage_options or {}))
     try:
         with WorkerPool(options.jobs or os.cpu_count() or 1) as pool:
@@ -161,6 +160,7 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
                              group_slides=options.group_slides, seed=options.seed)  # fmt: skip
             groups = _part_groups(plan, part)
             shards = [sp for sp in plan.shards if sp.group in groups]
+            _remove_leftovers(dest, {shard_name(sp.index) for sp in shards})
             if any(is_url(p) for p in paths):
                 outcomes, failed = _extract_staged(pool, plan, shards, scans, dest, options, progress, state, remote)
             else:
@@ -362,9 +362,10 @@ def _options_dict(options: BuildOptions, *, for_fingerprint: bool = False) -> di
     return data
 
 
-def _remove_leftovers(dest: Destination) -> None:
-    """Remove temporary shard files an interrupted local build left behind (they are never listed anywhere)."""
+def _remove_leftovers(dest: Destination, names: set[str]) -> None:
+    """Remove temporary files an interrupted local build left for ``names`` (only this run's shards: other parts
+    of a cluster build may be writing theirs into the same folder right now)."""
     if not dest.remote:
         for name in dest.listdir():
-            if name.startswith(".shard-") and ".tmp-" in name:
+            if name.startswith(".shard-") and ".tmp-" in name and name[1:].split(".tmp-", 1)[0] in names:
                 dest.remove(name)

@@ -122,7 +122,9 @@ class Destination:
         """Names (not paths) directly under ``name``; empty when it does not exist."""
         try:
             if self.remote:
-                entries = self.fs.ls(self.path(name) if name else self.location, detail=False)
+                where = self.path(name) if name else self.location
+                self.fs.invalidate_cache(where)  # other processes (workers, other parts) write here too
+                entries = self.fs.ls(where, detail=False)
                 return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
             return sorted(os.listdir(self.path(name)))
         except FileNotFoundError:

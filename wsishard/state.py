@@ -2,7 +2,7 @@
 
     build.json            the build's fingerprint (inputs + every option): a re-run with other options is refused
     scan.json, scan.npz   every slide's scan result (records as JSON, patch grids as arrays; never pickled)
-    failed.json           slides that failed during extraction, with their reasons
+    failed.json           slides that failed during extraction, with their reasons (one file per part)
     done/<shard>.json     one record per finished shard: its manifest record, patches per slide, excluded slides
 
 A shard is skipped on resume when its done record exists and was written with the same excluded slides; the
@@ -40,9 +40,11 @@ def fingerprint(slides: Sequence[str], options: dict[str, Any]) -> str:
 class BuildState:
     """The resume state of one output. All methods read or write through the :class:`Destination`."""
 
-    def __init__(self, dest: Destination, digest: str) -> None:
+    def __init__(self, dest: Destination, digest: str, part: tuple[int, int] | None = None) -> None:
         self.dest = dest
         self.digest = digest
+        # parts of a cluster build share the output: each keeps its own list of failed slides (its groups only)
+        self._failed = _FAILED if part is None else f"failed.part-{part[0]:04d}-of-{part[1]:04d}.json"
 
     def _name(self, *parts: str) -> str:
         return "/".join((STATE_DIR, *parts))
@@ -119,10 +121,10 @@ class BuildState:
         return scans
 
     def load_failed(self) -> dict[int, str]:
-        return {int(k): v for k, v in (self._json(_FAILED) or {}).items()}
+        return {int(k): v for k, v in (self._json(self._failed) or {}).items()}
 
     def save_failed(self, failed: dict[int, str]) -> None:
-        self._put_json({str(k): v for k, v in failed.items()}, _FAILED)
+        self._put_json({str(k): v for k, v in failed.items()}, self._failed)
 
     def save_done(self, outcome: ShardOutcome, name: str, excluded: frozenset[int]) -> None:
         record = dataclasses.asdict(outcome.record) if outcome.record else None
