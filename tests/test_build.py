@@ -189,3 +189,13 @@ def test_slide_list_file(many_slides: Path, tmp_path: Path) -> None:
     manifest = build([str(listing)], str(tmp_path / "out"), BuildOptions(patch=SMALL, jobs=1, qc=False))
     assert sorted(os.path.basename(s.file) for s in manifest.slides) == names
     assert np.all([s.status == "ok" for s in manifest.slides])
+
+
+def test_workers_see_the_environment_of_their_pool_not_of_the_forkserver(monkeypatch: pytest.MonkeyPatch) -> None:
+    from wsishard.pool import WorkerPool
+
+    with WorkerPool(2) as pool:  # starts the forkserver (if this process had none yet)
+        assert list(pool.imap(os.getenv, ["WSISHARD_TEST_VAR"])) == [None]
+    monkeypatch.setenv("WSISHARD_TEST_VAR", "set-later")  # e.g. credentials exported after the first build
+    with WorkerPool(2) as pool:
+        assert list(pool.imap(os.getenv, ["WSISHARD_TEST_VAR"] * 4)) == ["set-later"] * 4

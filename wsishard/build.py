@@ -240,10 +240,12 @@ def _extract_staged(pool: WorkerPool, plan: Plan, shards: list[ShardPlan], scans
                     remote: _Remote) -> Extracted:  # fmt: skip
     """Slides in object storage, group by group: stage each slide's patches once, then write the group's shards."""
     outcomes: dict[int, ShardOutcome] = {}
+    previous = state.load_done()
+    total = (len(shards), sum(sp.patches for sp in shards))
     for g in sorted({sp.group for sp in shards}):
         mine = [sp for sp in shards if sp.group == g]
         failed = state.load_failed()
-        todo = [sp for sp in mine if sp.index not in _still_valid(state.load_done(), mine, failed)]
+        todo = [sp for sp in mine if sp.index not in _still_valid(previous, mine, failed)]
         wanted = sorted({s for sp in todo for s, _ in sp.blocks} - set(failed))
         tasks = [StageTask(index=s, url=scans[s].record.file, slide_id=scans[s].record.slide_id,
                            level=scans[s].record.level or 0, cands=scans[s].cands, blocks=scans[s].blocks,
@@ -257,10 +259,24 @@ def _extract_staged(pool: WorkerPool, plan: Plan, shards: list[ShardPlan], scans
             else:
                 staged[result.index] = result.staged
         state.save_failed(failed)
-        done, _ = _extract_all(pool, mine, scans, dest, options, progress, state, staged)
+        before = (len(outcomes), sum(o.record.samples for o in outcomes.values() if o.record))
+        done, _ = _extract_all(pool, mine, scans, dest, options, _offset(progress, before, total), state, staged)
         outcomes.update(done)
         remove_staging(remote.scratch)
     return outcomes, state.load_failed()
+
+
+def _offset(
+    progress: ProgressCallback | None, before: tuple[int, int], total: tuple[int, int]
+) -> ProgressCallback | None:
+    """A progress callback for one group's shards that reports against the whole build's totals."""
+    if progress is None:
+        return None
+
+    def report(event: BuildProgress) -> None:
+        progress(BuildProgress(event.stage, before[0] + event.done, total[0], before[1] + event.patches_done, total[1]))
+
+    return report
 
 
 def _extract_all(pool: WorkerPool, shards: list[ShardPlan], scans: list[ScanResult], dest: Destination,
@@ -276,6 +292,7 @@ def _extract_all(pool: WorkerPool, shards: list[ShardPlan], scans: list[ScanResu
     done = _still_valid(state.load_done(), shards, failed)
     pending = [sp for sp in shards if sp.index not in done]
     total_patches = sum(sp.patches for sp in shards)
+    by_index = {sp.index: sp for sp in shards}
     while pending:
         tasks = [_shard_task(sp, works, frozenset(failed), dest, options) for sp in pending]
         new_failed: dict[int, str] = {}
@@ -284,8 +301,7 @@ def _extract_all(pool: WorkerPool, shards: list[ShardPlan], scans: list[ScanResu
                 new_failed.setdefault(outcome.failed_slide, outcome.reason)
                 continue
             done[outcome.index] = outcome
-            sp = next(sp for sp in pending if sp.index == outcome.index)
-            state.save_done(outcome, shard_name(sp.index), _excluded(sp, failed))
+            state.save_done(outcome, shard_name(outcome.index), _excluded(by_index[outcome.index], failed))
             if progress:
                 written = sum(o.record.samples for o in done.values() if o.record)
                 progress(BuildProgress("extract", len(done), len(shards), written, total_patches))

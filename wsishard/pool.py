@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
@@ -13,14 +14,19 @@ R = TypeVar("R")
 
 
 class WorkerPool:
-    """A process pool of ``jobs`` workers, or plain in-process calls for ``jobs == 1``."""
+    """A process pool of ``jobs`` workers, or plain in-process calls for ``jobs == 1``.
+
+    Workers come from a forkserver (modules preloaded once, nothing inherited from threads of the caller). The
+    forkserver starts with the first pool of a process and keeps that moment's environment, so each worker takes
+    on the caller's environment as it is now (credentials and endpoints set later included).
+    """
 
     def __init__(self, jobs: int) -> None:
         self._pool = None
         if jobs > 1:
             ctx = mp.get_context("forkserver")
             ctx.set_forkserver_preload(["wsishard.scan", "wsishard.extract"])
-            self._pool = ctx.Pool(jobs)
+            self._pool = ctx.Pool(jobs, initializer=_take_environment, initargs=(dict(os.environ),))
 
     def imap(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         return self._pool.imap(fn, items) if self._pool else map(fn, items)
@@ -36,3 +42,8 @@ class WorkerPool:
             self._pool.terminate() if exc[0] else self._pool.close()
             self._pool.join()
         close_readers()
+
+
+def _take_environment(environ: dict[str, str]) -> None:
+    os.environ.clear()
+    os.environ.update(environ)

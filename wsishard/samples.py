@@ -10,11 +10,13 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 import tarfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal, TypedDict
 
+import imagecodecs
 import numpy as np
 import torch
 from PIL import Image
@@ -186,64 +188,122 @@ class Shuffle:
 
 
 def decode_sample(raw: RawSample) -> Sample:
-    """Decode only wsishard's fields: image via PIL (JPEG/PNG/WebP only), ``.json``, ``.cls``.
+    """Decode one sample on its own: image via PIL (JPEG/PNG/WebP only), ``.json``, ``.cls``.
 
     Raises:
         ShardError: a field does not decode (names the shard and the sample).
     """
+    meta, label = _fields(raw)
+    return Sample(key=raw["key"], shard=raw["shard"], image=_pil_rgb(raw), meta=meta, label=label)
+
+
+def _fields(raw: RawSample) -> tuple[PatchMeta, int]:
+    """The sample's ``.json`` and its label (``.cls``, else the json's ``label``, else -1)."""
     try:
-        with Image.open(io.BytesIO(raw["image"]), formats=_PIL_FORMATS) as img:
-            image = np.asarray(img if img.mode == "RGB" else img.convert("RGB"))  # (h, w, 3) uint8
         meta = json.loads(raw["meta"])
         label = int(raw["label"]) if raw["label"] is not None else int(meta.get("label", -1))
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise _undecodable(raw, exc) from exc
+    return meta, label
+
+
+def _pil_rgb(raw: RawSample) -> np.ndarray:
+    """The image decoded by PIL and converted to RGB: (h, w, 3) uint8."""
+    try:
+        with Image.open(io.BytesIO(raw["image"]), formats=_PIL_FORMATS) as img:
+            return np.asarray(img if img.mode == "RGB" else img.convert("RGB"))  # (h, w, 3) uint8
     except (OSError, ValueError, SyntaxError, TypeError, AttributeError) as exc:
-        raise ShardError(raw["shard"], f"sample {raw['key']} does not decode ({type(exc).__name__}: {exc})") from exc
-    return Sample(key=raw["key"], shard=raw["shard"], image=image, meta=meta, label=label)
+        raise _undecodable(raw, exc) from exc
+
+
+def _undecodable(raw: RawSample, exc: BaseException) -> ShardError:
+    return ShardError(raw["shard"], f"sample {raw['key']} does not decode ({type(exc).__name__}: {exc})")
+
+
+def decode_into(raw: RawSample, slot: np.ndarray) -> None:
+    """Decode the sample's image straight into ``slot``, a (h, w, 3) uint8 C-contiguous view.
+
+    A complete baseline or progressive 8-bit 3-channel JPEG of the slot's size is decoded by libjpeg-turbo
+    (imagecodecs) in place, with no intermediate array; its pixels equal PIL's RGB decode (same library, same
+    settings). Anything else (PNG, WebP, grayscale or CMYK JPEG, another size, damaged data) goes through
+    PIL, which then decides: it decodes (and the result is copied into the slot) or it raises. A JPEG that
+    does not end with its EOI marker always goes to PIL: libjpeg-turbo would fill a truncated image with
+    grey after a warning, where PIL raises.
+
+    Raises:
+        ShardError: the image does not decode, or decodes to another size than ``slot``'s.
+    """
+    data = raw["image"]
+    if raw["image_ext"] == "jpg" and data[-2:] == b"\xff\xd9":
+        try:
+            imagecodecs.jpeg8_decode(data, out=slot)
+            return
+        except (imagecodecs.Jpeg8Error, ValueError):  # not 8-bit 3-channel of this size, or damaged
+            pass
+    image = _pil_rgb(raw)  # (h, w, 3) uint8
+    if image.shape != slot.shape:
+        raise ShardError(raw["shard"], f"sample {raw['key']} is {image.shape}, earlier samples are {slot.shape}")
+    slot[...] = image
+
+
+def _empty_batch(shape: tuple[int, ...], shared: bool) -> torch.Tensor:
+    """An uninitialised uint8 tensor; in shared memory when ``shared``, so that a DataLoader worker hands
+    it to the main process as a file descriptor instead of copying it into a new segment."""
+    if not shared:
+        return torch.empty(shape, dtype=torch.uint8)
+    storage = torch.UntypedStorage._new_shared(math.prod(shape))
+    return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
 
 
 @dataclass(frozen=True)
-class Decode:
-    """Decode each sample; with ``on_error="skip"`` a bad sample (or one of another size) is dropped."""
+class DecodeIntoBatches:
+    """Decode samples straight into uint8 batches of ``size``; a last incomplete one is kept unless ``drop_last``.
 
+    Each batch's ``(size, h, w, 3)`` tensor is allocated once, in shared memory inside a DataLoader worker,
+    and every image is decoded into its own slot of it (:func:`decode_into`): no per-sample array, no stack,
+    no copy on the way to the main process. The first sample that decodes fixes ``(h, w)`` for the stream.
+
+    Error behaviour: a sample whose image or ``.json`` does not decode, or whose image has another size than
+    the first's, raises :class:`~wsishard.errors.ShardError` with ``on_error="raise"`` and is dropped
+    (logged) with ``"skip"``.
+    """
+
+    size: int
+    drop_last: bool = True
     on_error: ErrorMode = "raise"
 
-    def __call__(self, src: Iterator[RawSample]) -> Iterator[Sample]:
-        shape: tuple[int, ...] | None = None
+    def __call__(self, src: Iterator[RawSample]) -> Iterator[Batch]:
+        shared = torch.utils.data.get_worker_info() is not None
+        shape: tuple[int, ...] | None = None  # (h, w, 3) of every image
+        image = torch.empty(0, dtype=torch.uint8)  # (size, h, w, 3) uint8 being filled; empty between batches
+        slots = image.numpy()  # its numpy view
+        labels: list[int] = []
+        metas: list[PatchMeta] = []
+        keys: list[str] = []
         for raw in src:
             try:
-                sample = decode_sample(raw)
-                if shape is not None and sample["image"].shape != shape:
-                    raise ShardError(sample["shard"], f"sample {sample['key']} is {sample['image'].shape}, "
-                                     f"earlier samples are {shape}")  # fmt: skip
+                meta, label = _fields(raw)
+                if shape is None:  # the stream's first image: its size is every image's size
+                    shape = _pil_rgb(raw).shape
+                if image.numel() == 0:
+                    image = _empty_batch((self.size, *shape), shared)
+                    slots = image.numpy()
+                decode_into(raw, slots[len(keys)])
             except ShardError as exc:
                 if self.on_error == "raise":
                     raise
                 logger.warning("skipping %s", exc)
                 continue
-            shape = sample["image"].shape
-            yield sample
+            labels.append(label)
+            metas.append(meta)
+            keys.append(raw["key"])
+            if len(keys) == self.size:
+                yield _batch(image, labels, metas, keys)
+                image, labels, metas, keys = torch.empty(0, dtype=torch.uint8), [], [], []
+        if keys and not self.drop_last:
+            yield _batch(image[: len(keys)], labels, metas, keys)
 
 
-def collate_samples(samples: Sequence[Sample]) -> Batch:
-    """Stack decoded samples into a :class:`Batch` (uint8, channels last)."""
-    image = torch.from_numpy(np.stack([s["image"] for s in samples]))  # (b, h, w, 3) uint8
-    label = torch.tensor([s["label"] for s in samples], dtype=torch.int64)  # (b,)
-    return Batch(image=image, label=label, meta=[s["meta"] for s in samples], key=[s["key"] for s in samples])
-
-
-@dataclass(frozen=True)
-class Batched:
-    """Group samples into batches of ``size``; a last incomplete one is kept unless ``drop_last``."""
-
-    size: int
-    drop_last: bool = True
-
-    def __call__(self, src: Iterator[Sample]) -> Iterator[Batch]:
-        buf: list[Sample] = []
-        for sample in src:
-            buf.append(sample)
-            if len(buf) == self.size:
-                yield collate_samples(buf)
-                buf = []
-        if buf and not self.drop_last:
-            yield collate_samples(buf)
+def _batch(image: torch.Tensor, labels: list[int], metas: list[PatchMeta], keys: list[str]) -> Batch:
+    label = torch.tensor(labels, dtype=torch.int64)  # (b,)
+    return Batch(image=image, label=label, meta=metas, key=keys)

@@ -46,8 +46,7 @@ from wsishard.partition import EpochPlan, World, check_topology, epoch_order, pl
 from wsishard.partition import worker_shards as _worker_shards
 from wsishard.samples import (
     Batch,
-    Batched,
-    Decode,
+    DecodeIntoBatches,
     ErrorMode,
     Opener,
     ReadShards,
@@ -281,8 +280,8 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         """The stages from shard tasks to batches: read, shuffle (seeded by ``seed``), decode, batch."""
         cfg = self.config
         return [ReadShards(self.opener, cfg.on_error, max_failures=max_failures),
-                Shuffle(cfg.shuffle, (*seed, _SHUFFLE_STREAM)), Decode(cfg.on_error),
-                Batched(cfg.batch_size, drop_last=cfg.drop_last or cfg.resampled)]  # fmt: skip
+                Shuffle(cfg.shuffle, (*seed, _SHUFFLE_STREAM)),
+                DecodeIntoBatches(cfg.batch_size, drop_last=cfg.drop_last or cfg.resampled, on_error=cfg.on_error)]  # fmt: skip
 
     def pipeline(self, world: World, epoch: int) -> wds.DataPipeline:
         """The webdataset pipeline that ``world``'s (rank, worker) runs in ``epoch`` (or for ever)."""
