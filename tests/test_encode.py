@@ -25,6 +25,21 @@ class _EveryTile:
     def read_level(self, level: int, x: int, y: int, w: int, h: int, needed: object = None) -> np.ndarray:
         return self._reader.read_level(level, x, y, w, h)
 
+    def read_level_reduced(self, level: int, x: int, y: int, w: int, h: int, factor: int,
+                           needed: object = None) -> np.ndarray | None:  # fmt: skip
+        return self._reader.read_level_reduced(level, x, y, w, h, factor)
+
+
+class _FullDecode:
+    """A reader without scaled decoding: full-size tiles, then the box reduction."""
+
+    def __init__(self, reader: TiffTileReader) -> None:
+        self._reader = reader
+        self.level_downsamples = reader.level_downsamples
+
+    def read_level(self, level: int, x: int, y: int, w: int, h: int, needed: object = None) -> np.ndarray:
+        return self._reader.read_level(level, x, y, w, h, needed=needed)  # type: ignore[arg-type]
+
 
 @pytest.fixture(scope="module")
 def slide(tmp_path_factory: pytest.TempPathFactory) -> str:
@@ -87,3 +102,53 @@ def test_patch_at_the_slide_edge_is_white_outside(tmp_path: Path) -> None:
     region = reader.read_level(0, 900, 900, 200, 200)
     assert region[150:, 150:].min() == 255
     reader.close()
+
+
+def test_scaled_jpeg_decode_matches_full_decode_and_box_reduction(slide: str) -> None:
+    opts = PatchOptions(target_mpp=0.5, patch_size_px=128, min_tissue=0.5)
+    cands = _cands(slide, 0.25, opts)
+    fast = open_slide(slide)
+    diffs = []
+    for blk in blocks(cands, 4)[:8]:
+        scaled = np.asarray(read_block_image(fast, blk, cands, 0), dtype=np.int16)
+        full = np.asarray(read_block_image(_FullDecode(fast), blk, cands, 0), dtype=np.int16)  # type: ignore[arg-type]
+        assert scaled.shape == full.shape
+        diffs.append(np.abs(scaled - full))
+    diff = np.concatenate([d.ravel() for d in diffs])
+    assert diff.max() <= 2 and diff.mean() < 0.5
+    level0 = fast.read_level_reduced(0, 0, 0, 1000, 1000, 3)  # type: ignore[union-attr]
+    assert level0 is None  # only 2, 4, 8: libjpeg's scales
+    fast.close()
+
+
+def _split_tables(jpeg: bytes) -> tuple[bytes, bytes]:
+    """Split a full JPEG into (tables-only stream, abbreviated image stream), as Aperio SVS stores tiles."""
+    pos, tables, image = 2, [b"\xff\xd8"], [b"\xff\xd8"]
+    while pos < len(jpeg):
+        marker = jpeg[pos + 1]
+        if marker == 0xDA:  # start of scan: the rest is entropy-coded data up to EOI
+            image.append(jpeg[pos:])
+            break
+        length = int.from_bytes(jpeg[pos + 2 : pos + 4], "big")
+        segment = jpeg[pos : pos + 2 + length]
+        (tables if marker in (0xDB, 0xC4) else image).append(segment)
+        pos += 2 + length
+    return b"".join(tables) + b"\xff\xd9", b"".join(image)
+
+
+def test_scaled_decode_of_abbreviated_tiles_with_shared_tables() -> None:
+    import dataclasses
+
+    from wsishard.slide import _decode_jpeg_scaled, _TiledLevel
+
+    rng = np.random.default_rng(0)
+    tile = rng.integers(0, 255, size=(256, 256, 3), dtype=np.uint8)
+    buf = __import__("io").BytesIO()
+    Image.fromarray(tile).save(buf, "JPEG", quality=90)
+    full = buf.getvalue()
+    tables, abbreviated = _split_tables(full)
+    level = _TiledLevel(page_index=0, width=256, height=256, tile_w=256, tile_h=256, tiles_across=1, offsets=(0,),
+                        bytecounts=(len(full),), jpegtables=None, jpegheader=None, compression=7)  # fmt: skip
+    expected = _decode_jpeg_scaled(full, level, 2)
+    spliced = _decode_jpeg_scaled(abbreviated, dataclasses.replace(level, jpegtables=tables), 2)
+    assert spliced.shape == (128, 128, 3) and np.array_equal(spliced, expected)

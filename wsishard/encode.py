@@ -47,6 +47,12 @@ def read_block_image(reader: SlideReader, block: Block, cands: Candidates, level
         for ox, oy in zip((cands.col[block.patches] * cands.stride).tolist(),
                           (cands.row[block.patches] * cands.stride).tolist(), strict=True)
     ]  # fmt: skip
+    reduced = getattr(reader, "read_level_reduced", None)
+    if boxed and factor > 1 and reduced is not None:  # decode straight at the output scale when the codec can
+        pixels = reduced(level, l_x, l_y, l_w, l_h, factor, needed=needed)  # (l_h / factor, l_w / factor, 3)
+        if pixels is not None:
+            out = Image.fromarray(pixels)
+            return out if out.size == (block.o_w, block.o_h) else out.crop((0, 0, block.o_w, block.o_h))
     image = Image.fromarray(reader.read_level(level, l_x, l_y, l_w, l_h, needed=needed))  # (l_h, l_w, 3)
     if boxed:  # each output pixel is the mean of its own factor x factor source pixels: nothing bleeds in
         out = image if factor == 1 else image.reduce(factor)  # exact box filter for integer factors

@@ -10,6 +10,7 @@ a tiled 8-bit RGB page of the same size; anything else uses :class:`OpenSlideRea
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import os
@@ -32,6 +33,7 @@ SLIDE_SUFFIXES: tuple[str, ...] = (
 _FAST_SUFFIXES = (".svs", ".tif", ".tiff")
 Rect = tuple[int, int, int, int]  # (x0, y0, x1, y1), half-open
 _BACKGROUND = 255  # what lies outside the image or under transparent pixels: white glass
+_JPEG = 7  # TIFF compression tag value of (new-style) JPEG
 
 
 class SlideReader(Protocol):
@@ -100,6 +102,19 @@ class _TiledLevel:
     bytecounts: tuple[int, ...]
     jpegtables: bytes | None
     jpegheader: bytes | None
+    compression: int
+
+
+def _decode_jpeg_scaled(data: bytes, level: _TiledLevel, factor: int) -> np.ndarray:
+    """A JPEG tile decoded at 1/``factor`` scale by libjpeg (through PIL's draft mode)."""
+    if level.jpegtables:  # an abbreviated stream: splice the shared tables in (drop their EOI and the tile's SOI)
+        data = level.jpegtables[:-2] + data[2:]
+    with Image.open(io.BytesIO(data), formats=["JPEG"]) as image:
+        image.draft("RGB", (level.tile_w // factor, level.tile_h // factor))
+        tile = np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
+    if tile.shape != (level.tile_h // factor, level.tile_w // factor, 3):
+        raise ValueError(f"scaled decode gave {tile.shape}")
+    return tile
 
 
 class TiffTileReader:
@@ -142,24 +157,27 @@ class TiffTileReader:
                 page_index=index, width=width, height=height, tile_w=page.tilewidth, tile_h=page.tilelength,
                 tiles_across=math.ceil(width / page.tilewidth), offsets=tuple(page.dataoffsets),
                 bytecounts=tuple(page.databytecounts), jpegtables=page.jpegtables, jpegheader=page.jpegheader,
+                compression=int(page.compression),
             )  # fmt: skip
         raise SlideError(self.path, f"no tiled 8-bit RGB page of {width}x{height} for the fast path")
 
-    def _tile(self, level: _TiledLevel, index: int) -> np.ndarray | None:
-        """Decoded tile ``index`` of ``level`` as (tile_h, tile_w, 3) uint8, or None for an empty tile."""
+    def _tile(self, level: _TiledLevel, index: int, factor: int = 1) -> np.ndarray | None:
+        """Decoded tile ``index`` of ``level``, (tile_h / factor, tile_w / factor, 3) uint8; None if empty."""
         offset, count = level.offsets[index], level.bytecounts[index]
         if count == 0:
             return None
         data = os.pread(self._fd, count, offset)
         if len(data) != count:
             raise SlideError(self.path, f"truncated: tile {index} of page {level.page_index} runs past the end")
-        decode = self._decoders.get(level.page_index)
-        if decode is None:
-            decode = self._tif.pages[level.page_index].decode
-            self._decoders[level.page_index] = decode
         try:
+            if factor > 1:
+                return _decode_jpeg_scaled(data, level, factor)
+            decode = self._decoders.get(level.page_index)
+            if decode is None:
+                decode = self._tif.pages[level.page_index].decode
+                self._decoders[level.page_index] = decode
             tile, _, _ = decode(data, index, jpegtables=level.jpegtables, jpegheader=level.jpegheader)
-        except Exception as exc:  # imagecodecs raises codec-specific errors
+        except Exception as exc:  # imagecodecs and PIL raise codec-specific errors
             raise SlideError(
                 self.path, f"tile {index} of page {level.page_index} is corrupt ({_one_line(exc)})"
             ) from exc
@@ -167,8 +185,26 @@ class TiffTileReader:
 
     def read_level(self, level: int, l_x: int, l_y: int, width: int, height: int,
                    needed: Sequence[Rect] | None = None) -> np.ndarray:  # fmt: skip
+        return self._read(self._levels[level], l_x, l_y, width, height, needed, 1)
+
+    def read_level_reduced(self, level: int, l_x: int, l_y: int, width: int, height: int, factor: int,
+                           needed: Sequence[Rect] | None = None) -> np.ndarray | None:  # fmt: skip
+        """The region reduced ``factor`` times (2, 4 or 8) by decoding JPEG tiles at that scale (DCT scaling).
+
+        libjpeg's scaled decode averages each ``factor`` x ``factor`` pixels on the fly: the result matches full
+        decoding plus box reduction within 1-2 levels, at a fraction of the cost. Returns None when it does not
+        apply (not JPEG, or sizes and offsets not multiples of ``factor``); the caller then reads at full size.
+        """
         lv = self._levels[level]
-        out = np.full((height, width, 3), _BACKGROUND, dtype=np.uint8)  # (h, w, 3)
+        aligned = all(v % factor == 0 for v in (l_x, l_y, width, height, lv.tile_w, lv.tile_h))
+        if factor not in (2, 4, 8) or lv.compression != _JPEG or not aligned:
+            return None
+        return self._read(lv, l_x, l_y, width, height, needed, factor)
+
+    def _read(self, lv: _TiledLevel, l_x: int, l_y: int, width: int, height: int, needed: Sequence[Rect] | None,
+              f: int) -> np.ndarray:  # fmt: skip
+        """Region of ``lv`` (level px), reduced by ``f`` (1: as stored); tiles outside ``needed`` stay white."""
+        out = np.full((-(-height // f), -(-width // f), 3), _BACKGROUND, dtype=np.uint8)  # (h/f, w/f, 3)
         x_lo, y_lo = max(l_x, 0), max(l_y, 0)
         x_hi, y_hi = min(l_x + width, lv.width), min(l_y + height, lv.height)
         if x_lo >= x_hi or y_lo >= y_hi:
@@ -178,14 +214,13 @@ class TiffTileReader:
                 t_x0, t_y0 = tx * lv.tile_w, ty * lv.tile_h
                 if needed is not None and not _touches(needed, t_x0, t_y0, t_x0 + lv.tile_w, t_y0 + lv.tile_h):
                     continue  # no pixel of this tile is used: leave it white
-                tile = self._tile(lv, ty * lv.tiles_across + tx)
+                tile = self._tile(lv, ty * lv.tiles_across + tx, f)
                 if tile is None:
                     continue
-                sx0, sy0 = max(x_lo, t_x0), max(y_lo, t_y0)
-                sx1, sy1 = min(x_hi, t_x0 + lv.tile_w), min(y_hi, t_y0 + lv.tile_h)
-                out[sy0 - l_y : sy1 - l_y, sx0 - l_x : sx1 - l_x] = tile[
-                    sy0 - t_y0 : sy1 - t_y0, sx0 - t_x0 : sx1 - t_x0
-                ]
+                sx0, sy0 = max(x_lo, t_x0) // f, max(y_lo, t_y0) // f
+                sx1, sy1 = -(-min(x_hi, t_x0 + lv.tile_w) // f), -(-min(y_hi, t_y0 + lv.tile_h) // f)
+                ox, oy, tx0, ty0 = l_x // f, l_y // f, t_x0 // f, t_y0 // f
+                out[sy0 - oy : sy1 - oy, sx0 - ox : sx1 - ox] = tile[sy0 - ty0 : sy1 - ty0, sx0 - tx0 : sx1 - tx0]
         return out
 
     def close(self) -> None:
