@@ -53,6 +53,21 @@ def test_channels_last_has_the_same_values() -> None:
     assert torch.equal(out, _reference(batch["image"]))
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("augment", [False, True])
+def test_a_strided_input_gives_the_same_values_in_the_asked_layout(channels_last: bool, augment: bool) -> None:
+    g = torch.Generator().manual_seed(2)
+    image = torch.randint(0, 256, (16, 3, 8, 8), generator=g, dtype=torch.uint8).permute(0, 2, 3, 1)  # a view
+    assert not image.is_contiguous()
+    out = GpuCollate("cpu", mean=MEAN, std=STD, channels_last=channels_last, augment=augment, seed=4).images(image)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    assert out.is_contiguous(memory_format=fmt)
+    same = GpuCollate("cpu", mean=MEAN, std=STD, augment=augment, seed=4).images(image.contiguous())
+    assert torch.equal(out, same)
+    if not augment:
+        assert torch.equal(out, _reference(image))
+
+
 def test_dihedral_codes_give_the_eight_distinct_symmetries() -> None:
     img = torch.arange(3 * 4 * 4).view(1, 3, 4, 4)
     outs = [dihedral(img, torch.tensor([c]))[0] for c in range(8)]

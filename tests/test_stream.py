@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import collections
+import io
 import itertools
 import os
 import pickle
+import tarfile
 from pathlib import Path
 
 import fsspec
@@ -14,11 +16,20 @@ import pytest
 import shardmaker as sm
 import torch
 import webdataset as wds
+from PIL import Image
 
 from wsishard.errors import ManifestError, ShardError, TopologyError
 from wsishard.monitor import MonitoredLoader
 from wsishard.partition import World
-from wsishard.samples import ShardTask, read_shard
+from wsishard.samples import (
+    DecodeIntoBatches,
+    RawSample,
+    ShardTask,
+    decode_into,
+    decode_sample,
+    read_shard,
+    tar_members,
+)
 from wsishard.storage import StreamOpener, register_gopen_schemes
 from wsishard.stream import (
     ShardStream,
@@ -240,10 +251,167 @@ def test_skip_never_yields_an_incomplete_sample(tmp_path: Path, kind: str, caplo
     assert "skipping" in caplog.text
 
 
+def _raw(data: bytes, ext: str = "jpg", key: str = "k") -> RawSample:
+    return RawSample(key=key, shard="s.tar", image_ext=ext, image=data, meta=b'{"label": 3}', label=None)
+
+
+def _encoded(image: Image.Image, fmt: str, **kw: object) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+_RNG_IMAGE = Image.fromarray(np.random.default_rng(0).integers(0, 256, (24, 40, 3), dtype=np.uint8))
+
+
+@pytest.mark.parametrize(("fmt", "mode", "kw"), [
+    ("JPEG", "RGB", {"quality": 90}), ("JPEG", "RGB", {"quality": 75, "subsampling": 0}),
+    ("JPEG", "RGB", {"quality": 95, "progressive": True}), ("JPEG", "L", {}), ("JPEG", "CMYK", {}),
+    ("PNG", "RGB", {}), ("PNG", "RGBA", {}), ("PNG", "P", {}), ("WEBP", "RGB", {"quality": 80}),
+])  # fmt: skip
+def test_decode_into_equals_pils_rgb_decode(fmt: str, mode: str, kw: dict) -> None:
+    data = _encoded(_RNG_IMAGE.convert(mode), fmt, **kw)
+    ext = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}[fmt]
+    reference = decode_sample(_raw(data, ext))["image"]  # PIL, converted to RGB
+    assert reference.shape == (24, 40, 3)
+    slot = np.full((24, 40, 3), 7, dtype=np.uint8)
+    decode_into(_raw(data, ext), slot)
+    assert int(np.abs(slot.astype(np.int16) - reference).max()) <= 1  # libjpeg-turbo both sides: in fact equal
+
+
+def test_decode_into_rejects_another_size_and_a_truncated_jpeg() -> None:
+    data = _encoded(_RNG_IMAGE, "JPEG")
+    with pytest.raises(ShardError, match="earlier samples are"):
+        decode_into(_raw(data), np.empty((40, 24, 3), dtype=np.uint8))
+    with pytest.raises(ShardError, match="does not decode"):  # libjpeg alone would return grey-filled pixels
+        decode_into(_raw(data[: len(data) // 2]), np.empty((24, 40, 3), dtype=np.uint8))
+    with pytest.raises(ShardError, match="does not decode"):
+        decode_into(_raw(b"not an image at all\xff\xd9"), np.empty((24, 40, 3), dtype=np.uint8))
+
+
+def test_a_sample_of_another_size_raises_or_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    bad = sm.make_output(str(tmp_path / "o"), (6, 6))
+    odd = bad.keys[bad.manifest.shards[1].name][2]
+    sm.rewrite_member(bad, 1, odd, "jpg", lambda _: sm.encode(np.zeros((16, 20, 3), dtype=np.uint8)))
+    with pytest.raises(ShardError, match="earlier samples are"):
+        list(stream(bad.root, batch_size=4, resampled=False, drop_last=False, shuffle=0, seed=0))
+    ds = stream(bad.root, batch_size=4, resampled=False, drop_last=False, shuffle=0, seed=0, on_error="skip")
+    batches = list(ds)
+    assert sorted(_keys(batches)) == sorted(k for k in bad.shard_of if k != odd)
+    assert [len(b["key"]) for b in batches] == [4, 4, 3]  # the slot of the skipped sample is reused
+    for b in batches:
+        assert b["image"].shape == (len(b["key"]), 16, 16, 3)
+        for key, image in zip(b["key"], b["image"], strict=True):
+            assert np.array_equal(image.numpy(), bad.images[key])
+    assert "skipping" in caplog.text
+
+
+def test_batches_are_in_shared_memory_only_in_workers(out: sm.Output, monkeypatch: pytest.MonkeyPatch) -> None:
+    task = ShardTask(url=out.path(0), samples=COUNTS[0])
+    stage = DecodeIntoBatches(4, drop_last=False)
+    plain = list(stage(read_shard(task, StreamOpener())))
+    assert not any(b["image"].is_shared() for b in plain)
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())  # as inside a DataLoader worker
+    shared = list(stage(read_shard(task, StreamOpener())))
+    assert all(b["image"].is_shared() for b in shared)  # handed over as a file descriptor, not copied
+    for a, b in zip(plain, shared, strict=True):
+        assert torch.equal(a["image"], b["image"]) and a["key"] == b["key"]
+    assert [len(b["key"]) for b in plain] == [4, 4, 2]
+
+
+def test_worker_batches_carry_the_exact_pixels(tmp_path: Path) -> None:
+    png = sm.make_output(str(tmp_path / "png"), (5, 3, 4, 6), image_format="png")
+    dl = loader(stream(png.root, batch_size=3, resampled=False, seed=0, shuffle=4), num_workers=2)
+    seen = 0
+    for batch in dl:
+        for key, image, label in zip(batch["key"], batch["image"], batch["label"].tolist(), strict=True):
+            assert np.array_equal(image.numpy(), png.images[key]) and label == png.labels[key]
+            seen += 1
+    assert seen == 3 * dl.dataset.batches_per_rank(num_workers=2)
+
+
 def test_read_shard_names_a_missing_shard(tmp_path: Path) -> None:
     task = ShardTask(url=str(tmp_path / "nope.tar"), samples=1)
     with pytest.raises(ShardError, match=r"nope\.tar"):
         list(read_shard(task, StreamOpener()))
+
+
+# ---- the tar reader ---------------------------------------------------------------------------------------
+
+
+def _tar(tmp_path: Path, members: list[tuple[str, bytes]], fmt: int = tarfile.USTAR_FORMAT,
+         extra: list[tarfile.TarInfo] = ()) -> Path:  # fmt: skip
+    path = tmp_path / f"t{fmt}.tar"
+    with tarfile.open(path, "w", format=fmt) as tar:
+        for info in extra:
+            tar.addfile(info)
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+class _Trickle(io.RawIOBase):
+    """A raw file that returns at most ``step`` bytes per read (as a socket might)."""
+
+    def __init__(self, data: bytes, step: int) -> None:
+        self._data, self._pos, self._step = data, 0, step
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        n = self._step if size < 0 else min(size, self._step)
+        out = self._data[self._pos : self._pos + n]
+        self._pos += len(out)
+        return out
+
+
+def test_tar_members_match_tarfile_on_a_shard(out: sm.Output) -> None:
+    data = Path(out.path(2)).read_bytes()
+    with tarfile.open(out.path(2)) as tar:
+        expected = [(m.name, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
+    assert list(tar_members(io.BytesIO(data), lambda _: True)) == expected
+    assert list(tar_members(_Trickle(data, 700), lambda _: True)) == expected  # short reads
+    jsons = list(tar_members(io.BytesIO(data), lambda name: name.endswith(".json")))
+    assert jsons == [(n, d) for n, d in expected if n.endswith(".json")]
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT, tarfile.USTAR_FORMAT])
+def test_tar_members_read_long_names_and_skip_what_is_not_a_file(tmp_path: Path, fmt: int) -> None:
+    long_key = "d" * 60 + "/" + "k" * 90 if fmt == tarfile.USTAR_FORMAT else "é" * 70 + "k" * 90  # prefix / long
+    members = [(f"{long_key}.jpg", b"x" * 1000), (f"{long_key}.json", b"{}"), ("short.cls", b"1")]
+    folder, link = tarfile.TarInfo("a_dir"), tarfile.TarInfo("a_link.jpg")
+    folder.type, link.type, link.linkname = tarfile.DIRTYPE, tarfile.SYMTYPE, "short.cls"
+    path = _tar(tmp_path, members, fmt, extra=[folder, link])
+    assert list(tar_members(path.open("rb"), lambda _: True)) == members
+
+
+def _shard_of(tmp_path: Path, blob: bytes, samples: int) -> ShardTask:
+    path = tmp_path / "s.tar"
+    path.write_bytes(blob)
+    return ShardTask(url=str(path), samples=samples)
+
+
+def test_tar_damage_is_a_shard_error(out: sm.Output, tmp_path: Path) -> None:
+    data = bytearray(Path(out.path(0)).read_bytes())
+    n = COUNTS[0]
+    assert len(list(read_shard(_shard_of(tmp_path, bytes(data), n), StreamOpener()))) == n
+    with tarfile.open(out.path(0)) as tar:
+        offsets = [m.offset for m in tar]
+    flipped = bytearray(data)
+    flipped[offsets[4] + 10] ^= 0x01  # a name byte of the fifth header: its checksum no longer holds
+    cases = {"checksum": bytes(flipped), "cut short": bytes(data[: offsets[4] + 300]),
+             "cut short ": bytes(data[: offsets[4] + 512 + 7])}  # fmt: skip
+    for reason, blob in cases.items():
+        with pytest.raises(ShardError, match=reason.strip()) as info:
+            list(read_shard(_shard_of(tmp_path, blob, n), StreamOpener()))
+        assert info.value.shard.endswith("s.tar")
+    with pytest.raises(ShardError, match="the manifest says"):  # cut at a header: reads as a shorter shard
+        list(read_shard(_shard_of(tmp_path, bytes(data[: offsets[6]]), n), StreamOpener()))
+    with pytest.raises(ShardError, match="checksum"):  # not a tar at all
+        list(read_shard(_shard_of(tmp_path, b"\x1f\x8b" + bytes(data[2:]), n), StreamOpener()))
 
 
 # ---- through DataLoader workers ---------------------------------------------------------------------------

@@ -149,7 +149,10 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
     dest.makedirs()
     state = BuildState(dest, fingerprint(paths, _options_dict(options, for_fingerprint=True)), part)
     state.claim(overwrite=overwrite)
-    remote = _Remote(scratch or tempfile.mkdtemp(prefix="wsishard-scratch-"), dict(storage_options or {}))
+    from_urls = any(is_url(p) for p in paths)
+    made_scratch = from_urls and scratch is None  # a scratch folder only when slides are copied from a store
+    remote = _Remote(tempfile.mkdtemp(prefix="wsishard-scratch-") if made_scratch else scratch or "",
+                     dict(storage_options or {}))  # fmt: skip
     try:
         with WorkerPool(options.jobs or os.cpu_count() or 1) as pool:
             scans = state.load_scans(options.patch.block_patches)
@@ -161,12 +164,12 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
             groups = _part_groups(plan, part)
             shards = [sp for sp in plan.shards if sp.group in groups]
             _remove_leftovers(dest, {shard_name(sp.index) for sp in shards})
-            if any(is_url(p) for p in paths):
+            if from_urls:
                 outcomes, failed = _extract_staged(pool, plan, shards, scans, dest, options, progress, state, remote)
             else:
                 outcomes, failed = _extract_all(pool, shards, scans, dest, options, progress, state)
     finally:
-        if scratch is None:
+        if made_scratch:
             shutil.rmtree(remote.scratch, ignore_errors=True)
     slides = _slides_of_part(plan, groups, len(scans), part)
     manifest = _manifest(inputs, options, scans, outcomes, failed, state.digest, slides, part)

@@ -105,8 +105,11 @@ class GpuCollate:
         x = image.to(self.device, non_blocking=True).permute(0, 3, 1, 2)  # (b, 3, h, w) uint8 view
         if self.augment:
             x = dihedral(x, self.codes(x.shape[0]))
-        x = x.float().div_(255).sub_(self.mean).div_(self.std)  # (b, 3, h, w) float32
+        # lay out the uint8 batch once, in the output's memory format: every float op after it then runs on
+        # dense memory and keeps that format (on CPU, 4x fewer bytes moved than re-laying out the floats)
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        x = x.contiguous(memory_format=fmt)
+        x = x.float().div_(255).sub_(self.mean).div_(self.std)  # (b, 3, h, w) float32
         return x.to(dtype=self.dtype, memory_format=fmt)
 
     def __call__(self, batch: Mapping[str, Any]) -> DeviceBatch:

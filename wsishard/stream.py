@@ -279,9 +279,10 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
     def sample_stages(self, seed: tuple[int, ...], max_failures: int = 1) -> list[Any]:
         """The stages from shard tasks to batches: read, shuffle (seeded by ``seed``), decode, batch."""
         cfg = self.config
+        drop_last = cfg.drop_last or cfg.resampled
         return [ReadShards(self.opener, cfg.on_error, max_failures=max_failures),
                 Shuffle(cfg.shuffle, (*seed, _SHUFFLE_STREAM)),
-                DecodeIntoBatches(cfg.batch_size, drop_last=cfg.drop_last or cfg.resampled, on_error=cfg.on_error)]  # fmt: skip
+                DecodeIntoBatches(cfg.batch_size, drop_last=drop_last, on_error=cfg.on_error)]  # fmt: skip
 
     def pipeline(self, world: World, epoch: int) -> wds.DataPipeline:
         """The webdataset pipeline that ``world``'s (rank, worker) runs in ``epoch`` (or for ever)."""
