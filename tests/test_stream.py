@@ -28,7 +28,6 @@ from wsishard.samples import (
     decode_into,
     decode_sample,
     read_shard,
-    tar_members,
 )
 from wsishard.storage import StreamOpener, register_gopen_schemes
 from wsishard.stream import (
@@ -40,6 +39,7 @@ from wsishard.stream import (
     loader,
     stream,
 )
+from wsishard.tario import tar_members
 
 COUNTS = (10, 7, 12, 5, 9, 14, 6, 11)
 
