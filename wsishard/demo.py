@@ -18,6 +18,7 @@ from wsishard.synthetic import make_slides
 DEMO_SLIDE_PX = 8192
 DEMO_BATCH = 64
 DEMO_BATCHES = 8
+DEMO_MEAN, DEMO_STD = (0.85, 0.63, 0.77), (0.13, 0.18, 0.10)  # the demo slides' own channel statistics
 
 
 Say = Callable[[str], None]
@@ -54,7 +55,7 @@ def _stream_batches(shards_dir: str, workers: int, say: Say) -> None:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dataset = stream(shards_dir, batch_size=DEMO_BATCH, resampled=True, shuffle=1000, seed=0)
-    to_device = GpuCollate(device, mean=(0.70, 0.55, 0.70), std=(0.15, 0.20, 0.15), augment=True, seed=0)
+    to_device = GpuCollate(device, mean=DEMO_MEAN, std=DEMO_STD, augment=True, seed=0)
     say(f"streaming {DEMO_BATCHES} batches of {DEMO_BATCH} (resampled mode, {workers} workers) to {device}")
     start = time.perf_counter()
     for step, batch in zip(range(DEMO_BATCHES), loader(dataset, num_workers=workers), strict=False):
