@@ -74,6 +74,18 @@ def test_empty_folder_and_missing_manifest_say_so(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "manifest" in proc.stderr and "not found" in proc.stderr
 
 
+def test_tissue_options_reach_the_build() -> None:
+    from wsishard.cli import _options, parser
+
+    args = parser().parse_args(["build", "x", "-o", "y", "--tissue-median-um", "12", "--min-object-um2", "500",
+                                "--no-darkness", "--tissue-threshold", "0.2", "--thumb-mpp", "4"])  # fmt: skip
+    tissue = _options(args).tissue
+    assert (tissue.median_um, tissue.min_object_um2, tissue.use_darkness) == (12.0, 500.0, False)
+    assert (tissue.fixed_threshold, tissue.thumb_mpp, tissue.close_um) == (0.2, 4.0, 16.0)
+    proc = _run("build", "x", "-o", "y", "--min-hole-um2", "-5")
+    assert proc.returncode == 2 and "must be >= 0" in proc.stderr
+
+
 def test_parse_size() -> None:
     assert parse_size("512MB") == 512_000_000
     assert parse_size("1GiB") == 1024**3

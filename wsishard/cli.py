@@ -55,6 +55,16 @@ def _positive(kind: type) -> Any:
     return parse
 
 
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
+    return value
+
+
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -162,8 +172,34 @@ def _add_build_parser(sub: Any) -> None:
         metavar="UM",
         help="level-0 mpp for slides that report none (without it such a slide fails with a clear reason)",
     )
-    g = p.add_argument_group("tissue detection")
-    g.add_argument("--thumb-mpp", type=_positive(float), default=8.0, metavar="UM", help="resolution detection runs at")
+    g = p.add_argument_group("tissue detection (Otsu on a low-resolution view; lengths in microns)")
+    t = TissueOptions()
+    g.add_argument(
+        "--thumb-mpp", type=_positive(float), default=t.thumb_mpp, metavar="UM", help="resolution detection runs at"
+    )
+    g.add_argument(
+        "--tissue-median-um", type=_non_negative, default=t.median_um, metavar="UM", help="median blur radius"
+    )
+    g.add_argument("--tissue-close-um", type=_non_negative, default=t.close_um, metavar="UM", help="closing radius")
+    g.add_argument(
+        "--min-object-um2",
+        type=_non_negative,
+        default=t.min_object_um2,
+        metavar="UM2",
+        help="drop objects this small or smaller (dust)",
+    )
+    g.add_argument(
+        "--min-hole-um2",
+        type=_non_negative,
+        default=t.min_hole_um2,
+        metavar="UM2",
+        help="fill holes this small or smaller",
+    )
+    g.add_argument(
+        "--no-darkness",
+        action="store_true",
+        help="saturation only (by default darkness against the glass counts too)",
+    )
     g.add_argument(
         "--tissue-threshold",
         type=_fraction,
@@ -266,9 +302,11 @@ def _add_storage_option(group: Any) -> None:
 
 
 def _options(args: argparse.Namespace) -> BuildOptions:
-    tissue_kw: dict[str, Any] = {"thumb_mpp": args.thumb_mpp}
-    if args.tissue_threshold is not None:
-        tissue_kw["fixed_threshold"] = args.tissue_threshold
+    tissue_kw: dict[str, Any] = {
+        "thumb_mpp": args.thumb_mpp, "median_um": args.tissue_median_um, "close_um": args.tissue_close_um,
+        "min_object_um2": args.min_object_um2, "min_hole_um2": args.min_hole_um2, "use_darkness": not args.no_darkness,
+        "fixed_threshold": args.tissue_threshold,
+    }  # fmt: skip
     labels, names = args.labels
     return BuildOptions(
         patch=PatchOptions(target_mpp=args.mpp, patch_size_px=args.patch_size, stride_px=args.stride,
