@@ -192,10 +192,20 @@ def test_slide_list_file(many_slides: Path, tmp_path: Path) -> None:
 
 
 def test_workers_see_the_environment_of_their_pool_not_of_the_forkserver(monkeypatch: pytest.MonkeyPatch) -> None:
-    from wsishard.pool import WorkerPool
+    import threading
 
-    with WorkerPool(2) as pool:  # starts the forkserver (if this process had none yet)
-        assert list(pool.imap(os.getenv, ["WSISHARD_TEST_VAR"])) == [None]
-    monkeypatch.setenv("WSISHARD_TEST_VAR", "set-later")  # e.g. credentials exported after the first build
-    with WorkerPool(2) as pool:
-        assert list(pool.imap(os.getenv, ["WSISHARD_TEST_VAR"] * 4)) == ["set-later"] * 4
+    from wsishard.pool import WorkerPool, _fork_is_safe
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)  # a second thread: the pool must not fork directly
+    other.start()
+    try:
+        assert not _fork_is_safe()
+        with WorkerPool(2) as pool:  # starts the forkserver (if this process had none yet)
+            assert list(pool.imap(os.getenv, ["WSISHARD_TEST_VAR"])) == [None]
+        monkeypatch.setenv("WSISHARD_TEST_VAR", "set-later")  # e.g. credentials exported after the first build
+        with WorkerPool(2) as pool:
+            assert list(pool.imap(os.getenv, ["WSISHARD_TEST_VAR"] * 4)) == ["set-later"] * 4
+    finally:
+        stop.set()
+        other.join()
