@@ -204,6 +204,13 @@ CHILDREN = {"build": child_build, "naive": child_naive, "floor": child_floor}
 # --------------------------------------------------------------------------------------------- parent side
 
 
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return list(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return []
+
+
 class TreeWatcher(threading.Thread):
     """Polls a process and its descendants every ``interval_s``: peak RSS and last CPU time per pid."""
 
@@ -213,6 +220,7 @@ class TreeWatcher(threading.Thread):
         self.peak_rss: dict[int, int] = {}
         self.cpu_s: dict[int, float] = {}
         self.parent: dict[int, int] = {}
+        self.helpers: set[int] = set()
         self._stop_event = threading.Event()
 
     def run(self) -> None:
@@ -231,6 +239,8 @@ class TreeWatcher(threading.Thread):
                         rss, cpu, ppid = proc.memory_info().rss, proc.cpu_times(), proc.ppid()
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
+                if proc.pid not in self.parent and "resource_tracker" in " ".join(_cmdline(proc)):
+                    self.helpers.add(proc.pid)
                 self.peak_rss[proc.pid] = max(self.peak_rss.get(proc.pid, 0), rss)
                 self.cpu_s[proc.pid] = cpu.user + cpu.system
                 self.parent[proc.pid] = ppid
@@ -239,8 +249,11 @@ class TreeWatcher(threading.Thread):
     def stop(self) -> dict[str, Any]:
         self._stop_event.set()
         self.join()
-        # pool workers are grandchildren (forkserver -> worker); with no pool the root process does the work
-        workers = [p for p, pp in self.parent.items() if p != self.pid and pp != self.pid] or [self.pid]
+        # pool workers are the leaves below the root (root -> worker when forked directly, root -> forkserver ->
+        # worker otherwise; multiprocessing's resource tracker is a leaf too but is left out); no pool: the root
+        parents = set(self.parent.values())
+        workers = [p for p in self.parent if p != self.pid and p not in parents and p not in self.helpers]
+        workers = workers or [self.pid]
         return {"workers": len(workers), "worker_rss_mb": max(self.peak_rss.get(p, 0) for p in workers) / MB,
                 "root_rss_mb": self.peak_rss.get(self.pid, 0) / MB,
                 "workers_cpu_s": sum(self.cpu_s.get(p, 0.0) for p in workers)}  # fmt: skip
