@@ -16,7 +16,7 @@ _EXPORTS: dict[str, str] = {
     "build": "wsishard.build",
     "BuildOptions": "wsishard.build",
     "BuildProgress": "wsishard.build",
-    "find_slides": "wsishard.build",
+    "find_slides": "wsishard.inputs",
     "PatchOptions": "wsishard.grid",
     "TissueOptions": "wsishard.tissue",
     "detect_tissue": "wsishard.tissue",
@@ -118,7 +118,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from wsishard.build import BuildOptions, BuildProgress, build, find_slides
+    from wsishard.build import BuildOptions, BuildProgress, build
     from wsishard.collate import DeviceBatch, GpuCollate
     from wsishard.errors import (
         ManifestError,
@@ -131,10 +131,14 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     )
     from wsishard.format import Manifest, PatchMeta, ShardRecord, SlideRecord
     from wsishard.grid import PatchOptions
+    from wsishard.inputs import find_slides
+    from wsishard.merge import merge
     from wsishard.monitor import LoaderReport, MonitoredLoader
     from wsishard.partition import EpochPlan, World, plan_epoch
+    from wsishard.remote import RetryPolicy
     from wsishard.samples import Batch, Sample
     from wsishard.slide import open_slide
     from wsishard.storage import StreamOpener, load_manifest, register_gopen_schemes
     from wsishard.stream import ShardLoader, ShardStream, StreamConfig, detect_world, loader, stream
     from wsishard.tissue import TissueOptions, detect_tissue
+    from wsishard.verify import VerifyReport, verify
