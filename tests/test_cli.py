@@ -52,6 +52,8 @@ def test_failed_slides_give_exit_status_1_and_are_named(tmp_path: Path, capsys: 
         (["--mpp", "-1"], "must be > 0"),
         (["--format", "gif"], "invalid choice"),
         (["--jobs", "zero"], "not an integer"),
+        (["--part", "4/3"], "1 <= I <= N"),
+        (["--storage-option", "endpoint_url"], "expected key=value"),
     ],
 )
 def test_bad_options_are_usage_errors_without_traceback(tmp_path: Path, args: list[str], message: str) -> None:
