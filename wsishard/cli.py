@@ -9,7 +9,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -42,37 +42,27 @@ def parse_size(text: str) -> int:
     return int(float(number) * base ** " kmgt".index(unit.lower() or " "))
 
 
-def _positive(kind: type) -> Any:
+def _number(kind: type, ok: Callable[[Any], bool], rule: str) -> Callable[[str], Any]:
+    """An argparse ``type``: ``kind(text)``, refused with ``rule`` unless ``ok(value)``."""
+
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"{rule}: {text!r}")
         return value
 
     return parse
 
 
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
-    return value
+def _positive(kind: type) -> Callable[[str], Any]:
+    return _number(kind, lambda v: v > 0, "must be > 0")
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1: {text!r}")
-    return value
+_non_negative = _number(float, lambda v: v >= 0, "must be >= 0")
+_fraction = _number(float, lambda v: 0.0 <= v <= 1.0, "must be between 0 and 1")
 
 
 def read_table(path: str, what: str) -> dict[str, str]:

@@ -30,6 +30,13 @@ class SlideError(WsiShardError, OSError):
         self.reason = reason
 
 
+def failure_reason(exc: BaseException) -> str:
+    """The one-line reason recorded for a slide that failed with ``exc`` (a :class:`SlideError`'s own reason)."""
+    if isinstance(exc, SlideError):
+        return exc.reason
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
 class MissingMppError(SlideError):
     """A slide reports no microns-per-pixel and no override covers it."""
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from wsishard.destination import Destination
 from wsishard.encode import block_samples
-from wsishard.errors import SlideError
+from wsishard.errors import failure_reason
 from wsishard.format import ShardRecord, shard_name
 from wsishard.grid import Block, Candidates
 from wsishard.scratch import StagedSlide
@@ -101,8 +101,7 @@ def extract_shard(task: ShardTask) -> ShardOutcome:
             except Exception as exc:  # a slide's failure is recorded and the build goes on
                 writer.abort()
                 _CACHE.drop(work.path)
-                reason = exc.reason if isinstance(exc, SlideError) else f"{type(exc).__name__}: {exc}"[:300]
-                return ShardOutcome(task.index, failed_slide=slide_index, reason=reason)
+                return ShardOutcome(task.index, failed_slide=slide_index, reason=failure_reason(exc))
             for key, members in samples:
                 writer.write(key, members, work.slide_id)
             counts[slide_index] = counts.get(slide_index, 0) + len(samples)

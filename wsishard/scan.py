@@ -16,7 +16,7 @@ import numpy as np
 
 from wsishard.destination import Destination
 from wsishard.encode import block_samples
-from wsishard.errors import SlideError
+from wsishard.errors import SlideError, failure_reason
 from wsishard.format import SlideRecord
 from wsishard.grid import Block, Candidates, PatchOptions, blocks, candidates, choose_level, grid_shape
 from wsishard.qc import qc_picture
@@ -88,7 +88,7 @@ def _scan_path(task: ScanTask, path: str, record: SlideRecord) -> ScanResult:
         return ScanResult(replace(record, reason=exc.reason))
     except Exception as exc:  # the build's catch-all boundary: any slide failure is recorded, the build goes on
         logger.debug("scan of %s failed", task.path, exc_info=True)
-        return ScanResult(replace(record, reason=f"{type(exc).__name__}: {exc}"[:300]))
+        return ScanResult(replace(record, reason=failure_reason(exc)))
     finally:
         reader.close()
 

@@ -22,7 +22,7 @@ from typing import Any
 import fsspec
 
 from wsishard.encode import block_samples
-from wsishard.errors import OptionError, SlideError
+from wsishard.errors import OptionError, SlideError, failure_reason
 from wsishard.slide import SLIDE_SUFFIXES, open_slide
 
 Samples = list[tuple[str, dict[str, bytes]]]
@@ -121,8 +121,7 @@ def stage_slide(task: StageTask) -> StageOutcome:
     except Exception as exc:  # the build's boundary: a slide's failure is recorded, the build goes on
         if os.path.exists(out_path):
             os.remove(out_path)
-        reason = exc.reason if isinstance(exc, SlideError) else f"{type(exc).__name__}: {exc}"[:300]
-        return StageOutcome(task.index, reason=reason)
+        return StageOutcome(task.index, reason=failure_reason(exc))
     return StageOutcome(task.index, StagedSlide(out_path, tuple(spans)))
 
 
