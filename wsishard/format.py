@@ -90,6 +90,17 @@ def sample_key(slide_id: str, l0_x: int, l0_y: int) -> str:
     return f"{slide_id}_x{l0_x}_y{l0_y}"
 
 
+SAMPLE_EXTS: frozenset[str] = frozenset((*IMAGE_FORMATS, META_EXT, LABEL_EXT))  # the members a reader uses
+
+
+def split_member(name: str) -> tuple[str, str] | None:
+    """``(key, ext)`` of a tar member name: the name up to the first dot of its last path part, and the rest
+    (webdataset's ``base_plus_ext``); None without such a dot."""
+    slash = name.rfind("/") + 1
+    dot = name.find(".", slash)
+    return None if dot <= slash else (name[:dot], name[dot + 1 :])
+
+
 def shard_name(index: int) -> str:
     """File name of the shard with global index ``index``: ``shard-000042.tar``."""
     return f"{SHARD_PREFIX}{index:06d}{SHARD_SUFFIX}"

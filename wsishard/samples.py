@@ -29,7 +29,7 @@ import torch
 from PIL import Image
 
 from wsishard.errors import ShardError
-from wsishard.format import IMAGE_FORMATS, LABEL_EXT, META_EXT, PatchMeta
+from wsishard.format import IMAGE_FORMATS, LABEL_EXT, META_EXT, SAMPLE_EXTS, PatchMeta, split_member
 from wsishard.remote import redact
 from wsishard.tario import tar_members
 
@@ -37,7 +37,6 @@ logger = logging.getLogger(__name__)
 
 ErrorMode = Literal["raise", "skip"]
 Opener = Callable[[str], IO[bytes]]
-_WANTED = frozenset((*IMAGE_FORMATS, META_EXT, LABEL_EXT))
 _PIL_FORMATS = ["JPEG", "PNG", "WEBP"]
 
 
@@ -137,24 +136,16 @@ def read_shard(task: ShardTask, opener: Opener) -> Iterator[RawSample]:
         raise ShardError(name, f"holds {count} samples, the manifest says {task.samples}")
 
 
-def _split_name(name: str) -> tuple[str, str] | None:
-    """``(key, ext)``: the name up to the first dot of its last path part, and the rest (webdataset's
-    ``base_plus_ext``); None without such a dot."""
-    slash = name.rfind("/") + 1
-    dot = name.find(".", slash)
-    return None if dot <= slash else (name[:dot], name[dot + 1 :])
-
-
 def _wanted(name: str) -> bool:
-    parts = _split_name(name)
-    return parts is not None and parts[1] in _WANTED
+    parts = split_member(name)
+    return parts is not None and parts[1] in SAMPLE_EXTS
 
 
 def _group_members(files: Iterator[tuple[str, bytes]]) -> Iterator[tuple[str, dict[str, bytes]]]:
     key: str | None = None
     members: dict[str, bytes] = {}
     for name, data in files:
-        prefix, ext = _split_name(name) or (name, "")
+        prefix, ext = split_member(name) or (name, "")
         if prefix != key:
             if key is not None:
                 yield key, members

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import tarfile
 from collections import Counter
 from collections.abc import Callable, Container, Iterator
@@ -21,14 +20,12 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import IO, Any, cast
 
-from wsishard.format import IMAGE_FORMATS, LABEL_EXT, META_EXT, SHARD_PREFIX, SHARD_SUFFIX, ShardRecord
+from wsishard.format import IMAGE_FORMATS, META_EXT, SAMPLE_EXTS, SHARD_PREFIX, SHARD_SUFFIX, ShardRecord, split_member
 from wsishard.remote import describe
 from wsishard.storage import StorageOptions, StreamOpener, join, list_names, load_manifest, redact
 
 logger = logging.getLogger(__name__)
 
-_KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's key/extension split (first dot)
-_WANTED = frozenset((*IMAGE_FORMATS, META_EXT, LABEL_EXT))
 _CHUNK = 2**20
 
 
@@ -194,14 +191,14 @@ def _samples(fileobj: _Hashing) -> Iterator[tuple[str, set[str]]]:
     exts: set[str] = set()
     with tarfile.open(fileobj=cast(Any, fileobj), mode="r|") as tar:
         for member in tar:
-            match = _KEY_EXT.match(member.name)
-            if not member.isfile() or match is None or match[2] not in _WANTED:
+            parts = split_member(member.name)
+            if not member.isfile() or parts is None or parts[1] not in SAMPLE_EXTS:
                 continue
-            if match[1] != key:
+            if parts[0] != key:
                 if key is not None:
                     yield key, exts
-                key, exts = match[1], set()
-            exts.add(match[2])
+                key, exts = parts[0], set()
+            exts.add(parts[1])
     if key is not None:
         yield key, exts
 
