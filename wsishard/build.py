@@ -295,6 +295,7 @@ def _extract_all(pool: WorkerPool, shards: list[ShardPlan], scans: list[ScanResu
     done = _still_valid(state.load_done(), shards, failed)
     pending = [sp for sp in shards if sp.index not in done]
     total_patches = sum(sp.patches for sp in shards)
+    written = sum(o.record.samples for o in done.values() if o.record)  # kept up to date, not recounted
     by_index = {sp.index: sp for sp in shards}
     while pending:
         tasks = [_shard_task(sp, works, frozenset(failed), dest, options) for sp in pending]
@@ -304,16 +305,17 @@ def _extract_all(pool: WorkerPool, shards: list[ShardPlan], scans: list[ScanResu
                 new_failed.setdefault(outcome.failed_slide, outcome.reason)
                 continue
             done[outcome.index] = outcome
+            written += outcome.record.samples if outcome.record else 0
             state.save_done(outcome, shard_name(outcome.index), _excluded(by_index[outcome.index], failed))
             if progress:
-                written = sum(o.record.samples for o in done.values() if o.record)
                 progress(BuildProgress("extract", len(done), len(shards), written, total_patches))
         failed.update(new_failed)
         if new_failed:
             state.save_failed(failed)
         pending = [sp for sp in shards if any(s in new_failed for s, _ in sp.blocks)]
         for sp in pending:  # rewritten without the failed slides, or gone if nothing else was in them
-            done.pop(sp.index, None)
+            stale = done.pop(sp.index, None)
+            written -= stale.record.samples if stale is not None and stale.record else 0
     for sp in shards:
         if done[sp.index].record is None:
             dest.remove(shard_name(sp.index))  # a shard left empty: no file (an earlier run may have written one)

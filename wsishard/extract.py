@@ -77,6 +77,10 @@ class _ReaderCache:
         self._readers[path] = reader
         return reader
 
+    def clear(self) -> None:
+        for path in list(self._readers):
+            self.drop(path)
+
     def drop(self, path: str) -> None:
         reader = self._readers.pop(path, None)
         if reader is not None:
@@ -127,5 +131,4 @@ def _read_block(task: ShardTask, work: SlideWork, block_index: int) -> list[tupl
 
 def close_readers() -> None:
     """Close every slide handle this process holds."""
-    for path in list(_CACHE._readers):
-        _CACHE.drop(path)
+    _CACHE.clear()

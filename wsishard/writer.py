@@ -58,10 +58,6 @@ class ShardWriter:
         self._slides: set[str] = set()
         self.record: ShardRecord | None = None
 
-    @property
-    def samples(self) -> int:
-        return self._samples
-
     def write(self, key: str, members: dict[str, bytes], slide_id: str) -> None:
         """Append one sample: ``members`` maps extensions (``jpg``, ``json``, ...) to encoded bytes."""
         for ext in sorted(members):
