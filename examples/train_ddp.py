@@ -20,9 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from wsishard.collate import GpuCollate
-from wsishard.monitor import MonitoredLoader
-from wsishard.stream import loader, stream
+from wsishard import GpuCollate, MonitoredLoader, loader, stream
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_single import IMAGENET_MEAN, IMAGENET_STD, Targets, loss_fn, make_model

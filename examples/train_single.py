@@ -18,10 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wsishard.collate import GpuCollate
-from wsishard.monitor import MonitoredLoader
-from wsishard.storage import load_manifest
-from wsishard.stream import loader, stream
+from wsishard import GpuCollate, MonitoredLoader, load_manifest, loader, stream
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

@@ -86,8 +86,9 @@ def _rss_mb() -> float:
 
 
 def child_build(spec: dict[str, Any]) -> dict[str, Any]:
-    from wsishard.build import BuildOptions, build
-    from wsishard.grid import PatchOptions
+    from wsishard.builder.grid import PatchOptions
+    from wsishard.builder.options import BuildOptions
+    from wsishard.builder.run import build
 
     options = BuildOptions(patch=PatchOptions(target_mpp=TARGET_MPP, patch_size_px=PATCH_PX), jobs=spec["jobs"],
                            qc=False, shard_size_bytes=spec["shard_size_bytes"], seed=SEED, fast_path=True,
@@ -159,7 +160,7 @@ def child_floor(spec: dict[str, Any]) -> dict[str, Any]:
     import tifffile
     from PIL import Image
 
-    from wsishard.grid import PatchOptions
+    from wsishard.builder.grid import PatchOptions
     from wsishard.slide import open_slide
 
     t = {"decode_s": 0.0, "shrink_s": 0.0, "encode_s": 0.0, "cpu_s": 0.0}  # cpu_s: of decode + encode
@@ -278,7 +279,7 @@ def run_child(method: str, spec: dict[str, Any], stem: Path) -> dict[str, Any]:
 
 def ensure_slides(folder: Path, size: tuple[int, int], n: int, log: Any) -> list[str]:
     """``n`` cached synthetic svs slides of ``size`` (generated once, atomically)."""
-    from wsishard.synthetic import make_slide
+    from wsishard.testing.synthetic import make_slide
 
     folder.mkdir(parents=True, exist_ok=True)
     paths = []

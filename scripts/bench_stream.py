@@ -81,7 +81,7 @@ def log(msg: str) -> None:
 
 
 def _make_one(path: str, size_px: int, seed: int) -> str:
-    from wsishard.synthetic import make_slide
+    from wsishard.testing.synthetic import make_slide
 
     make_slide(path, width=size_px, height=size_px, mpp=SLIDE_MPP, seed=seed, tissue_fraction=TISSUE_FRACTION)
     return path
@@ -89,8 +89,9 @@ def _make_one(path: str, size_px: int, seed: int) -> str:
 
 def prepare(workdir: Path, mode: Mode) -> tuple[list[str], Path]:
     """Slides and shards for ``mode``, generated and built once and reused while their parameters match."""
-    from wsishard.build import BuildOptions, build
-    from wsishard.grid import PatchOptions
+    from wsishard.builder.grid import PatchOptions
+    from wsishard.builder.options import BuildOptions
+    from wsishard.builder.run import build
 
     root = workdir / mode.name
     slides_dir, shards_dir, stamp = root / "slides", root / "shards", root / "stamp.json"
@@ -133,8 +134,8 @@ def time_wsishard(source: str, workers: int, batches: int, *, to_device: bool = 
     uint8 batch as the DataLoader hands it over (the loader alone). ``cpu_per_worker`` is samples per CPU
     second of the worker processes: what one worker would deliver with a core of its own.
     """
-    from wsishard.collate import GpuCollate
-    from wsishard.stream import loader, stream
+    from wsishard.streaming.collate import GpuCollate
+    from wsishard.streaming.dataset import loader, stream
 
     collate = GpuCollate(DEVICE, mean=MEAN, std=STD)
     ds = stream(source, batch_size=BATCH, resampled=True, seed=SEED, storage_options=storage_options)
@@ -174,7 +175,7 @@ def floor_decode(shards_dir: Path, n: int) -> dict[str, Any]:
     """PIL decode of the shards' own JPEG bytes, already in memory, in a tight loop in this process."""
     from PIL import Image
 
-    from wsishard.storage import load_manifest
+    from wsishard.storage.opener import load_manifest
 
     manifest, _ = load_manifest(str(shards_dir))
     blobs: list[bytes] = []
@@ -220,7 +221,7 @@ def time_wsistream(slides: list[str], workers: int, batches: int) -> dict[str, A
     from torch.utils.data import DataLoader
     from wsistream.torch import WsiStreamDataset
 
-    from wsishard.collate import GpuCollate
+    from wsishard.streaming.collate import GpuCollate
 
     sampler = ws.ContinuousMagnificationSampler(output_size=PATCH_PX, mpp_range=(TARGET_MPP, TARGET_MPP + 1e-9))
     ds = WsiStreamDataset(slides, backend=ws.OpenSlideBackend(), tissue_detector=ws.OtsuTissueDetector(),
@@ -255,7 +256,7 @@ def moto_s3(shards_dir: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     from moto.server import ThreadedMotoServer
 
     from wsishard.format import MANIFEST_NAME
-    from wsishard.storage import load_manifest
+    from wsishard.storage.opener import load_manifest
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no per-request lines from the server
     os.environ["AWS_ACCESS_KEY_ID"] = os.environ["AWS_SECRET_ACCESS_KEY"] = "testing"  # moto's dummy values
@@ -294,7 +295,7 @@ _BUCKETS = [("ImagingDecoder", "PIL decode (C)"), ("ImagingEncoder", "PIL tobyte
 
 def profile_pipeline(shards_dir: Path, batches: int) -> tuple[str, dict[str, float]]:
     """cProfile one worker's pipeline run in-process (``iter(ds)``, no DataLoader): top functions by own time."""
-    from wsishard.stream import stream
+    from wsishard.streaming.dataset import stream
 
     it: Iterator[Any] = iter(stream(str(shards_dir), batch_size=BATCH, resampled=True, seed=SEED))
     next(it)  # fill the shuffle buffer outside the profile
@@ -429,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     from webdataset import __version__ as wds_version
 
     import wsishard
-    from wsishard.storage import load_manifest
+    from wsishard.storage.opener import load_manifest
 
     t_all, load0 = time.perf_counter(), os.getloadavg()[0]
     slides, shards_dir = prepare(Path(args.workdir), mode)

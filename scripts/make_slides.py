@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from wsishard.synthetic import SlideKind, make_slides
+from wsishard.testing.synthetic import SlideKind, make_slides
 
 
 def _size(text: str) -> tuple[int, int]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from wsishard.synthetic import SyntheticSlide, make_slides
+from wsishard.testing.synthetic import SyntheticSlide, make_slides
 
 SLIDE_WIDTH = 4096
 SLIDE_HEIGHT = 3072

@@ -1,6 +1,6 @@
 """Small wsishard build outputs for tests: noise patches in tar shards plus a manifest.
 
-The format is the one ``wsishard build`` writes (see :mod:`wsishard.format` and :mod:`wsishard.writer`):
+The format is the one ``wsishard build`` writes (see :mod:`wsishard.format` and :mod:`wsishard.shards.writer`):
 members ``<key>.<jpg|png|webp>``, ``<key>.json`` (PatchMeta, sorted keys) and ``<key>.cls`` (labelled
 builds only), written by ``webdataset.TarWriter`` without an encoder and with a fixed mtime; shards named
 ``shard-000000.tar``...; ``manifest.json`` with per-shard counts, bytes and sha256.

@@ -13,10 +13,11 @@ import pytest
 import tifffile
 from buildtools import read_output
 
-from wsishard.build import BuildOptions, build
+from wsishard.builder.grid import PatchOptions
+from wsishard.builder.options import BuildOptions
+from wsishard.builder.run import build
 from wsishard.errors import OptionError
-from wsishard.grid import PatchOptions
-from wsishard.synthetic import make_slide, make_slides
+from wsishard.testing.synthetic import make_slide, make_slides
 
 SMALL = PatchOptions(target_mpp=0.5, patch_size_px=64, min_tissue=0.5)
 
@@ -194,7 +195,7 @@ def test_slide_list_file(many_slides: Path, tmp_path: Path) -> None:
 def test_workers_see_the_environment_of_their_pool_not_of_the_forkserver(monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from wsishard.pool import WorkerPool, _fork_is_safe
+    from wsishard.builder.pool import WorkerPool, _fork_is_safe
 
     stop = threading.Event()
     other = threading.Thread(target=stop.wait, daemon=True)  # a second thread: the pool must not fork directly

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING
 import pytest
 from buildtools import read_output
 
-from wsishard.build import BuildOptions, build
-from wsishard.destination import Destination
-from wsishard.grid import PatchOptions
-from wsishard.stream import stream
-from wsishard.synthetic import make_slides
+from wsishard.builder.grid import PatchOptions
+from wsishard.builder.options import BuildOptions
+from wsishard.builder.run import build
+from wsishard.storage.output import Destination
+from wsishard.streaming.dataset import stream
+from wsishard.testing.synthetic import make_slides
 
 if TYPE_CHECKING:
     from servers import S3Server
@@ -144,13 +145,13 @@ def test_credentials_never_reach_output_or_logs(s3: S3Server, s3_bucket: str, sl
 def test_slides_read_from_a_bucket_through_bounded_scratch(
     s3: S3Server, s3_bucket: str, slides: Path, local: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import wsishard.scan
-    import wsishard.scratch
+    import wsishard.builder.scan
+    import wsishard.builder.staging
 
     s3.fs().mkdir(f"{s3_bucket}/cohort/slides")
     s3.upload(str(slides), f"s3://{s3_bucket}/cohort/slides")
     live: list[int] = [0, 0]  # copies on disk now, most at once
-    original = wsishard.scratch.local_copy
+    original = wsishard.builder.staging.local_copy
 
     @contextlib.contextmanager
     def spy(*args: object, **kwargs: object) -> Iterator[str]:
@@ -162,8 +163,8 @@ def test_slides_read_from_a_bucket_through_bounded_scratch(
             finally:
                 live[0] -= 1
 
-    monkeypatch.setattr(wsishard.scratch, "local_copy", spy)
-    monkeypatch.setattr(wsishard.scan, "local_copy", spy)
+    monkeypatch.setattr(wsishard.builder.staging, "local_copy", spy)
+    monkeypatch.setattr(wsishard.builder.scan, "local_copy", spy)
     scratch = tmp_path / "scratch"
     opts = dataclasses.replace(OPTS, jobs=1)  # in-process, so the spy sees every copy
     out = tmp_path / "out"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from wsishard.cli import main, parse_size
-from wsishard.synthetic import make_slide, make_slides
+from wsishard.testing.synthetic import make_slide, make_slides
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

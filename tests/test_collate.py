@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wsishard.collate import GpuCollate, dihedral
+from wsishard.streaming.collate import GpuCollate, dihedral
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

@@ -83,7 +83,7 @@ def _rank_main(source: str, result_dir: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from wsishard.stream import loader, stream
+    from wsishard.streaming.dataset import loader, stream
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, results = dist.get_rank(), {"epochs": [], "resampled": []}

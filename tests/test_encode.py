@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from wsishard.encode import read_block_image
-from wsishard.grid import PatchOptions, blocks, candidates
+from wsishard.builder.grid import PatchOptions, blocks, candidates
+from wsishard.builder.patches import read_block_image
+from wsishard.builder.tissue import detect_tissue
 from wsishard.slide import OpenSlideReader, TiffTileReader, open_slide, read_lowres
-from wsishard.synthetic import make_slide
-from wsishard.tissue import detect_tissue
+from wsishard.testing.synthetic import make_slide
 
 
 class _EveryTile:
@@ -139,7 +139,7 @@ def _split_tables(jpeg: bytes) -> tuple[bytes, bytes]:
 def test_scaled_decode_of_abbreviated_tiles_with_shared_tables() -> None:
     import dataclasses
 
-    from wsishard.slide import _decode_jpeg_scaled, _TiledLevel
+    from wsishard.slide.tiff import _decode_jpeg_scaled, _TiledLevel
 
     rng = np.random.default_rng(0)
     tile = rng.integers(0, 255, size=(256, 256, 3), dtype=np.uint8)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from wsishard.builder.grid import PatchOptions, blocks, candidates, choose_level, grid_shape, tissue_fractions
 from wsishard.errors import OptionError, SlideError
-from wsishard.grid import PatchOptions, blocks, candidates, choose_level, grid_shape, tissue_fractions
 
 DOWNSAMPLES = (1.0, 4.0, 16.0, 64.0)
 

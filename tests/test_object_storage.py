@@ -20,9 +20,10 @@ import shardmaker as sm
 
 from wsishard.errors import ManifestError, ShardError
 from wsishard.format import shard_name
-from wsishard.remote import RetryPolicy, is_transient, redact
-from wsishard.storage import StreamOpener, list_names, read_bytes
-from wsishard.stream import loader, stream
+from wsishard.storage.opener import StreamOpener, list_names, read_bytes
+from wsishard.storage.retry import RetryPolicy, is_transient
+from wsishard.storage.secrets import redact
+from wsishard.streaming.dataset import loader, stream
 
 if TYPE_CHECKING:  # imported by pytest_plugins below, with assertion rewriting
     from servers import HttpServer, S3Server

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from wsishard.errors import TopologyError
-from wsishard.partition import (
-    World,
+from wsishard.streaming.partition import (
     batch_budgets,
     check_topology,
     deal,
@@ -16,6 +15,7 @@ from wsishard.partition import (
     resample_order,
     worker_shards,
 )
+from wsishard.streaming.world import World
 
 
 def _random_case(rng: np.random.Generator) -> tuple[np.ndarray, int, int, int]:

@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 
-from wsishard.plan import interleave, make_groups, make_plan
+from wsishard.builder.plan import interleave, make_groups, make_plan
 
 
 def _sizes(n_slides: int, blocks: int, seed: int = 0) -> list[list[int]]:

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 from buildtools import read_output
 
-from wsishard.build import BuildOptions, build
+from wsishard.builder.grid import PatchOptions
+from wsishard.builder.merge import merge
+from wsishard.builder.options import BuildOptions
+from wsishard.builder.run import build
 from wsishard.errors import ManifestError, OptionError
-from wsishard.grid import PatchOptions
-from wsishard.merge import merge
-from wsishard.synthetic import make_slides
+from wsishard.testing.synthetic import make_slides
 
 ARGS = ["--patch-size", "64", "--shard-samples", "25", "--group-slides", "3", "--seed", "5", "-q"]
 

@@ -9,7 +9,7 @@ import pytest
 
 from wsishard.errors import MissingMppError, SlideError
 from wsishard.slide import OpenSlideReader, TiffTileReader, open_slide, read_lowres, resolve_mpp
-from wsishard.synthetic import SyntheticSlide, make_slide
+from wsishard.testing.synthetic import SyntheticSlide, make_slide
 
 
 @pytest.mark.parametrize("index", [0, 1])  # svs, generic tiff

@@ -19,27 +19,14 @@ import webdataset as wds
 from PIL import Image
 
 from wsishard.errors import ManifestError, ShardError, TopologyError
-from wsishard.monitor import MonitoredLoader
-from wsishard.partition import World
-from wsishard.samples import (
-    DecodeIntoBatches,
-    RawSample,
-    ShardTask,
-    decode_into,
-    decode_sample,
-    read_shard,
-)
-from wsishard.storage import StreamOpener, register_gopen_schemes
-from wsishard.stream import (
-    ShardStream,
-    SplitByNode,
-    SplitByWorker,
-    StreamConfig,
-    detect_world,
-    loader,
-    stream,
-)
-from wsishard.tario import tar_members
+from wsishard.shards.reader import tar_members
+from wsishard.storage.opener import StreamOpener
+from wsishard.streaming.dataset import ShardStream, StreamConfig, loader, stream
+from wsishard.streaming.decode import DecodeIntoBatches, decode_into, decode_sample
+from wsishard.streaming.monitor import MonitoredLoader
+from wsishard.streaming.plain import register_gopen_schemes
+from wsishard.streaming.stages import RawSample, ShardRef, SplitByNode, SplitByWorker, read_shard
+from wsishard.streaming.world import World, detect_world
 
 COUNTS = (10, 7, 12, 5, 9, 14, 6, 11)
 
@@ -307,7 +294,7 @@ def test_a_sample_of_another_size_raises_or_is_skipped(tmp_path: Path, caplog: p
 
 
 def test_batches_are_in_shared_memory_only_in_workers(out: sm.Output, monkeypatch: pytest.MonkeyPatch) -> None:
-    task = ShardTask(url=out.path(0), samples=COUNTS[0])
+    task = ShardRef(url=out.path(0), samples=COUNTS[0])
     stage = DecodeIntoBatches(4, drop_last=False)
     plain = list(stage(read_shard(task, StreamOpener())))
     assert not any(b["image"].is_shared() for b in plain)
@@ -331,7 +318,7 @@ def test_worker_batches_carry_the_exact_pixels(tmp_path: Path) -> None:
 
 
 def test_read_shard_names_a_missing_shard(tmp_path: Path) -> None:
-    task = ShardTask(url=str(tmp_path / "nope.tar"), samples=1)
+    task = ShardRef(url=str(tmp_path / "nope.tar"), samples=1)
     with pytest.raises(ShardError, match=r"nope\.tar"):
         list(read_shard(task, StreamOpener()))
 
@@ -388,10 +375,10 @@ def test_tar_members_read_long_names_and_skip_what_is_not_a_file(tmp_path: Path,
     assert list(tar_members(path.open("rb"), lambda _: True)) == members
 
 
-def _shard_of(tmp_path: Path, blob: bytes, samples: int) -> ShardTask:
+def _shard_of(tmp_path: Path, blob: bytes, samples: int) -> ShardRef:
     path = tmp_path / "s.tar"
     path.write_bytes(blob)
-    return ShardTask(url=str(path), samples=samples)
+    return ShardRef(url=str(path), samples=samples)
 
 
 def test_tar_damage_is_a_shard_error(out: sm.Output, tmp_path: Path) -> None:

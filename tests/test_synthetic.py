@@ -12,7 +12,7 @@ import pytest
 import tifffile
 from PIL import Image
 
-from wsishard.synthetic import SyntheticSlide, make_slide, make_slides
+from wsishard.testing.synthetic import SyntheticSlide, make_slide, make_slides
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,9 +10,9 @@ import pytest
 from PIL import Image
 from scipy import ndimage as ndi
 
+from wsishard.builder.tissue import TissueOptions, detect_tissue, stain_feature, tissue_fraction
 from wsishard.errors import OptionError
-from wsishard.synthetic import SyntheticSlide, make_slide
-from wsishard.tissue import TissueOptions, detect_tissue, stain_feature, tissue_fraction
+from wsishard.testing.synthetic import SyntheticSlide, make_slide
 
 GLASS = (240, 240, 242)
 PINK = (225, 150, 190)

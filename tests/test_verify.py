@@ -12,7 +12,7 @@ import shardmaker as sm
 
 from wsishard.errors import ManifestError
 from wsishard.format import shard_name
-from wsishard.verify import VerifyProgress, VerifyReport, format_report, verify
+from wsishard.shards.verify import VerifyProgress, VerifyReport, format_report, verify
 
 if TYPE_CHECKING:  # imported by pytest_plugins below, with assertion rewriting
     from servers import HttpServer, S3Server

@@ -13,41 +13,41 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     # build side
-    "build": "wsishard.build",
-    "BuildOptions": "wsishard.build",
-    "BuildProgress": "wsishard.build",
-    "find_slides": "wsishard.inputs",
-    "PatchOptions": "wsishard.grid",
-    "TissueOptions": "wsishard.tissue",
-    "detect_tissue": "wsishard.tissue",
+    "build": "wsishard.builder.run",
+    "BuildOptions": "wsishard.builder.options",
+    "BuildProgress": "wsishard.builder.options",
+    "find_slides": "wsishard.builder.inputs",
+    "PatchOptions": "wsishard.builder.grid",
+    "TissueOptions": "wsishard.builder.tissue",
+    "detect_tissue": "wsishard.builder.tissue",
     "Manifest": "wsishard.format",
     "ShardRecord": "wsishard.format",
     "SlideRecord": "wsishard.format",
     "PatchMeta": "wsishard.format",
-    "load_manifest": "wsishard.storage",
+    "load_manifest": "wsishard.storage.opener",
     "open_slide": "wsishard.slide",
     # training side
-    "stream": "wsishard.stream",
-    "loader": "wsishard.stream",
-    "ShardStream": "wsishard.stream",
-    "ShardLoader": "wsishard.stream",
-    "StreamConfig": "wsishard.stream",
-    "detect_world": "wsishard.stream",
-    "Batch": "wsishard.samples",
-    "Sample": "wsishard.samples",
-    "World": "wsishard.partition",
-    "EpochPlan": "wsishard.partition",
-    "plan_epoch": "wsishard.partition",
-    "GpuCollate": "wsishard.collate",
-    "DeviceBatch": "wsishard.collate",
-    "MonitoredLoader": "wsishard.monitor",
-    "LoaderReport": "wsishard.monitor",
-    "StreamOpener": "wsishard.storage",
-    "register_gopen_schemes": "wsishard.storage",
-    "verify": "wsishard.verify",
-    "VerifyReport": "wsishard.verify",
-    "merge": "wsishard.merge",
-    "RetryPolicy": "wsishard.remote",
+    "stream": "wsishard.streaming.dataset",
+    "loader": "wsishard.streaming.dataset",
+    "ShardStream": "wsishard.streaming.dataset",
+    "ShardLoader": "wsishard.streaming.dataset",
+    "StreamConfig": "wsishard.streaming.dataset",
+    "detect_world": "wsishard.streaming.world",
+    "Batch": "wsishard.streaming.decode",
+    "Sample": "wsishard.streaming.decode",
+    "World": "wsishard.streaming.world",
+    "EpochPlan": "wsishard.streaming.partition",
+    "plan_epoch": "wsishard.streaming.partition",
+    "GpuCollate": "wsishard.streaming.collate",
+    "DeviceBatch": "wsishard.streaming.collate",
+    "MonitoredLoader": "wsishard.streaming.monitor",
+    "LoaderReport": "wsishard.streaming.monitor",
+    "StreamOpener": "wsishard.storage.opener",
+    "register_gopen_schemes": "wsishard.streaming.plain",
+    "verify": "wsishard.shards.verify",
+    "VerifyReport": "wsishard.shards.verify",
+    "merge": "wsishard.builder.merge",
+    "RetryPolicy": "wsishard.storage.retry",
     # errors
     "WsiShardError": "wsishard.errors",
     "OptionError": "wsishard.errors",
@@ -118,8 +118,12 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from wsishard.build import BuildOptions, BuildProgress, build
-    from wsishard.collate import DeviceBatch, GpuCollate
+    from wsishard.builder.grid import PatchOptions
+    from wsishard.builder.inputs import find_slides
+    from wsishard.builder.merge import merge
+    from wsishard.builder.options import BuildOptions, BuildProgress
+    from wsishard.builder.run import build
+    from wsishard.builder.tissue import TissueOptions, detect_tissue
     from wsishard.errors import (
         ManifestError,
         MissingMppError,
@@ -130,15 +134,14 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         WsiShardError,
     )
     from wsishard.format import Manifest, PatchMeta, ShardRecord, SlideRecord
-    from wsishard.grid import PatchOptions
-    from wsishard.inputs import find_slides
-    from wsishard.merge import merge
-    from wsishard.monitor import LoaderReport, MonitoredLoader
-    from wsishard.partition import EpochPlan, World, plan_epoch
-    from wsishard.remote import RetryPolicy
-    from wsishard.samples import Batch, Sample
+    from wsishard.shards.verify import VerifyReport, verify
     from wsishard.slide import open_slide
-    from wsishard.storage import StreamOpener, load_manifest, register_gopen_schemes
-    from wsishard.stream import ShardLoader, ShardStream, StreamConfig, detect_world, loader, stream
-    from wsishard.tissue import TissueOptions, detect_tissue
-    from wsishard.verify import VerifyReport, verify
+    from wsishard.storage.opener import StreamOpener, load_manifest
+    from wsishard.storage.retry import RetryPolicy
+    from wsishard.streaming.collate import DeviceBatch, GpuCollate
+    from wsishard.streaming.dataset import ShardLoader, ShardStream, StreamConfig, loader, stream
+    from wsishard.streaming.decode import Batch, Sample
+    from wsishard.streaming.monitor import LoaderReport, MonitoredLoader
+    from wsishard.streaming.partition import EpochPlan, plan_epoch
+    from wsishard.streaming.plain import register_gopen_schemes
+    from wsishard.streaming.world import World, detect_world

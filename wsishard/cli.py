@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import logging
 import os
@@ -15,16 +14,18 @@ from typing import Any
 from tqdm import tqdm
 
 from wsishard import __version__
-from wsishard.build import BuildOptions, BuildProgress, build
-from wsishard.errors import WsiShardError
+from wsishard.builder.grid import PatchOptions
+from wsishard.builder.inputs import label_table, mpp_table
+from wsishard.builder.merge import merge
+from wsishard.builder.options import BuildOptions, BuildProgress
+from wsishard.builder.run import build
+from wsishard.builder.tissue import TissueOptions
+from wsishard.errors import OptionError, WsiShardError
 from wsishard.format import IMAGE_FORMATS
-from wsishard.grid import PatchOptions
-from wsishard.merge import merge
-from wsishard.remote import redact
 from wsishard.report import details, summary
-from wsishard.storage import load_manifest
-from wsishard.tissue import TissueOptions
-from wsishard.verify import VerifyProgress, format_report, verify
+from wsishard.shards.verify import VerifyProgress, format_report, verify
+from wsishard.storage.opener import load_manifest
+from wsishard.storage.secrets import redact
 
 logger = logging.getLogger("wsishard")
 
@@ -65,40 +66,20 @@ _non_negative = _number(float, lambda v: v >= 0, "must be >= 0")
 _fraction = _number(float, lambda v: 0.0 <= v <= 1.0, "must be between 0 and 1")
 
 
-def read_table(path: str, what: str) -> dict[str, str]:
-    """A two-column CSV (slide, value), with or without a header line, as a dict."""
-    try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            rows = [r for r in csv.reader(fh) if r and r[0].strip() and not r[0].startswith("#")]
-    except OSError as exc:
-        raise argparse.ArgumentTypeError(f"cannot read {what} {path}: {exc.strerror}") from exc
-    if any(len(r) < 2 for r in rows):
-        raise argparse.ArgumentTypeError(f"{what} {path}: every line needs two columns: slide,value")
-    return {r[0].strip(): r[1].strip() for r in rows}
+def _table(read: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse ``type`` reading a per-slide CSV table; its OptionError becomes a usage error."""
 
-
-def _mpp_table(path: str) -> dict[str, float]:
-    table = read_table(path, "--mpp-csv")
-    out = {}
-    for slide, value in table.items():
+    def parse(path: str) -> Any:
         try:
-            out[slide] = float(value)
-        except ValueError:
-            if out or slide != next(iter(table)):  # only the first line may be a header
-                raise argparse.ArgumentTypeError(f"--mpp-csv {path}: mpp of {slide!r} is not a number") from None
-    return out
+            return read(path)
+        except OptionError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
 
 
-def _label_table(path: str) -> tuple[dict[str, int], list[str]]:
-    """Integer labels as they are; otherwise class names numbered in sorted order (names kept for the manifest)."""
-    table = read_table(path, "--labels")
-    first = next(iter(table), None)
-    if first is not None and table[first].lower() in ("label", "class", "y") and not first.endswith(".svs"):
-        table.pop(first)
-    if all(re.fullmatch(r"-?\d+", v) for v in table.values()):
-        return {k: int(v) for k, v in table.items()}, []
-    names = sorted(set(table.values()))
-    return {k: names.index(v) for k, v in table.items()}, names
+_mpp_table = _table(mpp_table)
+_label_table = _table(label_table)
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -379,7 +360,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from wsishard.demo import run_demo
+    from wsishard.testing.demo import run_demo
 
     bars = _Bars(args.quiet)
     try:

@@ -7,6 +7,11 @@ that builtin, as fsspec's exceptions do. Errors carry structured fields so a cal
 
 from __future__ import annotations
 
+import logging
+from types import TracebackType
+
+logger = logging.getLogger(__name__)
+
 
 class WsiShardError(Exception):
     """Base class of every error wsishard raises on purpose."""
@@ -35,6 +40,31 @@ def failure_reason(exc: BaseException) -> str:
     if isinstance(exc, SlideError):
         return exc.reason
     return f"{type(exc).__name__}: {exc}"[:300]
+
+
+class SlideFailure:
+    """The build's one catch-all boundary: a slide's failure is recorded with its reason, the build goes on.
+
+    ``with SlideFailure(path) as failure: ...`` swallows any ``Exception`` raised in the block and keeps its
+    one-line reason in ``failure.reason`` (None when the block succeeded). ``KeyboardInterrupt`` and other
+    ``BaseException`` s pass through.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.reason: str | None = None
+
+    def __enter__(self) -> SlideFailure:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool:  # fmt: skip
+        if exc is None or not isinstance(exc, Exception):
+            return False
+        if not isinstance(exc, SlideError):
+            logger.debug("slide %s failed", self.path, exc_info=(exc_type, exc, tb))  # type: ignore[arg-type]
+        self.reason = failure_reason(exc)
+        return True
 
 
 class MissingMppError(SlideError):

@@ -34,6 +34,10 @@ META_EXT = "json"
 LABEL_EXT = "cls"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+_SHARD_NAME = re.compile(re.escape(SHARD_PREFIX) + r"\d{6,}" + re.escape(SHARD_SUFFIX))
+_TEMP_INFIX = ".tmp-"
+_TEMP_NAME = re.compile(r"\.(.+)" + re.escape(_TEMP_INFIX) + r"\d+")
+_PART_MANIFEST = re.compile(r"manifest\.part-(\d{4,})-of-(\d{4,})\.json")
 _MAX_ID_CHARS = 96
 
 ImageFormat = Literal["jpg", "png", "webp"]
@@ -101,9 +105,47 @@ def split_member(name: str) -> tuple[str, str] | None:
     return None if dot <= slash else (name[:dot], name[dot + 1 :])
 
 
+def is_sample_member(name: str) -> bool:
+    """True for a tar member a reader uses: ``<key>.<ext>`` with ``ext`` in :data:`SAMPLE_EXTS`."""
+    parts = split_member(name)
+    return parts is not None and parts[1] in SAMPLE_EXTS
+
+
 def shard_name(index: int) -> str:
     """File name of the shard with global index ``index``: ``shard-000042.tar``."""
     return f"{SHARD_PREFIX}{index:06d}{SHARD_SUFFIX}"
+
+
+def is_shard_name(name: str) -> bool:
+    """True for a name :func:`shard_name` makes (``shard-`` + at least 6 digits + ``.tar``)."""
+    return _SHARD_NAME.fullmatch(name) is not None
+
+
+def temp_name(name: str, pid: int) -> str:
+    """The temporary name a file is written under before it is renamed to ``name`` (a base name)."""
+    return f".{name}{_TEMP_INFIX}{pid}"
+
+
+def temp_target(name: str) -> str | None:
+    """The final name a temporary file stands for (:func:`temp_name`'s inverse), or None if it is not one."""
+    match = _TEMP_NAME.fullmatch(name)
+    return match.group(1) if match else None
+
+
+def part_label(part: tuple[int, int]) -> str:
+    """``part-0002-of-0008`` for part 2 of 8 (1-based), as it appears in part file names."""
+    return f"part-{part[0]:04d}-of-{part[1]:04d}"
+
+
+def manifest_name(part: tuple[int, int] | None = None) -> str:
+    """``manifest.json``, or ``manifest.part-0002-of-0008.json`` for part 2 of 8 of a cluster build."""
+    return MANIFEST_NAME if part is None else f"manifest.{part_label(part)}.json"
+
+
+def parse_part_manifest(name: str) -> tuple[int, int] | None:
+    """``(i, n)`` of a part manifest's file name (:func:`manifest_name`'s inverse), or None."""
+    match = _PART_MANIFEST.fullmatch(name)
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import re
-from collections.abc import Mapping
-from typing import Any
 
-from wsishard.destination import Destination
 from wsishard.errors import ManifestError
-from wsishard.format import MANIFEST_NAME, Manifest
+from wsishard.format import MANIFEST_NAME, Manifest, parse_part_manifest
+from wsishard.storage.output import Destination
+from wsishard.storage.urls import StorageOptions
 
-_PART = re.compile(r"^manifest\.part-(\d{4,})-of-(\d{4,})\.json$")
 
-
-def merge(output: str, storage_options: Mapping[str, Any] | None = None) -> Manifest:
+def merge(output: str, storage_options: StorageOptions | None = None) -> Manifest:
     """Check that every part of ``output`` is there and consistent, then write and return ``manifest.json``.
 
     Raises:
@@ -24,10 +20,10 @@ def merge(output: str, storage_options: Mapping[str, Any] | None = None) -> Mani
     dest = Destination(output, storage_options)
     found: dict[int, tuple[int, Manifest]] = {}
     for name in dest.listdir():
-        match = _PART.match(name)
-        if match:
+        part = parse_part_manifest(name)
+        if part is not None:
             data = dest.read_bytes(name) or b""
-            found[int(match.group(1))] = (int(match.group(2)), Manifest.from_json(data.decode(), dest.path(name)))
+            found[part[0]] = (part[1], Manifest.from_json(data.decode(), dest.path(name)))
     if not found:
         raise ManifestError(dest.path(MANIFEST_NAME), "no part manifests (manifest.part-I-of-N.json) to merge")
     counts = {n for n, _ in found.values()}

@@ -1,18 +1,69 @@
-"""Cutting a read block into patches and encoding them as sample members."""
+"""A block's patches: read the block's region once, resample it to the target mpp, cut and encode the patches.
+
+Scan (to measure encoded bytes), extraction and staging all go through :func:`block_samples`, with the slide's
+:class:`SlideWork` and the build's :class:`EncodeOptions`.
+"""
 
 from __future__ import annotations
 
 import io
 import json
 import math
+import os
+from dataclasses import dataclass
 
 from PIL import Image
 
-from wsishard.format import PatchMeta, sample_key
-from wsishard.grid import Block, Candidates
+from wsishard.builder.grid import Block, Candidates
+from wsishard.errors import OptionError
+from wsishard.format import IMAGE_FORMATS, PatchMeta, sample_key
 from wsishard.slide import SlideReader
 
 _PIL_FORMAT = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}
+Samples = list[tuple[str, dict[str, bytes]]]  # (key, {ext: encoded bytes}) per sample, in write order
+
+
+@dataclass(frozen=True, kw_only=True)
+class EncodeOptions:
+    """How patches are made from a slide's pixels.
+
+    Attributes:
+        target_mpp: microns per pixel of the written patches.
+        image_format: ``jpg`` (lossy, ``quality``), ``png`` or ``webp`` (lossless).
+        quality: JPEG quality 1..100.
+        fast_path: decode TIFF-family tiles directly instead of through OpenSlide.
+
+    Raises:
+        OptionError: (a ``ValueError``) naming the field and the bad value.
+    """
+
+    target_mpp: float = 0.5
+    image_format: str = "jpg"
+    quality: int = 90
+    fast_path: bool = True
+
+    def __post_init__(self) -> None:
+        if self.image_format not in IMAGE_FORMATS:
+            raise OptionError(f"invalid image_format: {self.image_format!r}")
+        if not 1 <= self.quality <= 100:
+            raise OptionError(f"invalid quality: {self.quality!r}")
+
+
+@dataclass(frozen=True)
+class SlideWork:
+    """What reading a scanned slide's patches needs: where it is, its id and label, the level and the grid."""
+
+    path: str  # a local file (a URL slide's local copy while it is read)
+    slide_id: str
+    level: int
+    cands: Candidates
+    blocks: list[Block]
+    label: int | None
+    file_name: str = ""  # recorded in each sample's .json (default: the path's base name)
+
+    @property
+    def name(self) -> str:
+        return self.file_name or os.path.basename(self.path)
 
 
 def encode_image(image: Image.Image, image_format: str, quality: int) -> bytes:
@@ -61,11 +112,10 @@ def read_block_image(reader: SlideReader, block: Block, cands: Candidates, level
     return image.resize((block.o_w, block.o_h), Image.Resampling.LANCZOS, box=box, reducing_gap=3.0)
 
 
-def block_samples(reader: SlideReader, block: Block, cands: Candidates, *, level: int, slide_id: str,
-                  file_name: str, target_mpp: float, image_format: str, quality: int,
-                  label: int | None) -> list[tuple[str, dict[str, bytes]]]:  # fmt: skip
-    """Read one block and return its patches as ``(key, members)`` in the block's patch order."""
-    image = read_block_image(reader, block, cands, level)
+def block_samples(reader: SlideReader, work: SlideWork, block: Block, encode: EncodeOptions) -> Samples:
+    """Read one block of ``work``'s slide and return its patches as ``(key, members)`` in the block's order."""
+    cands = work.cands
+    image = read_block_image(reader, block, cands, work.level)
     l0_x, l0_y = cands.l0_x, cands.l0_y
     size, extent = cands.patch, cands.l0_extent
     out = []
@@ -73,13 +123,15 @@ def block_samples(reader: SlideReader, block: Block, cands: Candidates, *, level
         ox, oy = int(cands.col[i]) * cands.stride - block.o_x, int(cands.row[i]) * cands.stride - block.o_y
         x, y = int(l0_x[i]), int(l0_y[i])
         meta: PatchMeta = {
-            "slide_id": slide_id, "file": file_name, "x": x, "y": y, "extent": extent, "mpp": target_mpp,
-            "level": level, "patch_size": size, "tissue": round(float(cands.tissue[i]), 4),
+            "slide_id": work.slide_id, "file": work.name, "x": x, "y": y, "extent": extent,
+            "mpp": encode.target_mpp, "level": work.level, "patch_size": size,
+            "tissue": round(float(cands.tissue[i]), 4),
         }  # fmt: skip
-        members = {image_format: encode_image(image.crop((ox, oy, ox + size, oy + size)), image_format, quality)}
-        if label is not None:
-            meta["label"] = label
-            members["cls"] = str(label).encode()
+        patch = image.crop((ox, oy, ox + size, oy + size))
+        members = {encode.image_format: encode_image(patch, encode.image_format, encode.quality)}
+        if work.label is not None:
+            meta["label"] = work.label
+            members["cls"] = str(work.label).encode()
         members["json"] = json.dumps(meta, sort_keys=True).encode()
-        out.append((sample_key(slide_id, x, y), members))
+        out.append((sample_key(work.slide_id, x, y), members))
     return out

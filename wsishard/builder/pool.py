@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
-from wsishard.extract import close_readers
+from wsishard.slide.cache import close_readers
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -31,7 +31,7 @@ class WorkerPool:
             self._pool = mp.get_context("fork").Pool(jobs)
         elif jobs > 1:
             ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(["wsishard.scan", "wsishard.extract"])
+            ctx.set_forkserver_preload(["wsishard.builder.scan", "wsishard.builder.extract"])
             self._pool = ctx.Pool(jobs, initializer=_take_environment, initargs=(dict(os.environ),))
 
     def imap(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:

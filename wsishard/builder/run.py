@@ -14,111 +14,35 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from wsishard import __version__
-from wsishard.destination import Destination
+from wsishard.builder.extract import ShardOutcome, ShardTask, SlideSource, extract_shard
+from wsishard.builder.inputs import find_slides, lookup
+from wsishard.builder.options import BuildOptions, BuildProgress
+from wsishard.builder.patches import SlideWork
+from wsishard.builder.plan import Plan, ShardPlan, assign_parts, make_plan
+from wsishard.builder.pool import WorkerPool
+from wsishard.builder.scan import ScanResult, ScanTask, scan_slide
+from wsishard.builder.staging import StagedSlide, StageTask, remove_staging, stage_slide
+from wsishard.builder.state import BuildState, fingerprint
 from wsishard.errors import OptionError
-from wsishard.extract import ShardOutcome, ShardTask, SlideWork, extract_shard
-from wsishard.format import (
-    IMAGE_FORMATS,
-    MANIFEST_NAME,
-    Manifest,
-    ShardRecord,
-    SlideRecord,
-    shard_name,
-    unique_slide_ids,
-)
-from wsishard.grid import PatchOptions
-from wsishard.inputs import find_slides, lookup
-from wsishard.plan import Plan, ShardPlan, assign_parts, make_plan
-from wsishard.pool import WorkerPool
-from wsishard.scan import ScanResult, ScanTask, scan_slide
-from wsishard.scratch import StagedSlide, StageTask, remove_staging, stage_slide
-from wsishard.state import BuildState, fingerprint
-from wsishard.storage import is_url
-from wsishard.tissue import TissueOptions
+from wsishard.format import Manifest, ShardRecord, SlideRecord, manifest_name, shard_name, temp_target, unique_slide_ids
+from wsishard.progress import ProgressCallback, ignore_progress
+from wsishard.storage.output import Destination
+from wsishard.storage.urls import StorageOptions, is_url
 
 logger = logging.getLogger(__name__)
 
 _TAR_BYTES_PER_MEMBER = 512 + 256  # header + mean padding
-T = TypeVar("T")
-R = TypeVar("R")
-
-
-@dataclass(frozen=True, kw_only=True)
-class BuildOptions:
-    """Every option of a build. Defaults live here only.
-
-    Attributes:
-        patch: grid, resolution and selection of patches.
-        tissue: tissue detection.
-        image_format: ``jpg`` (lossy, ``quality``), ``png`` or ``webp`` (lossless).
-        quality: JPEG quality 1..100.
-        shard_size_bytes: shards are planned to hold at most about this many bytes (None: no byte limit).
-        shard_samples: at most this many samples per shard (None: no count limit); at least one read block
-            (``patch.block_patches`` squared, 16 by default).
-        group_slides: slides per group; every shard mixes the slides of its group.
-        seed: seeds every random choice of the build.
-        jobs: worker processes (None: all cores).
-        qc: write ``qc/<slide>.png`` pictures.
-        fast_path: decode TIFF-family tiles directly instead of through OpenSlide.
-        default_mpp: level-0 mpp for slides that report none.
-        mpp_overrides: slide (path, file name or stem) -> level-0 mpp; wins over the slide's own value.
-        labels: slide (path, file name or stem) -> integer label written as ``.cls``.
-        label_names: class names when labels were given as names (label i is ``label_names[i]``).
-    """
-
-    patch: PatchOptions = field(default_factory=PatchOptions)
-    tissue: TissueOptions = field(default_factory=TissueOptions)
-    image_format: str = "jpg"
-    quality: int = 90
-    shard_size_bytes: int | None = 256 * 1000**2
-    shard_samples: int | None = None
-    group_slides: int = 32
-    seed: int = 0
-    jobs: int | None = None
-    qc: bool = True
-    fast_path: bool = True
-    default_mpp: float | None = None
-    mpp_overrides: Mapping[str, float] = field(default_factory=dict)
-    labels: Mapping[str, int] = field(default_factory=dict)
-    label_names: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        checks = {
-            "image_format": self.image_format in IMAGE_FORMATS,
-            "quality": 1 <= self.quality <= 100,
-            "shard_size_bytes": self.shard_size_bytes is None or self.shard_size_bytes >= 1024,
-            "shard_samples": self.shard_samples is None or self.shard_samples >= self.patch.block_patches**2,
-            "group_slides": self.group_slides >= 1,
-            "jobs": self.jobs is None or self.jobs >= 1,
-            "default_mpp": self.default_mpp is None or 0 < self.default_mpp < 1000,
-        }
-        for name, ok in checks.items():
-            if not ok:
-                raise OptionError(f"invalid {name}: {getattr(self, name)!r}")
-
-
-@dataclass(frozen=True)
-class BuildProgress:
-    """What a progress callback receives after each slide scanned and each shard written."""
-
-    stage: str  # "scan" | "extract"
-    done: int  # slides scanned, or shards finished
-    total: int
-    patches_done: int = 0
-    patches_total: int = 0
-
-
-ProgressCallback = Callable[[BuildProgress], None]
 Extracted = tuple[dict[int, ShardOutcome], dict[int, str]]  # shard outcomes by index, failed slides' reasons
 
 
 def build(inputs: Sequence[str], output: str, options: BuildOptions | None = None, *,
-          progress: ProgressCallback | None = None, storage_options: Mapping[str, Any] | None = None,
+          progress: ProgressCallback[BuildProgress] = ignore_progress,
+          storage_options: StorageOptions | None = None,
           part: tuple[int, int] | None = None, overwrite: bool = False,
           scratch: str | None = None) -> Manifest:  # fmt: skip
     """Build mixed tissue-patch shards from slides into ``output`` and return the manifest it wrote.
@@ -151,8 +75,8 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
     state.claim(overwrite=overwrite)
     from_urls = any(is_url(p) for p in paths)
     made_scratch = from_urls and scratch is None  # a scratch folder only when slides are copied from a store
-    remote = _Remote(tempfile.mkdtemp(prefix="wsishard-scratch-") if made_scratch else scratch or "",
-                     dict(storage_options or {}))  # fmt: skip
+    remote = _Scratch(tempfile.mkdtemp(prefix="wsishard-scratch-") if made_scratch else scratch or "",
+                      dict(storage_options or {}))  # fmt: skip
     try:
         with WorkerPool(options.jobs or os.cpu_count() or 1) as pool:
             scans = state.load_scans(options.patch.block_patches)
@@ -164,10 +88,11 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
             groups = _part_groups(plan, part)
             shards = [sp for sp in plan.shards if sp.group in groups]
             _remove_leftovers(dest, {shard_name(sp.index) for sp in shards})
+            tally = _Tally(progress, len(shards), sum(sp.patches for sp in shards))
             if from_urls:
-                outcomes, failed = _extract_staged(pool, plan, shards, scans, dest, options, progress, state, remote)
+                outcomes, failed = _extract_staged(pool, shards, scans, dest, options, tally, state, remote)
             else:
-                outcomes, failed = _extract_all(pool, shards, scans, dest, options, progress, state)
+                outcomes, failed = _extract_all(pool, shards, scans, dest, options, tally, state)
     finally:
         if made_scratch:
             shutil.rmtree(remote.scratch, ignore_errors=True)
@@ -175,11 +100,6 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
     manifest = _manifest(inputs, options, scans, outcomes, failed, state.digest, slides, part)
     dest.write_bytes(manifest_name(part), manifest.to_json().encode())
     return manifest
-
-
-def manifest_name(part: tuple[int, int] | None) -> str:
-    """``manifest.json``, or ``manifest.part-0002-of-0008.json`` for part 2 of 8."""
-    return MANIFEST_NAME if part is None else f"manifest.part-{part[0]:04d}-of-{part[1]:04d}.json"
 
 
 def _part_groups(plan: Plan, part: tuple[int, int] | None) -> set[int]:
@@ -199,7 +119,7 @@ def _slides_of_part(plan: Plan, groups: set[int], n_slides: int, part: tuple[int
 
 
 @dataclass(frozen=True)
-class _Remote:
+class _Scratch:
     """Where slides given as URLs are copied and staged, and the options to fetch them."""
 
     scratch: str
@@ -207,24 +127,22 @@ class _Remote:
 
 
 def _scan_all(pool: WorkerPool, paths: list[str], dest: Destination, options: BuildOptions,
-              progress: ProgressCallback | None, remote: _Remote) -> list[ScanResult]:  # fmt: skip
+              progress: ProgressCallback[BuildProgress], remote: _Scratch) -> list[ScanResult]:  # fmt: skip
     ids = unique_slide_ids(paths)
-    measure = (options.image_format, options.quality) if options.shard_size_bytes else None
     if options.qc:
         dest.makedirs("qc")
     tasks = [
-        ScanTask(index=i, path=p, slide_id=sid, patch=options.patch, tissue=options.tissue,
-                 mpp_override=lookup(options.mpp_overrides, p), default_mpp=options.default_mpp,
-                 label=lookup(options.labels, p), seed=options.seed, fast_path=options.fast_path, dest=dest,
-                 qc_name=f"qc/{sid}.png" if options.qc else None, measure=measure, scratch=remote.scratch,
+        ScanTask(index=i, path=p, slide_id=sid, patch=options.patch, tissue=options.tissue, encode=options.encode,
+                 measure=options.shard_size_bytes is not None, mpp_override=lookup(options.mpp_overrides, p),
+                 default_mpp=options.default_mpp, label=lookup(options.labels, p), seed=options.seed, dest=dest,
+                 qc_name=f"qc/{sid}.png" if options.qc else None, scratch=remote.scratch,
                  storage_options=remote.storage_options)
         for i, (p, sid) in enumerate(zip(paths, ids, strict=True))
     ]  # fmt: skip
     scans = []
     for result in pool.imap(scan_slide, tasks):
         scans.append(result)
-        if progress:
-            progress(BuildProgress("scan", len(scans), len(tasks)))
+        progress(BuildProgress("scan", len(scans), len(tasks)))
     return scans
 
 
@@ -238,23 +156,46 @@ def _samples_per_shard(options: BuildOptions, scans: list[ScanResult]) -> int:
     return min(limits) if limits else 2**31
 
 
-def _extract_staged(pool: WorkerPool, plan: Plan, shards: list[ShardPlan], scans: list[ScanResult],
-                    dest: Destination, options: BuildOptions, progress: ProgressCallback | None, state: BuildState,
-                    remote: _Remote) -> Extracted:  # fmt: skip
+@dataclass
+class _Tally:
+    """Shards and patches written so far, against the whole build's (or part's) totals; reports each change."""
+
+    progress: ProgressCallback[BuildProgress]
+    shards_total: int
+    patches_total: int
+    shards: int = 0
+    patches: int = 0
+
+    def count(self, outcome: ShardOutcome, sign: int = 1) -> None:
+        self.shards += sign
+        self.patches += sign * (outcome.record.samples if outcome.record else 0)
+
+    def report(self) -> None:
+        self.progress(BuildProgress("extract", self.shards, self.shards_total, self.patches, self.patches_total))
+
+
+def _work(scan: ScanResult) -> SlideWork | None:
+    record = scan.record
+    if scan.cands is None:
+        return None
+    return SlideWork(path=record.file, slide_id=record.slide_id, level=record.level or 0, cands=scan.cands,
+                     blocks=scan.blocks, label=record.label)  # fmt: skip
+
+
+def _extract_staged(pool: WorkerPool, shards: list[ShardPlan], scans: list[ScanResult], dest: Destination,
+                    options: BuildOptions, tally: _Tally, state: BuildState,
+                    remote: _Scratch) -> Extracted:  # fmt: skip
     """Slides in object storage, group by group: stage each slide's patches once, then write the group's shards."""
     outcomes: dict[int, ShardOutcome] = {}
     previous = state.load_done()
-    total = (len(shards), sum(sp.patches for sp in shards))
     for g in sorted({sp.group for sp in shards}):
         mine = [sp for sp in shards if sp.group == g]
         failed = state.load_failed()
         todo = [sp for sp in mine if sp.index not in _still_valid(previous, mine, failed)]
         wanted = sorted({s for sp in todo for s, _ in sp.blocks} - set(failed))
-        tasks = [StageTask(index=s, url=scans[s].record.file, slide_id=scans[s].record.slide_id,
-                           level=scans[s].record.level or 0, cands=scans[s].cands, blocks=scans[s].blocks,
-                           label=scans[s].record.label, scratch=remote.scratch, storage_options=remote.storage_options,
-                           target_mpp=options.patch.target_mpp, image_format=options.image_format,
-                           quality=options.quality, fast_path=options.fast_path) for s in wanted]  # fmt: skip
+        tasks = [StageTask(index=s, url=scans[s].record.file, work=work, scratch=remote.scratch,
+                           storage_options=remote.storage_options, encode=options.encode)
+                 for s in wanted if (work := _work(scans[s])) is not None]  # fmt: skip
         staged: dict[int, StagedSlide] = {}
         for result in pool.imap_unordered(stage_slide, tasks):
             if result.staged is None:
@@ -262,60 +203,42 @@ def _extract_staged(pool: WorkerPool, plan: Plan, shards: list[ShardPlan], scans
             else:
                 staged[result.index] = result.staged
         state.save_failed(failed)
-        before = (len(outcomes), sum(o.record.samples for o in outcomes.values() if o.record))
-        done, _ = _extract_all(pool, mine, scans, dest, options, _offset(progress, before, total), state, staged)
+        done, _ = _extract_all(pool, mine, scans, dest, options, tally, state, staged)
         outcomes.update(done)
         remove_staging(remote.scratch)
     return outcomes, state.load_failed()
 
 
-def _offset(
-    progress: ProgressCallback | None, before: tuple[int, int], total: tuple[int, int]
-) -> ProgressCallback | None:
-    """A progress callback for one group's shards that reports against the whole build's totals."""
-    if progress is None:
-        return None
-
-    def report(event: BuildProgress) -> None:
-        progress(BuildProgress(event.stage, before[0] + event.done, total[0], before[1] + event.patches_done, total[1]))
-
-    return report
-
-
 def _extract_all(pool: WorkerPool, shards: list[ShardPlan], scans: list[ScanResult], dest: Destination,
-                 options: BuildOptions, progress: ProgressCallback | None, state: BuildState,
+                 options: BuildOptions, tally: _Tally, state: BuildState,
                  staged: dict[int, StagedSlide] | None = None) -> Extracted:  # fmt: skip
     """Write the shards not already done; a slide failing mid-way is excluded and the shards it touched redone."""
-    works = {
-        i: SlideWork(s.record.file, s.record.slide_id, s.record.level or 0, s.cands, s.blocks, s.record.label,
-                     (staged or {}).get(i))
-        for i, s in enumerate(scans) if s.cands is not None
-    }  # fmt: skip
+    sources = {i: SlideSource(work, (staged or {}).get(i)) for i, s in enumerate(scans) if (work := _work(s))}
     failed = state.load_failed()
     done = _still_valid(state.load_done(), shards, failed)
-    pending = [sp for sp in shards if sp.index not in done]
-    total_patches = sum(sp.patches for sp in shards)
-    written = sum(o.record.samples for o in done.values() if o.record)  # kept up to date, not recounted
+    for outcome in done.values():
+        tally.count(outcome)
     by_index = {sp.index: sp for sp in shards}
+    pending = [sp for sp in shards if sp.index not in done]
     while pending:
-        tasks = [_shard_task(sp, works, frozenset(failed), dest, options) for sp in pending]
+        tasks = [_shard_task(sp, sources, frozenset(failed), dest, options) for sp in pending]
         new_failed: dict[int, str] = {}
         for outcome in pool.imap_unordered(extract_shard, tasks):
             if outcome.failed_slide is not None:
                 new_failed.setdefault(outcome.failed_slide, outcome.reason)
                 continue
             done[outcome.index] = outcome
-            written += outcome.record.samples if outcome.record else 0
+            tally.count(outcome)
             state.save_done(outcome, shard_name(outcome.index), _excluded(by_index[outcome.index], failed))
-            if progress:
-                progress(BuildProgress("extract", len(done), len(shards), written, total_patches))
+            tally.report()
         failed.update(new_failed)
         if new_failed:
             state.save_failed(failed)
         pending = [sp for sp in shards if any(s in new_failed for s, _ in sp.blocks)]
         for sp in pending:  # rewritten without the failed slides, or gone if nothing else was in them
             stale = done.pop(sp.index, None)
-            written -= stale.record.samples if stale is not None and stale.record else 0
+            if stale is not None:
+                tally.count(stale, -1)
     for sp in shards:
         if done[sp.index].record is None:
             dest.remove(shard_name(sp.index))  # a shard left empty: no file (an earlier run may have written one)
@@ -336,12 +259,11 @@ def _still_valid(previous: dict[int, tuple[ShardOutcome, frozenset[int]]], shard
     }
 
 
-def _shard_task(sp: ShardPlan, works: dict[int, SlideWork], excluded: frozenset[int], dest: Destination,
+def _shard_task(sp: ShardPlan, sources: dict[int, SlideSource], excluded: frozenset[int], dest: Destination,
                 options: BuildOptions) -> ShardTask:  # fmt: skip
-    slides = {s: works[s] for s in {s for s, _ in sp.blocks}}
+    slides = {s: sources[s] for s in {s for s, _ in sp.blocks}}
     return ShardTask(index=sp.index, blocks=sp.blocks, slides=slides, excluded=excluded, dest=dest,
-                     target_mpp=options.patch.target_mpp, image_format=options.image_format,
-                     quality=options.quality, fast_path=options.fast_path)  # fmt: skip
+                     encode=options.encode)  # fmt: skip
 
 
 def _manifest(inputs: Sequence[str], options: BuildOptions, scans: list[ScanResult],
@@ -388,5 +310,5 @@ def _remove_leftovers(dest: Destination, names: set[str]) -> None:
     of a cluster build may be writing theirs into the same folder right now)."""
     if not dest.remote:
         for name in dest.listdir():
-            if name.startswith(".shard-") and ".tmp-" in name and name[1:].split(".tmp-", 1)[0] in names:
+            if temp_target(name) in names:
                 dest.remove(name)

@@ -8,22 +8,20 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 
-from wsishard.destination import Destination
-from wsishard.encode import block_samples
-from wsishard.errors import SlideError, failure_reason
+from wsishard.builder.grid import Block, Candidates, PatchOptions, blocks, candidates, choose_level, grid_shape
+from wsishard.builder.patches import EncodeOptions, SlideWork, block_samples
+from wsishard.builder.qc import qc_picture
+from wsishard.builder.staging import local_copy
+from wsishard.builder.tissue import TissueOptions, detect_tissue
+from wsishard.errors import SlideError, SlideFailure
 from wsishard.format import SlideRecord
-from wsishard.grid import Block, Candidates, PatchOptions, blocks, candidates, choose_level, grid_shape
-from wsishard.qc import qc_picture
-from wsishard.scratch import local_copy
 from wsishard.slide import SlideReader, open_slide, read_lowres, resolve_mpp
-from wsishard.storage import is_url
-from wsishard.tissue import TissueOptions, detect_tissue
+from wsishard.storage.output import Destination
+from wsishard.storage.urls import StorageOptions, is_url
 
 logger = logging.getLogger(__name__)
 
@@ -39,16 +37,16 @@ class ScanTask:
     slide_id: str
     patch: PatchOptions
     tissue: TissueOptions
+    encode: EncodeOptions
+    measure: bool  # encode a few patches to measure bytes per patch
     mpp_override: float | None
     default_mpp: float | None
     label: int | None
     seed: int
-    fast_path: bool
     dest: Destination  # the build output (QC pictures go there)
     qc_name: str | None  # the QC picture's name in the output (None: no picture)
-    measure: tuple[str, int] | None  # (image_format, quality) to measure bytes per patch, None to skip
     scratch: str = ""  # local folder for a copy of a slide given as a URL
-    storage_options: dict[str, Any] = field(default_factory=dict)
+    storage_options: StorageOptions = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -68,29 +66,17 @@ class ScanResult:
 def scan_slide(task: ScanTask) -> ScanResult:
     """Scan one slide. Never raises for a bad slide: failures come back as a failed record with a reason."""
     record = SlideRecord(slide_id=task.slide_id, file=task.path, status="failed", label=task.label)
-    if is_url(task.path):
-        try:
-            with local_copy(task.path, task.scratch, task.storage_options) as local:
-                return _scan_path(task, local, record)
-        except SlideError as exc:
-            return ScanResult(replace(record, reason=exc.reason))
-    return _scan_path(task, task.path, record)
+    with SlideFailure(task.path) as failure:
+        if not is_url(task.path):
+            return _scan_path(task, task.path, record)
+        with local_copy(task.path, task.scratch, task.storage_options) as local:
+            return _scan_path(task, local, record)
+    return ScanResult(replace(record, reason=failure.reason or ""))
 
 
 def _scan_path(task: ScanTask, path: str, record: SlideRecord) -> ScanResult:
-    try:
-        reader = open_slide(path, fast=task.fast_path)
-    except SlideError as exc:
-        return ScanResult(replace(record, reason=exc.reason))
-    try:
+    with open_slide(path, fast=task.encode.fast_path) as reader:
         return _scan_open(task, reader, record)
-    except SlideError as exc:
-        return ScanResult(replace(record, reason=exc.reason))
-    except Exception as exc:  # the build's catch-all boundary: any slide failure is recorded, the build goes on
-        logger.debug("scan of %s failed", task.path, exc_info=True)
-        return ScanResult(replace(record, reason=failure_reason(exc)))
-    finally:
-        reader.close()
 
 
 def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> ScanResult:
@@ -123,7 +109,9 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
         reason = "no tissue found" if not mask.any() else f"no patch with >= {patch.min_tissue:.0%} tissue"
         return ScanResult(replace(record, reason=reason))
     block_list = blocks(cands, patch.block_patches)
-    measured = _bytes_per_patch(task, reader, cands, level, *task.measure) if task.measure else None
+    work = SlideWork(path=task.path, slide_id=task.slide_id, level=level, cands=cands, blocks=block_list,
+                     label=task.label)  # fmt: skip
+    measured = _bytes_per_patch(task, reader, work) if task.measure else None
     return ScanResult(replace(record, status="ok"), cands, block_list, measured)
 
 
@@ -131,17 +119,15 @@ def _slide_seed(task: ScanTask) -> int:
     return int.from_bytes(task.slide_id.encode()[:8].ljust(8, b"\0"), "little") ^ task.seed
 
 
-def _bytes_per_patch(task: ScanTask, reader: SlideReader, cands: Candidates, level: int, image_format: str,
-                     quality: int) -> float:  # fmt: skip
+def _bytes_per_patch(task: ScanTask, reader: SlideReader, work: SlideWork) -> float:
     """Mean encoded bytes of a sample, measured on a few seeded patches of the slide (read one by one)."""
+    cands = work.cands
     rng = np.random.default_rng((task.seed, task.index, 0x5CA9))
     picks = rng.choice(len(cands), size=min(_MEASURED_PATCHES, len(cands)), replace=False)
     sizes: list[int] = []
     for i in picks.tolist():
         ox, oy = int(cands.col[i]) * cands.stride, int(cands.row[i]) * cands.stride
         one = Block(patches=np.array([i]), o_x=ox, o_y=oy, o_w=cands.patch, o_h=cands.patch)
-        samples = block_samples(reader, one, cands, level=level, slide_id=task.slide_id,
-                                file_name=os.path.basename(task.path), target_mpp=task.patch.target_mpp,
-                                image_format=image_format, quality=quality, label=task.label)  # fmt: skip
+        samples = block_samples(reader, work, one, task.encode)
         sizes.extend(sum(len(v) for v in members.values()) for _, members in samples)
     return float(np.mean(sizes))

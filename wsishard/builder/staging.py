@@ -1,4 +1,4 @@
-"""Slides in object storage: listing, bounded local scratch copies, and per-slide staging of encoded patches.
+"""Slides in object storage: bounded local scratch copies, and per-slide staging of encoded patches.
 
 OpenSlide needs local files, so a slide given as a URL is copied into the scratch folder right before it is used
 and deleted right after: a worker holds one slide copy at a time, so scratch holds at most ``jobs`` slides.
@@ -15,38 +15,21 @@ import os
 import shutil
 import struct
 import uuid
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 import fsspec
 
-from wsishard.encode import block_samples
-from wsishard.errors import OptionError, SlideError, failure_reason
-from wsishard.slide import SLIDE_SUFFIXES, open_slide
+from wsishard.builder.patches import EncodeOptions, Samples, SlideWork, block_samples
+from wsishard.errors import SlideError, SlideFailure
+from wsishard.slide import SlideReader, open_slide
+from wsishard.storage.urls import StorageOptions
 
-Samples = list[tuple[str, dict[str, bytes]]]
 _LEN = struct.Struct("<I")
 
 
-def list_slides(url: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
-    """Slide URLs under a prefix (recursive), or the URL itself when it names one object.
-
-    Raises:
-        OptionError: nothing exists at ``url``.
-    """
-    fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
-    protocol = url.split("://", 1)[0]
-    if fs.isfile(root):
-        return [url]
-    if not fs.exists(root):
-        raise OptionError(f"no such object or prefix: {url}")
-    found = [p for p in fs.find(root) if p.lower().endswith(SLIDE_SUFFIXES) and "/." not in p]
-    return [f"{protocol}://{p}" for p in sorted(found)]
-
-
 @contextlib.contextmanager
-def local_copy(url: str, scratch: str, storage_options: Mapping[str, Any] | None = None) -> Iterator[str]:
+def local_copy(url: str, scratch: str, storage_options: StorageOptions | None = None) -> Iterator[str]:
     """Copy ``url`` into ``scratch`` for the duration of the ``with`` block, then delete it.
 
     Raises:
@@ -87,17 +70,10 @@ class StagedSlide:
 class StageTask:
     index: int
     url: str
-    slide_id: str
-    level: int
-    cands: Any  # grid.Candidates
-    blocks: list[Any]  # list[grid.Block]
-    label: int | None
+    work: SlideWork  # its path is the URL; the local copy is read
     scratch: str
-    storage_options: dict[str, Any]
-    target_mpp: float
-    image_format: str
-    quality: int
-    fast_path: bool
+    storage_options: dict[str, object]
+    encode: EncodeOptions
 
 
 @dataclass(frozen=True)
@@ -111,30 +87,22 @@ def stage_slide(task: StageTask) -> StageOutcome:
     """Copy one slide to scratch, encode every planned block into a staging file, delete the copy."""
     out_path = os.path.join(task.scratch, "staging", f"{task.index:07d}-{uuid.uuid4().hex[:8]}.bin")
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
-    try:
+    with SlideFailure(task.url) as failure:
         with local_copy(task.url, task.scratch, task.storage_options) as local:
-            reader = open_slide(local, fast=task.fast_path)
-            try:
-                spans = _write_blocks(task, reader, out_path)
-            finally:
-                reader.close()
-    except Exception as exc:  # the build's boundary: a slide's failure is recorded, the build goes on
-        if os.path.exists(out_path):
-            os.remove(out_path)
-        return StageOutcome(task.index, reason=failure_reason(exc))
-    return StageOutcome(task.index, StagedSlide(out_path, tuple(spans)))
+            work = replace(task.work, path=local, file_name=task.work.name)  # samples name the slide, not the copy
+            with open_slide(local, fast=task.encode.fast_path) as reader:
+                spans = _write_blocks(reader, work, task.encode, out_path)
+        return StageOutcome(task.index, StagedSlide(out_path, tuple(spans)))
+    if os.path.exists(out_path):
+        os.remove(out_path)
+    return StageOutcome(task.index, reason=failure.reason or "")
 
 
-def _write_blocks(task: StageTask, reader: Any, out_path: str) -> list[tuple[int, int]]:
+def _write_blocks(reader: SlideReader, work: SlideWork, encode: EncodeOptions, out_path: str) -> list[tuple[int, int]]:
     spans = []
     with open(out_path, "wb") as fh:
-        for block in task.blocks:
-            samples = block_samples(
-                reader, block, task.cands, level=task.level, slide_id=task.slide_id,
-                file_name=task.url.rsplit("/", 1)[-1], target_mpp=task.target_mpp, image_format=task.image_format,
-                quality=task.quality, label=task.label,
-            )  # fmt: skip
-            data = _frame(samples)
+        for block in work.blocks:
+            data = _frame(block_samples(reader, work, block, encode))
             spans.append((fh.tell(), len(data)))
             fh.write(data)
     return spans

@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from wsishard.destination import Destination
+from wsishard.builder.extract import ShardOutcome
+from wsishard.builder.grid import Candidates, blocks
+from wsishard.builder.scan import ScanResult
 from wsishard.errors import OptionError
-from wsishard.extract import ShardOutcome
-from wsishard.format import FORMAT_VERSION, MANIFEST_NAME, SHARD_PREFIX, ShardRecord, SlideRecord
-from wsishard.grid import Candidates, blocks
-from wsishard.scan import ScanResult
+from wsishard.format import FORMAT_VERSION, MANIFEST_NAME, SHARD_PREFIX, ShardRecord, SlideRecord, part_label
+from wsishard.storage.output import Destination
 
 STATE_DIR = ".wsishard"
 _BUILD, _SCAN, _SCAN_ARRAYS, _FAILED, _DONE = "build.json", "scan.json", "scan.npz", "failed.json", "done"
@@ -44,7 +44,7 @@ class BuildState:
         self.dest = dest
         self.digest = digest
         # parts of a cluster build share the output: each keeps its own list of failed slides (its groups only)
-        self._failed = _FAILED if part is None else f"failed.part-{part[0]:04d}-of-{part[1]:04d}.json"
+        self._failed = _FAILED if part is None else f"failed.{part_label(part)}.json"
 
     def _name(self, *parts: str) -> str:
         return "/".join((STATE_DIR, *parts))

@@ -1,7 +1,7 @@
 """Check a build output against its manifest: every shard's presence, size, sha256 and sample count.
 
 Each shard listed in the manifest is read once, start to end (local file or any fsspec URL, through
-:class:`~wsishard.storage.StreamOpener`, so object storage gets large reads and retries): the bytes are hashed
+:class:`~wsishard.storage.opener.StreamOpener`, so object storage gets large reads and retries): the bytes are hashed
 and counted while the standard library's ``tarfile`` walks the members in stream mode, and samples are counted
 as runs of members sharing a key, as the stream reader counts them. A shard that is missing, truncated, altered
 (even zero-filled to its original length, which a tar reader takes for a clean end) or that holds another
@@ -11,7 +11,6 @@ interrupted build, are warnings.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import tarfile
 from collections import Counter
@@ -20,13 +19,15 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import IO, Any, cast
 
-from wsishard.format import IMAGE_FORMATS, META_EXT, SAMPLE_EXTS, SHARD_PREFIX, SHARD_SUFFIX, ShardRecord, split_member
-from wsishard.remote import describe
-from wsishard.storage import StorageOptions, StreamOpener, join, list_names, load_manifest, redact
+from wsishard.format import IMAGE_FORMATS, META_EXT, ShardRecord, is_sample_member, is_shard_name, temp_target
+from wsishard.progress import ProgressCallback, ignore_progress
+from wsishard.shards.hashing import HashingFile
+from wsishard.shards.reader import group_members
+from wsishard.storage.opener import StreamOpener, list_names, load_manifest
+from wsishard.storage.secrets import describe, redact
+from wsishard.storage.urls import StorageOptions, join
 
 logger = logging.getLogger(__name__)
-
-_CHUNK = 2**20
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,6 @@ class VerifyProgress:
     total: int
     bytes_done: int  # bytes read so far
     bytes_total: int  # bytes the manifest lists
-
-
-ProgressCallback = Callable[[VerifyProgress], None]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +76,8 @@ class ShardCheck:
     reasons: list[str]
 
 
-def verify(output: str, storage_options: StorageOptions | None = None, progress: ProgressCallback | None = None,
+def verify(output: str, storage_options: StorageOptions | None = None,
+           progress: ProgressCallback[VerifyProgress] = ignore_progress,
            *, jobs: int = 4) -> VerifyReport:  # fmt: skip
     """Re-read every shard of a build output and compare it with the manifest.
 
@@ -109,8 +108,7 @@ def verify(output: str, storage_options: StorageOptions | None = None, progress:
             results[result.name] = result
             logger.debug("%s: %s", result.name, "; ".join(result.reasons) or "ok")
             done, done_bytes = done + 1, done_bytes + result.nbytes
-            if progress:
-                progress(VerifyProgress(done, len(futures), done_bytes, total_bytes))
+            progress(VerifyProgress(done, len(futures), done_bytes, total_bytes))
     listed = dict.fromkeys(rec.name for rec in manifest.shards)  # manifest order, each name once
     problems += [(name, "; ".join(results[name].reasons)) for name in listed if results[name].reasons]
     return VerifyReport(output=redact(output, storage_options), shards_checked=len(manifest.shards),
@@ -127,7 +125,7 @@ def check_shard(location: str, record: ShardRecord, opener: Callable[[str], IO[b
         return ShardCheck(record.name, 0, 0, ["missing"])
     except OSError as exc:
         return ShardCheck(record.name, 0, 0, [f"cannot be opened ({describe(exc)})"])
-    hashing = _Hashing(stream)
+    hashing = HashingFile(stream)
     samples, incomplete, reasons = 0, [], []
     try:
         try:
@@ -135,7 +133,7 @@ def check_shard(location: str, record: ShardRecord, opener: Callable[[str], IO[b
                 samples += 1
                 if META_EXT not in exts or not exts & set(IMAGE_FORMATS):
                     incomplete.append(key)
-        except (tarfile.TarError, EOFError) as exc:  # the bytes are still read, hashed and counted
+        except (tarfile.TarError, EOFError, ValueError) as exc:  # the bytes are still read, hashed and counted
             reasons.append(f"not a valid tar after {samples} samples ({describe(exc)})")
         hashing.drain()
     except OSError as exc:  # the stream itself broke: sizes and hashes would mean nothing
@@ -162,45 +160,11 @@ def _compare(record: ShardRecord, samples: int, nbytes: int, sha256: str) -> lis
     return reasons
 
 
-class _Hashing:
-    """A read-only file wrapper that hashes and counts every byte read through it."""
-
-    def __init__(self, raw: IO[bytes]) -> None:
-        self.raw = raw
-        self.nbytes = 0
-        self._sha = hashlib.sha256()
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.raw.read(size)
-        self._sha.update(data)
-        self.nbytes += len(data)
-        return data
-
-    def drain(self) -> None:
-        """Read (and hash) whatever is left."""
-        while self.read(_CHUNK):
-            pass
-
-    def hexdigest(self) -> str:
-        return self._sha.hexdigest()
-
-
-def _samples(fileobj: _Hashing) -> Iterator[tuple[str, set[str]]]:
+def _samples(fileobj: HashingFile) -> Iterator[tuple[str, set[str]]]:
     """``(key, member extensions)`` per sample: runs of wanted regular members sharing a key, in order."""
-    key: str | None = None
-    exts: set[str] = set()
     with tarfile.open(fileobj=cast(Any, fileobj), mode="r|") as tar:
-        for member in tar:
-            parts = split_member(member.name)
-            if not member.isfile() or parts is None or parts[1] not in SAMPLE_EXTS:
-                continue
-            if parts[0] != key:
-                if key is not None:
-                    yield key, exts
-                key, exts = parts[0], set()
-            exts.add(parts[1])
-    if key is not None:
-        yield key, exts
+        wanted = ((m.name, None) for m in tar if m.isfile() and is_sample_member(m.name))
+        yield from ((key, set(members)) for key, members in group_members(wanted))
 
 
 def _duplicates(shards: list[ShardRecord]) -> list[str]:
@@ -216,9 +180,10 @@ def _stray_files(root: str, listed: Container[str], storage_options: StorageOpti
         return [(redact(root, storage_options), f"cannot be listed to look for stray shards ({describe(exc)})")]
     warnings = []
     for name in names:
-        if name.startswith(SHARD_PREFIX) and name.endswith(SHARD_SUFFIX) and name not in listed:
+        target = temp_target(name)
+        if is_shard_name(name) and name not in listed:
             warnings.append((name, "not in the manifest (stray shard)"))
-        elif name.startswith("." + SHARD_PREFIX) and ".tmp-" in name:
+        elif target is not None and is_shard_name(target):
             warnings.append((name, "temporary file of an interrupted build"))
     return warnings
 

@@ -8,41 +8,22 @@ would add seconds to every build worker's start.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import tarfile
 from types import TracebackType
-from typing import Any
 
-from wsishard.destination import Destination
 from wsishard.format import ShardRecord
+from wsishard.shards.hashing import HashingFile
+from wsishard.storage.output import Destination
 
 _TAR_MTIME = 0  # fixed member mtime: the same samples give byte-identical shards
-
-
-class _HashingFile:
-    """A write-only file object that hashes and counts what passes through it."""
-
-    def __init__(self, fh: Any) -> None:
-        self._fh = fh
-        self.sha256 = hashlib.sha256()
-        self.bytes = 0
-
-    def write(self, data: bytes) -> int:
-        self.sha256.update(data)
-        self.bytes += len(data)
-        written: int = self._fh.write(data)
-        return written
-
-    def flush(self) -> None:
-        self._fh.flush()
 
 
 class ShardWriter:
     """Write one shard atomically: ``with ShardWriter(dest, name) as w: w.write(key, members, slide_id)``.
 
     The shard appears under ``name`` only on a clean exit (or :meth:`commit`); on an exception (or
-    :meth:`abort`) nothing appears: see :class:`~wsishard.destination.Destination` for how each store does it.
+    :meth:`abort`) nothing appears: see :class:`~wsishard.storage.output.Destination` for how each store does it.
 
     Args:
         dest: the build output.
@@ -52,7 +33,7 @@ class ShardWriter:
     def __init__(self, dest: Destination, name: str) -> None:
         self.name = name
         self._out = dest.open_atomic(name)
-        self._hashing = _HashingFile(self._out)
+        self._hashing = HashingFile(self._out)
         self._tar = tarfile.open(fileobj=self._hashing, mode="w|", format=tarfile.USTAR_FORMAT)  # type: ignore[call-overload]  # noqa: SIM115
         self._samples = 0
         self._slides: set[str] = set()
@@ -76,8 +57,8 @@ class ShardWriter:
         self.record = ShardRecord(
             name=self.name,
             samples=self._samples,
-            bytes=self._hashing.bytes,
-            sha256=self._hashing.sha256.hexdigest(),
+            bytes=self._hashing.nbytes,
+            sha256=self._hashing.hexdigest(),
             slides=len(self._slides),
         )
         return self.record

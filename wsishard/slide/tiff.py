@@ -1,93 +1,27 @@
-"""Slide readers: one narrow interface, an OpenSlide backend and a direct-tile fast path for TIFF-family files.
+"""The direct-tile backend: SVS and pyramidal TIFF tiles decoded with tifffile + imagecodecs.
 
-Coordinate frames follow openslide-python: ``l0_`` names level-0 pixels, ``l_`` names pixels of the level being
-read. Readers open file handles in the process that uses them; a reader is never pickled.
-
-The fast path (:class:`TiffTileReader`) decodes the slide's own tiles with tifffile + imagecodecs instead of
-going through OpenSlide's paint step (~10x the Mpx/s here). It is used only when every OpenSlide level maps to
-a tiled 8-bit RGB page of the same size; anything else uses :class:`OpenSlideReader`.
+It decodes the slide's own tiles instead of going through OpenSlide's paint step (~10x the Mpx/s here), and is
+used only when every OpenSlide level maps to a tiled 8-bit RGB page of the same size; anything else uses
+:class:`~wsishard.slide.openslide_backend.OpenSlideReader`.
 """
 
 from __future__ import annotations
 
 import io
-import logging
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
-import openslide
 import tifffile
 from PIL import Image
 
-from wsishard.errors import MissingMppError, SlideError
+from wsishard.errors import SlideError
+from wsishard.slide.reader import BACKGROUND, Rect, SlideReader, one_line, touches
 
-logger = logging.getLogger(__name__)
-
-SLIDE_SUFFIXES: tuple[str, ...] = (
-    ".svs", ".tif", ".tiff", ".ndpi", ".vms", ".vmu", ".scn", ".mrxs", ".svslide", ".bif", ".dcm", ".czi",
-)  # fmt: skip
-_FAST_SUFFIXES = (".svs", ".tif", ".tiff")
-Rect = tuple[int, int, int, int]  # (x0, y0, x1, y1), half-open
-_BACKGROUND = 255  # what lies outside the image or under transparent pixels: white glass
 _JPEG = 7  # TIFF compression tag value of (new-style) JPEG
-
-
-class SlideReader(Protocol):
-    """What the build needs of a slide. Dimensions are (width, height); regions come back (h, w, 3) uint8."""
-
-    path: str
-    backend: str
-    level_dimensions: tuple[tuple[int, int], ...]
-    level_downsamples: tuple[float, ...]
-    properties: Mapping[str, str]
-
-    def read_level(self, level: int, l_x: int, l_y: int, width: int, height: int,
-                   needed: Sequence[Rect] | None = None) -> np.ndarray:  # fmt: skip
-        """Pixels ``[l_y, l_y+height) x [l_x, l_x+width)`` of ``level``, in that level's own pixels.
-
-        ``needed``: level-pixel rectangles ``(x0, y0, x1, y1)`` the caller will use; a reader may leave pixels
-        outside all of them white instead of decoding them.
-        """
-        ...
-
-    def close(self) -> None: ...
-
-
-class OpenSlideReader:
-    """Any format OpenSlide opens. Transparent pixels (outside scanned areas) read as white."""
-
-    backend = "openslide"
-
-    def __init__(self, path: str, cache: openslide.OpenSlideCache | None = None) -> None:
-        self.path = path
-        try:
-            self._slide = openslide.OpenSlide(path)
-        except (openslide.OpenSlideError, OSError) as exc:
-            raise SlideError(path, f"OpenSlide cannot open it ({_one_line(exc)})") from exc
-        if cache is not None:
-            self._slide.set_cache(cache)
-        self.level_dimensions = tuple(self._slide.level_dimensions)
-        self.level_downsamples = tuple(float(d) for d in self._slide.level_downsamples)
-        self.properties: Mapping[str, str] = dict(self._slide.properties)
-
-    def read_level(self, level: int, l_x: int, l_y: int, width: int, height: int,
-                   needed: Sequence[Rect] | None = None) -> np.ndarray:  # fmt: skip
-        ds = self.level_downsamples[level]
-        l0_xy = (round(l_x * ds), round(l_y * ds))
-        try:
-            rgba = np.asarray(self._slide.read_region(l0_xy, level, (width, height)))
-        except openslide.OpenSlideError as exc:
-            raise SlideError(self.path, f"read failed at level {level} ({_one_line(exc)})") from exc
-        rgb = np.array(rgba[..., :3])  # (h, w, 3) uint8, writable copy
-        rgb[rgba[..., 3] == 0] = _BACKGROUND
-        return rgb
-
-    def close(self) -> None:
-        self._slide.close()
 
 
 @dataclass(frozen=True)
@@ -117,7 +51,7 @@ def _decode_jpeg_scaled(data: bytes, level: _TiledLevel, factor: int) -> np.ndar
     return tile
 
 
-class TiffTileReader:
+class TiffTileReader(SlideReader):
     """Direct tile decoding of SVS / pyramidal TIFF files with tifffile + imagecodecs.
 
     Raises:
@@ -136,7 +70,7 @@ class TiffTileReader:
         try:
             self._tif = tifffile.TiffFile(path)
         except Exception as exc:  # tifffile raises many types on foreign files
-            raise SlideError(path, f"tifffile cannot open it ({_one_line(exc)})") from exc
+            raise SlideError(path, f"tifffile cannot open it ({one_line(exc)})") from exc
         try:
             self._levels = [self._match_level(w, h) for w, h in level_dimensions]
         except SlideError:
@@ -179,7 +113,7 @@ class TiffTileReader:
             tile, _, _ = decode(data, index, jpegtables=level.jpegtables, jpegheader=level.jpegheader)
         except Exception as exc:  # imagecodecs and PIL raise codec-specific errors
             raise SlideError(
-                self.path, f"tile {index} of page {level.page_index} is corrupt ({_one_line(exc)})"
+                self.path, f"tile {index} of page {level.page_index} is corrupt ({one_line(exc)})"
             ) from exc
         return np.asarray(tile).reshape(level.tile_h, level.tile_w, 3)
 
@@ -204,7 +138,7 @@ class TiffTileReader:
     def _read(self, lv: _TiledLevel, l_x: int, l_y: int, width: int, height: int, needed: Sequence[Rect] | None,
               f: int) -> np.ndarray:  # fmt: skip
         """Region of ``lv`` (level px), reduced by ``f`` (1: as stored); tiles outside ``needed`` stay white."""
-        out = np.full((-(-height // f), -(-width // f), 3), _BACKGROUND, dtype=np.uint8)  # (h/f, w/f, 3)
+        out = np.full((-(-height // f), -(-width // f), 3), BACKGROUND, dtype=np.uint8)  # (h/f, w/f, 3)
         x_lo, y_lo = max(l_x, 0), max(l_y, 0)
         x_hi, y_hi = min(l_x + width, lv.width), min(l_y + height, lv.height)
         if x_lo >= x_hi or y_lo >= y_hi:
@@ -212,7 +146,7 @@ class TiffTileReader:
         for ty in range(y_lo // lv.tile_h, (y_hi - 1) // lv.tile_h + 1):
             for tx in range(x_lo // lv.tile_w, (x_hi - 1) // lv.tile_w + 1):
                 t_x0, t_y0 = tx * lv.tile_w, ty * lv.tile_h
-                if needed is not None and not _touches(needed, t_x0, t_y0, t_x0 + lv.tile_w, t_y0 + lv.tile_h):
+                if needed is not None and not touches(needed, t_x0, t_y0, t_x0 + lv.tile_w, t_y0 + lv.tile_h):
                     continue  # no pixel of this tile is used: leave it white
                 tile = self._tile(lv, ty * lv.tiles_across + tx, f)
                 if tile is None:
@@ -226,94 +160,3 @@ class TiffTileReader:
     def close(self) -> None:
         os.close(self._fd)
         self._tif.close()
-
-
-def open_slide(path: str, *, fast: bool = True, cache: openslide.OpenSlideCache | None = None) -> SlideReader:
-    """Open ``path`` with the fast tile path when it applies, else with OpenSlide.
-
-    Raises:
-        SlideError: the file does not exist or no backend can open it.
-    """
-    if not os.path.isfile(path):
-        raise SlideError(path, "no such file")
-    reader = OpenSlideReader(path, cache=cache)
-    if not fast or not path.lower().endswith(_FAST_SUFFIXES):
-        return reader
-    try:
-        fast_reader = TiffTileReader(path, reader.level_dimensions, reader.level_downsamples, reader.properties)
-    except SlideError as exc:
-        logger.debug("fast path off for %s: %s", path, exc.reason)
-        return reader
-    reader.close()
-    return fast_reader
-
-
-def slide_mpp(properties: Mapping[str, str]) -> float | None:
-    """Level-0 microns per pixel from OpenSlide's properties (mean of x and y), or None when absent/invalid."""
-    values = []
-    for key in (openslide.PROPERTY_NAME_MPP_X, openslide.PROPERTY_NAME_MPP_Y):
-        try:
-            value = float(properties[key])
-        except (KeyError, ValueError):
-            continue
-        if math.isfinite(value) and value > 0:
-            values.append(value)
-    return sum(values) / len(values) if values else None
-
-
-def resolve_mpp(path: str, properties: Mapping[str, str], override: float | None,
-                default: float | None) -> tuple[float, str]:  # fmt: skip
-    """The slide's level-0 mpp and where it came from: ``csv`` override, ``openslide``, or ``default``.
-
-    Raises:
-        MissingMppError: the slide reports none and neither an override nor a default covers it.
-    """
-    if override is not None:
-        return float(override), "csv"
-    mpp = slide_mpp(properties)
-    if mpp is not None:
-        return mpp, "openslide"
-    if default is not None:
-        return float(default), "default"
-    raise MissingMppError(path, "no microns-per-pixel in the slide; give --mpp-csv or --default-mpp")
-
-
-def read_lowres(reader: SlideReader, l0_per_px: float, *, chunk_px: int = 2048) -> tuple[np.ndarray, float]:
-    """A low-resolution RGB view of the whole slide with bounded memory.
-
-    Reads the coarsest level that is still at least as fine as the requested view, in chunks of ``chunk_px``
-    level pixels, and reduces each chunk into the output (area filter). A huge single-level slide is thus
-    never loaded whole.
-
-    Args:
-        l0_per_px: level-0 pixels per output pixel (>= 1).
-
-    Returns:
-        ``(rgb, downsample)``: (h, w, 3) uint8 and the exact level-0 px per output px along x.
-    """
-    l0_w, l0_h = reader.level_dimensions[0]
-    out_w, out_h = max(1, round(l0_w / l0_per_px)), max(1, round(l0_h / l0_per_px))
-    level = max(i for i, d in enumerate(reader.level_downsamples) if d <= l0_per_px * 1.001 or i == 0)
-    lw, lh = reader.level_dimensions[level]
-    sx, sy = out_w / lw, out_h / lh  # output px per level px
-    out = np.empty((out_h, out_w, 3), dtype=np.uint8)  # (h, w, 3)
-    for cy in range(0, lh, chunk_px):
-        for cx in range(0, lw, chunk_px):
-            cw, ch = min(chunk_px, lw - cx), min(chunk_px, lh - cy)
-            ox0, oy0 = round(cx * sx), round(cy * sy)
-            ox1, oy1 = round((cx + cw) * sx), round((cy + ch) * sy)
-            if ox1 <= ox0 or oy1 <= oy0:
-                continue
-            chunk = reader.read_level(level, cx, cy, cw, ch)
-            small = Image.fromarray(chunk).resize((ox1 - ox0, oy1 - oy0), Image.Resampling.BOX)
-            out[oy0:oy1, ox0:ox1] = np.asarray(small)
-    return out, l0_w / out_w
-
-
-def _touches(rects: Sequence[Rect], x0: int, y0: int, x1: int, y1: int) -> bool:
-    return any(rx0 < x1 and x0 < rx1 and ry0 < y1 and y0 < ry1 for rx0, ry0, rx1, ry1 in rects)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__

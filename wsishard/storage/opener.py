@@ -1,85 +1,45 @@
-"""Where shards and manifests live: local paths and fsspec URLs (``s3://``, ``gs://``, ``http(s)://``, ...).
+"""Reading shards, manifests and listings from local paths and fsspec URLs.
 
-Remote reads go through :mod:`wsishard.remote`: large ranged reads with read-ahead, transient errors retried
-with backoff (at open time and mid-stream), failures as ``OSError`` with one-line messages, credentials never in
-reprs, logs or errors. Credentials and endpoints come from the ecosystem's own sources (botocore's environment
-variables and config files, ``AWS_ENDPOINT_URL``) plus explicit ``storage_options``.
+Remote objects are read by :func:`open_remote`: it asks for the object's size once, then fetches ``block_size``
+byte ranges one after another in a background thread that stays ``prefetch`` blocks ahead of the reader, so a
+DataLoader worker decodes while the next block is in flight. Transient failures are retried as
+:mod:`wsishard.storage.retry` says, at open time and mid-stream (the failed block is fetched again from the same
+offset); errors are one-line ``OSError``s without credentials (:mod:`wsishard.storage.secrets`). Credentials and
+endpoints come from the ecosystem's own sources (botocore's environment variables and config files,
+``AWS_ENDPOINT_URL``) plus explicit ``storage_options``.
 """
 
 from __future__ import annotations
 
 import functools
+import http.client
+import io
 import os
-import re
-from collections.abc import Iterable, Mapping
+import queue
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import IO, Any, cast
+from typing import IO, Any, TypeVar, cast
 
-import fsspec
 import fsspec.core
 
 from wsishard.errors import ManifestError
-from wsishard.format import MANIFEST_NAME, Manifest
-from wsishard.remote import RetryPolicy, call_with_retries, describe, open_remote, redact, redacted_options
+from wsishard.format import Manifest
+from wsishard.storage.retry import RetryPolicy, call_with_retries, is_past_end
+from wsishard.storage.secrets import describe, redact, redacted_options
+from wsishard.storage.urls import StorageOptions, is_url, local_path, manifest_location
 
-__all__ = [
-    "RetryPolicy",
-    "StorageOptions",
-    "StreamOpener",
-    "is_url",
-    "join",
-    "list_names",
-    "load_manifest",
-    "local_path",
-    "manifest_location",
-    "read_bytes",
-    "redact",
-    "register_gopen_schemes",
-]
-
-_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 _MiB = 2**20
-
-StorageOptions = Mapping[str, Any]
-
-
-def is_url(location: str) -> bool:
-    """True for ``scheme://...`` locations other than ``file://``."""
-    return bool(_SCHEME.match(location)) and not location.startswith("file://")
-
-
-def local_path(location: str) -> str:
-    """A local path for a local location (``file://`` stripped)."""
-    return location[len("file://") :] if location.startswith("file://") else location
-
-
-def join(base: str, name: str) -> str:
-    """``base`` + ``/`` + ``name`` for paths and URLs alike."""
-    if is_url(base):
-        return base.rstrip("/") + "/" + name
-    return os.path.join(local_path(base), name)
-
-
-def manifest_location(source: str) -> tuple[str, str]:
-    """Split a build output given as a folder, a manifest path or a URL prefix.
-
-    Returns:
-        ``(manifest_url, root)``: where ``manifest.json`` is and the root that shard names are relative to.
-    """
-    src = source.rstrip("/") if source not in ("/", "") else source
-    if src.endswith(".json"):
-        root = src.rsplit("/", 1)[0] if "/" in src else "."
-        return src, root
-    return join(src, MANIFEST_NAME), src
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class StreamOpener:
-    """Opens a shard for one sequential read: local paths with ``open``, URLs with :func:`wsishard.remote.open_remote`.
+    """Opens a shard for one sequential read: local paths with ``open``, URLs with :func:`open_remote`.
 
     Picklable (DataLoader workers receive it) and pluggable: any callable ``location -> binary file``
-    can take its place in :func:`wsishard.stream.stream`. The caller closes the returned file. Errors are
-    ``OSError``s as :mod:`wsishard.remote` describes; the repr shows no credential.
+    can take its place in :func:`wsishard.stream`. The caller closes the returned file. Errors are
+    ``OSError``s as this module describes; the repr shows no credential.
 
     Args:
         storage_options: fsspec options for URLs (e.g. ``{"endpoint_url": ..., "anon": True}``).
@@ -88,7 +48,7 @@ class StreamOpener:
         retry: how transient errors are retried.
     """
 
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    storage_options: StorageOptions = field(default_factory=dict)
     block_size: int = 8 * _MiB
     prefetch: int = 2
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -121,22 +81,27 @@ def read_bytes(location: str, storage_options: StorageOptions | None = None) -> 
         return fh.read()
 
 
-def list_names(folder: str, storage_options: StorageOptions | None = None) -> list[str]:
-    """Names of the files directly in a folder or under a URL prefix, sorted (listings are not cached).
+def list_names(folder: str, storage_options: StorageOptions | None = None, *, files_only: bool = True) -> list[str]:
+    """Names directly in a folder or under a URL prefix, sorted (listings are not cached).
+
+    Args:
+        files_only: leave out folders (and prefixes that hold objects).
 
     Raises:
+        FileNotFoundError: no such folder (locally).
         OSError: the folder cannot be listed (HTTP servers list only where they serve an index page).
     """
     if not is_url(folder):
         path = local_path(folder)
-        return sorted(n for n in os.listdir(path) if os.path.isfile(os.path.join(path, n)))
+        return sorted(n for n in os.listdir(path) if not files_only or os.path.isfile(os.path.join(path, n)))
     options = dict(storage_options or {})
     fs, path = fsspec.core.url_to_fs(folder, **options)
 
     def listing() -> list[str]:
-        fs.invalidate_cache(path)
+        fs.invalidate_cache(path)  # other processes (workers, other parts) write here too
         entries = fs.ls(path, detail=True)
-        return sorted(str(e["name"]).rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") != "directory")
+        kept = (e for e in entries if not files_only or e.get("type") != "directory")
+        return sorted(str(e["name"]).rstrip("/").rsplit("/", 1)[-1] for e in kept)
 
     return call_with_retries(listing, f"{folder} (listing)", policy=RetryPolicy(), storage_options=options)
 
@@ -167,26 +132,182 @@ def load_manifest(source: str, storage_options: StorageOptions | None = None) ->
     return Manifest.from_json(text, where), root
 
 
-def _gopen_fsspec(
-    url: str, mode: str = "rb", bufsize: int = 8192, *, storage_options: StorageOptions, **kw: Any
-) -> IO[bytes]:
-    if mode == "rb":
-        return StreamOpener(storage_options)(url)
-    stream: IO[bytes] = fsspec.open(url, mode, **dict(storage_options)).open()
-    return stream
+# ---- remote reading ------------------------------------------------------------------------------------
 
 
-def register_gopen_schemes(
-    schemes: Iterable[str] = ("s3", "gs", "gcs", "az", "abfs"), storage_options: StorageOptions | None = None
-) -> None:
-    """Let plain webdataset pipelines (``wds.WebDataset("s3://...")``) open ``schemes`` through fsspec.
+class _Remote:
+    """One object on an fsspec filesystem, fetched by byte ranges with retries."""
 
-    Reads go through :class:`StreamOpener` (large blocks, read-ahead, retries). ``wds.gopen_schemes`` is per
-    process: call this in every DataLoader worker (e.g. from ``worker_init_fn``). wsishard's own
-    :func:`wsishard.stream.stream` does not need it: it opens shards with :class:`StreamOpener`.
+    def __init__(self, url: str, options: StorageOptions, policy: RetryPolicy, stop: threading.Event) -> None:
+        self.url, self.options, self.policy, self.stop = url, options, policy, stop
+        try:
+            self.fs, self.path = fsspec.core.url_to_fs(url, **dict(options))
+        except (ImportError, TypeError, ValueError) as exc:  # unknown protocol, bad option
+            raise OSError(f"cannot use {redact(url, options)}: {describe(exc, options)}") from None
+        self.size: int | None = self._retrying(self._info_size, 0)
+
+    def _retrying(self, call: Callable[[], T], offset: int) -> T:
+        return call_with_retries(call, f"{self.url} at byte {offset}", policy=self.policy,
+                                 storage_options=self.options, stop=self.stop)  # fmt: skip
+
+    def _info_size(self) -> int | None:
+        self.fs.invalidate_cache(self.path)  # ask the server, not a listing cached before a change
+        info = self.fs.info(self.path)
+        if info.get("type") == "directory":
+            raise IsADirectoryError(f"{self.path} is a folder")
+        return int(info["size"]) if info.get("size") is not None else None
+
+    def fetch(self, start: int, length: int) -> bytes:
+        """Up to ``length`` bytes from ``start`` (more when the server ignores ranges; b"" past the end)."""
+        return self._retrying(functools.partial(self._range, start, length), start)
+
+    def _range(self, start: int, length: int) -> bytes:
+        try:
+            data: bytes = self.fs.cat_file(self.path, start=start, end=start + length)
+        except Exception as exc:
+            if start > 0 and is_past_end(exc):
+                return b""
+            raise
+        if len(data) > length:  # the server ignored the Range header and sent the whole object
+            data = data[start:]
+        if self.size is not None and len(data) < min(length, self.size - start):
+            raise http.client.IncompleteRead(data[:0], min(length, self.size - start) - len(data))
+        return data
+
+
+def _blocks(remote: _Remote, block_size: int) -> Iterator[bytes]:
+    """The object's bytes in blocks, in order (sizes unknown to the server end at the first short block)."""
+    pos, size = 0, remote.size
+    while size is None or pos < size:
+        want = block_size if size is None else min(block_size, size - pos)
+        block = remote.fetch(pos, want)
+        if not block:
+            return
+        yield block
+        pos += len(block)
+        if size is None and len(block) < want:
+            return
+
+
+class _Blocks:
+    """An object's blocks in order: fetched when asked for (``depth`` 0), or by a daemon thread that stays
+    ``depth`` blocks ahead. The end, or an error, is sticky: every later :meth:`get` gives it again."""
+
+    _END = object()
+
+    def __init__(self, blocks: Iterator[bytes], depth: int, stop: threading.Event) -> None:
+        self._blocks, self._stop = blocks, stop
+        self._last: Any = None  # the end marker or the error, once met
+        self._queue: queue.Queue[Any] | None = None
+        if depth > 0:
+            self._queue = queue.Queue(maxsize=depth)
+            # the thread holds this object, not the reader: a reader dropped unclosed is still collected
+            threading.Thread(target=self._run, name="wsishard-prefetch", daemon=True).start()
+
+    def _run(self) -> None:
+        while self._put(item := self._take_here()) and isinstance(item, bytes):
+            pass
+
+    def _take_here(self) -> Any:
+        try:
+            return next(self._blocks, self._END)
+        except BaseException as exc:  # handed over to the reading thread, raised there
+            return exc
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                cast("queue.Queue[Any]", self._queue).put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def get(self) -> bytes:
+        """The next block; b"" at the end. Raises what fetching raised."""
+        if self._last is None:
+            item = self._queue.get() if self._queue is not None else self._take_here()
+            if isinstance(item, bytes):
+                return item
+            self._last = item
+        if isinstance(self._last, BaseException):
+            raise self._last
+        return b""
+
+
+class RemoteReader(io.RawIOBase):
+    """A forward-only binary file over a remote object: large ranged reads, read-ahead, retries.
+
+    Made by :class:`StreamOpener`; not seekable. ``read(n)`` returns ``n`` bytes unless the object ends.
     """
-    import webdataset as wds
 
-    opener = functools.partial(_gopen_fsspec, storage_options=dict(storage_options or {}))
-    for scheme in schemes:
-        wds.gopen_schemes[scheme] = opener
+    def __init__(self, remote: _Remote, block_size: int, prefetch: int) -> None:
+        super().__init__()
+        self.name = redact(remote.url, remote.options)
+        self._stop = remote.stop
+        blocks = _blocks(remote, block_size)
+        self._next = _Blocks(blocks, prefetch, self._stop).get
+        self._buf = memoryview(b"")
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def _fill(self) -> bool:
+        if not self._buf:
+            self._buf = memoryview(self._next())
+        return bool(self._buf)
+
+    def readinto(self, buffer: Any) -> int:
+        self._checkClosed()
+        if not self._fill():
+            return 0
+        n = min(len(buffer), len(self._buf))
+        buffer[:n] = self._buf[:n]
+        self._buf, self._pos = self._buf[n:], self._pos + n
+        return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        self._checkClosed()
+        parts: list[bytes] = []
+        want = -1 if size is None or size < 0 else size
+        while want != 0 and self._fill():
+            n = len(self._buf) if want < 0 else min(want, len(self._buf))
+            parts.append(bytes(self._buf[:n]))
+            self._buf, self._pos = self._buf[n:], self._pos + n
+            want = want if want < 0 else want - n
+        return b"".join(parts)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def close(self) -> None:
+        self._stop.set()  # ends the prefetch thread and any backoff wait
+        self._buf = memoryview(b"")
+        super().close()
+
+
+def open_remote(
+    url: str,
+    storage_options: StorageOptions | None = None,
+    *,
+    block_size: int = 8 * 2**20,
+    prefetch: int = 2,
+    retry: RetryPolicy | None = None,
+) -> RemoteReader:
+    """Open ``url`` for one sequential read (the size is asked for now, with retries).
+
+    Args:
+        storage_options: fsspec options (endpoint, credentials...).
+        block_size: bytes per ranged request.
+        prefetch: blocks fetched ahead in a background thread (0: fetch in the reading thread).
+        retry: how transient errors are retried (default :class:`RetryPolicy`).
+
+    Raises:
+        FileNotFoundError, PermissionError, ConnectionError, OSError: as the module docstring says.
+    """
+    remote = _Remote(url, dict(storage_options or {}), retry or RetryPolicy(), threading.Event())
+    return RemoteReader(remote, block_size, prefetch)

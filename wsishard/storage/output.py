@@ -11,14 +11,16 @@ A :class:`Destination` pickles (location and options only; the filesystem is mad
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from collections.abc import Mapping
 from typing import IO, Any
 
 import fsspec
 
-_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+from wsishard.format import temp_name
+from wsishard.storage.opener import list_names
+from wsishard.storage.urls import is_url, local_path
+
 _UPLOAD_BLOCK_BYTES = 16 * 2**20
 _DIRECT_UPLOAD_PROTOCOLS = ("s3", "s3a")  # stores that show an object only when its upload completes
 
@@ -55,7 +57,7 @@ class Destination:
     def __init__(self, location: str, storage_options: Mapping[str, Any] | None = None) -> None:
         self.location = location.rstrip("/") or location
         self.storage_options = dict(storage_options or {})
-        self.remote = bool(_SCHEME.match(location)) and not location.startswith("file://")
+        self.remote = is_url(location)
         self._fs: Any = None
 
     def __repr__(self) -> str:  # never shows storage options
@@ -77,8 +79,7 @@ class Destination:
         """The full path or URL of ``name`` (relative, ``/``-separated)."""
         if self.remote:
             return f"{self.location}/{name}"
-        root = self.location[len("file://") :] if self.location.startswith("file://") else self.location
-        return os.path.join(root, *name.split("/"))
+        return os.path.join(local_path(self.location), *name.split("/"))
 
     def makedirs(self, name: str = "") -> None:
         if not self.remote:
@@ -121,12 +122,7 @@ class Destination:
     def listdir(self, name: str = "") -> list[str]:
         """Names (not paths) directly under ``name``; empty when it does not exist."""
         try:
-            if self.remote:
-                where = self.path(name) if name else self.location
-                self.fs.invalidate_cache(where)  # other processes (workers, other parts) write here too
-                entries = self.fs.ls(where, detail=False)
-                return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
-            return sorted(os.listdir(self.path(name)))
+            return list_names(self.path(name) if name else self.location, self.storage_options, files_only=False)
         except FileNotFoundError:
             return []
 
@@ -136,14 +132,14 @@ class Destination:
         if not self.remote:
             os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
             head, base = os.path.split(final)
-            tmp = os.path.join(head, f".{base}.tmp-{os.getpid()}")
+            tmp = os.path.join(head, temp_name(base, os.getpid()))
             fh = open(tmp, "wb")  # noqa: SIM115 - closed by commit/abort
             return AtomicFile(fh, lambda: _commit_local(fh, tmp, final), lambda: _abort_local(fh, tmp))
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         if set(protocols) & set(_DIRECT_UPLOAD_PROTOCOLS):
             fh = self.fs.open(final, "wb", block_size=_UPLOAD_BLOCK_BYTES)
             return AtomicFile(fh, fh.close, lambda: _discard(fh))
-        tmp = f"{final}.tmp-{os.getpid()}"
+        tmp = f"{os.path.dirname(final)}/{temp_name(os.path.basename(final), os.getpid())}"
         fh = self.fs.open(tmp, "wb")
         return AtomicFile(fh, lambda: (fh.close(), self.fs.mv(tmp, final)), lambda: _abort_remote(self.fs, fh, tmp))
 

@@ -113,6 +113,6 @@ class GpuCollate:
         return x.to(dtype=self.dtype, memory_format=fmt)
 
     def __call__(self, batch: Mapping[str, Any]) -> DeviceBatch:
-        """Collate a :class:`~wsishard.stream.Batch`; ``meta`` and ``key`` pass through unchanged."""
+        """Collate a :class:`~wsishard.streaming.decode.Batch`; ``meta`` and ``key`` pass through unchanged."""
         label = batch["label"].to(self.device, non_blocking=True)
         return DeviceBatch(image=self.images(batch["image"]), label=label, meta=batch["meta"], key=batch["key"])

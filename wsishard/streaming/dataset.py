@@ -7,10 +7,10 @@
       -> uint8 batches (b, h, w, 3)
 
 Ranks and workers split the shard list exactly as ``wds.split_by_node`` and ``wds.split_by_worker`` do
-(``islice(src, index, None, count)``), but from a :class:`~wsishard.partition.World` detected once in the
+(``islice(src, index, None, count)``), but from a :class:`~wsishard.streaming.world.World` detected once in the
 main process: webdataset's splitters re-detect the rank in each worker from the environment, which in a
 worker started by ``spawn`` without ``RANK`` silently gives every rank all shards, and would let the epoch
-arithmetic in :mod:`wsishard.partition` and the actual split disagree.
+arithmetic in :mod:`wsishard.streaming.partition` and the actual split disagree.
 
 Error behaviour (``on_error``):
     ``"raise"`` (default): a shard that cannot be opened, is truncated or corrupt, holds a sample with a
@@ -22,19 +22,19 @@ Error behaviour (``on_error``):
     skipping tops up by re-reading its own shards, so every rank still yields the planned number of batches
     (some samples are then seen twice); a single process just yields fewer batches.
 
-The sample-level stages (read, shuffle, decode, batch) live in :mod:`wsishard.samples`. Members other than the
-image, ``.json`` and ``.cls`` are never read: ``.pyd``/``.pth``/``.pickle``
-members are ignored and nothing is ever unpickled.
+The stages live in :mod:`wsishard.streaming.stages` and :mod:`wsishard.streaming.decode`. Members other than the
+image, ``.json`` and ``.cls`` are never read: ``.pyd``/``.pth``/``.pickle`` members are ignored and nothing is
+ever unpickled. A worker's :class:`~wsishard.errors.ShardError` reaches the caller as a ``ShardError`` with its
+fields: the worker hands it over as data (:class:`WorkerShardError`), not as an exception DataLoader would
+re-raise as ``RuntimeError`` text.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -42,18 +42,23 @@ import torch
 import webdataset as wds
 
 from wsishard.errors import ManifestError, ShardError, TopologyError
-from wsishard.partition import EpochPlan, World, check_topology, epoch_order, plan_epoch, resample_order
-from wsishard.partition import worker_shards as _worker_shards
-from wsishard.samples import (
-    Batch,
-    DecodeIntoBatches,
+from wsishard.storage.opener import StreamOpener, load_manifest
+from wsishard.storage.urls import StorageOptions, join
+from wsishard.streaming.decode import Batch, DecodeIntoBatches
+from wsishard.streaming.partition import EpochPlan, check_topology, epoch_order, plan_epoch, worker_shards
+from wsishard.streaming.stages import (
+    Budget,
     ErrorMode,
     Opener,
     ReadShards,
-    ShardTask,
+    Resample,
+    ShardList,
+    ShardRef,
     Shuffle,
+    SplitByNode,
+    SplitByWorker,
 )
-from wsishard.storage import StorageOptions, StreamOpener, join, load_manifest
+from wsishard.streaming.world import World, detect_world
 
 logger = logging.getLogger(__name__)
 
@@ -92,109 +97,7 @@ class StreamConfig:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
 
 
-def detect_world() -> World:
-    """This process's rank and world size (torch.distributed, else torchrun's RANK/WORLD_SIZE) and worker.
-
-    Raises:
-        TopologyError: torch.distributed and RANK/WORLD_SIZE disagree.
-    """
-    env = (os.environ.get("RANK"), os.environ.get("WORLD_SIZE"))
-    rank, size = (int(env[0]), int(env[1])) if env[0] is not None and env[1] is not None else (0, 1)
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        if env[0] is not None and (rank, size) != (dist.get_rank(), dist.get_world_size()):
-            raise TopologyError(
-                f"RANK/WORLD_SIZE say {rank}/{size} but torch.distributed says "
-                f"{dist.get_rank()}/{dist.get_world_size()}"
-            )
-        rank, size = dist.get_rank(), dist.get_world_size()
-    info = torch.utils.data.get_worker_info()
-    worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-    return World(rank=rank, world_size=size, worker=worker, num_workers=workers)
-
-
 # ---- stages: each is picklable and maps an iterator to an iterator -------------------------------------
-
-
-@dataclass(frozen=True)
-class ShardList:
-    """The pipeline's source: the job's shards in this epoch's order."""
-
-    tasks: tuple[ShardTask, ...]
-
-    def __call__(self) -> Iterator[ShardTask]:
-        return iter(self.tasks)
-
-
-@dataclass(frozen=True)
-class SplitByNode:
-    """``wds.split_by_node`` with an explicit rank: ``islice(src, rank, None, world_size)``."""
-
-    rank: int
-    world_size: int
-
-    def __call__(self, src: Iterator[ShardTask]) -> Iterator[ShardTask]:
-        return islice(src, self.rank, None, self.world_size)
-
-
-@dataclass(frozen=True)
-class SplitByWorker:
-    """``wds.split_by_worker`` with an explicit worker: ``islice(src, worker, None, num_workers)``."""
-
-    worker: int
-    num_workers: int
-
-    def __call__(self, src: Iterator[ShardTask]) -> Iterator[ShardTask]:
-        return islice(src, self.worker, None, self.num_workers)
-
-
-@dataclass(frozen=True)
-class Resample:
-    """Endless passes over this worker's shards, pass ``p`` ordered by ``rng((seed, rank, worker, p))``."""
-
-    seed: int
-    rank: int
-    worker: int
-
-    def __call__(self, src: Iterator[ShardTask]) -> Iterator[ShardTask]:
-        tasks = list(src)
-        for pass_index in range(2**62):
-            order = resample_order(len(tasks), seed=self.seed, rank=self.rank, worker=self.worker,
-                                   pass_index=pass_index)  # fmt: skip
-            yield from (tasks[i] for i in order)
-
-
-@dataclass(frozen=True)
-class Budget:
-    """Yield exactly ``batches`` batches (epoch mode: every rank's batch count stays equal).
-
-    When the stream ends early (skipped shards under DDP), ``refill(p)`` for ``p = 1, 2, ...`` supplies
-    batches re-read from the worker's own shards until the budget is met.
-    """
-
-    batches: int
-    refill: Callable[[int], Iterator[Batch]] | None = None
-
-    def __call__(self, src: Iterator[Batch]) -> Iterator[Batch]:
-        count, pass_index = 0, 0
-        for batch in src if self.batches > 0 else ():
-            yield batch
-            count += 1
-            if count == self.batches:
-                return
-        while count < self.batches and self.refill is not None:
-            pass_index += 1
-            logger.warning("%d batches short of the epoch budget after skipping; re-reading this worker's "
-                           "shards", self.batches - count)  # fmt: skip
-            got = 0
-            for batch in self.refill(pass_index):
-                yield batch
-                count, got = count + 1, got + 1
-                if count == self.batches:
-                    return
-            if got == 0:
-                raise ShardError("(every shard of this worker)", f"re-reading gave no batch; {count} of "
-                                 f"{self.batches} planned batches")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -202,7 +105,7 @@ class _Refill:
     """Top-up batches for :class:`Budget`: one more reshuffled pass over a worker's own shards."""
 
     dataset: ShardStream
-    tasks: tuple[ShardTask, ...]
+    tasks: tuple[ShardRef, ...]
     seed: tuple[int, ...]
 
     def __call__(self, pass_index: int) -> Iterator[Batch]:
@@ -227,10 +130,10 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         shards: every shard of the job, in manifest order.
         config: the stream's options.
         world: rank and world size; detected from torch.distributed / torchrun when None.
-        opener: ``location -> binary file``; :class:`~wsishard.storage.StreamOpener` when None.
+        opener: ``location -> binary file``; :class:`~wsishard.storage.opener.StreamOpener` when None.
     """
 
-    def __init__(self, shards: Sequence[ShardTask], config: StreamConfig, *, world: World | None = None,
+    def __init__(self, shards: Sequence[ShardRef], config: StreamConfig, *, world: World | None = None,
                  opener: Opener | None = None) -> None:  # fmt: skip
         super().__init__()
         self.shards = tuple(shards)
@@ -298,7 +201,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
             mine = tuple(self.shards[i] for i in plan.shards_of(world).tolist())
             topup = self.config.on_error == "skip" and world.world_size > 1
             budget = Budget(plan.budget_of(world), _Refill(self, mine, (*seed, _TOPUP_STREAM)) if topup else None)
-        mine_idx = _worker_shards(order, world)
+        mine_idx = worker_shards(order, world)
         mine_count = len(mine_idx)
         if self.config.resampled and int(self.counts[mine_idx].sum()) == 0:
             raise TopologyError(f"rank {world.rank} worker {world.worker} owns only empty shards")
@@ -317,7 +220,8 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         world = self.world.with_worker(info.id, info.num_workers) if info is not None else self.world
         epoch = self._epoch_next + self._local_passes
         self._local_passes += 1
-        return iter(self.pipeline(world, epoch))
+        batches = iter(self.pipeline(world, epoch))
+        return batches if info is None else _hand_over_errors(batches)  # type: ignore[return-value]
 
     def _loader_pass(self, first: bool) -> None:
         """Called by :class:`ShardLoader` in the main process before it starts its workers."""
@@ -327,18 +231,33 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
             self._epoch_next += 1
 
 
-_WORKER_ERROR = re.compile(r"^(?:[\w.]+\.)?ShardError: shard (?P<shard>.+?): (?P<reason>.*)$", re.MULTILINE)
+@dataclass(frozen=True)
+class WorkerShardError:
+    """A worker's :class:`~wsishard.errors.ShardError`, handed to the main process as data.
+
+    DataLoader re-raises a worker's exception by calling its type with one message string, which a
+    ``ShardError`` (two fields) does not take, so it would arrive as a ``RuntimeError``; as an item of the
+    stream it arrives intact and :class:`ShardLoader` raises it as the ``ShardError`` it was.
+    """
+
+    shard: str
+    reason: str
 
 
-def _reraise_shard_errors(batches: Iterator[Batch]) -> Iterator[Batch]:
-    """DataLoader re-raises a worker's ShardError as RuntimeError; give the caller its ShardError back."""
+def _hand_over_errors(batches: Iterator[Batch]) -> Iterator[Batch | WorkerShardError]:
+    """In a worker: the batches, then, if a ShardError ends them, that error as the stream's last item."""
     try:
         yield from batches
-    except RuntimeError as exc:
-        match = _WORKER_ERROR.search(str(exc)) if str(exc).startswith("Caught ShardError") else None
-        if match is None:
-            raise
-        raise ShardError(match["shard"], match["reason"]) from exc
+    except ShardError as exc:
+        yield WorkerShardError(exc.shard, exc.reason)
+
+
+def _raise_handed_over(items: Iterator[Batch | WorkerShardError]) -> Iterator[Batch]:
+    """In the main process: the batches; a worker's handed-over error is raised as its ShardError."""
+    for item in items:
+        if isinstance(item, WorkerShardError):
+            raise ShardError(item.shard, item.reason)
+        yield item
 
 
 class ShardLoader(wds.WebLoader):
@@ -361,7 +280,7 @@ class ShardLoader(wds.WebLoader):
         if self.num_workers > 0:
             self.dataset._loader_pass(first=self._iterations == 0)
         self._iterations += 1
-        return _reraise_shard_errors(super().__iter__())
+        return _raise_handed_over(super().__iter__())
 
 
 def stream(
@@ -395,10 +314,10 @@ def stream(
     config = StreamConfig(batch_size=batch_size, resampled=resampled, shuffle=shuffle, seed=seed,
                           drop_last=drop_last, on_error=on_error)  # fmt: skip
     sources = [source] if isinstance(source, str | os.PathLike) else list(source)
-    tasks: list[ShardTask] = []
+    tasks: list[ShardRef] = []
     for src in sources:
         manifest, root = load_manifest(os.fspath(src), storage_options)
-        tasks += [ShardTask(url=join(root, rec.name), samples=rec.samples) for rec in manifest.shards]
+        tasks += [ShardRef(url=join(root, rec.name), samples=rec.samples) for rec in manifest.shards]
     if not tasks:
         raise ManifestError(", ".join(os.fspath(s) for s in sources), "lists no shards")
     return ShardStream(tasks, config, world=world, opener=opener or StreamOpener(dict(storage_options or {})))

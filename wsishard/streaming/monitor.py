@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypedDict
 
-from wsishard.stream import detect_world
+from wsishard.streaming.world import detect_world
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class MonitoredLoader:
     """Wrap a loader; every ``every`` batches compute a :class:`LoaderReport` for this rank.
 
     Every rank computes its own reports (``last``, the ``on_report`` callback); only rank 0 logs them
-    (logger ``wsishard.monitor``, level INFO). Time to the first batch is reported as ``startup_s`` and
+    (logger ``wsishard.streaming.monitor``, level INFO). Time to the first batch is reported as ``startup_s`` and
     left out of the windows.
 
     Args:

@@ -17,15 +17,15 @@ incomplete batch (fewer than ``batch_size`` samples per worker).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from wsishard.errors import TopologyError
+from wsishard.streaming.world import World
 
 __all__ = [
     "EpochPlan",
-    "World",
     "batch_budgets",
     "check_topology",
     "deal",
@@ -34,42 +34,6 @@ __all__ = [
     "resample_order",
     "worker_shards",
 ]
-
-
-@dataclass(frozen=True, kw_only=True)
-class World:
-    """Where this process sits: DDP ``rank`` of ``world_size`` and DataLoader ``worker`` of ``num_workers``.
-
-    Detected once (see :func:`wsishard.stream.detect_world`) and passed down, never re-read from the
-    environment by later stages.
-
-    Raises:
-        ValueError: a size below 1 or an index outside ``[0, size)``.
-    """
-
-    rank: int = 0
-    world_size: int = 1
-    worker: int = 0
-    num_workers: int = 1
-
-    def __post_init__(self) -> None:
-        if self.world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
-        if self.num_workers < 1:
-            raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
-        if not 0 <= self.worker < self.num_workers:
-            raise ValueError(f"worker must be in [0, {self.num_workers}), got {self.worker}")
-
-    @property
-    def total_workers(self) -> int:
-        """Readers across the job: ``world_size * num_workers``."""
-        return self.world_size * self.num_workers
-
-    def with_worker(self, worker: int, num_workers: int) -> World:
-        """The same rank, seen from DataLoader worker ``worker`` of ``num_workers``."""
-        return replace(self, worker=worker, num_workers=num_workers)
 
 
 def check_topology(num_shards: int, world_size: int, num_workers: int) -> None:

@@ -1,43 +1,35 @@
-"""Sample-level pipeline stages: read a shard's samples (counted against its manifest), shuffle, decode, batch.
+"""The pipeline's stages: each is picklable (DataLoader workers receive it) and maps an iterator to an iterator.
 
-Every stage maps an iterator to an iterator and pickles, so DataLoader workers can receive it. Only the members
-wsishard writes are read (the image, ``.json``, ``.cls``); ``.pyd``/``.pth``/``.pickle`` members are ignored and
-nothing is ever unpickled.
+    shard list -> split by node -> split by worker -> (resample) -> read shards -> shuffle -> decode -> (budget)
 
-The per-sample work is the loader's throughput, so two parts are done here rather than with webdataset's:
-
-- Tar reading (:func:`wsishard.tario.tar_members`): headers parsed directly instead of through ``tarfile``
-  (about 20% of a worker's time otherwise).
-- Decoding (:class:`DecodeIntoBatches`): each batch's uint8 tensor is allocated once (in shared memory inside
-  a worker, so the DataLoader passes it to the main process without copying it) and each JPEG is decoded by
-  libjpeg-turbo straight into its slot; PIL decodes everything else. No per-sample array, no ``np.stack``.
+Shard-level stages split and order :class:`ShardRef` s; :class:`ReadShards` turns them into :class:`RawSample` s
+(still encoded: cheap to hold in the shuffle buffer), counted against the manifest. Only the members wsishard
+writes are read (the image, ``.json``, ``.cls``); ``.pyd``/``.pth``/``.pickle`` members are ignored and nothing
+is ever unpickled. Tar headers are parsed by :func:`wsishard.shards.reader.tar_members` rather than ``tarfile``
+(about 20% of a worker's time otherwise).
 """
 
 from __future__ import annotations
 
-import io
-import json
 import logging
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import IO, Literal, TypedDict
+from itertools import islice
+from typing import IO, Generic, Literal, TypedDict, TypeVar
 
-import imagecodecs
 import numpy as np
-import torch
-from PIL import Image
 
 from wsishard.errors import ShardError
-from wsishard.format import IMAGE_FORMATS, LABEL_EXT, META_EXT, SAMPLE_EXTS, PatchMeta, split_member
-from wsishard.remote import redact
-from wsishard.tario import tar_members
+from wsishard.format import IMAGE_FORMATS, LABEL_EXT, META_EXT, is_sample_member
+from wsishard.shards.reader import group_members, tar_members
+from wsishard.storage.secrets import redact
+from wsishard.streaming.partition import resample_order
 
 logger = logging.getLogger(__name__)
 
 ErrorMode = Literal["raise", "skip"]
 Opener = Callable[[str], IO[bytes]]
-_PIL_FORMATS = ["JPEG", "PNG", "WEBP"]
+B = TypeVar("B")  # a batch
 
 
 class RawSample(TypedDict):
@@ -51,31 +43,93 @@ class RawSample(TypedDict):
     label: bytes | None
 
 
-class Sample(TypedDict):
-    """A decoded sample."""
-
-    key: str
-    shard: str
-    image: np.ndarray  # (h, w, 3) uint8 RGB
-    meta: PatchMeta
-    label: int  # -1 when unlabelled
-
-
-class Batch(TypedDict):
-    """A batch as the workers yield it (pinned by the DataLoader when CUDA is there)."""
-
-    image: torch.Tensor  # (b, h, w, 3) uint8 RGB
-    label: torch.Tensor  # (b,) int64, -1 when unlabelled
-    meta: list[PatchMeta]
-    key: list[str]
-
-
 @dataclass(frozen=True)
-class ShardTask:
+class ShardRef:
     """One shard to read: its location and the sample count its manifest promises."""
 
     url: str
     samples: int
+
+
+@dataclass(frozen=True)
+class ShardList:
+    """The pipeline's source: the job's shards in this epoch's order."""
+
+    tasks: tuple[ShardRef, ...]
+
+    def __call__(self) -> Iterator[ShardRef]:
+        return iter(self.tasks)
+
+
+@dataclass(frozen=True)
+class SplitByNode:
+    """``wds.split_by_node`` with an explicit rank: ``islice(src, rank, None, world_size)``."""
+
+    rank: int
+    world_size: int
+
+    def __call__(self, src: Iterator[ShardRef]) -> Iterator[ShardRef]:
+        return islice(src, self.rank, None, self.world_size)
+
+
+@dataclass(frozen=True)
+class SplitByWorker:
+    """``wds.split_by_worker`` with an explicit worker: ``islice(src, worker, None, num_workers)``."""
+
+    worker: int
+    num_workers: int
+
+    def __call__(self, src: Iterator[ShardRef]) -> Iterator[ShardRef]:
+        return islice(src, self.worker, None, self.num_workers)
+
+
+@dataclass(frozen=True)
+class Resample:
+    """Endless passes over this worker's shards, pass ``p`` ordered by ``rng((seed, rank, worker, p))``."""
+
+    seed: int
+    rank: int
+    worker: int
+
+    def __call__(self, src: Iterator[ShardRef]) -> Iterator[ShardRef]:
+        tasks = list(src)
+        for pass_index in range(2**62):
+            order = resample_order(len(tasks), seed=self.seed, rank=self.rank, worker=self.worker,
+                                   pass_index=pass_index)  # fmt: skip
+            yield from (tasks[i] for i in order)
+
+
+@dataclass(frozen=True)
+class Budget(Generic[B]):
+    """Yield exactly ``batches`` batches (epoch mode: every rank's batch count stays equal).
+
+    When the stream ends early (skipped shards under DDP), ``refill(p)`` for ``p = 1, 2, ...`` supplies
+    batches re-read from the worker's own shards until the budget is met.
+    """
+
+    batches: int
+    refill: Callable[[int], Iterator[B]] | None = None
+
+    def __call__(self, src: Iterator[B]) -> Iterator[B]:
+        count, pass_index = 0, 0
+        for batch in src if self.batches > 0 else ():
+            yield batch
+            count += 1
+            if count == self.batches:
+                return
+        while count < self.batches and self.refill is not None:
+            pass_index += 1
+            logger.warning("%d batches short of the epoch budget after skipping; re-reading this worker's "
+                           "shards", self.batches - count)  # fmt: skip
+            got = 0
+            for batch in self.refill(pass_index):
+                yield batch
+                count, got = count + 1, got + 1
+                if count == self.batches:
+                    return
+            if got == 0:
+                raise ShardError("(every shard of this worker)", f"re-reading gave no batch; {count} of "
+                                 f"{self.batches} planned batches")  # fmt: skip
 
 
 @dataclass
@@ -93,7 +147,7 @@ class ReadShards:
     max_failures: int = 1
     skipped: int = field(default=0, init=False)
 
-    def __call__(self, src: Iterator[ShardTask]) -> Iterator[RawSample]:
+    def __call__(self, src: Iterator[ShardRef]) -> Iterator[RawSample]:
         in_a_row = 0
         for task in src:
             try:
@@ -109,7 +163,7 @@ class ReadShards:
                     raise ShardError(task.url, f"all {in_a_row} shards of this worker failed") from exc
 
 
-def read_shard(task: ShardTask, opener: Opener) -> Iterator[RawSample]:
+def read_shard(task: ShardRef, opener: Opener) -> Iterator[RawSample]:
     """The samples of one shard, in order; never one with a missing member.
 
     Raises:
@@ -123,7 +177,7 @@ def read_shard(task: ShardTask, opener: Opener) -> Iterator[RawSample]:
         raise ShardError(name, f"cannot be opened ({type(exc).__name__}: {exc})") from exc
     count = 0
     try:
-        for key, members in _group_members(tar_members(stream, _wanted)):
+        for key, members in group_members(tar_members(stream, is_sample_member)):
             yield _raw_sample(name, key, members)
             count += 1
     except ShardError:
@@ -134,27 +188,6 @@ def read_shard(task: ShardTask, opener: Opener) -> Iterator[RawSample]:
         stream.close()
     if count != task.samples:
         raise ShardError(name, f"holds {count} samples, the manifest says {task.samples}")
-
-
-def _wanted(name: str) -> bool:
-    parts = split_member(name)
-    return parts is not None and parts[1] in SAMPLE_EXTS
-
-
-def _group_members(files: Iterator[tuple[str, bytes]]) -> Iterator[tuple[str, dict[str, bytes]]]:
-    key: str | None = None
-    members: dict[str, bytes] = {}
-    for name, data in files:
-        prefix, ext = split_member(name) or (name, "")
-        if prefix != key:
-            if key is not None:
-                yield key, members
-            key, members = prefix, {}
-        if ext in members:
-            raise ValueError(f"duplicate member {name}")
-        members[ext] = data
-    if key is not None:
-        yield key, members
 
 
 def _raw_sample(shard: str, key: str, members: dict[str, bytes]) -> RawSample:
@@ -192,130 +225,3 @@ class Shuffle:
             yield buf.pop()
         for i in rng.permutation(len(buf)).tolist():
             yield buf[i]
-
-
-def decode_sample(raw: RawSample) -> Sample:
-    """Decode one sample on its own: image via PIL (JPEG/PNG/WebP only), ``.json``, ``.cls``.
-
-    Raises:
-        ShardError: a field does not decode (names the shard and the sample).
-    """
-    meta, label = _fields(raw)
-    return Sample(key=raw["key"], shard=raw["shard"], image=_pil_rgb(raw), meta=meta, label=label)
-
-
-def _fields(raw: RawSample) -> tuple[PatchMeta, int]:
-    """The sample's ``.json`` and its label (``.cls``, else the json's ``label``, else -1)."""
-    try:
-        meta = json.loads(raw["meta"])
-        label = int(raw["label"]) if raw["label"] is not None else int(meta.get("label", -1))
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise _undecodable(raw, exc) from exc
-    return meta, label
-
-
-def _pil_rgb(raw: RawSample) -> np.ndarray:
-    """The image decoded by PIL and converted to RGB: (h, w, 3) uint8."""
-    try:
-        with Image.open(io.BytesIO(raw["image"]), formats=_PIL_FORMATS) as img:
-            return np.asarray(img if img.mode == "RGB" else img.convert("RGB"))  # (h, w, 3) uint8
-    except (OSError, ValueError, SyntaxError, TypeError, AttributeError) as exc:
-        raise _undecodable(raw, exc) from exc
-
-
-def _undecodable(raw: RawSample, exc: BaseException) -> ShardError:
-    return ShardError(raw["shard"], f"sample {raw['key']} does not decode ({type(exc).__name__}: {exc})")
-
-
-def decode_into(raw: RawSample, slot: np.ndarray) -> None:
-    """Decode the sample's image straight into ``slot``, a (h, w, 3) uint8 C-contiguous view.
-
-    A complete baseline or progressive 8-bit 3-channel JPEG of the slot's size is decoded by libjpeg-turbo
-    (imagecodecs) in place, with no intermediate array; its pixels equal PIL's RGB decode (same library, same
-    settings). Anything else (PNG, WebP, grayscale or CMYK JPEG, another size, damaged data) goes through
-    PIL, which then decides: it decodes (and the result is copied into the slot) or it raises. A JPEG that
-    does not end with its EOI marker always goes to PIL: libjpeg-turbo would fill a truncated image with
-    grey after a warning, where PIL raises.
-
-    Raises:
-        ShardError: the image does not decode, or decodes to another size than ``slot``'s.
-    """
-    data = raw["image"]
-    if raw["image_ext"] == "jpg" and data[-2:] == b"\xff\xd9":
-        try:
-            imagecodecs.jpeg8_decode(data, out=slot)
-            return
-        except (imagecodecs.Jpeg8Error, ValueError):  # not 8-bit 3-channel of this size, or damaged
-            pass
-    image = _pil_rgb(raw)  # (h, w, 3) uint8
-    if image.shape != slot.shape:
-        raise ShardError(raw["shard"], f"sample {raw['key']} is {image.shape}, earlier samples are {slot.shape}")
-    slot[...] = image
-
-
-def _empty_batch(shape: tuple[int, ...], shared: bool) -> torch.Tensor:
-    """An uninitialised uint8 tensor of ``shape``.
-
-    ``shared`` (in a DataLoader worker): in shared memory from the start, so that handing it to the main
-    process passes a file descriptor; a plain tensor would be copied into a new shared segment there.
-    Otherwise numpy's allocation, which asks for transparent huge pages: a fresh 50 MB batch then takes
-    far fewer page faults than with torch's allocator.
-    """
-    if shared:
-        storage = torch.UntypedStorage._new_shared(math.prod(shape))
-        return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
-    return torch.from_numpy(np.empty(shape, dtype=np.uint8))
-
-
-@dataclass(frozen=True)
-class DecodeIntoBatches:
-    """Decode samples straight into uint8 batches of ``size``; a last incomplete one is kept unless ``drop_last``.
-
-    Each batch's ``(size, h, w, 3)`` tensor is allocated once, in shared memory inside a DataLoader worker,
-    and every image is decoded into its own slot of it (:func:`decode_into`): no per-sample array, no stack,
-    no copy on the way to the main process. The first sample that decodes fixes ``(h, w)`` for the stream.
-
-    Error behaviour: a sample whose image or ``.json`` does not decode, or whose image has another size than
-    the first's, raises :class:`~wsishard.errors.ShardError` with ``on_error="raise"`` and is dropped
-    (logged) with ``"skip"``.
-    """
-
-    size: int
-    drop_last: bool = True
-    on_error: ErrorMode = "raise"
-
-    def __call__(self, src: Iterator[RawSample]) -> Iterator[Batch]:
-        shared = torch.utils.data.get_worker_info() is not None
-        shape: tuple[int, ...] | None = None  # (h, w, 3) of every image
-        image = torch.empty(0, dtype=torch.uint8)  # (size, h, w, 3) uint8 being filled; empty between batches
-        slots = image.numpy()  # its numpy view
-        labels: list[int] = []
-        metas: list[PatchMeta] = []
-        keys: list[str] = []
-        for raw in src:
-            try:
-                meta, label = _fields(raw)
-                if shape is None:  # the stream's first image: its size is every image's size
-                    shape = _pil_rgb(raw).shape
-                if image.numel() == 0:
-                    image = _empty_batch((self.size, *shape), shared)
-                    slots = image.numpy()
-                decode_into(raw, slots[len(keys)])
-            except ShardError as exc:
-                if self.on_error == "raise":
-                    raise
-                logger.warning("skipping %s", exc)
-                continue
-            labels.append(label)
-            metas.append(meta)
-            keys.append(raw["key"])
-            if len(keys) == self.size:
-                yield _batch(image, labels, metas, keys)
-                image, labels, metas, keys = torch.empty(0, dtype=torch.uint8), [], [], []
-        if keys and not self.drop_last:
-            yield _batch(image[: len(keys)], labels, metas, keys)
-
-
-def _batch(image: torch.Tensor, labels: list[int], metas: list[PatchMeta], keys: list[str]) -> Batch:
-    label = torch.tensor(labels, dtype=torch.int64)  # (b,)
-    return Batch(image=image, label=label, meta=metas, key=keys)

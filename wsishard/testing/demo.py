@@ -10,10 +10,12 @@ import os
 import time
 from collections.abc import Callable
 
-from wsishard.build import BuildOptions, ProgressCallback, build
-from wsishard.grid import PatchOptions
+from wsishard.builder.grid import PatchOptions
+from wsishard.builder.options import BuildOptions, BuildProgress
+from wsishard.builder.run import build
+from wsishard.progress import ProgressCallback, ignore_progress
 from wsishard.report import summary
-from wsishard.synthetic import make_slides
+from wsishard.testing.synthetic import make_slides
 
 DEMO_SLIDE_PX = 8192
 DEMO_BATCH = 64
@@ -25,7 +27,7 @@ Say = Callable[[str], None]
 
 
 def run_demo(output: str, say: Say, *, n_slides: int = 8, jobs: int | None = None,
-             progress: ProgressCallback | None = None) -> int:  # fmt: skip
+             progress: ProgressCallback[BuildProgress] = ignore_progress) -> int:  # fmt: skip
     """Run the demo into ``output`` (slides reused when already there), narrating through ``say``.
 
     Returns:
@@ -50,8 +52,8 @@ def run_demo(output: str, say: Say, *, n_slides: int = 8, jobs: int | None = Non
 def _stream_batches(shards_dir: str, workers: int, say: Say) -> None:
     import torch
 
-    from wsishard.collate import GpuCollate
-    from wsishard.stream import loader, stream
+    from wsishard.streaming.collate import GpuCollate
+    from wsishard.streaming.dataset import loader, stream
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dataset = stream(shards_dir, batch_size=DEMO_BATCH, resampled=True, shuffle=1000, seed=0)

@@ -1,0 +1,55 @@
+"""Slide readers: one narrow protocol, an OpenSlide backend, a direct-tile TIFF backend, an in-memory backend.
+
+:func:`open_slide` picks the fast direct-tile reader for SVS and pyramidal TIFF files whose levels it can read,
+and OpenSlide for everything else.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import openslide
+
+from wsishard.errors import SlideError
+from wsishard.slide.memory import MemorySlide
+from wsishard.slide.mpp import resolve_mpp, slide_mpp
+from wsishard.slide.openslide_backend import OpenSlideReader
+from wsishard.slide.reader import SLIDE_SUFFIXES, SlideReader, read_lowres
+from wsishard.slide.tiff import TiffTileReader
+
+__all__ = [
+    "SLIDE_SUFFIXES",
+    "MemorySlide",
+    "OpenSlideReader",
+    "SlideReader",
+    "TiffTileReader",
+    "open_slide",
+    "read_lowres",
+    "resolve_mpp",
+    "slide_mpp",
+]
+
+logger = logging.getLogger(__name__)
+
+_FAST_SUFFIXES = (".svs", ".tif", ".tiff")
+
+
+def open_slide(path: str, *, fast: bool = True, cache: openslide.OpenSlideCache | None = None) -> SlideReader:
+    """Open ``path`` with the fast tile path when it applies, else with OpenSlide.
+
+    Raises:
+        SlideError: the file does not exist or no backend can open it.
+    """
+    if not os.path.isfile(path):
+        raise SlideError(path, "no such file")
+    reader = OpenSlideReader(path, cache=cache)
+    if not fast or not path.lower().endswith(_FAST_SUFFIXES):
+        return reader
+    try:
+        fast_reader = TiffTileReader(path, reader.level_dimensions, reader.level_downsamples, reader.properties)
+    except SlideError as exc:
+        logger.debug("fast path off for %s: %s", path, exc.reason)
+        return reader
+    reader.close()
+    return fast_reader

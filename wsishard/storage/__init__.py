@@ -1,0 +1,1 @@
+"""Where outputs live and how they are reached: locations, atomic output, ranged reads, retries, redaction."""

@@ -1,0 +1,71 @@
+"""Where this process sits in a training job: DDP rank and world size, DataLoader worker and worker count.
+
+Detected once (:func:`detect_world`, in the main process) and passed down as a :class:`World` value; later
+stages never re-read it from the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+import torch
+
+from wsishard.errors import TopologyError
+
+
+@dataclass(frozen=True, kw_only=True)
+class World:
+    """Where this process sits: DDP ``rank`` of ``world_size`` and DataLoader ``worker`` of ``num_workers``.
+
+    Detected once (see :func:`detect_world`) and passed down, never re-read from the
+    environment by later stages.
+
+    Raises:
+        ValueError: a size below 1 or an index outside ``[0, size)``.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    worker: int = 0
+    num_workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+        if self.num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
+        if not 0 <= self.worker < self.num_workers:
+            raise ValueError(f"worker must be in [0, {self.num_workers}), got {self.worker}")
+
+    @property
+    def total_workers(self) -> int:
+        """Readers across the job: ``world_size * num_workers``."""
+        return self.world_size * self.num_workers
+
+    def with_worker(self, worker: int, num_workers: int) -> World:
+        """The same rank, seen from DataLoader worker ``worker`` of ``num_workers``."""
+        return replace(self, worker=worker, num_workers=num_workers)
+
+
+def detect_world() -> World:
+    """This process's rank and world size (torch.distributed, else torchrun's RANK/WORLD_SIZE) and worker.
+
+    Raises:
+        TopologyError: torch.distributed and RANK/WORLD_SIZE disagree.
+    """
+    env = (os.environ.get("RANK"), os.environ.get("WORLD_SIZE"))
+    rank, size = (int(env[0]), int(env[1])) if env[0] is not None and env[1] is not None else (0, 1)
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        if env[0] is not None and (rank, size) != (dist.get_rank(), dist.get_world_size()):
+            raise TopologyError(
+                f"RANK/WORLD_SIZE say {rank}/{size} but torch.distributed says "
+                f"{dist.get_rank()}/{dist.get_world_size()}"
+            )
+        rank, size = dist.get_rank(), dist.get_world_size()
+    info = torch.utils.data.get_worker_info()
+    worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+    return World(rank=rank, world_size=size, worker=worker, num_workers=workers)

@@ -1,0 +1,1 @@
+"""Synthetic slides that OpenSlide reads as real ones, and the offline demo."""
