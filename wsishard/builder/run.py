@@ -8,13 +8,14 @@ slide is left in the output.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,29 +74,22 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
     dest.makedirs()
     state = BuildState(dest, fingerprint(paths, _options_dict(options, for_fingerprint=True)), part)
     state.claim(overwrite=overwrite)
-    from_urls = any(is_url(p) for p in paths)
-    made_scratch = from_urls and scratch is None  # a scratch folder only when slides are copied from a store
-    remote = _Scratch(tempfile.mkdtemp(prefix="wsishard-scratch-") if made_scratch else scratch or "",
-                      dict(storage_options or {}))  # fmt: skip
-    try:
-        with WorkerPool(options.jobs or os.cpu_count() or 1) as pool:
-            scans = state.load_scans(options.patch.block_patches)
-            if scans is None:
-                scans = _scan_all(pool, paths, dest, options, progress, remote)
-                state.save_scans(scans)
-            plan = make_plan([s.block_sizes for s in scans], samples_per_shard=_samples_per_shard(options, scans),
-                             group_slides=options.group_slides, seed=options.seed)  # fmt: skip
-            groups = _part_groups(plan, part)
-            shards = [sp for sp in plan.shards if sp.group in groups]
-            _remove_leftovers(dest, {shard_name(sp.index) for sp in shards})
-            tally = _Tally(progress, len(shards), sum(sp.patches for sp in shards))
-            if from_urls:
-                outcomes, failed = _extract_staged(pool, shards, scans, dest, options, tally, state, remote)
-            else:
-                outcomes, failed = _extract_all(pool, shards, scans, dest, options, tally, state)
-    finally:
-        if made_scratch:
-            shutil.rmtree(remote.scratch, ignore_errors=True)
+    jobs = options.jobs or os.cpu_count() or 1
+    with _scratch_for(paths, scratch, storage_options) as remote, WorkerPool(jobs) as pool:
+        scans = state.load_scans(options.patch.block_patches)
+        if scans is None:
+            scans = _scan_all(pool, paths, dest, options, progress, remote)
+            state.save_scans(scans)
+        plan = make_plan([s.block_sizes for s in scans], samples_per_shard=_samples_per_shard(options, scans),
+                         group_slides=options.group_slides, seed=options.seed)  # fmt: skip
+        groups = _part_groups(plan, part)
+        shards = [sp for sp in plan.shards if sp.group in groups]
+        _remove_leftovers(dest, {shard_name(sp.index) for sp in shards})
+        tally = _Tally(progress, len(shards), sum(sp.patches for sp in shards))
+        if remote.from_urls:
+            outcomes, failed = _extract_staged(pool, shards, scans, dest, options, tally, state, remote)
+        else:
+            outcomes, failed = _extract_all(pool, shards, scans, dest, options, tally, state)
     slides = _slides_of_part(plan, groups, len(scans), part)
     manifest = _manifest(inputs, options, scans, outcomes, failed, state.digest, slides, part)
     dest.write_bytes(manifest_name(part), manifest.to_json().encode())
@@ -124,6 +118,19 @@ class _Scratch:
 
     scratch: str
     storage_options: dict[str, Any]
+    from_urls: bool  # some slides are URLs: they are copied to scratch and staged
+
+
+@contextlib.contextmanager
+def _scratch_for(paths: list[str], scratch: str | None, storage_options: StorageOptions | None) -> Iterator[_Scratch]:
+    """The scratch space of a build: ``scratch``, or a temporary folder (removed after) when slides are URLs."""
+    from_urls = any(is_url(p) for p in paths)
+    made = tempfile.mkdtemp(prefix="wsishard-scratch-") if from_urls and scratch is None else None
+    try:
+        yield _Scratch(made or scratch or "", dict(storage_options or {}), from_urls)
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
 
 
 def _scan_all(pool: WorkerPool, paths: list[str], dest: Destination, options: BuildOptions,

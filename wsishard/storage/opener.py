@@ -135,7 +135,7 @@ def load_manifest(source: str, storage_options: StorageOptions | None = None) ->
 # ---- remote reading ------------------------------------------------------------------------------------
 
 
-class _Remote:
+class _RemoteObject:
     """One object on an fsspec filesystem, fetched by byte ranges with retries."""
 
     def __init__(self, url: str, options: StorageOptions, policy: RetryPolicy, stop: threading.Event) -> None:
@@ -175,7 +175,7 @@ class _Remote:
         return data
 
 
-def _blocks(remote: _Remote, block_size: int) -> Iterator[bytes]:
+def _blocks(remote: _RemoteObject, block_size: int) -> Iterator[bytes]:
     """The object's bytes in blocks, in order (sizes unknown to the server end at the first short block)."""
     pos, size = 0, remote.size
     while size is None or pos < size:
@@ -241,7 +241,7 @@ class RemoteReader(io.RawIOBase):
     Made by :class:`StreamOpener`; not seekable. ``read(n)`` returns ``n`` bytes unless the object ends.
     """
 
-    def __init__(self, remote: _Remote, block_size: int, prefetch: int) -> None:
+    def __init__(self, remote: _RemoteObject, block_size: int, prefetch: int) -> None:
         super().__init__()
         self.name = redact(remote.url, remote.options)
         self._stop = remote.stop
@@ -309,5 +309,5 @@ def open_remote(
     Raises:
         FileNotFoundError, PermissionError, ConnectionError, OSError: as the module docstring says.
     """
-    remote = _Remote(url, dict(storage_options or {}), retry or RetryPolicy(), threading.Event())
+    remote = _RemoteObject(url, dict(storage_options or {}), retry or RetryPolicy(), threading.Event())
     return RemoteReader(remote, block_size, prefetch)
