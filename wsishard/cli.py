@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import Field
 from typing import Any
 
 from tqdm import tqdm
 
 from wsishard import __version__
-from wsishard.builder.grid import PatchOptions
 from wsishard.builder.inputs import label_table, mpp_table
 from wsishard.builder.merge import merge
 from wsishard.builder.options import BuildOptions, BuildProgress
 from wsishard.builder.run import build
-from wsishard.builder.tissue import TissueOptions
 from wsishard.errors import OptionError, WsiShardError
-from wsishard.format import IMAGE_FORMATS
 from wsishard.report import details, summary
 from wsishard.shards.verify import VerifyProgress, format_report, verify
 from wsishard.storage.opener import load_manifest
@@ -78,20 +77,88 @@ def _table(read: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
-_mpp_table = _table(mpp_table)
-_label_table = _table(label_table)
+def _labels(path: str) -> tuple[dict[str, int], tuple[str, ...]]:
+    """``--labels``: the label table and its class names, spread over ``labels`` and ``label_names``."""
+    labels, names = label_table(path)
+    return labels, tuple(names)
 
 
-class _HelpFormatter(argparse.HelpFormatter):
-    """Shows a default only where there is one worth showing."""
+def format_size(n: int) -> str:
+    """The shortest spelling :func:`parse_size` reads back: 256000000 -> ``256MB``, 4096 -> ``4096``."""
+    power = next((p for p in (4, 3, 2, 1) if n % 1000**p == 0), 0)
+    return f"{n // 1000**power}{' kMGT'[power]}B" if power else str(n)
 
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        default = action.default
-        hidden = default is None or default is False or default == {} or default == ({}, [])
-        if not hidden and default != argparse.SUPPRESS and "%(default)" not in text and "(default" not in text:
-            text += " (default: %(default)s)"
-        return text
+
+# What an option field's metadata may name in "parse": the argparse type reading its flag's value.
+_PARSE: dict[str, Callable[[str], Any]] = {
+    "str": str, "int": int, "positive_int": _positive(int), "positive_float": _positive(float),
+    "non_negative": _non_negative, "fraction": _fraction, "size": parse_size,
+    "mpp_table": _table(mpp_table), "label_table": _table(_labels),
+}  # fmt: skip
+_SHOW: dict[str, Callable[[Any], str]] = {"size": format_size}  # how a default is shown, by "parse" (else str)
+_GROUPS = {  # "group" in the metadata -> help section, in the order shown
+    "patches": "patches",
+    "resolution": "resolution",
+    "tissue": "tissue detection (Otsu on a low-resolution view; lengths in microns)",
+    "output": "output",
+    "run": "run",
+}
+
+
+def option_fields(cls: Any = BuildOptions, prefix: str = "", group: str = "") -> Iterator[tuple[str, str, Field[Any]]]:
+    """``(dest, group, field)`` for every option field with a ``build`` flag, in declared order.
+
+    A field has a flag when its ``metadata`` has ``help``; the metadata may also name ``flag`` (default:
+    ``--field-name``, or ``--no-field-name`` for a field that defaults to True, which the flag turns off),
+    ``metavar`` (default: FIELD_NAME), ``parse`` (a key of ``_PARSE``; default ``str``), ``choices``, ``group``
+    (a key of ``_GROUPS``; nested option classes give theirs on the field holding them) and ``fills`` (names
+    of the fields the parsed tuple is spread over). Defaults come from the field and nowhere else.
+    """
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(f.default_factory):
+            yield from option_fields(f.default_factory, f"{prefix}{f.name}.", f.metadata["group"])
+        elif "help" in f.metadata:
+            yield prefix + f.name, f.metadata.get("group", group), f
+
+
+def option_flag(f: Field[Any]) -> str:
+    """The command-line flag of an option field (see :func:`option_fields`)."""
+    name = f.name.replace("_", "-")
+    return f.metadata.get("flag") or (f"--no-{name}" if f.default is True else f"--{name}")
+
+
+def _add_option(group: Any, dest: str, f: Field[Any]) -> None:
+    meta, default = f.metadata, f.default
+    shown = default is not None and default is not dataclasses.MISSING and not isinstance(default, bool)
+    help_text = meta["help"]
+    if shown and "(default" not in help_text:
+        help_text += f" (default: {_SHOW.get(meta.get('parse', ''), str)(default)})"
+    kw: dict[str, Any] = {"dest": dest, "default": argparse.SUPPRESS, "help": help_text}  # absent: field default
+    if isinstance(default, bool):
+        kw["action"] = "store_false" if default else "store_true"
+    else:
+        choices = meta.get("choices")
+        metavar = meta.get("metavar", None if choices else f.name.upper())
+        kw.update(type=_PARSE[meta.get("parse", "str")], choices=choices, metavar=metavar)
+    group.add_argument(option_flag(f), **kw)
+
+
+def _options(args: argparse.Namespace) -> BuildOptions:
+    """The build options the parsed flags give; a field whose flag was not given keeps its dataclass default."""
+    options: BuildOptions = _from_flags(vars(args), BuildOptions, "")
+    return options
+
+
+def _from_flags(given: Mapping[str, Any], cls: Any, prefix: str) -> Any:
+    kw: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        dest = prefix + f.name
+        if dataclasses.is_dataclass(f.default_factory):
+            kw[f.name] = _from_flags(given, f.default_factory, dest + ".")
+        elif dest in given:
+            fills = f.metadata.get("fills")
+            kw.update(zip(fills, given[dest], strict=True) if fills else [(f.name, given[dest])])
+    return cls(**kw)
 
 
 def _add_build_parser(sub: Any) -> None:
@@ -101,7 +168,6 @@ def _add_build_parser(sub: Any) -> None:
         description="Detect tissue (Otsu), cut a patch grid at a target resolution, and write the tissue patches "
         "into WebDataset tar shards that mix slides, with a manifest and QC pictures. "
         "Exit status: 0 all slides built, 1 some slides failed (listed in the summary and the manifest), 2 bad usage.",
-        formatter_class=_HelpFormatter,
     )
     p.add_argument(
         "slides",
@@ -110,103 +176,10 @@ def _add_build_parser(sub: Any) -> None:
         help="slide folders (searched recursively), slide files, or text files listing slide paths",
     )
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="output folder: shards, manifest.json, qc/")
-    g = p.add_argument_group("patches")
-    g.add_argument("--mpp", type=_positive(float), default=0.5, metavar="UM", help="target microns per pixel")
-    g.add_argument("--patch-size", type=_positive(int), default=256, metavar="PX", help="patch width = height")
-    g.add_argument(
-        "--stride",
-        type=_positive(int),
-        metavar="PX",
-        help="grid step at the target mpp (default: the patch size, no overlap)",
-    )
-    g.add_argument(
-        "--min-tissue",
-        type=_fraction,
-        default=0.5,
-        metavar="FRAC",
-        help="keep patches with at least this fraction of tissue",
-    )
-    g.add_argument("--max-patches-per-slide", type=_positive(int), metavar="N", help="keep a seeded random subset")
-    g.add_argument("--allow-upsample", action="store_true", help="allow a target finer than the slide's level 0")
-    g = p.add_argument_group("resolution")
-    g.add_argument(
-        "--mpp-csv",
-        type=_mpp_table,
-        default={},
-        metavar="CSV",
-        help="slide,mpp lines that override "
-        "the slides' own level-0 mpp (slide = path, file name or file name without extension)",
-    )
-    g.add_argument(
-        "--default-mpp",
-        type=_positive(float),
-        metavar="UM",
-        help="level-0 mpp for slides that report none (without it such a slide fails with a clear reason)",
-    )
-    g = p.add_argument_group("tissue detection (Otsu on a low-resolution view; lengths in microns)")
-    t = TissueOptions()
-    g.add_argument(
-        "--thumb-mpp", type=_positive(float), default=t.thumb_mpp, metavar="UM", help="resolution detection runs at"
-    )
-    g.add_argument(
-        "--tissue-median-um", type=_non_negative, default=t.median_um, metavar="UM", help="median blur radius"
-    )
-    g.add_argument("--tissue-close-um", type=_non_negative, default=t.close_um, metavar="UM", help="closing radius")
-    g.add_argument(
-        "--min-object-um2",
-        type=_non_negative,
-        default=t.min_object_um2,
-        metavar="UM2",
-        help="drop objects this small or smaller (dust)",
-    )
-    g.add_argument(
-        "--min-hole-um2",
-        type=_non_negative,
-        default=t.min_hole_um2,
-        metavar="UM2",
-        help="fill holes this small or smaller",
-    )
-    g.add_argument(
-        "--no-darkness",
-        action="store_true",
-        help="saturation only (by default darkness against the glass counts too)",
-    )
-    g.add_argument(
-        "--tissue-threshold",
-        type=_fraction,
-        metavar="T",
-        help="fixed threshold (0..1) on the stain feature instead of Otsu's",
-    )
-    g = p.add_argument_group("output")
-    g.add_argument("--format", choices=IMAGE_FORMATS, default="jpg", help="jpg (lossy) or png/webp (lossless)")
-    g.add_argument("--quality", type=int, choices=range(1, 101), metavar="1..100", default=90, help="JPEG quality")
-    g.add_argument(
-        "--shard-size",
-        type=parse_size,
-        default="256MB",
-        metavar="BYTES",
-        help="about this many bytes per shard: 512MB, 1GiB, ...",
-    )
-    g.add_argument("--shard-samples", type=_positive(int), metavar="N", help="at most N samples per shard")
-    g.add_argument(
-        "--labels",
-        type=_label_table,
-        default=({}, []),
-        metavar="CSV",
-        help="slide,label lines written as .cls: integers, or class names numbered in sorted order",
-    )
-    g.add_argument(
-        "--group-slides",
-        type=_positive(int),
-        default=32,
-        metavar="N",
-        help="slides mixed together in each group of shards",
-    )
-    g.add_argument("--no-qc", action="store_true", help="skip the qc/<slide>.png pictures")
-    g = p.add_argument_group("run")
-    g.add_argument("--seed", type=int, default=0, help="seeds every random choice: same inputs and seed, same shards")
-    g.add_argument("--jobs", type=_positive(int), metavar="N", help="worker processes (default: all cores)")
-    g.add_argument("--no-fast-path", action="store_true", help="read every slide through OpenSlide")
+    groups = {key: p.add_argument_group(title) for key, title in _GROUPS.items()}
+    for dest, group, f in sorted(option_fields(), key=lambda item: list(_GROUPS).index(item[1])):
+        _add_option(groups[group], dest, f)
+    g = groups["run"]
     g.add_argument(
         "--overwrite",
         action="store_true",
@@ -270,24 +243,6 @@ def _add_storage_option(group: Any) -> None:
         help="fsspec option for s3:// and other URLs, e.g. endpoint_url=http://127.0.0.1:9000 "
         "(credentials: the standard AWS sources, or key=... secret=...); repeatable",
     )
-
-
-def _options(args: argparse.Namespace) -> BuildOptions:
-    tissue_kw: dict[str, Any] = {
-        "thumb_mpp": args.thumb_mpp, "median_um": args.tissue_median_um, "close_um": args.tissue_close_um,
-        "min_object_um2": args.min_object_um2, "min_hole_um2": args.min_hole_um2, "use_darkness": not args.no_darkness,
-        "fixed_threshold": args.tissue_threshold,
-    }  # fmt: skip
-    labels, names = args.labels
-    return BuildOptions(
-        patch=PatchOptions(target_mpp=args.mpp, patch_size_px=args.patch_size, stride_px=args.stride,
-                           min_tissue=args.min_tissue, max_patches_per_slide=args.max_patches_per_slide,
-                           allow_upsample=args.allow_upsample),
-        tissue=TissueOptions(**tissue_kw), image_format=args.format, quality=args.quality,
-        shard_size_bytes=args.shard_size, shard_samples=args.shard_samples, group_slides=args.group_slides,
-        seed=args.seed, jobs=args.jobs, qc=not args.no_qc, fast_path=not args.no_fast_path,
-        default_mpp=args.default_mpp, mpp_overrides=args.mpp_csv, labels=labels, label_names=tuple(names),
-    )  # fmt: skip
 
 
 class _Bars:

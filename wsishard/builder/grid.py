@@ -7,7 +7,7 @@ resampled to the target mpp, in which patches are exactly ``patch_size_px`` wide
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -28,14 +28,23 @@ class PatchOptions:
         allow_upsample: allow a target finer than level 0 (patches are then upsampled).
         mpp_tolerance: relative slack when comparing mpp (0.502 vs 0.5 counts as equal at 0.01).
         block_patches: patches per side of a read block (a block is one region read).
+
+    A field's ``metadata`` describes its ``wsishard build`` flag as plain data (read by :mod:`wsishard.cli`).
     """
 
-    target_mpp: float = 0.5
-    patch_size_px: int = 256
-    stride_px: int | None = None
-    min_tissue: float = 0.5
-    max_patches_per_slide: int | None = None
-    allow_upsample: bool = False
+    target_mpp: float = field(default=0.5, metadata={
+        "flag": "--mpp", "metavar": "UM", "parse": "positive_float", "help": "target microns per pixel"})  # fmt: skip
+    patch_size_px: int = field(default=256, metadata={
+        "flag": "--patch-size", "metavar": "PX", "parse": "positive_int", "help": "patch width = height"})  # fmt: skip
+    stride_px: int | None = field(default=None, metadata={
+        "flag": "--stride", "metavar": "PX", "parse": "positive_int",
+        "help": "grid step at the target mpp (default: the patch size, no overlap)"})  # fmt: skip
+    min_tissue: float = field(default=0.5, metadata={
+        "metavar": "FRAC", "parse": "fraction",
+        "help": "keep patches with at least this fraction of tissue"})  # fmt: skip
+    max_patches_per_slide: int | None = field(default=None, metadata={
+        "metavar": "N", "parse": "positive_int", "help": "keep a seeded random subset"})  # fmt: skip
+    allow_upsample: bool = field(default=False, metadata={"help": "allow a target finer than the slide's level 0"})
     mpp_tolerance: float = 0.01
     block_patches: int = 4
 

@@ -36,24 +36,48 @@ class BuildOptions:
         labels: slide (path, file name or stem) -> integer label written as ``.cls``.
         label_names: class names when labels were given as names (label i is ``label_names[i]``).
 
+    A field's ``metadata`` describes its ``wsishard build`` flag as plain data (read by :mod:`wsishard.cli`);
+    the nested option classes' flags go in the help group named by ``patch``'s and ``tissue``'s metadata.
+
     Raises:
         OptionError: (a ``ValueError``) naming the field and the bad value.
     """
 
-    patch: PatchOptions = field(default_factory=PatchOptions)
-    tissue: TissueOptions = field(default_factory=TissueOptions)
-    image_format: str = "jpg"
-    quality: int = 90
-    shard_size_bytes: int | None = 256 * 1000**2
-    shard_samples: int | None = None
-    group_slides: int = 32
-    seed: int = 0
-    jobs: int | None = None
-    qc: bool = True
-    fast_path: bool = True
-    default_mpp: float | None = None
-    mpp_overrides: Mapping[str, float] = field(default_factory=dict)
-    labels: Mapping[str, int] = field(default_factory=dict)
+    patch: PatchOptions = field(default_factory=PatchOptions, metadata={"group": "patches"})
+    tissue: TissueOptions = field(default_factory=TissueOptions, metadata={"group": "tissue"})
+    image_format: str = field(default="jpg", metadata={
+        "flag": "--format", "group": "output", "choices": IMAGE_FORMATS,
+        "help": "jpg (lossy) or png/webp (lossless)"})  # fmt: skip
+    quality: int = field(default=90, metadata={
+        "group": "output", "parse": "int", "choices": range(1, 101), "metavar": "1..100",
+        "help": "JPEG quality"})  # fmt: skip
+    shard_size_bytes: int | None = field(default=256 * 1000**2, metadata={
+        "flag": "--shard-size", "group": "output", "parse": "size", "metavar": "BYTES",
+        "help": "about this many bytes per shard: 512MB, 1GiB, ..."})  # fmt: skip
+    shard_samples: int | None = field(default=None, metadata={
+        "group": "output", "parse": "positive_int", "metavar": "N", "help": "at most N samples per shard"})  # fmt: skip
+    group_slides: int = field(default=32, metadata={
+        "group": "output", "parse": "positive_int", "metavar": "N",
+        "help": "slides mixed together in each group of shards"})  # fmt: skip
+    seed: int = field(default=0, metadata={
+        "group": "run", "parse": "int",
+        "help": "seeds every random choice: same inputs and seed, same shards"})  # fmt: skip
+    jobs: int | None = field(default=None, metadata={
+        "group": "run", "parse": "positive_int", "metavar": "N",
+        "help": "worker processes (default: all cores)"})  # fmt: skip
+    qc: bool = field(default=True, metadata={"group": "output", "help": "skip the qc/<slide>.png pictures"})
+    fast_path: bool = field(default=True, metadata={"group": "run", "help": "read every slide through OpenSlide"})
+    default_mpp: float | None = field(default=None, metadata={
+        "group": "resolution", "parse": "positive_float", "metavar": "UM",
+        "help": "level-0 mpp for slides that report none "
+                "(without it such a slide fails with a clear reason)"})  # fmt: skip
+    mpp_overrides: Mapping[str, float] = field(default_factory=dict, metadata={
+        "flag": "--mpp-csv", "group": "resolution", "parse": "mpp_table", "metavar": "CSV",
+        "help": "slide,mpp lines that override the slides' own level-0 mpp "
+                "(slide = path, file name or file name without extension)"})  # fmt: skip
+    labels: Mapping[str, int] = field(default_factory=dict, metadata={
+        "group": "output", "parse": "label_table", "fills": ("labels", "label_names"), "metavar": "CSV",
+        "help": "slide,label lines written as .cls: integers, or class names numbered in sorted order"})  # fmt: skip
     label_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import ndimage as ndi
@@ -49,19 +49,31 @@ class TissueOptions:
         min_threshold: floor (0..1) on Otsu's threshold, so a blank slide yields no tissue.
         fixed_threshold: if set (0..1), used instead of Otsu's threshold and its floor.
 
+    A field's ``metadata`` describes its ``wsishard build`` flag as plain data (read by :mod:`wsishard.cli`).
+
     Raises:
         OptionError: (a ``ValueError``) naming the field and the bad value.
     """
 
-    thumb_mpp: float = 8.0
+    thumb_mpp: float = field(default=8.0, metadata={
+        "metavar": "UM", "parse": "positive_float", "help": "resolution detection runs at"})  # fmt: skip
     max_thumb_px: int = 4096
-    use_darkness: bool = True
-    median_um: float = 24.0
-    close_um: float = 16.0
-    min_object_um2: float = 20_000.0
-    min_hole_um2: float = 10_000.0
+    use_darkness: bool = field(default=True, metadata={
+        "flag": "--no-darkness",
+        "help": "saturation only (by default darkness against the glass counts too)"})  # fmt: skip
+    median_um: float = field(default=24.0, metadata={
+        "flag": "--tissue-median-um", "metavar": "UM", "parse": "non_negative",
+        "help": "median blur radius"})  # fmt: skip
+    close_um: float = field(default=16.0, metadata={
+        "flag": "--tissue-close-um", "metavar": "UM", "parse": "non_negative", "help": "closing radius"})  # fmt: skip
+    min_object_um2: float = field(default=20_000.0, metadata={
+        "metavar": "UM2", "parse": "non_negative", "help": "drop objects this small or smaller (dust)"})  # fmt: skip
+    min_hole_um2: float = field(default=10_000.0, metadata={
+        "metavar": "UM2", "parse": "non_negative", "help": "fill holes this small or smaller"})  # fmt: skip
     min_threshold: float = 0.05
-    fixed_threshold: float | None = None
+    fixed_threshold: float | None = field(default=None, metadata={
+        "flag": "--tissue-threshold", "metavar": "T", "parse": "fraction",
+        "help": "fixed threshold (0..1) on the stain feature instead of Otsu's"})  # fmt: skip
 
     def __post_init__(self) -> None:
         """Validate every field."""

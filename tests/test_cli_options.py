@@ -1,0 +1,152 @@
+"""``wsishard build`` flags derived from the option dataclasses' fields: round trips, defaults, help text."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import re
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+import wsishard.builder
+from wsishard.builder.grid import PatchOptions
+from wsishard.builder.options import BuildOptions
+from wsishard.builder.tissue import TissueOptions
+from wsishard.cli import _add_option, _options, format_size, option_fields, option_flag, parse_size, parser
+
+FLAGGED = list(option_fields())
+
+
+def _non_default(f: dataclasses.Field[Any], tmp_path: Path) -> tuple[list[str], dict[str, Any]]:
+    """Command-line words giving ``f`` a value other than its default, and the field values they should give."""
+    meta, default = f.metadata, cast(Any, f.default)  # MISSING for the tables, whose defaults come from a factory
+    if isinstance(default, bool):
+        return [], {f.name: not default}
+    if "choices" in meta:
+        value = next(c for c in meta["choices"] if c != default)
+        return [str(value)], {f.name: value}
+    kind = meta["parse"]
+    if kind in ("int", "positive_int"):
+        value = 64 if default is None else default + 1
+    elif kind in ("positive_float", "non_negative"):
+        value = 0.25 if default is None else default * 2
+    elif kind == "fraction":
+        value = 0.25 if default != 0.25 else 0.75
+    elif kind == "size":
+        return ["512MB"], {f.name: 512_000_000}
+    elif kind == "mpp_table":
+        (tmp_path / "mpp.csv").write_text("slide,mpp\na.svs,0.25\n")
+        return [str(tmp_path / "mpp.csv")], {f.name: {"a.svs": 0.25}}
+    elif kind == "label_table":
+        (tmp_path / "labels.csv").write_text("slide,label\na.svs,tumour\nb.svs,normal\n")
+        return [str(tmp_path / "labels.csv")], {"labels": {"a.svs": 1, "b.svs": 0}, "label_names": ("normal", "tumour")}
+    else:
+        raise AssertionError(f"no non-default value for parse kind {kind!r}: extend this test")
+    return [str(value)], {f.name: value}
+
+
+def _build_help(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> str:
+    monkeypatch.setenv("COLUMNS", "1000")  # no wrapping, so a help text reads in one piece
+    with pytest.raises(SystemExit):
+        parser().parse_args(["build", "--help"])
+    return capsys.readouterr().out
+
+
+def test_flags_cover_the_option_fields_the_cli_had() -> None:
+    flags = {option_flag(f) for _, _, f in FLAGGED}
+    assert {"--mpp", "--patch-size", "--stride", "--min-tissue", "--max-patches-per-slide", "--allow-upsample"} <= flags
+    assert {"--thumb-mpp", "--tissue-median-um", "--tissue-close-um", "--min-object-um2", "--min-hole-um2",
+            "--no-darkness", "--tissue-threshold"} <= flags  # fmt: skip
+    assert {"--format", "--quality", "--shard-size", "--shard-samples", "--group-slides", "--seed", "--jobs",
+            "--no-qc", "--no-fast-path", "--default-mpp", "--mpp-csv", "--labels"} <= flags  # fmt: skip
+    assert len(flags) == len(FLAGGED)  # no two fields share a flag
+    unflagged = {"mpp_tolerance", "block_patches", "max_thumb_px", "min_threshold", "label_names"}
+    assert unflagged.isdisjoint(f.name for _, _, f in FLAGGED)
+
+
+@pytest.mark.parametrize(("dest", "f"), [(dest, f) for dest, _, f in FLAGGED], ids=[dest for dest, _, _ in FLAGGED])
+def test_each_flag_round_trips_to_its_field(dest: str, f: dataclasses.Field[Any], tmp_path: Path) -> None:
+    words, expected = _non_default(f, tmp_path)
+    options = _options(parser().parse_args(["build", "SLIDES", "-o", "OUT", option_flag(f), *words]))
+    owner = functools.reduce(getattr, dest.split(".")[:-1], options)  # BuildOptions, .patch or .tissue
+    for name, value in expected.items():
+        assert getattr(owner, name) == value != getattr(type(owner)(), name)
+    want: Any = dataclasses.replace(type(owner)(), **expected)  # and every other field keeps its default
+    if "." in dest:
+        want = dataclasses.replace(BuildOptions(), **{dest.split(".")[0]: want})
+    assert options == want
+
+
+def test_no_flags_gives_the_dataclass_defaults() -> None:
+    options = _options(parser().parse_args(["build", "SLIDES", "-o", "OUT"]))
+    assert options == BuildOptions()
+    assert options.patch == PatchOptions() and options.tissue == TissueOptions()
+    assert (options.jobs, options.labels, options.label_names, options.mpp_overrides) == (None, {}, (), {})
+
+
+def test_flags_change_only_their_own_field() -> None:
+    args = parser().parse_args(["build", "S", "-o", "O", "--mpp", "1", "--no-darkness", "--no-qc", "--seed", "7"])
+    expected = dataclasses.replace(
+        BuildOptions(), patch=PatchOptions(target_mpp=1.0), tissue=TissueOptions(use_darkness=False), qc=False, seed=7
+    )
+    assert _options(args) == expected
+
+
+@pytest.mark.parametrize(("dest", "f"), [(dest, f) for dest, _, f in FLAGGED], ids=[dest for dest, _, _ in FLAGGED])
+def test_help_text_comes_from_the_field_metadata(
+    dest: str, f: dataclasses.Field[Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = _build_help(monkeypatch, capsys)
+    # an entry: the line starting with the flag, plus the next line when a long invocation pushes the help there
+    entries = re.findall(rf"^  {re.escape(option_flag(f))}(?![-\w]).*(?:\n {{20,}}\S.*)?$", text, re.M)
+    assert len(entries) == 1, entries
+    entry, help_text, default = " ".join(entries[0].split()), f.metadata["help"], f.default
+    if default in (None, dataclasses.MISSING) or isinstance(default, bool) or "(default" in help_text:
+        assert entry.endswith(f" {help_text}")
+    else:
+        shown = format_size(default) if f.metadata.get("parse") == "size" else str(default)
+        assert entry.endswith(f" {help_text} (default: {shown})")
+
+
+def test_help_groups_and_shown_defaults(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    text = _build_help(monkeypatch, capsys)
+    titles = ["patches:", "resolution:", "tissue detection (Otsu on a low-resolution view; lengths in microns):",
+              "output:", "run:"]  # fmt: skip
+    assert [text.index(f"\n{t}\n") for t in titles] == sorted(text.index(f"\n{t}\n") for t in titles)
+    assert re.search(r"--mpp UM +target microns per pixel \(default: 0\.5\)\n", text)
+    assert re.search(r"--shard-size BYTES +about this many bytes per shard: .* \(default: 256MB\)\n", text)
+    assert re.search(r"--format \{jpg,png,webp\}\s+jpg \(lossy\)", text)
+    assert re.search(r"--quality 1\.\.100 +JPEG quality \(default: 90\)\n", text)
+    assert "--seed SEED" in text and "--no-darkness " in text and "(default: True)" not in text
+    assert parse_size(format_size(BuildOptions().shard_size_bytes or 0)) == BuildOptions().shard_size_bytes
+
+
+def test_a_new_field_gets_its_flag_from_its_declaration() -> None:
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Extra:
+        blur_sigma_um: float = dataclasses.field(
+            default=1.5, metadata={"metavar": "UM", "parse": "non_negative", "help": "blur before detection"}
+        )
+        keep_edges: bool = dataclasses.field(default=True, metadata={"help": "drop patches at the slide edge"})
+
+    p = argparse.ArgumentParser(prog="x")
+    for f in dataclasses.fields(Extra):
+        _add_option(p, f.name, f)
+    text = " ".join(p.format_help().split())
+    assert "--blur-sigma-um UM blur before detection (default: 1.5)" in text
+    assert "--no-keep-edges drop patches at the slide edge" in text
+    given = vars(p.parse_args(["--blur-sigma-um", "3", "--no-keep-edges"]))
+    assert given == {"blur_sigma_um": 3.0, "keep_edges": False}
+    assert vars(p.parse_args([])) == {}  # absent flags leave the dataclass default in charge
+    with pytest.raises(SystemExit):
+        p.parse_args(["--blur-sigma-um", "-1"])
+
+
+def test_the_library_side_does_not_know_argparse() -> None:
+    builder = Path(wsishard.builder.__file__).parent
+    forbidden = re.compile(r"^\s*(import argparse|from argparse|from wsishard\.cli|import wsishard\.cli)", re.M)
+    for path in builder.glob("*.py"):
+        assert not forbidden.search(path.read_text()), path
