@@ -8,9 +8,12 @@ that builtin, as fsspec's exceptions do. Errors carry structured fields so a cal
 from __future__ import annotations
 
 import logging
+import re
 from types import TracebackType
 
 logger = logging.getLogger(__name__)
+
+_ADDRESS = re.compile(r" (?:object )?at 0x[0-9a-fA-F]+")
 
 
 class WsiShardError(Exception):
@@ -37,9 +40,8 @@ class SlideError(WsiShardError, OSError):
 
 def failure_reason(exc: BaseException) -> str:
     """The one-line reason recorded for a slide that failed with ``exc`` (a :class:`SlideError`'s own reason)."""
-    if isinstance(exc, SlideError):
-        return exc.reason
-    return f"{type(exc).__name__}: {exc}"[:300]
+    text = exc.reason if isinstance(exc, SlideError) else f"{type(exc).__name__}: {exc}"[:300]
+    return _ADDRESS.sub("", text)  # no object addresses: the same failure reads the same in every run
 
 
 class SlideFailure:

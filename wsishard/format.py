@@ -52,7 +52,7 @@ class PatchMeta(TypedDict, total=False):
     x: int  # level-0 left
     y: int  # level-0 top
     extent: int  # level-0 width (= height) the patch covers
-    mpp: float  # microns per pixel of the patch as written
+    mpp: float  # microns per pixel of the patch as written (the slide's actual patch mpp)
     level: int  # pyramid level the pixels were read from
     patch_size: int  # px, width = height of the written image
     tissue: float  # fraction of the patch inside the tissue mask, 0..1
@@ -171,6 +171,7 @@ class SlideRecord:
     height: int = 0
     mpp: float | None = None
     mpp_source: str = ""  # "openslide" | "csv" | "default" | ""
+    patch_mpp: float | None = None  # the written patches' actual mpp (the target, unless --mpp-tolerance snapped)
     level: int | None = None
     downsample: float | None = None
     tissue_fraction: float = 0.0

@@ -1,24 +1,32 @@
-"""Shard extraction, run in worker processes: read each planned block once, cut, encode, write the shard.
+"""Shard extraction: segments of a shard's plan are read and encoded in worker processes, and written in order.
 
-A shard is the unit of work. Its content is fixed by the plan and by the set of slides excluded (failed), so a
-shard can be redone at any time with the same result. Slide handles come from this process's
-:data:`~wsishard.slide.cache.READERS`, opened inside the worker, never pickled.
+A shard's content is fixed by the plan and by the set of slides excluded (failed), so a shard can be redone at any
+time with the same result. The unit of parallel work is the *segment*, a contiguous run of a shard's planned blocks
+(about :data:`SEGMENT_PATCHES` patches): a worker reads each of its blocks once, cuts and encodes the patches and
+returns their tar records (:func:`extract_segment`); :func:`assemble_shards` writes each shard's segments in plan
+order. Tar records concatenate, so the shard is byte for byte the same whatever the number of workers, and a build
+of one shard still keeps every worker busy. Slide handles come from the worker's own
+:data:`~wsishard.slide.cache.READERS`, opened inside it, never pickled.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 from wsishard.builder.patches import EncodeOptions, Samples, SlideWork, block_samples
+from wsishard.builder.plan import ShardPlan
 from wsishard.builder.staging import StagedSlide
 from wsishard.errors import SlideFailure
 from wsishard.format import ShardRecord, shard_name
-from wsishard.shards.writer import ShardWriter
+from wsishard.shards.writer import ShardWriter, sample_records
 from wsishard.slide.cache import READERS
 from wsishard.storage.output import Destination
 
 logger = logging.getLogger(__name__)
+
+SEGMENT_PATCHES = 256  # patches per segment (whole blocks): enough to amortise a task, small to keep workers busy
 
 
 @dataclass(frozen=True)
@@ -30,13 +38,35 @@ class SlideSource:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ShardTask:
-    index: int
+class SegmentTask:
+    """A contiguous run of one shard's planned blocks."""
+
+    shard: int  # the shard's global index
+    segment: int  # its position in the shard
+    last: bool  # the shard's last segment
     blocks: tuple[tuple[int, int], ...]  # (slide, block) in write order
-    slides: dict[int, SlideSource]  # the slides this shard draws from
+    slides: dict[int, SlideSource]  # the slides these blocks draw from
     excluded: frozenset[int]  # slides that failed: their blocks are skipped
-    dest: Destination
     encode: EncodeOptions
+
+
+@dataclass(frozen=True)
+class SegmentOutcome:
+    """A segment's tar records, or the slide that broke it (``failed_slide``), or a worker that died on it."""
+
+    shard: int
+    segment: int
+    last: bool
+    records: bytes = b""
+    patches_by_slide: dict[int, int] = field(default_factory=dict)
+    slide_ids: frozenset[str] = frozenset()
+    failed_slide: int | None = None
+    reason: str = ""
+    crashed: bool = False  # its worker process died (twice): see :class:`~wsishard.builder.pool.WorkerPool`
+
+    @property
+    def samples(self) -> int:
+        return sum(self.patches_by_slide.values())
 
 
 @dataclass(frozen=True)
@@ -50,31 +80,91 @@ class ShardOutcome:
     reason: str = ""
 
 
-def extract_shard(task: ShardTask) -> ShardOutcome:
-    """Write one shard. A slide that fails mid-way aborts the shard (nothing appears) and is named."""
+def segment_tasks(sp: ShardPlan, sources: dict[int, SlideSource], excluded: frozenset[int],
+                  encode: EncodeOptions) -> list[SegmentTask]:  # fmt: skip
+    """The shard's blocks cut into segments of whole blocks, about :data:`SEGMENT_PATCHES` patches each."""
+    runs: list[list[tuple[int, int]]] = [[]]
+    size = 0
+    for slide, block in sp.blocks:
+        if size >= SEGMENT_PATCHES:
+            runs.append([])
+            size = 0
+        runs[-1].append((slide, block))
+        size += len(sources[slide].work.blocks[block].patches)
+    return [
+        SegmentTask(shard=sp.index, segment=i, last=i == len(runs) - 1, blocks=tuple(run),
+                    slides={s: sources[s] for s in {s for s, _ in run}}, excluded=excluded, encode=encode)
+        for i, run in enumerate(runs)
+    ]  # fmt: skip
+
+
+def extract_segment(task: SegmentTask) -> SegmentOutcome:
+    """Read and encode one segment (in a worker). A slide that fails mid-way is named, and nothing is returned."""
+    parts: list[bytes] = []
     counts: dict[int, int] = {}
-    writer = ShardWriter(task.dest, shard_name(task.index))
+    ids: set[str] = set()
+    for slide_index, block_index in task.blocks:
+        if slide_index in task.excluded:
+            continue
+        source = task.slides[slide_index]
+        with SlideFailure(source.work.path) as failure:
+            samples = _read_block(source, block_index, task.encode)
+        if failure.reason is not None:
+            READERS.drop(source.work.path)
+            return SegmentOutcome(task.shard, task.segment, task.last, failed_slide=slide_index, reason=failure.reason)
+        parts += [sample_records(key, members) for key, members in samples]
+        counts[slide_index] = counts.get(slide_index, 0) + len(samples)
+        ids.add(source.work.slide_id)
+    return SegmentOutcome(task.shard, task.segment, task.last, b"".join(parts), counts, frozenset(ids))
+
+
+def crashed_segment(task: SegmentTask) -> SegmentOutcome:
+    """The outcome of a segment whose worker process died running it (twice)."""
+    return SegmentOutcome(task.shard, task.segment, task.last, crashed=True, reason="its worker process died")
+
+
+def assemble_shards(segments: Iterator[SegmentOutcome], dest: Destination,
+                    written: Callable[[int], None]) -> Iterator[ShardOutcome]:  # fmt: skip
+    """Write shards from their segments, which arrive in plan order, and yield each shard's outcome.
+
+    A segment naming a failed slide drops its shard (nothing appears; the rest of its segments are passed over) and
+    the outcome names the slide; a crashed segment drops it with ``failed_slide`` -1. ``written(n)`` is told of
+    every ``n`` samples written, and of ``-n`` when a dropped shard takes them back.
+    """
+    writer: ShardWriter | None = None
+    counts: dict[int, int] = {}
+    dropped = False
     try:
-        for slide_index, block_index in task.blocks:
-            if slide_index in task.excluded:
+        for seg in segments:
+            if seg.segment == 0:
+                writer, counts, dropped = None, {}, False
+            if dropped:
                 continue
-            source = task.slides[slide_index]
-            with SlideFailure(source.work.path) as failure:
-                samples = _read_block(source, block_index, task.encode)
-            if failure.reason is not None:
-                writer.abort()
-                READERS.drop(source.work.path)
-                return ShardOutcome(task.index, failed_slide=slide_index, reason=failure.reason)
-            for key, members in samples:
-                writer.write(key, members, source.work.slide_id)
-            counts[slide_index] = counts.get(slide_index, 0) + len(samples)
-        if not counts:
-            writer.abort()
-            return ShardOutcome(task.index)
-        return ShardOutcome(task.index, record=writer.commit(), patches_by_slide=counts)
+            if seg.failed_slide is not None or seg.crashed:
+                dropped = True
+                _drop(writer, counts, written)
+                writer = None
+                yield ShardOutcome(seg.shard, failed_slide=-1 if seg.crashed else seg.failed_slide, reason=seg.reason)
+                continue
+            if seg.records:
+                writer = writer or ShardWriter(dest, shard_name(seg.shard))
+                writer.append(seg.records, seg.samples, seg.slide_ids)
+                for slide, n in seg.patches_by_slide.items():
+                    counts[slide] = counts.get(slide, 0) + n
+                written(seg.samples)
+            if seg.last:
+                yield ShardOutcome(seg.shard, writer.commit(), counts) if writer else ShardOutcome(seg.shard)
+                writer = None
     except BaseException:
-        writer.abort()
+        if writer is not None:
+            writer.abort()
         raise
+
+
+def _drop(writer: ShardWriter | None, counts: dict[int, int], written: Callable[[int], None]) -> None:
+    if writer is not None:
+        writer.abort()
+    written(-sum(counts.values()))
 
 
 def _read_block(source: SlideSource, block_index: int, encode: EncodeOptions) -> Samples:

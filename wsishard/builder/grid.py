@@ -26,7 +26,10 @@ class PatchOptions:
         min_tissue: keep patches with at least this fraction of tissue (0..1).
         max_patches_per_slide: keep a seeded random subset of at most this many (None: all).
         allow_upsample: allow a target finer than level 0 (patches are then upsampled).
-        mpp_tolerance: relative slack when comparing mpp (0.502 vs 0.5 counts as equal at 0.01).
+        mpp_tolerance: 0 (default): patches at exactly ``target_mpp``, resampled from whatever the scanner gives.
+            Above 0: where an integer reduction of a pyramid level lands within this fraction of the target, it is
+            used as it is (the nominal-magnification convention; hs2p's default is 0.05), and the patches' actual
+            mpp is recorded.
         block_patches: patches per side of a read block (a block is one region read).
 
     A field's ``metadata`` describes its ``wsishard build`` flag as plain data (read by :mod:`wsishard.cli`).
@@ -45,7 +48,10 @@ class PatchOptions:
     max_patches_per_slide: int | None = field(default=None, metadata={
         "metavar": "N", "parse": "positive_int", "help": "keep a seeded random subset"})  # fmt: skip
     allow_upsample: bool = field(default=False, metadata={"help": "allow a target finer than the slide's level 0"})
-    mpp_tolerance: float = 0.01
+    mpp_tolerance: float = field(default=0.0, metadata={
+        "metavar": "FRAC", "parse": "non_negative",
+        "help": "0: patches at exactly --mpp; above 0: an integer reduction of a pyramid level within this fraction "
+                "of --mpp is used as it is (actual mpp recorded; 0.05 is hs2p's default)"})  # fmt: skip
     block_patches: int = 4
 
     def __post_init__(self) -> None:
@@ -68,20 +74,36 @@ def _check(ok: bool, name: str, value: Any) -> None:
         raise OptionError(f"invalid {name}: {value!r}")
 
 
+LEVEL_SLACK = 0.01  # a level up to 1% coarser than the target still serves it (upsampled by at most 1%)
+
+
 def choose_level(path: str, mpp0: float, level_downsamples: tuple[float, ...], options: PatchOptions) -> int:
-    """The pyramid level nearest to, and not coarser than, the target resolution.
+    """The pyramid level nearest to, and not coarser than, the target resolution (within ``LEVEL_SLACK``, or
+    ``mpp_tolerance`` when larger: a 0.2522 mpp scanner's 4x level serves a 1.0 mpp target).
 
     Raises:
         SlideError: the target is finer than level 0 and upsampling is not allowed.
     """
     l0_per_o = options.target_mpp / mpp0  # level-0 px per output px
-    slack = 1.0 + options.mpp_tolerance
+    slack = 1.0 + max(LEVEL_SLACK, options.mpp_tolerance)
     if l0_per_o * slack < 1.0 and not options.allow_upsample:
         raise SlideError(
             path,
             f"target {options.target_mpp} mpp is finer than level 0 ({mpp0:.4g} mpp); use --allow-upsample",
         )
     return max(i for i, d in enumerate(level_downsamples) if d <= l0_per_o * slack or i == 0)
+
+
+def output_scale(mpp0: float, level_downsample: float, options: PatchOptions) -> float:
+    """Level-0 px per output px: ``target_mpp / mpp0`` exactly, or, within ``mpp_tolerance`` of it, the nearest
+    integer multiple of the level's downsample (the level reduced by a whole factor: no fractional resampling).
+
+    The patches' actual mpp is ``mpp0 * output_scale(...)``.
+    """
+    exact = options.target_mpp / mpp0
+    factor = max(1, round(exact / level_downsample))
+    snapped = factor * level_downsample
+    return snapped if abs(snapped / exact - 1.0) <= options.mpp_tolerance else exact
 
 
 @dataclass(frozen=True)
@@ -140,7 +162,7 @@ def tissue_fractions(mask: np.ndarray, m_x0: np.ndarray, m_y0: np.ndarray, m_siz
 
 
 def candidates(l0_dims: tuple[int, int], mpp0: float, mask: np.ndarray, l0_per_m: float, options: PatchOptions,
-               seed: int = 0) -> Candidates:  # fmt: skip
+               seed: int = 0, *, level_downsample: float = 1.0) -> Candidates:  # fmt: skip
     """The slide's patches with at least ``min_tissue`` tissue (and the seeded subset if capped).
 
     Args:
@@ -149,8 +171,9 @@ def candidates(l0_dims: tuple[int, int], mpp0: float, mask: np.ndarray, l0_per_m
         mask: (h, w) bool tissue mask covering the slide.
         l0_per_m: level-0 px per mask px.
         seed: seeds the subset when ``max_patches_per_slide`` caps the count.
+        level_downsample: downsample of the level the patches are read from (for ``mpp_tolerance`` snapping).
     """
-    l0_per_o = options.target_mpp / mpp0
+    l0_per_o = output_scale(mpp0, level_downsample, options)
     patch, stride = options.patch_size_px, options.stride
     cols, rows = grid_shape(l0_dims, l0_per_o, patch, stride)
     row, col = np.divmod(np.arange(cols * rows, dtype=np.int64), max(cols, 1))
@@ -181,13 +204,6 @@ class Block:
     o_y: int
     o_w: int
     o_h: int
-
-    def level_rect(self, l0_per_o: float, downsample: float) -> tuple[int, int, int, int]:
-        """The block's (l_x, l_y, l_w, l_h) at a level of the given downsample."""
-        scale = l0_per_o / downsample  # level px per output px
-        l_x, l_y = math.floor(self.o_x * scale), math.floor(self.o_y * scale)
-        l_x1, l_y1 = math.ceil((self.o_x + self.o_w) * scale), math.ceil((self.o_y + self.o_h) * scale)
-        return l_x, l_y, max(1, l_x1 - l_x), max(1, l_y1 - l_y)
 
 
 def blocks(cands: Candidates, block_patches: int) -> list[Block]:

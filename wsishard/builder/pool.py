@@ -1,18 +1,31 @@
-"""The build's worker processes: a forkserver pool, or plain in-process calls for one job."""
+"""The build's worker processes: a process pool that notices a dead worker, or plain in-process calls for one job.
+
+``multiprocessing.Pool`` silently replaces a worker that dies (an out-of-memory kill on a huge slide) and loses its
+task, so the build would wait for ever. :class:`WorkerPool` runs on ``concurrent.futures.ProcessPoolExecutor``,
+which reports the death (``BrokenProcessPool``): the tasks in flight are run again one at a time on a fresh pool,
+and a task that kills its worker again, alone, is handed to the caller's ``on_crash`` instead of being run.
+"""
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import TypeVar
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
 
 from wsishard.slide.cache import close_readers
 
+logger = logging.getLogger(__name__)
+
 T = TypeVar("T")
 R = TypeVar("R")
+_END: Any = object()
 
 
 class WorkerPool:
@@ -26,28 +39,77 @@ class WorkerPool:
     """
 
     def __init__(self, jobs: int) -> None:
-        self._pool = None
-        if jobs > 1 and _fork_is_safe():
-            self._pool = mp.get_context("fork").Pool(jobs)
-        elif jobs > 1:
-            ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(["wsishard.builder.scan", "wsishard.builder.extract"])
-            self._pool = ctx.Pool(jobs, initializer=_take_environment, initargs=(dict(os.environ),))
+        self.jobs = jobs
+        self._executor: ProcessPoolExecutor | None = _executor(jobs) if jobs > 1 else None
 
-    def imap(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
-        return self._pool.imap(fn, items) if self._pool else map(fn, items)
+    def imap(self, fn: Callable[[T], R], items: Iterable[T], *, on_crash: Callable[[T], R] | None = None,
+             window: int | None = None) -> Iterator[R]:  # fmt: skip
+        """``fn(item)`` for each item, in order, with at most ``window`` (default ``2 * jobs``) in flight.
 
-    def imap_unordered(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
-        return self._pool.imap_unordered(fn, items) if self._pool else map(fn, items)
+        Args:
+            on_crash: the result for an item whose task killed its worker process twice (the second time alone
+                on a fresh pool); with one job, tasks run in this process and a crash is the caller's.
+
+        Raises:
+            Whatever ``fn`` raises, from the item that raised it.
+            ChildProcessError: a task killed its worker twice and there is no ``on_crash``.
+        """
+        if self._executor is None:
+            yield from map(fn, items)
+            return
+        source, pending = iter(items), deque[tuple[T, Future[R]]]()
+        while True:
+            while len(pending) < (window or 2 * self.jobs) and (item := next(source, _END)) is not _END:
+                pending.append((item, self._submit(fn, item)))
+            if not pending:
+                return
+            item, future = pending.popleft()
+            try:
+                yield future.result()
+            except BrokenProcessPool:
+                suspects = [item, *(it for it, _ in pending)]
+                pending.clear()
+                logger.warning("a worker process died; running its %d tasks in flight again, one at a time",
+                               len(suspects))  # fmt: skip
+                self._restart()
+                for suspect in suspects:
+                    yield self._alone(fn, suspect, on_crash)
+
+    def _submit(self, fn: Callable[[T], R], item: T) -> Future[R]:
+        assert self._executor is not None
+        return self._executor.submit(fn, item)
+
+    def _alone(self, fn: Callable[[T], R], item: T, on_crash: Callable[[T], R] | None) -> R:
+        """``fn(item)`` as the only task in flight; ``on_crash(item)`` if it kills its worker."""
+        try:
+            return self._submit(fn, item).result()
+        except BrokenProcessPool as exc:
+            self._restart()
+            if on_crash is None:
+                raise ChildProcessError(f"a worker process died twice running {item!r}") from exc
+            logger.warning("a task killed its worker process twice; recording it as failed")
+            return on_crash(item)
+
+    def _restart(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+        self._executor = _executor(self.jobs)
 
     def __enter__(self) -> WorkerPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
-            self._pool.terminate() if exc[0] else self._pool.close()
-            self._pool.join()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=exc[0] is not None)
         close_readers()
+
+
+def _executor(jobs: int) -> ProcessPoolExecutor:
+    if _fork_is_safe():
+        return ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"))
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["wsishard.builder.scan", "wsishard.builder.extract"])
+    return ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_take_environment, initargs=(dict(os.environ),))
 
 
 def _fork_is_safe() -> bool:

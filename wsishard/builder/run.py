@@ -20,14 +20,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from wsishard import __version__
-from wsishard.builder.extract import ShardOutcome, ShardTask, SlideSource, extract_shard
+from wsishard.builder.extract import (
+    SegmentTask,
+    ShardOutcome,
+    SlideSource,
+    assemble_shards,
+    crashed_segment,
+    extract_segment,
+    segment_tasks,
+)
 from wsishard.builder.inputs import find_slides, lookup
 from wsishard.builder.options import BuildOptions, BuildProgress
 from wsishard.builder.patches import SlideWork
 from wsishard.builder.plan import Plan, ShardPlan, assign_parts, make_plan
 from wsishard.builder.pool import WorkerPool
-from wsishard.builder.scan import ScanResult, ScanTask, scan_slide
-from wsishard.builder.staging import StagedSlide, StageTask, remove_staging, stage_slide
+from wsishard.builder.scan import ScanResult, ScanTask, crashed_scan, scan_slide
+from wsishard.builder.staging import StagedSlide, StageTask, crashed_stage, remove_staging, stage_slide
 from wsishard.builder.state import BuildState, fingerprint
 from wsishard.errors import OptionError
 from wsishard.format import Manifest, ShardRecord, SlideRecord, manifest_name, shard_name, temp_target, unique_slide_ids
@@ -147,7 +155,7 @@ def _scan_all(pool: WorkerPool, paths: list[str], dest: Destination, options: Bu
         for i, (p, sid) in enumerate(zip(paths, ids, strict=True))
     ]  # fmt: skip
     scans = []
-    for result in pool.imap(scan_slide, tasks):
+    for result in pool.imap(scan_slide, tasks, on_crash=crashed_scan):
         scans.append(result)
         progress(BuildProgress("scan", len(scans), len(tasks)))
     return scans
@@ -173,9 +181,14 @@ class _Tally:
     shards: int = 0
     patches: int = 0
 
-    def count(self, outcome: ShardOutcome, sign: int = 1) -> None:
+    def written(self, samples: int) -> None:
+        self.patches += samples
+        self.report()
+
+    def finished(self, outcome: ShardOutcome, sign: int = 1, *, with_samples: bool = False) -> None:
+        """A shard done (``sign`` -1: undone); its samples count too unless :meth:`written` counted them."""
         self.shards += sign
-        self.patches += sign * (outcome.record.samples if outcome.record else 0)
+        self.patches += sign * (outcome.record.samples if outcome.record and with_samples else 0)
 
     def report(self) -> None:
         self.progress(BuildProgress("extract", self.shards, self.shards_total, self.patches, self.patches_total))
@@ -185,8 +198,8 @@ def _work(scan: ScanResult) -> SlideWork | None:
     record = scan.record
     if scan.cands is None:
         return None
-    return SlideWork(path=record.file, slide_id=record.slide_id, level=record.level or 0, cands=scan.cands,
-                     blocks=scan.blocks, label=record.label)  # fmt: skip
+    return SlideWork(path=record.file, slide_id=record.slide_id, level=record.level or 0, mpp=record.patch_mpp or 0,
+                     cands=scan.cands, blocks=scan.blocks, label=record.label)  # fmt: skip
 
 
 def _extract_staged(pool: WorkerPool, shards: list[ShardPlan], scans: list[ScanResult], dest: Destination,
@@ -204,7 +217,7 @@ def _extract_staged(pool: WorkerPool, shards: list[ShardPlan], scans: list[ScanR
                            storage_options=remote.storage_options, encode=options.encode)
                  for s in wanted if (work := _work(scans[s])) is not None]  # fmt: skip
         staged: dict[int, StagedSlide] = {}
-        for result in pool.imap_unordered(stage_slide, tasks):
+        for result in pool.imap(stage_slide, tasks, on_crash=crashed_stage):
             if result.staged is None:
                 failed[result.index] = result.reason
             else:
@@ -224,20 +237,23 @@ def _extract_all(pool: WorkerPool, shards: list[ShardPlan], scans: list[ScanResu
     failed = state.load_failed()
     done = _still_valid(state.load_done(), shards, failed)
     for outcome in done.values():
-        tally.count(outcome)
+        tally.finished(outcome, with_samples=True)
     by_index = {sp.index: sp for sp in shards}
     pending = [sp for sp in shards if sp.index not in done]
     while pending:
-        tasks = [_shard_task(sp, sources, frozenset(failed), dest, options) for sp in pending]
+        excluded = frozenset(failed)
+        tasks = [t for sp in pending for t in segment_tasks(sp, sources, excluded, options.encode)]
+        segments = pool.imap(extract_segment, tasks, on_crash=crashed_segment)
         new_failed: dict[int, str] = {}
-        for outcome in pool.imap_unordered(extract_shard, tasks):
-            if outcome.failed_slide is not None:
+        for outcome in assemble_shards(segments, dest, tally.written):
+            if outcome.failed_slide is None:
+                done[outcome.index] = outcome
+                tally.finished(outcome)
+                state.save_done(outcome, shard_name(outcome.index), _excluded(by_index[outcome.index], failed))
+            elif outcome.failed_slide >= 0:
                 new_failed.setdefault(outcome.failed_slide, outcome.reason)
-                continue
-            done[outcome.index] = outcome
-            tally.count(outcome)
-            state.save_done(outcome, shard_name(outcome.index), _excluded(by_index[outcome.index], failed))
-            tally.report()
+            else:
+                new_failed.update(_crash_culprits(pool, by_index[outcome.index], sources, excluded, options))
         failed.update(new_failed)
         if new_failed:
             state.save_failed(failed)
@@ -245,11 +261,28 @@ def _extract_all(pool: WorkerPool, shards: list[ShardPlan], scans: list[ScanResu
         for sp in pending:  # rewritten without the failed slides, or gone if nothing else was in them
             stale = done.pop(sp.index, None)
             if stale is not None:
-                tally.count(stale, -1)
+                tally.finished(stale, -1, with_samples=True)
     for sp in shards:
         if done[sp.index].record is None:
             dest.remove(shard_name(sp.index))  # a shard left empty: no file (an earlier run may have written one)
     return done, failed
+
+
+def _crash_culprits(pool: WorkerPool, sp: ShardPlan, sources: dict[int, SlideSource], excluded: frozenset[int],
+                    options: BuildOptions) -> dict[int, str]:  # fmt: skip
+    """The slides of a shard whose reading kills a worker process, found by reading each one's blocks alone."""
+    slides = sorted({s for s, _ in sp.blocks} - excluded)
+    probes = [
+        SegmentTask(shard=sp.index, segment=0, last=True, blocks=tuple(b for b in sp.blocks if b[0] == s),
+                    slides={s: sources[s]}, excluded=excluded, encode=options.encode)
+        for s in slides
+    ]  # fmt: skip
+    outcomes = pool.imap(extract_segment, probes, on_crash=crashed_segment, window=1)
+    crashed = [s for s, outcome in zip(slides, outcomes, strict=True) if outcome.crashed]
+    reason = "the worker process reading it died twice (killed: out of memory?)"
+    if not crashed:  # no single slide kills a worker: rather than retry for ever, none of them is kept
+        reason = f"a worker process died twice writing shard {sp.index} and no single slide of it could be blamed"
+    return dict.fromkeys(crashed or slides, reason)
 
 
 def _excluded(sp: ShardPlan, failed: Mapping[int, str]) -> frozenset[int]:
@@ -264,13 +297,6 @@ def _still_valid(previous: dict[int, tuple[ShardOutcome, frozenset[int]]], shard
         for sp in shards
         if sp.index in previous and previous[sp.index][1] == _excluded(sp, failed)
     }
-
-
-def _shard_task(sp: ShardPlan, sources: dict[int, SlideSource], excluded: frozenset[int], dest: Destination,
-                options: BuildOptions) -> ShardTask:  # fmt: skip
-    slides = {s: sources[s] for s in {s for s, _ in sp.blocks}}
-    return ShardTask(index=sp.index, blocks=sp.blocks, slides=slides, excluded=excluded, dest=dest,
-                     encode=options.encode)  # fmt: skip
 
 
 def _manifest(inputs: Sequence[str], options: BuildOptions, scans: list[ScanResult],

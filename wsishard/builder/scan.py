@@ -12,7 +12,16 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from wsishard.builder.grid import Block, Candidates, PatchOptions, blocks, candidates, choose_level, grid_shape
+from wsishard.builder.grid import (
+    Block,
+    Candidates,
+    PatchOptions,
+    blocks,
+    candidates,
+    choose_level,
+    grid_shape,
+    output_scale,
+)
 from wsishard.builder.patches import EncodeOptions, SlideWork, block_samples
 from wsishard.builder.qc import qc_picture
 from wsishard.builder.staging import local_copy
@@ -74,6 +83,13 @@ def scan_slide(task: ScanTask) -> ScanResult:
     return ScanResult(replace(record, reason=failure.reason or ""))
 
 
+def crashed_scan(task: ScanTask) -> ScanResult:
+    """The result for a slide whose scan killed its worker process twice (an out-of-memory kill, say)."""
+    reason = "the worker process scanning it died twice (killed: out of memory?)"
+    return ScanResult(SlideRecord(slide_id=task.slide_id, file=task.path, status="failed", label=task.label,
+                                  reason=reason))  # fmt: skip
+
+
 def _scan_path(task: ScanTask, path: str, record: SlideRecord) -> ScanResult:
     with open_slide(path, fast=task.encode.fast_path) as reader:
         return _scan_open(task, reader, record)
@@ -82,23 +98,20 @@ def _scan_path(task: ScanTask, path: str, record: SlideRecord) -> ScanResult:
 def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> ScanResult:
     """Scan an open slide; ``record`` is filled in as facts become known (failures keep what was learnt)."""
     l0_w, l0_h = reader.level_dimensions[0]
-    record = replace(record, width=l0_w, height=l0_h)
-    try:
-        mpp0, mpp_source = resolve_mpp(task.path, reader.properties, task.mpp_override, task.default_mpp)
-        record = replace(record, mpp=mpp0, mpp_source=mpp_source)
-        level = choose_level(task.path, mpp0, reader.level_downsamples, task.patch)
-    except SlideError as exc:
-        return ScanResult(replace(record, reason=exc.reason))
-    record = replace(record, level=level, downsample=reader.level_downsamples[level])
-    patch = task.patch
-    cols, rows = grid_shape((l0_w, l0_h), patch.target_mpp / mpp0, patch.patch_size_px, patch.stride)
+    record = _resolution(task, reader, replace(record, width=l0_w, height=l0_h))
+    if record.reason:
+        return ScanResult(record)
+    patch, mpp0 = task.patch, float(record.mpp or 0)
+    l0_per_o = output_scale(mpp0, float(record.downsample or 1), patch)
+    cols, rows = grid_shape((l0_w, l0_h), l0_per_o, patch.patch_size_px, patch.stride)
     if cols == 0 or rows == 0:
         reason = f"smaller than one {patch.patch_size_px} px patch at {patch.target_mpp} mpp ({l0_w}x{l0_h})"
         return ScanResult(replace(record, reason=reason))
     l0_per_t = max(task.tissue.thumb_mpp / mpp0, max(l0_w, l0_h) / task.tissue.max_thumb_px, 1.0)
     thumb, l0_per_t = read_lowres(reader, l0_per_t)
     mask = detect_tissue(thumb, l0_per_t * mpp0, task.tissue)
-    cands = candidates((l0_w, l0_h), mpp0, mask, l0_per_t, patch, seed=_slide_seed(task))
+    cands = candidates((l0_w, l0_h), mpp0, mask, l0_per_t, patch, seed=_slide_seed(task),
+                       level_downsample=float(record.downsample or 1))  # fmt: skip
     if task.qc_name is not None:
         picture = qc_picture(thumb, mask, l0_per_t, cands.l0_x, cands.l0_y, cands.l0_extent)
         buf = io.BytesIO()
@@ -109,10 +122,23 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
         reason = "no tissue found" if not mask.any() else f"no patch with >= {patch.min_tissue:.0%} tissue"
         return ScanResult(replace(record, reason=reason))
     block_list = blocks(cands, patch.block_patches)
-    work = SlideWork(path=task.path, slide_id=task.slide_id, level=level, cands=cands, blocks=block_list,
-                     label=task.label)  # fmt: skip
+    work = SlideWork(path=task.path, slide_id=task.slide_id, level=record.level or 0, mpp=record.patch_mpp or 0,
+                     cands=cands, blocks=block_list, label=task.label)  # fmt: skip
     measured = _bytes_per_patch(task, reader, work) if task.measure else None
     return ScanResult(replace(record, status="ok"), cands, block_list, measured)
+
+
+def _resolution(task: ScanTask, reader: SlideReader, record: SlideRecord) -> SlideRecord:
+    """The record with the slide's mpp, the level read and the patches' actual mpp; or with the reason it has none."""
+    try:
+        mpp0, mpp_source = resolve_mpp(task.path, reader.properties, task.mpp_override, task.default_mpp)
+        record = replace(record, mpp=mpp0, mpp_source=mpp_source)
+        level = choose_level(task.path, mpp0, reader.level_downsamples, task.patch)
+    except SlideError as exc:
+        return replace(record, reason=exc.reason)
+    downsample = reader.level_downsamples[level]
+    patch_mpp = round(mpp0 * output_scale(mpp0, downsample, task.patch), 6)
+    return replace(record, level=level, downsample=downsample, patch_mpp=patch_mpp)
 
 
 def _slide_seed(task: ScanTask) -> int:

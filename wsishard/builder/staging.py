@@ -98,6 +98,11 @@ def stage_slide(task: StageTask) -> StageOutcome:
     return StageOutcome(task.index, reason=failure.reason or "")
 
 
+def crashed_stage(task: StageTask) -> StageOutcome:
+    """The outcome for a slide whose staging killed its worker process twice."""
+    return StageOutcome(task.index, reason="the worker process staging it died twice (killed: out of memory?)")
+
+
 def _write_blocks(reader: SlideReader, work: SlideWork, encode: EncodeOptions, out_path: str) -> list[tuple[int, int]]:
     spans = []
     with open(out_path, "wb") as fh:

@@ -2,14 +2,18 @@
 
 Bytes and sha256 are computed while writing, so the manifest's checksums never need a second read. The archive
 layout is webdataset's own ``TarWriter`` layout (USTAR, a sample's members in sorted order, fixed owner and
-mode); the standard library's ``tarfile`` writes it directly because importing webdataset imports torch, which
-would add seconds to every build worker's start.
+mode), byte for byte what ``tarfile`` writes in stream mode; it is made here directly because importing
+webdataset imports torch, which would add seconds to every build worker's start.
+
+A tar archive is its members' records one after another, then an end marker: so the records of consecutive
+runs of samples (a shard's *segments*, made by different workers) concatenate into the shard, byte for byte the
+same as writing the samples one by one (:func:`sample_records`, :meth:`ShardWriter.append`).
 """
 
 from __future__ import annotations
 
-import io
 import tarfile
+from collections.abc import Iterable
 from types import TracebackType
 
 from wsishard.format import ShardRecord
@@ -17,6 +21,21 @@ from wsishard.shards.hashing import HashingFile
 from wsishard.storage.output import Destination
 
 _TAR_MTIME = 0  # fixed member mtime: the same samples give byte-identical shards
+_BLOCK = tarfile.BLOCKSIZE  # 512
+_RECORD = tarfile.RECORDSIZE  # 10240: tarfile pads the archive to a multiple of this
+
+
+def sample_records(key: str, members: dict[str, bytes]) -> bytes:
+    """The tar records of one sample: per member (``<key>.<ext>``, in sorted order) a USTAR header, the data and
+    its padding to 512 bytes."""
+    parts = []
+    for ext in sorted(members):
+        data = members[ext]
+        info = tarfile.TarInfo(f"{key}.{ext}")
+        info.size, info.mtime, info.mode = len(data), _TAR_MTIME, 0o444
+        info.uname = info.gname = "wsishard"
+        parts += [info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape"), data, bytes(-len(data) % _BLOCK)]
+    return b"".join(parts)
 
 
 class ShardWriter:
@@ -34,25 +53,24 @@ class ShardWriter:
         self.name = name
         self._out = dest.open_atomic(name)
         self._hashing = HashingFile(self._out)
-        self._tar = tarfile.open(fileobj=self._hashing, mode="w|", format=tarfile.USTAR_FORMAT)  # type: ignore[call-overload]  # noqa: SIM115
         self._samples = 0
         self._slides: set[str] = set()
         self.record: ShardRecord | None = None
 
     def write(self, key: str, members: dict[str, bytes], slide_id: str) -> None:
         """Append one sample: ``members`` maps extensions (``jpg``, ``json``, ...) to encoded bytes."""
-        for ext in sorted(members):
-            data = members[ext]
-            info = tarfile.TarInfo(f"{key}.{ext}")
-            info.size, info.mtime, info.mode = len(data), _TAR_MTIME, 0o444
-            info.uname = info.gname = "wsishard"
-            self._tar.addfile(info, io.BytesIO(data))
-        self._samples += 1
-        self._slides.add(slide_id)
+        self.append(sample_records(key, members), 1, (slide_id,))
+
+    def append(self, records: bytes, samples: int, slide_ids: Iterable[str]) -> None:
+        """Append the :func:`sample_records` of ``samples`` samples (made elsewhere) from ``slide_ids``."""
+        self._hashing.write(records)
+        self._samples += samples
+        self._slides.update(slide_ids)
 
     def commit(self) -> ShardRecord:
         """Finish the archive, make it visible under its final name and return its manifest record."""
-        self._tar.close()
+        end = self._hashing.nbytes + 2 * _BLOCK  # two zero blocks end the archive...
+        self._hashing.write(bytes(2 * _BLOCK + -end % _RECORD))  # ...padded to a whole record, as tarfile does
         self._out.commit()
         self.record = ShardRecord(
             name=self.name,

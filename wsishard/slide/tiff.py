@@ -22,6 +22,10 @@ from wsishard.errors import SlideError
 from wsishard.slide.reader import BACKGROUND, Rect, SlideReader, one_line, touches
 
 _JPEG = 7  # TIFF compression tag value of (new-style) JPEG
+_J2K = frozenset({33005, 34712})  # Aperio JPEG 2000 RGB, standard JPEG 2000: decoded at 1/2, 1/4, 1/8 by OpenJPEG
+# Aperio JPEG 2000 YCbCr (33003) is left to OpenSlide: its codestreams hold YCbCr without the JPEG 2000 colour
+# transform, which OpenSlide converts and the direct decoders here would not.
+_OPENSLIDE_ONLY = frozenset({33003})
 
 
 @dataclass(frozen=True)
@@ -39,12 +43,16 @@ class _TiledLevel:
     compression: int
 
 
-def _decode_jpeg_scaled(data: bytes, level: _TiledLevel, factor: int) -> np.ndarray:
-    """A JPEG tile decoded at 1/``factor`` scale by libjpeg (through PIL's draft mode)."""
-    if level.jpegtables:  # an abbreviated stream: splice the shared tables in (drop their EOI and the tile's SOI)
-        data = level.jpegtables[:-2] + data[2:]
-    with Image.open(io.BytesIO(data), formats=["JPEG"]) as image:
-        image.draft("RGB", (level.tile_w // factor, level.tile_h // factor))
+def _decode_scaled(data: bytes, level: _TiledLevel, factor: int) -> np.ndarray:
+    """A tile decoded at 1/``factor`` scale: JPEG by libjpeg's DCT scaling (PIL's draft mode), JPEG 2000 by
+    OpenJPEG's resolution reduction (PIL's ``reduce``)."""
+    if level.compression == _JPEG and level.jpegtables:  # abbreviated stream: splice the shared tables in
+        data = level.jpegtables[:-2] + data[2:]  # (drop their EOI and the tile's SOI)
+    with Image.open(io.BytesIO(data), formats=["JPEG" if level.compression == _JPEG else "JPEG2000"]) as image:
+        if level.compression == _JPEG:
+            image.draft("RGB", (level.tile_w // factor, level.tile_h // factor))
+        else:
+            image.reduce = factor.bit_length() - 1  # type: ignore[assignment,method-assign]  # 2**n: n levels
         tile = np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
     if tile.shape != (level.tile_h // factor, level.tile_w // factor, 3):
         raise ValueError(f"scaled decode gave {tile.shape}")
@@ -87,6 +95,8 @@ class TiffTileReader(SlideReader):
             usable = page.is_tiled and page.samplesperpixel == 3 and page.bitspersample == 8
             if not usable or page.planarconfig != 1 or page.photometric not in (2, 6) or page.imagedepth != 1:
                 continue  # e.g. an untiled thumbnail page of the same size as a level
+            if int(page.compression) in _OPENSLIDE_ONLY:
+                raise SlideError(self.path, f"compression {int(page.compression)} is read through OpenSlide")
             return _TiledLevel(
                 page_index=index, width=width, height=height, tile_w=page.tilewidth, tile_h=page.tilelength,
                 tiles_across=math.ceil(width / page.tilewidth), offsets=tuple(page.dataoffsets),
@@ -105,7 +115,7 @@ class TiffTileReader(SlideReader):
             raise SlideError(self.path, f"truncated: tile {index} of page {level.page_index} runs past the end")
         try:
             if factor > 1:
-                return _decode_jpeg_scaled(data, level, factor)
+                return _decode_scaled(data, level, factor)
             decode = self._decoders.get(level.page_index)
             if decode is None:
                 decode = self._tif.pages[level.page_index].decode
@@ -123,15 +133,16 @@ class TiffTileReader(SlideReader):
 
     def read_level_reduced(self, level: int, l_x: int, l_y: int, width: int, height: int, factor: int,
                            needed: Sequence[Rect] | None = None) -> np.ndarray | None:  # fmt: skip
-        """The region reduced ``factor`` times (2, 4 or 8) by decoding JPEG tiles at that scale (DCT scaling).
+        """The region reduced ``factor`` times (2, 4 or 8) by decoding tiles at that scale.
 
-        libjpeg's scaled decode averages each ``factor`` x ``factor`` pixels on the fly: the result matches full
-        decoding plus box reduction within 1-2 levels, at a fraction of the cost. Returns None when it does not
-        apply (not JPEG, or sizes and offsets not multiples of ``factor``); the caller then reads at full size.
+        JPEG: libjpeg's scaled decode averages each ``factor`` x ``factor`` pixels on the fly, matching full decoding
+        plus box reduction within 1-2 levels at a fraction of the cost. JPEG 2000: OpenJPEG decodes only the
+        wavelet's lower resolutions (its low-pass, not a box filter). Returns None when it does not apply (another
+        codec, or sizes and offsets not multiples of ``factor``); the caller then reads at full size.
         """
         lv = self._levels[level]
         aligned = all(v % factor == 0 for v in (l_x, l_y, width, height, lv.tile_w, lv.tile_h))
-        if factor not in (2, 4, 8) or lv.compression != _JPEG or not aligned:
+        if factor not in (2, 4, 8) or (lv.compression != _JPEG and lv.compression not in _J2K) or not aligned:
             return None
         return self._read(lv, l_x, l_y, width, height, needed, factor)
 

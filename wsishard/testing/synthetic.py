@@ -39,6 +39,7 @@ MIN_LEVEL_PX = 1000  # levels are added until the longest side is below this
 THUMB_PX = 1024  # longest side of the svs thumbnail page
 
 SlideKind = Literal["svs", "tiff"]
+Codec = Literal["jpeg", "jp2k"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ def make_slide(
     include_mpp: bool = True,
     quality: int = 90,
     tile_px: int = 256,
+    codec: Codec = "jpeg",
 ) -> SyntheticSlide:
     """Write one synthetic slide and return it with its true tissue mask.
 
@@ -90,18 +92,24 @@ def make_slide(
         include_mpp: False leaves the resolution out of the file (no ``openslide.mpp-x``).
         quality: JPEG quality 1..100.
         tile_px: tile side in px, a multiple of 16.
+        codec: ``"jpeg"``, or ``"jp2k"`` for an Aperio JPEG 2000 svs (compression 33005, RGB; lossy at about
+            ``quality / 2`` dB PSNR, as older TCGA slides are); tiff is always JPEG.
 
     Raises:
         ValueError: a bad argument (the message names it and its value).
     """
     kind = _check_args(path, kind, width, height, mpp, seed, tissue_fraction, quality, tile_px)
+    if codec not in ("jpeg", "jp2k") or (codec == "jp2k" and kind != "svs"):
+        raise ValueError(f"codec must be 'jpeg', or 'jp2k' for an svs, got {codec!r} for {kind}")
     px_um = mpp * MASK_DOWNSAMPLE
     mask_shape = (math.ceil(height / MASK_DOWNSAMPLE), math.ceil(width / MASK_DOWNSAMPLE))
     frac = tissue_fraction if tissue else 0.0
     field = tissue_field(np.random.default_rng((seed, 1)), mask_shape, px_um, frac)
     scene = make_scene(np.random.default_rng((seed, 2)), field, (height, width), mpp, tile_px, dust)
-    writer = _write_svs if kind == "svs" else _write_tiff
-    writer(str(path), scene, (height, width), mpp, include_mpp, quality)
+    if kind == "svs":
+        _write_svs(str(path), scene, (height, width), mpp, include_mpp, quality, codec)
+    else:
+        _write_tiff(str(path), scene, (height, width), mpp, include_mpp, quality)
     logger.debug("wrote %s (%s, %dx%d, seed %d)", path, kind, width, height, seed)
     return SyntheticSlide(str(path), width, height, mpp, field > 0, float(MASK_DOWNSAMPLE))
 
@@ -224,14 +232,21 @@ def _jpeg_args(kind: SlideKind, quality: int) -> dict[str, Any]:
     return {"compression": "jpeg", "compressionargs": {"level": quality}, "photometric": "rgb"}
 
 
-def _write_svs(path: str, sc: Scene, shape: tuple[int, int], mpp: float, include_mpp: bool, quality: int) -> None:
+def _jp2k_args(quality: int) -> dict[str, Any]:
+    """tifffile arguments for Aperio JPEG 2000 RGB tiles (compression 33005), lossy at about quality / 2 dB."""
+    return {"compression": 33005, "compressionargs": {"level": max(20, quality // 2)}, "photometric": "rgb"}
+
+
+def _write_svs(path: str, sc: Scene, shape: tuple[int, int], mpp: float, include_mpp: bool, quality: int,
+               codec: Codec = "jpeg") -> None:  # fmt: skip
     """Write an Aperio-style svs: level 0, thumbnail, lower levels."""
     h, w = shape
     t = sc.tile_px
     head = f"Aperio Image Library v12.0.0 \r\n{w}x{h} [0,0 {w}x{h}] ({t}x{t})"
-    desc = f"{head} JPEG/RGB Q={quality}|AppMag = {round(10 / mpp)}"
+    name = "JPEG/RGB" if codec == "jpeg" else "J2K/KDU"
+    desc = f"{head} {name} Q={quality}|AppMag = {round(10 / mpp)}"
     desc += f"|MPP = {mpp:g}" if include_mpp else ""
-    jpeg = _jpeg_args("svs", quality)
+    jpeg = _jpeg_args("svs", quality) if codec == "jpeg" else _jp2k_args(quality)
     common: dict[str, Any] = {"metadata": None, "maxworkers": 1}
     with tifffile.TiffWriter(path, bigtiff=3 * h * w > 2**31) as tw:
 
@@ -247,7 +262,7 @@ def _write_svs(path: str, sc: Scene, shape: tuple[int, int], mpp: float, include
         tw.write(thumb, description=f"{head} -> {tw_}x{th_} - ", **thumb_jpeg, **common)
         for lv in levels:
             lh, lw = lv.shape[:2]
-            ldesc = f"{head} -> {lw}x{lh} JPEG/RGB Q={quality}"
+            ldesc = f"{head} -> {lw}x{lh} {name} Q={quality}"
             tw.write(lv, tile=(t, t), description=ldesc, **jpeg, **common)
 
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from wsishard.builder.grid import PatchOptions, blocks, candidates, choose_level, grid_shape, tissue_fractions
+from wsishard.builder.grid import (
+    PatchOptions,
+    blocks,
+    candidates,
+    choose_level,
+    grid_shape,
+    output_scale,
+    tissue_fractions,
+)
 from wsishard.errors import OptionError, SlideError
 
 DOWNSAMPLES = (1.0, 4.0, 16.0, 64.0)
@@ -96,11 +104,36 @@ def test_blocks_partition_patches_and_bound_their_cells() -> None:
         assert b.o_x == cols.min() * 32 and b.o_w == (cols.max() - cols.min() + 1) * 32
 
 
-def test_block_level_rect_covers_the_block() -> None:
+@pytest.mark.parametrize("mpp0", [0.2520, 0.2527, 0.2631, 0.2265, 0.2280, 0.2425, 0.25])
+def test_output_scale_is_exact_by_default(mpp0: float) -> None:
+    opts = PatchOptions(target_mpp=0.5)
+    assert output_scale(mpp0, 1.0, opts) == 0.5 / mpp0
+    assert output_scale(mpp0, 4.0, opts) == 0.5 / mpp0  # whatever level is read
+
+
+@pytest.mark.parametrize(
+    ("mpp0", "downsample", "tolerance", "expected"),
+    [
+        (0.2520, 1.0, 0.05, 2.0),  # 0.504 mpp: 0.8% off, snapped to the 2x reduction of level 0
+        (0.2631, 1.0, 0.06, 2.0),  # 0.5262 mpp: 5.2% off, inside 6%
+        (0.2631, 1.0, 0.05, 0.5 / 0.2631),  # ... and outside hs2p's 5%: exact
+        (0.2265, 1.0, 0.05, 0.5 / 0.2265),  # 2x would be 9.4% off: exact resampling
+        (0.2520, 1.0, 0.005, 0.5 / 0.2520),  # 0.8% off, tolerance 0.5%: exact
+        (0.2631, 4.0, 0.06, 4.0),  # target 1.0 from a 4x level at 1.0524 mpp: that level as it is
+    ],
+)
+def test_output_scale_snaps_within_the_tolerance(mpp0: float, downsample: float, tolerance: float,
+                                                 expected: float) -> None:  # fmt: skip
+    target = 1.0 if downsample == 4.0 else 0.5
+    opts = PatchOptions(target_mpp=target, mpp_tolerance=tolerance)
+    assert output_scale(mpp0, downsample, opts) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_level_within_the_tolerance_is_chosen_and_candidates_use_the_snapped_scale() -> None:
+    opts = PatchOptions(target_mpp=1.0, patch_size_px=256, mpp_tolerance=0.06)
+    downsamples = (1.0, 4.0, 16.0)
+    assert choose_level("s", 0.2631, downsamples, opts) == 1  # 1.0524 mpp: 5.2% coarser, inside 6%
+    assert choose_level("s", 0.2631, downsamples, PatchOptions(target_mpp=1.0)) == 0  # exact: level 0
     mask = np.ones((32, 32), dtype=bool)
-    opts = PatchOptions(target_mpp=0.5, patch_size_px=256)
-    cands = candidates((10_000, 10_000), 0.2522, mask, 10_000 / 32, opts)
-    for blk in blocks(cands, 4)[:5]:
-        l_x, l_y, l_w, l_h = blk.level_rect(cands.l0_per_o, 1.0)
-        assert l_x <= blk.o_x * cands.l0_per_o and l_x + l_w >= (blk.o_x + blk.o_w) * cands.l0_per_o
-        assert l_y <= blk.o_y * cands.l0_per_o and l_y + l_h >= (blk.o_y + blk.o_h) * cands.l0_per_o
+    cands = candidates((20_000, 20_000), 0.2631, mask, 20_000 / 32, opts, level_downsample=4.0)
+    assert cands.l0_per_o == 4.0 and cands.l0_extent == 1024

@@ -1,0 +1,67 @@
+"""The worker pool: results in order, a bounded window, and a worker that dies neither hangs nor loses a task."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+from wsishard.builder.pool import WorkerPool
+
+
+def _double_or_die(item: tuple[int, str]) -> int:
+    """Doubles the number; kills its own process for the marked item (as the OOM killer would)."""
+    value, marker = item
+    if marker == "die" or (marker == "die-once" and not os.path.exists(_flag_path(value))):
+        if marker == "die-once":
+            open(_flag_path(value), "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return 2 * value
+
+
+def _flag_path(value: int) -> str:
+    return os.path.join(os.environ["WSISHARD_TEST_FLAGS"], f"died-{value}")
+
+
+def _crashed(item: tuple[int, str]) -> int:
+    return -item[0]
+
+
+@pytest.fixture(autouse=True)
+def _flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WSISHARD_TEST_FLAGS", str(tmp_path))
+
+
+def test_a_task_that_kills_its_worker_twice_is_handed_to_on_crash_and_the_rest_still_run() -> None:
+    items = [(i, "die" if i == 5 else "") for i in range(12)]
+    done = threading.Event()
+    results: list[int] = []
+
+    def run() -> None:
+        with WorkerPool(2) as pool:
+            results.extend(pool.imap(_double_or_die, items, on_crash=_crashed))
+        done.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert done.wait(120), "the pool hung after a worker died"
+    assert results == [-5 if i == 5 else 2 * i for i in range(12)]  # in order, nothing lost
+
+
+def test_a_worker_that_dies_once_is_retried_and_its_task_kept() -> None:
+    items = [(i, "die-once" if i == 3 else "") for i in range(8)]
+    with WorkerPool(2) as pool:
+        assert list(pool.imap(_double_or_die, items, on_crash=_crashed)) == [2 * i for i in range(8)]
+
+
+def test_without_on_crash_a_dead_worker_is_a_clear_error() -> None:
+    with WorkerPool(2) as pool, pytest.raises(ChildProcessError, match="died twice"):
+        list(pool.imap(_double_or_die, [(1, ""), (2, "die")]))
+
+
+def test_one_job_runs_in_this_process_in_order() -> None:
+    with WorkerPool(1) as pool:
+        assert list(pool.imap(_double_or_die, [(i, "") for i in range(5)], on_crash=_crashed)) == [0, 2, 4, 6, 8]
