@@ -1,4 +1,4 @@
-"""Helpers for build tests: read a build output back with the standard library only."""
+"""Helpers for build tests: read a build output back with the standard library's tar reader."""
 
 from __future__ import annotations
 
@@ -12,7 +12,15 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from wsishard.builder.grid import PatchOptions
+from wsishard.builder.options import BuildOptions
 from wsishard.format import Manifest
+from wsishard.shards.reader import group_members
+
+# The small build shared by the resume, part/merge and object-storage tests (and ``cohort_build`` in conftest.py):
+# 64 px patches, 25 samples per shard, groups of 3 slides, seed 5. The same options as API and CLI arguments.
+SMALL_BUILD = BuildOptions(patch=PatchOptions(patch_size_px=64), shard_samples=25, group_slides=3, seed=5, jobs=2)
+SMALL_BUILD_ARGS = ("--patch-size", "64", "--shard-samples", "25", "--group-slides", "3", "--seed", "5", "-q")
 
 
 @dataclass
@@ -40,15 +48,9 @@ def read_output(root: str) -> tuple[Manifest, list[Sample]]:
         with open(path, "rb") as fh:
             data = fh.read()
         assert len(data) == record.bytes and hashlib.sha256(data).hexdigest() == record.sha256
-        shard_samples: list[Sample] = []
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            for member in tar:
-                key, ext = member.name.split(".", 1)
-                if not shard_samples or shard_samples[-1].key != key:
-                    shard_samples.append(Sample(record.name, key, {}))
-                fobj = tar.extractfile(member)
-                assert fobj is not None
-                shard_samples[-1].members[ext] = fobj.read()
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:  # the standard library's tar reader, not wsishard's
+            members = [(m.name, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
+        shard_samples = [Sample(record.name, key, group) for key, group in group_members(members)]
         assert len(shard_samples) == record.samples
         samples.extend(shard_samples)
     return manifest, samples

@@ -21,6 +21,7 @@ import webdataset as wds
 from PIL import Image
 
 from wsishard.format import Manifest, PatchMeta, ShardRecord, SlideRecord, sample_key, shard_name
+from wsishard.shards.reader import group_members
 
 _PIL = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}
 
@@ -150,16 +151,12 @@ def set_count(out: Output, shard_index: int, samples: int) -> None:
 def rewrite_member(out: Output, shard_index: int, key: str, ext: str, change: Callable[[bytes], bytes]) -> None:
     """Rewrite one shard with member ``<key>.<ext>`` replaced by ``change(old bytes)`` (a valid tar)."""
     path = out.path(shard_index)
-    samples: dict[str, dict[str, bytes]] = {}
     with tarfile.open(path) as tar:
-        for member in tar.getmembers():
-            k, e = member.name.split(".", 1)
-            data = tar.extractfile(member).read()  # type: ignore[union-attr]
-            samples.setdefault(k, {"__key__": k})[e] = change(data) if (k, e) == (key, ext) else data  # type: ignore[assignment]
+        members = [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
     with open(path, "wb") as fh:
         writer = wds.TarWriter(fh, encoder=False, mtime=0.0, user="wsishard", group="wsishard")
-        for sample in samples.values():
-            writer.write(sample)
+        for k, group in group_members(members):
+            writer.write({"__key__": k, **{e: change(d) if (k, e) == (key, ext) else d for e, d in group.items()}})
         writer.close()
 
 
@@ -176,8 +173,8 @@ def zero_bytes(path: str, sample_index: int, nbytes: int = 600) -> None:
     Tar readers take the zero block as a clean end of archive: the shard just looks shorter.
     """
     with tarfile.open(path) as tar:
-        members = tar.getmembers()
-    firsts = [m for i, m in enumerate(members) if i == 0 or m.name.split(".")[0] != members[i - 1].name.split(".")[0]]
+        samples = list(group_members((m.name, m) for m in tar.getmembers()))
+    firsts = [next(iter(group.values())) for _, group in samples]  # each sample's first member, in tar order
     with open(path, "r+b") as fh:
         fh.seek(firsts[sample_index].offset)
         fh.write(b"\0" * nbytes)

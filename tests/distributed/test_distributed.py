@@ -16,13 +16,15 @@ from pathlib import Path
 import pytest
 import shardmaker as sm
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # tests/distributed/ -> the repository
+HELPERS = ROOT / "tests"  # shardmaker, imported when torchrun runs this file as a script
 COUNTS = (10, 7, 12, 5, 9, 14, 6, 11, 8)  # 82 samples, uneven on purpose
 BATCH, WORKERS, EPOCHS, STEPS = 4, 2, 2, 12
 
 
 def _torchrun(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    path = os.pathsep.join([str(ROOT), str(HELPERS), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
     try:
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

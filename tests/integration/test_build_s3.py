@@ -14,14 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from buildtools import read_output
+from buildtools import SMALL_BUILD, SMALL_BUILD_ARGS, read_output
 
-from wsishard.builder.grid import PatchOptions
-from wsishard.builder.options import BuildOptions
 from wsishard.builder.run import build
 from wsishard.storage.output import Destination
 from wsishard.streaming.dataset import stream
-from wsishard.testing.synthetic import make_slides
 
 if TYPE_CHECKING:
     from servers import S3Server
@@ -29,22 +26,20 @@ if TYPE_CHECKING:
 pytest_plugins = ("servers",)
 pytestmark = pytest.mark.timeout(300)
 
-OPTS = BuildOptions(patch=PatchOptions(patch_size_px=64), shard_samples=30, group_slides=3, seed=2, jobs=2)
-ARGS = ["--patch-size", "64", "--shard-samples", "30", "--group-slides", "3", "--seed", "2", "-q"]
+OPTS = SMALL_BUILD
+ARGS = SMALL_BUILD_ARGS
 
 
 @pytest.fixture(scope="module")
-def slides(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("s3-slides")
-    make_slides(folder, 6, seed=31, width=3072, height=3072)
-    return folder
+def slides(cohort: Path) -> Path:
+    """Eight slides (conftest's ``cohort``, read-only)."""
+    return cohort
 
 
 @pytest.fixture(scope="module")
-def local(slides: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("s3-local") / "out"
-    build([str(slides)], str(out), OPTS)
-    return out
+def local(cohort_build: Path) -> Path:
+    """``slides`` built locally with OPTS (conftest's ``cohort_build``, read-only)."""
+    return cohort_build
 
 
 def _download(s3: S3Server, url: str, to: Path) -> Path:
@@ -70,7 +65,7 @@ def test_build_to_s3_equals_the_local_build_and_streams_back(s3: S3Server, s3_bu
     s3_manifest, _ = read_output(str(copy))
     assert s3_manifest.shards == local_manifest.shards  # same names, counts, bytes, sha256
     assert s3_manifest.slides == local_manifest.slides
-    assert len(s3.fs().ls(f"{url}/qc", detail=False)) == 6
+    assert len(s3.fs().ls(f"{url}/qc", detail=False)) == len(os.listdir(slides)) == 8
     ds = stream(url, batch_size=16, resampled=False, shuffle=0, drop_last=False, storage_options=s3.storage_options)
     keys = [k for batch in ds for k in batch["key"]]
     assert sorted(keys) == sorted(s.key for s in local_samples)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -11,30 +12,27 @@ import time
 from pathlib import Path
 
 import pytest
-from buildtools import read_output
+from buildtools import SMALL_BUILD, SMALL_BUILD_ARGS, read_output
 
 from wsishard.builder.grid import PatchOptions
 from wsishard.builder.merge import merge
 from wsishard.builder.options import BuildOptions
 from wsishard.builder.run import build
 from wsishard.errors import ManifestError, OptionError
-from wsishard.testing.synthetic import make_slides
 
-ARGS = ["--patch-size", "64", "--shard-samples", "25", "--group-slides", "3", "--seed", "5", "-q"]
-
-
-@pytest.fixture(scope="module")
-def slides(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("resume-slides")
-    make_slides(folder, 8, seed=21, width=3072, height=3072)
-    return folder
+ARGS = SMALL_BUILD_ARGS  # the CLI spelling of SMALL_BUILD: a CLI build must equal the API-built reference
 
 
 @pytest.fixture(scope="module")
-def reference(slides: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("reference") / "out"
-    assert _cli("build", str(slides), "-o", str(out), "--jobs", "2", *ARGS).returncode == 0
-    return out
+def slides(cohort: Path) -> Path:
+    """Eight slides (conftest's ``cohort``, read-only)."""
+    return cohort
+
+
+@pytest.fixture(scope="module")
+def reference(cohort_build: Path) -> Path:
+    """The uninterrupted build of ``slides`` with SMALL_BUILD (conftest's ``cohort_build``, read-only)."""
+    return cohort_build
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -76,8 +74,9 @@ def test_resume_after_sigkill_gives_the_uninterrupted_result(slides: Path, refer
 
 def test_rerun_of_a_finished_build_changes_nothing(slides: Path, reference: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    opts = BuildOptions(patch=PatchOptions(patch_size_px=64), shard_samples=25, group_slides=3, seed=5, jobs=1)
+    opts = dataclasses.replace(SMALL_BUILD, jobs=1)
     first = build([str(slides)], str(out), opts)
+    assert first.shards == read_output(str(reference))[0].shards  # one job or two: the same shards
     stamps = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.tar")}
     second = build([str(slides)], str(out), opts)
     assert first.shards == second.shards
@@ -119,9 +118,7 @@ def test_three_parts_in_separate_processes_merge_to_the_single_build(slides: Pat
 
 def test_merge_names_missing_parts(slides: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    opts = BuildOptions(
-        patch=PatchOptions(patch_size_px=64), shard_samples=25, group_slides=3, seed=5, jobs=1, qc=False
-    )
+    opts = dataclasses.replace(SMALL_BUILD, jobs=1, qc=False)
     build([str(slides)], str(out), opts, part=(2, 3))
     with pytest.raises(ManifestError, match="parts 1, 3 of 3 are not finished"):
         merge(str(out))

@@ -139,7 +139,7 @@ def _split_tables(jpeg: bytes) -> tuple[bytes, bytes]:
 def test_scaled_decode_of_abbreviated_tiles_with_shared_tables() -> None:
     import dataclasses
 
-    from wsishard.slide.tiff import _decode_jpeg_scaled, _TiledLevel
+    from wsishard.slide.tiff import _decode_scaled, _TiledLevel
 
     rng = np.random.default_rng(0)
     tile = rng.integers(0, 255, size=(256, 256, 3), dtype=np.uint8)
@@ -149,6 +149,6 @@ def test_scaled_decode_of_abbreviated_tiles_with_shared_tables() -> None:
     tables, abbreviated = _split_tables(full)
     level = _TiledLevel(page_index=0, width=256, height=256, tile_w=256, tile_h=256, tiles_across=1, offsets=(0,),
                         bytecounts=(len(full),), jpegtables=None, jpegheader=None, compression=7)  # fmt: skip
-    expected = _decode_jpeg_scaled(full, level, 2)
-    spliced = _decode_jpeg_scaled(abbreviated, dataclasses.replace(level, jpegtables=tables), 2)
+    expected = _decode_scaled(full, level, 2)
+    spliced = _decode_scaled(abbreviated, dataclasses.replace(level, jpegtables=tables), 2)
     assert spliced.shape == (128, 128, 3) and np.array_equal(spliced, expected)

@@ -14,7 +14,7 @@ from PIL import Image
 
 from wsishard.testing.synthetic import SyntheticSlide, make_slide, make_slides
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _pixels(slide: openslide.OpenSlide, level: int) -> np.ndarray:

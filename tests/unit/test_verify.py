@@ -1,11 +1,11 @@
-"""``verify``: every shard re-read and compared with the manifest, locally, on S3 (moto) and over HTTP."""
+"""``verify`` on a local output: every shard re-read and compared with the manifest (S3 and HTTP:
+tests/integration/test_verify_remote.py)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import pytest
 import shardmaker as sm
@@ -14,10 +14,6 @@ from wsishard.errors import ManifestError
 from wsishard.format import shard_name
 from wsishard.shards.verify import VerifyProgress, VerifyReport, format_report, verify
 
-if TYPE_CHECKING:  # imported by pytest_plugins below, with assertion rewriting
-    from servers import HttpServer, S3Server
-
-pytest_plugins = ("servers",)
 pytestmark = pytest.mark.timeout(120)
 
 COUNTS = (8, 6, 9, 7)
@@ -105,30 +101,3 @@ def test_no_manifest_is_a_manifest_error(tmp_path: Path) -> None:
         verify(str(tmp_path))
     with pytest.raises(ValueError, match="jobs"):
         verify(str(tmp_path), jobs=0)
-
-
-def test_verify_on_s3(s3: S3Server, s3_bucket: str, out: sm.Output) -> None:
-    url = f"s3://{s3_bucket}/out"
-    s3.upload(out.root, url)
-    report = verify(url, storage_options=s3.storage_options)
-    assert report.ok and report.samples_checked == sum(COUNTS) and report.warnings == []
-    fs = s3.fs()
-    fs.rm(f"{url}/{shard_name(1)}")
-    data = bytearray(Path(out.path(2)).read_bytes())
-    data[len(data) // 3] ^= 0x01
-    fs.pipe(f"{url}/{shard_name(2)}", bytes(data))
-    fs.pipe(f"{url}/{shard_name(9)}", b"stray")
-    report = verify(url, storage_options=s3.storage_options)
-    assert list(_problem(report)) == [shard_name(1), shard_name(2)]
-    assert _problem(report)[shard_name(1)] == "missing"
-    assert [name for name, _ in report.warnings] == [shard_name(9)]
-
-
-def test_verify_over_http(http_serve: Any, out: sm.Output) -> None:
-    server: HttpServer = http_serve(Path(out.root).parent)
-    assert verify(f"{server.url}/out").ok
-    sm.truncate(out.path(3), 0.5)
-    shutil.copy(out.path(0), os.path.join(out.root, shard_name(8)))
-    report = verify(f"{server.url}/out")
-    assert list(_problem(report)) == [shard_name(3)]
-    assert [name for name, _ in report.warnings] == [shard_name(8)]  # from the server's index page

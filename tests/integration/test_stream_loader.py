@@ -1,0 +1,82 @@
+"""Streaming through DataLoader workers: exact pixels, epochs covered and reshuffled, errors from workers, too
+few shards caught in the main process, pickling, and the monitored loader."""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import shardmaker as sm
+from streamtools import keys_of, two_ranks
+
+from wsishard.errors import ShardError, TopologyError
+from wsishard.streaming.dataset import loader, stream
+from wsishard.streaming.monitor import MonitoredLoader
+from wsishard.streaming.world import World
+
+
+def test_worker_batches_carry_the_exact_pixels(tmp_path: Path) -> None:
+    png = sm.make_output(str(tmp_path / "png"), (5, 3, 4, 6), image_format="png")
+    dl = loader(stream(png.root, batch_size=3, resampled=False, seed=0, shuffle=4), num_workers=2)
+    seen = 0
+    for batch in dl:
+        for key, image, label in zip(batch["key"], batch["image"], batch["label"].tolist(), strict=True):
+            assert np.array_equal(image.numpy(), png.images[key]) and label == png.labels[key]
+            seen += 1
+    assert seen == 3 * dl.dataset.batches_per_rank(num_workers=2)
+
+
+def test_too_few_shards_raise_in_the_main_process(tmp_path: Path) -> None:
+    small = sm.make_output(str(tmp_path / "o"), (4, 4, 4))
+    with pytest.raises(TopologyError, match="need at least 4"):
+        loader(stream(small.root, batch_size=2), num_workers=4)
+    with pytest.raises(TopologyError, match="need at least 4"):
+        loader(two_ranks(small.root, batch_size=2), num_workers=2)
+    with pytest.raises(ValueError, match="batch_size"):
+        loader(stream(small.root, batch_size=2), num_workers=1, batch_size=4)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_loader_workers_cover_the_epoch_and_reshuffle_each_epoch(stream_out: sm.Output, persistent: bool) -> None:
+    ds = stream(stream_out.root, batch_size=3, resampled=False, seed=0, shuffle=10)
+    dl = loader(ds, num_workers=2, persistent_workers=persistent)
+    epochs = [keys_of(list(dl)) for _ in range(2)]
+    for epoch, keys in enumerate(epochs):
+        assert len(keys) == len(set(keys)) == 3 * ds.batches_per_rank(num_workers=2, epoch=epoch)
+    assert epochs[0] != epochs[1]
+    if not persistent:
+        ds.set_epoch(0)
+        assert keys_of(list(dl)) == epochs[0]
+
+
+def test_worker_errors_come_back_as_shard_errors(tmp_path: Path) -> None:
+    bad = sm.make_output(str(tmp_path / "o"), (6, 6, 6, 6))
+    sm.truncate(bad.path(2), 0.5)
+    dl = loader(stream(bad.root, batch_size=2, resampled=False, seed=0), num_workers=2)
+    with pytest.raises(ShardError) as info:
+        list(dl)
+    assert info.value.shard.endswith(bad.manifest.shards[2].name)
+
+
+def test_stream_and_stages_pickle(stream_out: sm.Output) -> None:
+    ds = stream(stream_out.root, batch_size=2, seed=0)
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone.base_seed == ds.base_seed
+    pickle.dumps(ds.pipeline(World(), 0).pipeline)
+
+
+def test_monitored_loader_reports_throughput_and_wait(stream_out: sm.Output) -> None:
+    reports: list[dict] = []
+    ds = stream(stream_out.root, batch_size=2, seed=0)
+    mon = MonitoredLoader(itertools.islice(ds, 9), every=4, rank=0, on_report=reports.append)
+    assert sum(1 for _ in mon) == 9
+    assert [r["steps"] for r in reports] == [4, 4]  # the first batch is start-up, not a window step
+    for r in reports:
+        assert r["samples_per_s"] == pytest.approx(2 * r["batches_per_s"])
+        assert 0.0 <= r["data_wait_fraction"] <= 1.0
+    assert mon.summary()["steps"] == 8
+    with pytest.raises(ValueError, match="0"):
+        MonitoredLoader([], every=0)

@@ -1,0 +1,22 @@
+"""Helpers shared by the stream tests (tests/unit/test_stream_*.py and tests/integration/test_stream_*.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from wsishard.streaming.dataset import ShardStream, stream
+from wsishard.streaming.world import World
+
+COUNTS = (10, 7, 12, 5, 9, 14, 6, 11)  # samples per shard of conftest's ``stream_out``: uneven on purpose
+
+
+def keys_of(batches: Iterable[dict[str, Any]]) -> list[str]:
+    """Every sample key of ``batches``, in order."""
+    return [k for b in batches for k in b["key"]]
+
+
+def two_ranks(source: str | Path, **kw: Any) -> ShardStream:
+    """A stream as rank 0 of two sees it (``pipeline(World(rank=r, ...), epoch)`` plays any rank and worker)."""
+    return stream(source, world=World(rank=0, world_size=2), **kw)

@@ -1,0 +1,72 @@
+"""The file-name formats of :mod:`wsishard.format`: shard names, temporary names and part manifests, each made
+and parsed by one pair of functions that must invert each other and reject every other name."""
+
+from __future__ import annotations
+
+import pytest
+
+from wsishard.format import (
+    MANIFEST_NAME,
+    is_shard_name,
+    manifest_name,
+    parse_part_manifest,
+    shard_name,
+    temp_name,
+    temp_target,
+)
+
+
+def test_shard_names_are_zero_padded_and_recognised() -> None:
+    assert shard_name(0) == "shard-000000.tar"
+    assert shard_name(42) == "shard-000042.tar"
+    assert shard_name(1_234_567) == "shard-1234567.tar"  # more than six digits: wider, never cut
+    assert all(is_shard_name(shard_name(i)) for i in (0, 1, 999_999, 1_000_000, 12_345_678))
+    assert sorted(shard_name(i) for i in (10, 2, 100_000, 0)) == [shard_name(i) for i in (0, 2, 10, 100_000)]
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["shard-42.tar", "shard-000042.tar.gz", "shard-000042", "Shard-000042.tar", "shard-00004a.tar",
+     ".shard-000042.tar.tmp-7", "x/shard-000042.tar", "shard-000042.tar ", "manifest.json", ""],
+)  # fmt: skip
+def test_other_names_are_not_shard_names(name: str) -> None:
+    assert not is_shard_name(name)
+
+
+@pytest.mark.parametrize("name", ["shard-000003.tar", "manifest.json", "manifest.part-0002-of-0008.json", "qc.png"])
+def test_temp_name_round_trips_through_temp_target(name: str) -> None:
+    tmp = temp_name(name, 4321)
+    assert tmp == f".{name}.tmp-4321"
+    assert tmp.startswith(".")  # hidden while it is written: no listing takes it for the final file
+    assert temp_target(tmp) == name
+    assert not is_shard_name(tmp)
+
+
+@pytest.mark.parametrize(
+    "name", ["shard-000003.tar", ".shard-000003.tar", ".shard-000003.tar.tmp-", ".shard-000003.tar.tmp-12x",
+             "shard-000003.tar.tmp-12", ".tmp-12", ".shard-000003.tar.tmp-12/"],
+)  # fmt: skip
+def test_temp_target_rejects_names_that_are_not_temporary(name: str) -> None:
+    assert temp_target(name) is None
+
+
+@pytest.mark.parametrize(("part", "name"), [((2, 8), "manifest.part-0002-of-0008.json"),
+                                            ((1, 1), "manifest.part-0001-of-0001.json"),
+                                            ((12, 10_000), "manifest.part-0012-of-10000.json")])  # fmt: skip
+def test_part_manifest_names_round_trip(part: tuple[int, int], name: str) -> None:
+    assert manifest_name(part) == name
+    assert parse_part_manifest(name) == part
+
+
+def test_the_whole_manifest_is_not_a_part_manifest() -> None:
+    assert manifest_name() == manifest_name(None) == MANIFEST_NAME == "manifest.json"
+    assert parse_part_manifest(MANIFEST_NAME) is None
+
+
+@pytest.mark.parametrize(
+    "name", ["manifest.part-2-of-8.json", "manifest.part-0002-of-0008.json.tmp-1", "manifest.part-0002-0008.json",
+             ".manifest.part-0002-of-0008.json.tmp-1", "failed.part-0001-of-0002.json",
+             "manifest.part-000a-of-0008.json", "manifest.part-0002-of-0008.json/", ""],
+)  # fmt: skip
+def test_other_names_are_not_part_manifests(name: str) -> None:
+    assert parse_part_manifest(name) is None

@@ -1,0 +1,79 @@
+"""Readable summaries of a manifest (:mod:`wsishard.report`), on hand-made manifests."""
+
+from __future__ import annotations
+
+import pytest
+
+from wsishard.format import Manifest, ShardRecord, SlideRecord
+from wsishard.report import details, human_bytes, summary
+
+
+def _slide(i: int, *, failed: str = "") -> SlideRecord:
+    if failed:
+        return SlideRecord(slide_id=f"bad{i}", file=f"/data/in/bad{i}.svs", status="failed", reason=failed)
+    return SlideRecord(slide_id=f"s{i}", file=f"/data/in/s{i}.svs", status="ok", width=40_000, height=30_000,
+                       mpp=0.2501, mpp_source="openslide", level=1, downsample=4.0, tissue_fraction=0.25,
+                       candidates=900 + i, patches=800 + i)  # fmt: skip
+
+
+def _shard(i: int, samples: int, slides: int, nbytes: int) -> ShardRecord:
+    return ShardRecord(name=f"shard-{i:06d}.tar", samples=samples, bytes=nbytes, sha256=f"{i:x}" * 64, slides=slides)
+
+
+def _manifest(slides: list[SlideRecord], shards: list[ShardRecord]) -> Manifest:
+    options = {"patch": {"patch_size_px": 224, "target_mpp": 0.5, "stride_px": None, "min_tissue": 0.4},
+               "seed": 7, "quality": 85}  # fmt: skip
+    return Manifest(options=options, shards=shards, slides=slides, image_format="png",
+                    created="2024-01-02T03:04:05Z", wsishard_version="9.9.9")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [(0, "0 B"), (999, "999 B"), (1000, "1.0 kB"), (1234, "1.2 kB"), (1_234_567, "1.2 MB"), (256 * 1000**2, "256.0 MB"),
+     (3.5e9, "3.5 GB"), (4.2e12, "4.2 TB"), (7e15, "7000.0 TB")],
+)  # fmt: skip
+def test_human_bytes_uses_decimal_units_up_to_terabytes(n: float, text: str) -> None:
+    assert human_bytes(n) == text
+
+
+def test_summary_counts_slides_samples_shards_and_bytes() -> None:
+    slides = [_slide(0), _slide(1), _slide(2, failed="no tissue found"), _slide(3, failed="cannot open: bad header")]
+    shards = [_shard(0, 1200, 2, 2_000_000), _shard(1, 400, 1, 500_000), _shard(2, 800, 2, 1_500_000)]
+    lines = summary(_manifest(slides, shards), "s3://bucket/out").splitlines()
+    assert lines[0] == "4 slides (2 ok, 2 failed): 2,400 patches in 3 shards (4.0 MB, png) -> s3://bucket/out"
+    assert lines[1] == "  samples per shard 400..1200, slides per shard 1..2"
+    assert lines[2:] == ["  FAILED bad2.svs: no tissue found", "  FAILED bad3.svs: cannot open: bad header"]
+
+
+def test_summary_of_a_build_without_shards_has_no_shard_line() -> None:
+    text = summary(_manifest([_slide(0, failed="no tissue found")], []))
+    assert text.splitlines() == ["1 slides (0 ok, 1 failed): 0 patches in 0 shards (0 B, png)",
+                                 "  FAILED bad0.svs: no tissue found"]  # fmt: skip
+
+
+def test_details_lists_options_slides_and_shards() -> None:
+    slides = [_slide(0), _slide(1, failed="no microns-per-pixel in the slide")]
+    shards = [_shard(0, 801, 1, 1_500_000)]
+    lines = details(_manifest(slides, shards)).splitlines()
+    assert lines[0] == "wsishard manifest v1 (wsishard 9.9.9, created 2024-01-02T03:04:05Z)"
+    assert lines[1].startswith("2 slides (1 ok, 1 failed): 801 patches in 1 shards")
+    assert "patches: 224 px at 0.5 mpp, stride 224, min tissue 0.4, seed 7, quality 85" in lines
+    ok = next(ln for ln in lines if ln.startswith("s0 "))
+    assert ok.split() == ["s0", "ok", "40000x30000", "0.2501", "openslide", "1", "25.0%", "900", "800"]
+    bad = next(ln for ln in lines if ln.startswith("bad1 "))
+    assert bad.split() == ["bad1", "failed", "-", "-", "-", "-", "0.0%", "0", "0"]
+    shard = next(ln for ln in lines if ln.startswith("shard-000000.tar"))
+    assert shard.split() == ["shard-000000.tar", "801", "1", "1.5", "MB", "0" * 16]
+    assert not [ln for ln in lines if ln.startswith("...")]
+
+
+def test_details_truncates_long_tables_with_a_count_of_the_rest() -> None:
+    slides = [_slide(i) for i in range(7)]
+    shards = [_shard(i, 10, 1, 1000) for i in range(5)]
+    lines = details(_manifest(slides, shards), max_rows=3).splitlines()
+    firsts = [ln.split()[0] for ln in lines if ln.strip()]
+    assert [w for w in firsts if w in {s.slide_id for s in slides}] == ["s0", "s1", "s2"]
+    assert [w for w in firsts if w.startswith("shard-")] == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+    assert "... 4 more slides" in lines and "... 2 more shards" in lines
+    exact = details(_manifest(slides[:3], shards[:3]), max_rows=3).splitlines()
+    assert not [ln for ln in exact if ln.startswith("...")]  # exactly max_rows: nothing left out

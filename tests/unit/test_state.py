@@ -1,0 +1,149 @@
+"""A build's resume state (:class:`wsishard.builder.state.BuildState`) in a local output folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wsishard.builder.extract import ShardOutcome
+from wsishard.builder.grid import Candidates, blocks
+from wsishard.builder.scan import ScanResult
+from wsishard.builder.state import BuildState, fingerprint
+from wsishard.errors import OptionError
+from wsishard.format import Manifest, ShardRecord, SlideRecord
+from wsishard.storage.output import Destination
+
+DIGEST = fingerprint(["/slides/a.svs", "/slides/b.svs"], {"patch": {"patch_size_px": 64}, "seed": 1})
+
+
+def _state(out: Path, digest: str = DIGEST, part: tuple[int, int] | None = None) -> BuildState:
+    return BuildState(Destination(str(out)), digest, part)
+
+
+def _stored_fingerprint(out: Path) -> str:
+    return json.loads((out / ".wsishard" / "build.json").read_text())["fingerprint"]
+
+
+def test_fingerprint_depends_on_slides_and_options_only() -> None:
+    slides, options = ["/slides/a.svs", "/slides/b.svs"], {"patch": {"patch_size_px": 64}, "seed": 1}
+    assert fingerprint(slides, {"seed": 1, "patch": {"patch_size_px": 64}}) == DIGEST  # key order does not count
+    assert fingerprint(slides[:1], options) != DIGEST
+    assert fingerprint(slides[::-1], options) != DIGEST
+    assert fingerprint(slides, {**options, "seed": 2}) != DIGEST
+
+
+def test_claim_of_an_empty_folder_records_the_fingerprint(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    _state(out).claim(overwrite=False)
+    assert _stored_fingerprint(out) == DIGEST
+    assert sorted(p.name for p in out.rglob("*")) == [".wsishard", "build.json"]
+
+
+def test_claim_of_the_same_build_resumes_it_and_keeps_its_files(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    _state(out).claim(overwrite=False)
+    (out / "shard-000000.tar").write_bytes(b"done before")
+    _state(out).claim(overwrite=False)
+    assert (out / "shard-000000.tar").read_bytes() == b"done before"
+
+
+def test_claim_is_refused_for_another_build_without_overwrite(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    _state(out).claim(overwrite=False)
+    (out / "shard-000000.tar").write_bytes(b"theirs")
+    with pytest.raises(OptionError, match="--overwrite") as info:
+        _state(out, "another digest").claim(overwrite=False)
+    assert str(out) in str(info.value)
+    assert _stored_fingerprint(out) == DIGEST and (out / "shard-000000.tar").exists()  # nothing touched
+
+
+def test_claim_is_refused_for_a_finished_build_of_other_options(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    finished = Manifest(options={}, shards=[], slides=[], extra={"fingerprint": "from a finished build"})
+    (out / "manifest.json").write_text(finished.to_json())  # a finished build, its state folder removed
+    with pytest.raises(OptionError, match="--overwrite"):
+        _state(out).claim(overwrite=False)
+    _state(out, "from a finished build").claim(overwrite=False)  # the same build: resumed (nothing to redo)
+    assert (out / "manifest.json").exists()
+
+
+def test_overwrite_clears_the_previous_build_but_nothing_else(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    _state(out, "old").claim(overwrite=False)
+    for name in ("shard-000000.tar", "manifest.json", "manifest.part-0001-of-0002.json", "qc/s.png", "notes.txt"):
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_bytes(b"x")
+    _state(out).claim(overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == [".wsishard", "notes.txt"]
+    assert _stored_fingerprint(out) == DIGEST
+
+
+def _scans() -> list[ScanResult]:
+    cands = Candidates(col=np.array([0, 1, 5, 2], dtype=np.int64), row=np.array([0, 0, 0, 3], dtype=np.int64),
+                       tissue=np.array([0.5, 1.0, 0.75, 0.625], dtype=np.float32), l0_per_o=2.0, stride=64, patch=64,
+                       total=9)  # fmt: skip
+    ok = SlideRecord(slide_id="a", file="/slides/a.svs", status="ok", width=2048, height=1024, mpp=0.25,
+                     mpp_source="openslide", level=0, downsample=1.0, tissue_fraction=0.3, candidates=9,
+                     label=2)  # fmt: skip
+    failed = SlideRecord(slide_id="b", file="/slides/b.svs", status="failed", reason="no tissue found")
+    return [ScanResult(ok, cands, blocks(cands, 4), 1234.5), ScanResult(failed)]
+
+
+def test_scans_round_trip_with_records_and_candidate_arrays(tmp_path: Path) -> None:
+    state = _state(tmp_path / "out")
+    assert state.load_scans(4) is None  # nothing saved yet
+    saved = _scans()
+    state.save_scans(saved)
+    loaded = _state(tmp_path / "out").load_scans(4)
+    assert loaded is not None and [s.record for s in loaded] == [s.record for s in saved]
+    a, b = loaded[0].cands, saved[0].cands
+    assert a is not None and b is not None
+    for name in ("col", "row", "tissue"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)) and getattr(a, name).dtype == getattr(b, name).dtype
+    assert (a.l0_per_o, a.stride, a.patch, a.total) == (2.0, 64, 64, 9)
+    assert loaded[0].bytes_per_patch == 1234.5
+    assert [(blk.o_x, blk.o_y, blk.o_w, blk.o_h, blk.patches.tolist()) for blk in loaded[0].blocks] == [
+        (blk.o_x, blk.o_y, blk.o_w, blk.o_h, blk.patches.tolist()) for blk in saved[0].blocks]  # fmt: skip
+    assert loaded[1].cands is None and loaded[1].blocks == [] and loaded[1].bytes_per_patch is None
+
+
+def test_scans_without_their_record_file_are_absent(tmp_path: Path) -> None:
+    state = _state(tmp_path / "out")
+    state.save_scans(_scans())
+    (tmp_path / "out" / ".wsishard" / "scan.json").unlink()  # the arrays alone: an interrupted save
+    assert state.load_scans(4) is None
+
+
+def test_done_shards_round_trip_with_their_excluded_slides(tmp_path: Path) -> None:
+    state = _state(tmp_path / "out")
+    assert state.load_done() == {}
+    record = ShardRecord(name="shard-000003.tar", samples=12, bytes=40_960, sha256="ab" * 32, slides=2)
+    written = ShardOutcome(3, record=record, patches_by_slide={0: 5, 2: 7})
+    empty = ShardOutcome(4)  # every block of it belonged to excluded slides
+    state.save_done(written, "shard-000003.tar", frozenset({1}))
+    state.save_done(empty, "shard-000004.tar", frozenset({0, 2}))
+    done = _state(tmp_path / "out").load_done()
+    assert sorted(done) == [3, 4]
+    assert done[3] == (written, frozenset({1}))
+    outcome, excluded = done[4]  # patches_by_slide None comes back as {}: no patches either way
+    assert (outcome.index, outcome.record, outcome.patches_by_slide or {}, excluded) == (4, None, {}, frozenset({0, 2}))
+
+
+def test_failed_slides_are_kept_per_part_in_their_own_files(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    whole, first, second = _state(out), _state(out, part=(1, 2)), _state(out, part=(2, 2))
+    assert first.load_failed() == {}
+    first.save_failed({4: "extraction: broken tile"})
+    second.save_failed({7: "cannot open", 9: "truncated"})
+    names = sorted(p.name for p in (out / ".wsishard").iterdir())
+    assert names == ["failed.part-0001-of-0002.json", "failed.part-0002-of-0002.json"]
+    assert first.load_failed() == {4: "extraction: broken tile"}
+    assert second.load_failed() == {7: "cannot open", 9: "truncated"}
+    assert whole.load_failed() == {}
+    whole.save_failed({1: "x"})
+    assert "failed.json" in {p.name for p in (out / ".wsishard").iterdir()}
+    assert first.load_failed() == {4: "extraction: broken tile"} and whole.load_failed() == {1: "x"}

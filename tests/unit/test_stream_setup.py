@@ -1,0 +1,39 @@
+"""Stream set-up without reading shards: option validation, the world from torchrun's environment, and the
+split stages (which must split exactly as webdataset's splitters do)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import webdataset as wds
+
+from wsishard.streaming.dataset import StreamConfig
+from wsishard.streaming.stages import SplitByNode, SplitByWorker
+from wsishard.streaming.world import World, detect_world
+
+
+@pytest.mark.parametrize(("kw", "bad"), [({"batch_size": 0}, "0"), ({"batch_size": 2, "shuffle": -5}, "-5"),
+                                         ({"batch_size": 2, "seed": -1}, "-1"),
+                                         ({"batch_size": 2, "on_error": "ignore"}, "ignore")])  # fmt: skip
+def test_config_validation_names_the_bad_value(kw: dict, bad: str) -> None:
+    with pytest.raises(ValueError, match=bad):
+        StreamConfig(**kw)
+
+
+def test_detect_world_reads_torchrun_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert detect_world() == World(rank=1, world_size=3)
+    monkeypatch.delenv("RANK")
+    assert detect_world() == World()
+
+
+def test_split_stages_match_webdataset_splitters(monkeypatch: pytest.MonkeyPatch) -> None:
+    items = list(range(23))
+    for rank, worker in itertools.product(range(3), range(2)):
+        for name, value in (("RANK", rank), ("WORLD_SIZE", 3), ("WORKER", worker), ("NUM_WORKERS", 2)):
+            monkeypatch.setenv(name, str(value))
+        theirs = list(wds.split_by_worker(wds.split_by_node(iter(items))))
+        ours = list(SplitByWorker(worker, 2)(SplitByNode(rank, 3)(iter(items))))
+        assert ours == theirs

@@ -1,0 +1,97 @@
+"""Reading shards: ``tar_members`` against ``tarfile``, and ``read_shard``'s errors on missing and damaged tars."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+import shardmaker as sm
+from streamtools import COUNTS
+
+from wsishard.errors import ShardError
+from wsishard.shards.reader import tar_members
+from wsishard.storage.opener import StreamOpener
+from wsishard.streaming.stages import ShardRef, read_shard
+
+
+def _tar(tmp_path: Path, members: list[tuple[str, bytes]], fmt: int = tarfile.USTAR_FORMAT,
+         extra: list[tarfile.TarInfo] = ()) -> Path:  # fmt: skip
+    path = tmp_path / f"t{fmt}.tar"
+    with tarfile.open(path, "w", format=fmt) as tar:
+        for info in extra:
+            tar.addfile(info)
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+class _Trickle(io.RawIOBase):
+    """A raw file that returns at most ``step`` bytes per read (as a socket might)."""
+
+    def __init__(self, data: bytes, step: int) -> None:
+        self._data, self._pos, self._step = data, 0, step
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        n = self._step if size < 0 else min(size, self._step)
+        out = self._data[self._pos : self._pos + n]
+        self._pos += len(out)
+        return out
+
+
+def test_tar_members_match_tarfile_on_a_shard(stream_out: sm.Output) -> None:
+    data = Path(stream_out.path(2)).read_bytes()
+    with tarfile.open(stream_out.path(2)) as tar:
+        expected = [(m.name, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
+    assert list(tar_members(io.BytesIO(data), lambda _: True)) == expected
+    assert list(tar_members(_Trickle(data, 700), lambda _: True)) == expected  # short reads
+    jsons = list(tar_members(io.BytesIO(data), lambda name: name.endswith(".json")))
+    assert jsons == [(n, d) for n, d in expected if n.endswith(".json")]
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT, tarfile.USTAR_FORMAT])
+def test_tar_members_read_long_names_and_skip_what_is_not_a_file(tmp_path: Path, fmt: int) -> None:
+    long_key = "d" * 60 + "/" + "k" * 90 if fmt == tarfile.USTAR_FORMAT else "é" * 70 + "k" * 90  # prefix / long
+    members = [(f"{long_key}.jpg", b"x" * 1000), (f"{long_key}.json", b"{}"), ("short.cls", b"1")]
+    folder, link = tarfile.TarInfo("a_dir"), tarfile.TarInfo("a_link.jpg")
+    folder.type, link.type, link.linkname = tarfile.DIRTYPE, tarfile.SYMTYPE, "short.cls"
+    path = _tar(tmp_path, members, fmt, extra=[folder, link])
+    assert list(tar_members(path.open("rb"), lambda _: True)) == members
+
+
+def _shard_of(tmp_path: Path, blob: bytes, samples: int) -> ShardRef:
+    path = tmp_path / "s.tar"
+    path.write_bytes(blob)
+    return ShardRef(url=str(path), samples=samples)
+
+
+def test_tar_damage_is_a_shard_error(stream_out: sm.Output, tmp_path: Path) -> None:
+    data = bytearray(Path(stream_out.path(0)).read_bytes())
+    n = COUNTS[0]
+    assert len(list(read_shard(_shard_of(tmp_path, bytes(data), n), StreamOpener()))) == n
+    with tarfile.open(stream_out.path(0)) as tar:
+        offsets = [m.offset for m in tar]
+    flipped = bytearray(data)
+    flipped[offsets[4] + 10] ^= 0x01  # a name byte of the fifth header: its checksum no longer holds
+    cases = {"checksum": bytes(flipped), "cut short": bytes(data[: offsets[4] + 300]),
+             "cut short ": bytes(data[: offsets[4] + 512 + 7])}  # fmt: skip
+    for reason, blob in cases.items():
+        with pytest.raises(ShardError, match=reason.strip()) as info:
+            list(read_shard(_shard_of(tmp_path, blob, n), StreamOpener()))
+        assert info.value.shard.endswith("s.tar")
+    with pytest.raises(ShardError, match="the manifest says"):  # cut at a header: reads as a shorter shard
+        list(read_shard(_shard_of(tmp_path, bytes(data[: offsets[6]]), n), StreamOpener()))
+    with pytest.raises(ShardError, match="checksum"):  # not a tar at all
+        list(read_shard(_shard_of(tmp_path, b"\x1f\x8b" + bytes(data[2:]), n), StreamOpener()))
+
+
+def test_read_shard_names_a_missing_shard(tmp_path: Path) -> None:
+    task = ShardRef(url=str(tmp_path / "nope.tar"), samples=1)
+    with pytest.raises(ShardError, match=r"nope\.tar"):
+        list(read_shard(task, StreamOpener()))
