@@ -97,6 +97,7 @@ def main() -> None:
             assert s is not None
             print(f"rank {s['rank']}: {s['step']} batches, {s['samples_per_s']:.1f} samples/s, "
                   f"data wait {100 * s['data_wait_fraction']:.0f}%")  # fmt: skip
+    dist.barrier()  # no rank tears its connections down while another still talks on them
     dist.destroy_process_group()
 
 

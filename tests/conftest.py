@@ -80,3 +80,11 @@ def stream_out(tmp_path_factory: pytest.TempPathFactory) -> Output:
     from streamtools import COUNTS
 
     return sm.make_output(str(tmp_path_factory.mktemp("stream") / "out"), COUNTS)
+
+
+@pytest.fixture
+def small_output(tmp_path: Path) -> Output:
+    """A fresh four-shard output of hand-made samples (:data:`shardmaker.SMALL_COUNTS`), for a test to damage."""
+    import shardmaker as sm
+
+    return sm.make_output(str(tmp_path / "out"), sm.SMALL_COUNTS)

@@ -24,6 +24,7 @@ from wsishard.format import Manifest, PatchMeta, ShardRecord, SlideRecord, sampl
 from wsishard.shards.reader import group_members
 
 _PIL = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}
+SMALL_COUNTS = (8, 6, 9, 7)  # samples per shard of conftest's ``small_output``
 
 
 @dataclass

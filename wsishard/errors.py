@@ -24,7 +24,24 @@ class OptionError(WsiShardError, ValueError):
     """A bad option value (the message names the option and the value)."""
 
 
-class SlideError(WsiShardError, OSError):
+class _Located(WsiShardError):
+    """An error about one named thing: where it is and a one-line reason a person can act on.
+
+    Pickles with both fields (worker processes hand errors back to the main process).
+    """
+
+    _label = ""
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"{self._label}{where}: {reason}")
+        self.where = where
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return type(self), (self.where, self.reason)
+
+
+class SlideError(_Located, OSError):
     """A slide could not be used.
 
     Attributes:
@@ -32,10 +49,9 @@ class SlideError(WsiShardError, OSError):
         reason: one line a person can act on (no traceback).
     """
 
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"{path}: {reason}")
-        self.path = path
-        self.reason = reason
+    @property
+    def path(self) -> str:
+        return self.where
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -73,7 +89,7 @@ class MissingMppError(SlideError):
     """A slide reports no microns-per-pixel and no override covers it."""
 
 
-class ShardError(WsiShardError, OSError):
+class ShardError(_Located, OSError):
     """A shard is missing, truncated, corrupt or holds fewer samples than the manifest says.
 
     Attributes:
@@ -81,13 +97,14 @@ class ShardError(WsiShardError, OSError):
         reason: what is wrong with it.
     """
 
-    def __init__(self, shard: str, reason: str) -> None:
-        super().__init__(f"shard {shard}: {reason}")
-        self.shard = shard
-        self.reason = reason
+    _label = "shard "
+
+    @property
+    def shard(self) -> str:
+        return self.where
 
 
-class ManifestError(WsiShardError, ValueError):
+class ManifestError(_Located, ValueError):
     """A manifest is missing, unreadable, of another format version, or inconsistent.
 
     Attributes:
@@ -95,10 +112,11 @@ class ManifestError(WsiShardError, ValueError):
         reason: what is wrong with it.
     """
 
-    def __init__(self, location: str, reason: str) -> None:
-        super().__init__(f"manifest {location}: {reason}")
-        self.location = location
-        self.reason = reason
+    _label = "manifest "
+
+    @property
+    def location(self) -> str:
+        return self.where
 
 
 class TopologyError(WsiShardError, ValueError):

@@ -30,18 +30,6 @@ OPTS = SMALL_BUILD
 ARGS = SMALL_BUILD_ARGS
 
 
-@pytest.fixture(scope="module")
-def slides(cohort: Path) -> Path:
-    """Eight slides (conftest's ``cohort``, read-only)."""
-    return cohort
-
-
-@pytest.fixture(scope="module")
-def local(cohort_build: Path) -> Path:
-    """``slides`` built locally with OPTS (conftest's ``cohort_build``, read-only)."""
-    return cohort_build
-
-
 def _download(s3: S3Server, url: str, to: Path) -> Path:
     fs = s3.fs()
     fs.invalidate_cache()
@@ -53,28 +41,30 @@ def _download(s3: S3Server, url: str, to: Path) -> Path:
     return to
 
 
-def test_build_to_s3_equals_the_local_build_and_streams_back(s3: S3Server, s3_bucket: str, slides: Path,
-                                                              local: Path, tmp_path: Path) -> None:  # fmt: skip
+def test_build_to_s3_equals_the_local_build_and_streams_back(s3: S3Server, s3_bucket: str, cohort: Path,
+                                                              cohort_build: Path, tmp_path: Path) -> None:  # fmt: skip
     url = f"s3://{s3_bucket}/cohort/shards"
-    manifest = build([str(slides)], url, OPTS, storage_options=s3.storage_options)
+    manifest = build([str(cohort)], url, OPTS, storage_options=s3.storage_options)
     s3.fs().invalidate_cache()
     names = sorted(p.rsplit("/", 1)[-1] for p in s3.fs().ls(url, detail=False))
     assert names == sorted([".wsishard", "manifest.json", "qc", *(s.name for s in manifest.shards)])
     copy = _download(s3, url, tmp_path / "copy")
-    local_manifest, local_samples = read_output(str(local))
+    local_manifest, local_samples = read_output(str(cohort_build))
     s3_manifest, _ = read_output(str(copy))
     assert s3_manifest.shards == local_manifest.shards  # same names, counts, bytes, sha256
     assert s3_manifest.slides == local_manifest.slides
-    assert len(s3.fs().ls(f"{url}/qc", detail=False)) == len(os.listdir(slides)) == 8
+    assert len(s3.fs().ls(f"{url}/qc", detail=False)) == len(os.listdir(cohort)) == 8
     ds = stream(url, batch_size=16, resampled=False, shuffle=0, drop_last=False, storage_options=s3.storage_options)
     keys = [k for batch in ds for k in batch["key"]]
     assert sorted(keys) == sorted(s.key for s in local_samples)
 
 
-def test_resume_on_s3_after_sigkill(s3: S3Server, s3_bucket: str, slides: Path, local: Path, tmp_path: Path) -> None:
+def test_resume_on_s3_after_sigkill(
+    s3: S3Server, s3_bucket: str, cohort: Path, cohort_build: Path, tmp_path: Path
+) -> None:
     url = f"s3://{s3_bucket}/shards"
     endpoint = ["--storage-option", f"endpoint_url={s3.endpoint_url}"]
-    cmd = [sys.executable, "-m", "wsishard.cli", "build", str(slides), "-o", url, "--jobs", "1", *ARGS, *endpoint]
+    cmd = [sys.executable, "-m", "wsishard.cli", "build", str(cohort), "-o", url, "--jobs", "1", *ARGS, *endpoint]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     fs = s3.fs()
     deadline = time.monotonic() + 120
@@ -91,7 +81,7 @@ def test_resume_on_s3_after_sigkill(s3: S3Server, s3_bucket: str, slides: Path, 
     again = subprocess.run([*cmd[:8], "2", *cmd[9:]], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     copy = _download(s3, url, tmp_path / "copy")
-    local_manifest, _ = read_output(str(local))
+    local_manifest, _ = read_output(str(cohort_build))
     s3_manifest, _ = read_output(str(copy))
     assert s3_manifest.shards == local_manifest.shards
     fs.invalidate_cache()
@@ -111,10 +101,10 @@ def test_an_aborted_upload_leaves_no_object(s3: S3Server, s3_bucket: str) -> Non
     assert s3.fs().cat_file(f"s3://{s3_bucket}/out/ok.txt") == b"done"
 
 
-def test_credentials_never_reach_output_or_logs(s3: S3Server, s3_bucket: str, slides: Path) -> None:
+def test_credentials_never_reach_output_or_logs(s3: S3Server, s3_bucket: str, cohort: Path) -> None:
     secret = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"  # moto accepts any credentials
     url = f"s3://{s3_bucket}/secret-check"
-    one = sorted(slides.iterdir())[0]
+    one = sorted(cohort.iterdir())[0]
     env = {**os.environ, "AWS_SECRET_ACCESS_KEY": secret}
     proc = subprocess.run(
         [sys.executable, "-m", "wsishard.cli", "-v", "build", str(one), "-o", url, "--patch-size", "64", "--jobs", "1",
@@ -138,13 +128,13 @@ def test_credentials_never_reach_output_or_logs(s3: S3Server, s3_bucket: str, sl
 
 
 def test_slides_read_from_a_bucket_through_bounded_scratch(
-    s3: S3Server, s3_bucket: str, slides: Path, local: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    s3: S3Server, s3_bucket: str, cohort: Path, cohort_build: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import wsishard.builder.scan
     import wsishard.builder.staging
 
     s3.fs().mkdir(f"{s3_bucket}/cohort/slides")
-    s3.upload(str(slides), f"s3://{s3_bucket}/cohort/slides")
+    s3.upload(str(cohort), f"s3://{s3_bucket}/cohort/slides")
     live: list[int] = [0, 0]  # copies on disk now, most at once
     original = wsishard.builder.staging.local_copy
 
@@ -167,7 +157,7 @@ def test_slides_read_from_a_bucket_through_bounded_scratch(
                      scratch=str(scratch))  # fmt: skip
     assert live == [0, 1]  # one slide on local disk at a time, and none left
     assert not [p for p in scratch.rglob("*") if p.is_file()]  # copies and staged patches removed
-    local_manifest, _ = read_output(str(local))
+    local_manifest, _ = read_output(str(cohort_build))
     assert manifest.shards == local_manifest.shards  # byte-identical shards from the same slides
     assert [s.file for s in manifest.slides] == [f"s3://{s3_bucket}/cohort/slides/{Path(s.file).name}"
                                                  for s in local_manifest.slides]  # fmt: skip

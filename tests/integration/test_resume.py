@@ -23,18 +23,6 @@ from wsishard.errors import ManifestError, OptionError
 ARGS = SMALL_BUILD_ARGS  # the CLI spelling of SMALL_BUILD: a CLI build must equal the API-built reference
 
 
-@pytest.fixture(scope="module")
-def slides(cohort: Path) -> Path:
-    """Eight slides (conftest's ``cohort``, read-only)."""
-    return cohort
-
-
-@pytest.fixture(scope="module")
-def reference(cohort_build: Path) -> Path:
-    """The uninterrupted build of ``slides`` with SMALL_BUILD (conftest's ``cohort_build``, read-only)."""
-    return cohort_build
-
-
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "wsishard.cli", *args], capture_output=True, text=True, timeout=600)
 
@@ -48,9 +36,9 @@ def _same_output(a: Path, b: Path) -> None:
     assert sorted(p.name for p in a.glob("shard-*.tar")) == sorted(p.name for p in b.glob("shard-*.tar"))
 
 
-def test_resume_after_sigkill_gives_the_uninterrupted_result(slides: Path, reference: Path, tmp_path: Path) -> None:
+def test_resume_after_sigkill_gives_the_uninterrupted_result(cohort: Path, cohort_build: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "wsishard.cli", "build", str(slides), "-o", str(out), "--jobs", "1", *ARGS]
+    cmd = [sys.executable, "-m", "wsishard.cli", "build", str(cohort), "-o", str(out), "--jobs", "1", *ARGS]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     done = out / ".wsishard" / "done"
     deadline = time.monotonic() + 120
@@ -64,43 +52,43 @@ def test_resume_after_sigkill_gives_the_uninterrupted_result(slides: Path, refer
     assert not (out / "manifest.json").exists()
     finished_before = set(os.listdir(done))
     mtimes = {n: (done / n).stat().st_mtime_ns for n in finished_before}
-    again = _cli("build", str(slides), "-o", str(out), "--jobs", "2", *ARGS)
+    again = _cli("build", str(cohort), "-o", str(out), "--jobs", "2", *ARGS)
     assert again.returncode == 0, again.stderr
     assert all((done / n).stat().st_mtime_ns == mtimes[n] for n in finished_before)  # finished shards skipped
     assert len(os.listdir(done)) > len(finished_before)
-    _same_output(out, reference)
+    _same_output(out, cohort_build)
     assert not [p for p in out.iterdir() if ".tmp-" in p.name]
 
 
-def test_rerun_of_a_finished_build_changes_nothing(slides: Path, reference: Path, tmp_path: Path) -> None:
+def test_rerun_of_a_finished_build_changes_nothing(cohort: Path, cohort_build: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     opts = dataclasses.replace(SMALL_BUILD, jobs=1)
-    first = build([str(slides)], str(out), opts)
-    assert first.shards == read_output(str(reference))[0].shards  # one job or two: the same shards
+    first = build([str(cohort)], str(out), opts)
+    assert first.shards == read_output(str(cohort_build))[0].shards  # one job or two: the same shards
     stamps = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.tar")}
-    second = build([str(slides)], str(out), opts)
+    second = build([str(cohort)], str(out), opts)
     assert first.shards == second.shards
     assert stamps == {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.tar")}
 
 
-def test_other_options_are_refused_unless_overwrite(slides: Path, tmp_path: Path) -> None:
+def test_other_options_are_refused_unless_overwrite(cohort: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    build([str(slides)], str(out), BuildOptions(patch=PatchOptions(patch_size_px=64), shard_samples=25, jobs=1))
+    build([str(cohort)], str(out), BuildOptions(patch=PatchOptions(patch_size_px=64), shard_samples=25, jobs=1))
     other = BuildOptions(patch=PatchOptions(patch_size_px=64), shard_samples=40, jobs=1)
     with pytest.raises(OptionError, match="--overwrite"):
-        build([str(slides)], str(out), other)
-    proc = _cli("build", str(slides), "-o", str(out), "--patch-size", "64", "--shard-samples", "40", "-q")
+        build([str(cohort)], str(out), other)
+    proc = _cli("build", str(cohort), "-o", str(out), "--patch-size", "64", "--shard-samples", "40", "-q")
     assert proc.returncode == 2 and "--overwrite" in proc.stderr and "Traceback" not in proc.stderr
-    manifest = build([str(slides)], str(out), other, overwrite=True)
+    manifest = build([str(cohort)], str(out), other, overwrite=True)
     assert manifest.options["shard_samples"] == 40
     assert sorted(p.name for p in out.glob("shard-*.tar")) == [s.name for s in manifest.shards]
 
 
-def test_three_parts_in_separate_processes_merge_to_the_single_build(slides: Path, reference: Path,
+def test_three_parts_in_separate_processes_merge_to_the_single_build(cohort: Path, cohort_build: Path,
                                                                       tmp_path: Path) -> None:  # fmt: skip
     out = tmp_path / "out"
     procs = [
-        subprocess.Popen([sys.executable, "-m", "wsishard.cli", "build", str(slides), "-o", str(out), "--jobs", "1",
+        subprocess.Popen([sys.executable, "-m", "wsishard.cli", "build", str(cohort), "-o", str(out), "--jobs", "1",
                           "--part", f"{i}/3", *ARGS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in (1, 2, 3)
     ]  # fmt: skip
@@ -113,13 +101,13 @@ def test_three_parts_in_separate_processes_merge_to_the_single_build(slides: Pat
     assert not (out / "manifest.json").exists()
     proc = _cli("merge", str(out))
     assert proc.returncode == 0, proc.stderr
-    _same_output(out, reference)
+    _same_output(out, cohort_build)
 
 
-def test_merge_names_missing_parts(slides: Path, tmp_path: Path) -> None:
+def test_merge_names_missing_parts(cohort: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     opts = dataclasses.replace(SMALL_BUILD, jobs=1, qc=False)
-    build([str(slides)], str(out), opts, part=(2, 3))
+    build([str(cohort)], str(out), opts, part=(2, 3))
     with pytest.raises(ManifestError, match="parts 1, 3 of 3 are not finished"):
         merge(str(out))
 

@@ -9,7 +9,7 @@ import pytest
 import webdataset as wds
 
 from wsishard.streaming.dataset import StreamConfig
-from wsishard.streaming.stages import SplitByNode, SplitByWorker
+from wsishard.streaming.stages import Split
 from wsishard.streaming.world import World, detect_world
 
 
@@ -35,5 +35,6 @@ def test_split_stages_match_webdataset_splitters(monkeypatch: pytest.MonkeyPatch
         for name, value in (("RANK", rank), ("WORLD_SIZE", 3), ("WORKER", worker), ("NUM_WORKERS", 2)):
             monkeypatch.setenv(name, str(value))
         theirs = list(wds.split_by_worker(wds.split_by_node(iter(items))))
-        ours = list(SplitByWorker(worker, 2)(SplitByNode(rank, 3)(iter(items))))
+        world = World(rank=rank, world_size=3, worker=worker, num_workers=2)
+        ours = list(Split.by_worker(world)(Split.by_node(world)(iter(items))))
         assert ours == theirs

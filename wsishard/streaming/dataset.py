@@ -55,8 +55,7 @@ from wsishard.streaming.stages import (
     ShardList,
     ShardRef,
     Shuffle,
-    SplitByNode,
-    SplitByWorker,
+    Split,
 )
 from wsishard.streaming.world import World, detect_world
 
@@ -208,8 +207,8 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         logger.debug("rank %d worker %d epoch %d: %d shards", world.rank, world.worker, epoch, mine_count)
         return wds.DataPipeline(
             ShardList(tuple(self.shards[i] for i in order.tolist())),
-            SplitByNode(world.rank, world.world_size),
-            SplitByWorker(world.worker, world.num_workers),
+            Split.by_node(world),
+            Split.by_worker(world),
             resample,
             *self.sample_stages(seed, max_failures=mine_count),
             budget,

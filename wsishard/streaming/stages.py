@@ -24,6 +24,7 @@ from wsishard.format import IMAGE_FORMATS, LABEL_EXT, META_EXT, is_sample_member
 from wsishard.shards.reader import group_members, tar_members
 from wsishard.storage.secrets import redact
 from wsishard.streaming.partition import resample_order
+from wsishard.streaming.world import World
 
 logger = logging.getLogger(__name__)
 
@@ -62,25 +63,26 @@ class ShardList:
 
 
 @dataclass(frozen=True)
-class SplitByNode:
-    """``wds.split_by_node`` with an explicit rank: ``islice(src, rank, None, world_size)``."""
+class Split:
+    """Every ``count``-th item from ``index`` on: ``islice(src, index, None, count)``, webdataset's split.
 
-    rank: int
-    world_size: int
+    :meth:`by_node` is ``wds.split_by_node`` and :meth:`by_worker` is ``wds.split_by_worker``, with the rank and
+    worker given explicitly (a :class:`~wsishard.streaming.world.World` detected once) instead of re-detected.
+    """
+
+    index: int
+    count: int
+
+    @classmethod
+    def by_node(cls, world: World) -> Split:
+        return cls(world.rank, world.world_size)
+
+    @classmethod
+    def by_worker(cls, world: World) -> Split:
+        return cls(world.worker, world.num_workers)
 
     def __call__(self, src: Iterator[ShardRef]) -> Iterator[ShardRef]:
-        return islice(src, self.rank, None, self.world_size)
-
-
-@dataclass(frozen=True)
-class SplitByWorker:
-    """``wds.split_by_worker`` with an explicit worker: ``islice(src, worker, None, num_workers)``."""
-
-    worker: int
-    num_workers: int
-
-    def __call__(self, src: Iterator[ShardRef]) -> Iterator[ShardRef]:
-        return islice(src, self.worker, None, self.num_workers)
+        return islice(src, self.index, None, self.count)
 
 
 @dataclass(frozen=True)
