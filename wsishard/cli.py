@@ -11,12 +11,12 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import Field
-from typing import Any
+from typing import Any, NoReturn
 
 from tqdm import tqdm
 
 from wsishard import __version__
-from wsishard.builder.inputs import label_table, mpp_table
+from wsishard.builder.inputs import check_output, label_table, mpp_table
 from wsishard.builder.merge import merge
 from wsishard.builder.options import BuildOptions, BuildProgress
 from wsishard.builder.run import build
@@ -39,7 +39,10 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 512MB, 1GiB, 100000)")
     number, unit, binary = match.groups()
     base = 1024 if binary else 1000
-    return int(float(number) * base ** " kmgt".index(unit.lower() or " "))
+    try:
+        return int(float(number) * base ** " kmgt".index(unit.lower() or " "))
+    except OverflowError:  # 1e400: float infinity
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}") from None
 
 
 def _number(kind: type, ok: Callable[[Any], bool], rule: str) -> Callable[[str], Any]:
@@ -62,19 +65,9 @@ def _positive(kind: type) -> Callable[[str], Any]:
 
 
 _non_negative = _number(float, lambda v: v >= 0, "must be >= 0")
+_non_negative_int = _number(int, lambda v: v >= 0, "must be >= 0")
+_int = _number(int, lambda v: True, "")
 _fraction = _number(float, lambda v: 0.0 <= v <= 1.0, "must be between 0 and 1")
-
-
-def _table(read: Callable[[str], Any]) -> Callable[[str], Any]:
-    """An argparse ``type`` reading a per-slide CSV table; its OptionError becomes a usage error."""
-
-    def parse(path: str) -> Any:
-        try:
-            return read(path)
-        except OptionError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return parse
 
 
 def _labels(path: str) -> tuple[dict[str, int], tuple[str, ...]]:
@@ -89,11 +82,12 @@ def format_size(n: int) -> str:
     return f"{n // 1000**power}{' kMGT'[power]}B" if power else str(n)
 
 
-# What an option field's metadata may name in "parse": the argparse type reading its flag's value.
+# What an option field's metadata may name in "parse": reads its flag's value (argparse.ArgumentTypeError or
+# OptionError refuse it).
 _PARSE: dict[str, Callable[[str], Any]] = {
-    "str": str, "int": int, "positive_int": _positive(int), "positive_float": _positive(float),
-    "non_negative": _non_negative, "fraction": _fraction, "size": parse_size,
-    "mpp_table": _table(mpp_table), "label_table": _table(_labels),
+    "str": str, "int": _int, "positive_int": _positive(int), "positive_float": _positive(float),
+    "non_negative": _non_negative, "non_negative_int": _non_negative_int, "fraction": _fraction, "size": parse_size,
+    "mpp_table": mpp_table, "label_table": _labels,
 }  # fmt: skip
 _SHOW: dict[str, Callable[[Any], str]] = {"size": format_size}  # how a default is shown, by "parse" (else str)
 _GROUPS = {  # "group" in the metadata -> help section, in the order shown
@@ -121,13 +115,38 @@ def option_fields(cls: Any = BuildOptions, prefix: str = "", group: str = "") ->
             yield prefix + f.name, f.metadata.get("group", group), f
 
 
+def _owner(dest: str, cls: Any = BuildOptions) -> Any:
+    """The option class holding the field at ``dest`` (``patch.patch_size_px`` -> :class:`PatchOptions`)."""
+    for name in dest.split(".")[:-1]:
+        cls = next(f.default_factory for f in dataclasses.fields(cls) if f.name == name)
+    return cls
+
+
+def _flag_type(parse: Callable[[str], Any], owner: Any, f: Field[Any]) -> Callable[[str], Any]:
+    """An argparse ``type``: ``parse``, then (with ``owner``, the field's option class) the class's own validation
+    of the value: the flag refuses what the class refuses, as a usage error naming the flag."""
+
+    def check(text: str) -> Any:
+        try:
+            value = parse(text)
+            fills = f.metadata.get("fills")
+            if owner is not None:
+                owner(**(dict(zip(fills, value, strict=True)) if fills else {f.name: value}))
+        except OptionError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return value
+
+    return check
+
+
 def option_flag(f: Field[Any]) -> str:
     """The command-line flag of an option field (see :func:`option_fields`)."""
     name = f.name.replace("_", "-")
     return f.metadata.get("flag") or (f"--no-{name}" if f.default is True else f"--{name}")
 
 
-def _add_option(group: Any, dest: str, f: Field[Any]) -> None:
+def _add_option(group: Any, dest: str, f: Field[Any], owner: Any = None) -> None:
+    """Add the flag of option field ``f``; with ``owner`` (its option class) a value the class refuses is refused."""
     meta, default = f.metadata, f.default
     shown = default is not None and default is not dataclasses.MISSING and not isinstance(default, bool)
     help_text = meta["help"]
@@ -139,7 +158,8 @@ def _add_option(group: Any, dest: str, f: Field[Any]) -> None:
     else:
         choices = meta.get("choices")
         metavar = meta.get("metavar", None if choices else f.name.upper())
-        kw.update(type=_PARSE[meta.get("parse", "str")], choices=choices, metavar=metavar)
+        check = None if choices else owner  # with choices, argparse's "invalid choice" says it best
+        kw.update(type=_flag_type(_PARSE[meta.get("parse", "str")], check, f), choices=choices, metavar=metavar)
     group.add_argument(option_flag(f), **kw)
 
 
@@ -162,44 +182,26 @@ def _from_flags(given: Mapping[str, Any], cls: Any, prefix: str) -> Any:
 
 
 def _add_build_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "build",
-        help="turn slides into mixed tissue-patch WebDataset shards",
-        description="Detect tissue (Otsu), cut a patch grid at a target resolution, and write the tissue patches "
-        "into WebDataset tar shards that mix slides, with a manifest and QC pictures. "
-        "Exit status: 0 all slides built, 1 some slides failed (listed in the summary and the manifest), 2 bad usage.",
-    )
-    p.add_argument(
-        "slides",
-        nargs="+",
-        metavar="SLIDES",
-        help="slide folders (searched recursively), slide files, or text files listing slide paths",
-    )
+    p = sub.add_parser("build", help="turn slides into mixed tissue-patch WebDataset shards",
+                       description="Detect tissue (Otsu), cut a patch grid at a target resolution, and write the "
+                       "tissue patches into WebDataset tar shards that mix slides, with a manifest and QC pictures. "
+                       "Exit status: 0 all slides built, 1 some slides failed (listed in the summary and the "
+                       "manifest), 2 bad usage.")  # fmt: skip
+    p.add_argument("slides", nargs="+", metavar="SLIDES", help="slide folders (searched recursively), slide files, "
+                   "or text files listing slide paths")  # fmt: skip
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="output folder: shards, manifest.json, qc/")
     groups = {key: p.add_argument_group(title) for key, title in _GROUPS.items()}
     for dest, group, f in sorted(option_fields(), key=lambda item: list(_GROUPS).index(item[1])):
-        _add_option(groups[group], dest, f)
+        _add_option(groups[group], dest, f, _owner(dest))
     g = groups["run"]
-    g.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace a build with other slides or options in OUT "
-        "(without it that is refused; the same build is resumed)",
-    )
-    g.add_argument(
-        "--part",
-        type=_part,
-        metavar="I/N",
-        help="build only part I of N (1-based) and write a part "
-        "manifest; `wsishard merge OUT` joins the parts (default in a Slurm array job: "
-        "SLURM_ARRAY_TASK_ID / SLURM_ARRAY_TASK_COUNT)",
-    )
-    g.add_argument(
-        "--scratch",
-        metavar="DIR",
-        help="local folder for copies of slides read from object storage "
-        "(one slide per worker at a time, plus one group's staged patches; default: a temporary folder)",
-    )
+    g.add_argument("--overwrite", action="store_true", help="replace a build with other slides or options in OUT "
+                   "(without it that is refused; the same build is resumed)")  # fmt: skip
+    g.add_argument("--part", type=_part, metavar="I/N", help="build only part I of N (1-based) and write a part "
+                   "manifest; `wsishard merge OUT` joins the parts (default in a Slurm array job: "
+                   "SLURM_ARRAY_TASK_ID / SLURM_ARRAY_TASK_COUNT)")  # fmt: skip
+    g.add_argument("--scratch", metavar="DIR", help="local folder for copies of slides read from object storage "
+                   "(one slide per worker at a time, plus one group's staged patches; "
+                   "default: a temporary folder)")  # fmt: skip
     _add_storage_option(g)
     g.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_build)
@@ -273,6 +275,7 @@ class _Bars:
 
 def _cmd_build(args: argparse.Namespace) -> int:
     options = _options(args)
+    check_output(args.output)
     bars = _Bars(args.quiet)
     try:
         part = args.part or slurm_part(os.environ)
@@ -324,9 +327,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         bars.close()
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line (``wsishard build: error: ...``), without the usage
+    block (``--help`` shows that); its subcommand parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="wsishard", description="Whole-slide images to mixed tissue-patch "
-                                  "WebDataset shards, streamed into PyTorch with two-level DDP sharding.")  # fmt: skip
+    top = _Parser(prog="wsishard", description="Whole-slide images to mixed tissue-patch WebDataset shards, "
+                  "streamed into PyTorch with two-level DDP sharding.")  # fmt: skip
     top.add_argument("--version", action="version", version=f"wsishard {__version__}")
     top.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -17,7 +17,8 @@ def human_bytes(n: float) -> str:
 
 
 def summary(manifest: Manifest, location: str = "") -> str:
-    """A few lines: slides ok/failed, samples, shards, bytes, and one line per failed slide."""
+    """A few lines: slides ok/failed, samples, shards, bytes, the slides a labelled build left without a label,
+    and one line per failed slide."""
     ok = len(manifest.slides) - len(manifest.failed_slides)
     where = f" -> {location}" if location else ""
     lines = [
@@ -29,6 +30,12 @@ def summary(manifest: Manifest, location: str = "") -> str:
         counts = [s.samples for s in manifest.shards]
         mixing = [s.slides for s in manifest.shards]
         lines.append(f"  samples per shard {min(counts)}..{max(counts)}, slides per shard {min(mixing)}..{max(mixing)}")
+    if manifest.options.get("labels"):
+        unlabelled = [os.path.basename(s.file) for s in manifest.slides if s.status == "ok" and s.label is None]
+        if unlabelled:
+            names = ", ".join(unlabelled[:5]) + (f" and {len(unlabelled) - 5} more" if len(unlabelled) > 5 else "")
+            plural = "slides" if len(unlabelled) > 1 else "slide"
+            lines.append(f"  {len(unlabelled)} {plural} without a label (label -1 when streamed): {names}")
     for slide in manifest.failed_slides:
         lines.append(f"  FAILED {os.path.basename(slide.file)}: {slide.reason}")
     return "\n".join(lines)

@@ -29,7 +29,7 @@ def _non_default(f: dataclasses.Field[Any], tmp_path: Path) -> tuple[list[str], 
         value = next(c for c in meta["choices"] if c != default)
         return [str(value)], {f.name: value}
     kind = meta["parse"]
-    if kind in ("int", "positive_int"):
+    if kind in ("int", "positive_int", "non_negative_int"):
         value = 64 if default is None else default + 1
     elif kind in ("positive_float", "non_negative"):
         value = 0.25 if not default else default * 2
@@ -62,7 +62,8 @@ def test_flags_cover_the_option_fields_the_cli_had() -> None:
     assert {"--thumb-mpp", "--tissue-median-um", "--tissue-close-um", "--min-object-um2", "--min-hole-um2",
             "--no-darkness", "--tissue-threshold"} <= flags  # fmt: skip
     assert {"--format", "--quality", "--shard-size", "--shard-samples", "--group-slides", "--seed", "--jobs",
-            "--no-qc", "--no-fast-path", "--default-mpp", "--mpp-csv", "--labels"} <= flags  # fmt: skip
+            "--no-qc", "--no-fast-path", "--default-mpp", "--mpp-csv", "--labels",
+            "--require-labels"} <= flags  # fmt: skip
     assert len(flags) == len(FLAGGED)  # no two fields share a flag
     unflagged = {"block_patches", "max_thumb_px", "min_threshold", "label_names"}
     assert unflagged.isdisjoint(f.name for _, _, f in FLAGGED)
@@ -123,6 +124,26 @@ def test_help_groups_and_shown_defaults(monkeypatch: pytest.MonkeyPatch, capsys:
     assert re.search(r"--quality 1\.\.100 +JPEG quality \(default: 90\)\n", text)
     assert "--seed SEED" in text and "--no-darkness " in text and "(default: True)" not in text
     assert parse_size(format_size(BuildOptions().shard_size_bytes or 0)) == BuildOptions().shard_size_bytes
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--patch-size", "4", "invalid patch_size_px: 4 (need 8..8192)"),  # the CLI took 4, PatchOptions did not
+        ("--tissue-threshold", "1", "invalid fixed_threshold: 1.0 (need 0 <= T < 1)"),  # 0..1 vs [0, 1)
+        ("--quality", "0", "invalid quality: 0 (need 1..100)"),  # was 'invalid choice: 0 (choose from 1, 2, ... 100)'
+        ("--seed", "-1", "must be >= 0: '-1'"),  # every slide then failed
+        ("--seed", "x", "not an integer: 'x'"),  # was 'invalid int value'
+        ("--shard-samples", "5", "invalid shard_samples: 5 (need >= 16: one block)"),
+    ],
+)
+def test_a_flag_refuses_what_its_option_class_refuses(
+    flag: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parser().parse_args(["build", "SLIDES", "-o", "OUT", flag, value])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == f"wsishard build: error: argument {flag}: {message}\n"  # one line, no usage
 
 
 def test_a_new_field_gets_its_flag_from_its_declaration() -> None:

@@ -5,12 +5,23 @@ Slide files here are empty: finding slides never opens them.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 from pathlib import Path
 
 import pytest
 
-from wsishard.builder.inputs import find_slides, label_table, lookup, mpp_table, read_table
+from wsishard.builder.inputs import (
+    check_output,
+    check_tables,
+    find_slides,
+    label_table,
+    lookup,
+    mpp_table,
+    read_table,
+)
+from wsishard.builder.options import BuildOptions
 from wsishard.errors import OptionError
 
 
@@ -125,8 +136,8 @@ def test_a_bad_mpp_is_an_option_error_naming_the_slide(tmp_path: Path) -> None:
 
 def test_integer_labels_are_kept_as_they_are(tmp_path: Path) -> None:
     path = tmp_path / "labels.csv"
-    path.write_text("slide,label\na.svs,3\nb,0\nc.tif,-1\n")
-    assert label_table(str(path)) == ({"a.svs": 3, "b": 0, "c.tif": -1}, [])
+    path.write_text("slide,label\na.svs,3\nb,0\nc.tif,12\n")
+    assert label_table(str(path)) == ({"a.svs": 3, "b": 0, "c.tif": 12}, [])
     path.write_text("a.svs,7\nb,12\n")  # no header
     assert label_table(str(path)) == ({"a.svs": 7, "b": 12}, [])
 
@@ -137,5 +148,126 @@ def test_class_names_are_numbered_in_sorted_order(tmp_path: Path) -> None:
     labels, names = label_table(str(path))
     assert names == ["normal", "stroma", "tumour"]
     assert labels == {"a.svs": 2, "b": 0, "c": 1, "d": 2}
-    path.write_text("a.svs,2\nb.svs,benign\n")  # one name: every label is a name, digits too
-    assert label_table(str(path)) == ({"a.svs": 0, "b.svs": 1}, ["2", "benign"])
+
+
+def test_mixing_integer_labels_and_class_names_is_an_error_naming_the_lines(tmp_path: Path) -> None:
+    path = tmp_path / "labels.csv"
+    path.write_text("slide-000,1\nslide-001,tumor\nslide-002,2\n")  # was silently renumbered to 0, 2, 1
+    with pytest.raises(OptionError, match=r"labels\.csv: integer labels mixed with class names.*2: slide-001,tumor"):
+        label_table(str(path))
+    path.write_text("slide,label\na,normal\nb,tumour\nc,3\nd,normal\n")  # the minority is what looks wrong
+    with pytest.raises(OptionError, match=r"line 4: c,3$"):
+        label_table(str(path))
+
+
+def test_header_lines_of_label_tables(tmp_path: Path) -> None:
+    path = tmp_path / "labels.csv"
+    for header in ("slide,label", "slide_id,diagnosis", "file,y", "Slide,Class"):
+        path.write_text(f"{header}\na.svs,3\nb,0\n")
+        assert label_table(str(path)) == ({"a.svs": 3, "b": 0}, []), header
+    path.write_text("a.svs,label\nb.svs,other\n")  # a slide file name is never a header
+    assert label_table(str(path)) == ({"a.svs": 0, "b.svs": 1}, ["label", "other"])
+
+
+@pytest.mark.parametrize("what", ["--labels", "--mpp-csv"])
+def test_a_slide_listed_twice_is_an_error_naming_it_and_its_lines(tmp_path: Path, what: str) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("slide,value\na.svs,1\nb.svs,2\n\na.svs,1\n")
+    read = label_table if what == "--labels" else mpp_table
+    with pytest.raises(OptionError, match=rf"{what} .*t\.csv: 'a\.svs' is listed twice \(lines 2 and 5\)"):
+        read(str(path))
+
+
+@pytest.mark.parametrize("value", ["99999999999999999999999", "9223372036854775808", "-9223372036854775809", "-1"])
+def test_a_label_outside_int64_or_negative_is_an_error_naming_the_value(tmp_path: Path, value: str) -> None:
+    path = tmp_path / "labels.csv"
+    path.write_text(f"a.svs,1\nb.svs,{value}\n")
+    with pytest.raises(OptionError, match=rf"label {value} of 'b\.svs' \(line 2\) is not in 0\.\.2\*\*63-1"):
+        label_table(str(path))
+    path.write_text("a.svs,9223372036854775807\nb.svs,0\n")  # the limits are fine
+    assert label_table(str(path)) == ({"a.svs": 2**63 - 1, "b.svs": 0}, [])
+
+
+def test_a_line_without_a_label_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "labels.csv"
+    path.write_text("a.svs,1\nb.svs,\n")
+    with pytest.raises(OptionError, match=r"'b\.svs' \(line 2\) has no value"):
+        label_table(str(path))
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "0", "1e400", "1000"])
+def test_an_mpp_that_is_not_finite_and_positive_is_an_error_naming_slide_and_value(tmp_path: Path, value: str) -> None:
+    path = tmp_path / "mpp.csv"
+    path.write_text(f"slide,mpp\na.svs,0.25\nb.svs,{value}\n")
+    with pytest.raises(OptionError, match=rf"--mpp-csv .*mpp\.csv: mpp of 'b\.svs' \(line 3\) is {value}: need"):
+        mpp_table(str(path))
+
+
+SLIDES = ["/d/a.svs", "/d/b.tif", "/d/sub/c.svs"]
+
+
+def test_check_tables_reports_unknown_names_and_slides_without_a_label(caplog: pytest.LogCaptureFixture) -> None:
+    options = BuildOptions(labels={"a.svs": 1, "x": 2, "y.svs": 0}, mpp_overrides={"b": 0.25, "/e/c.svs": 0.5})
+    expected = [
+        "--labels: 2 slide names match no input slide: x, y.svs",
+        "--labels: 2 of 3 slides have no label (no .cls; label -1 when streamed): b.tif, c.svs",
+        "--mpp-csv: 1 slide name matches no input slide: /e/c.svs",
+    ]
+    with caplog.at_level(logging.WARNING, logger="wsishard"):
+        assert check_tables(SLIDES, options) == expected
+    assert [r.getMessage() for r in caplog.records] == expected  # logged, for the CLI's stderr
+
+
+def test_check_tables_is_quiet_when_the_tables_match_and_without_tables() -> None:
+    assert check_tables(SLIDES, BuildOptions(labels={"a": 0, "b.tif": 1, "/d/sub/c.svs": 0}, require_labels=True)) == []
+    assert check_tables(SLIDES, BuildOptions()) == []  # no labels: nothing is missing one
+
+
+def test_long_lists_of_names_are_cut_short() -> None:
+    many = [f"/d/s{i:02d}.svs" for i in range(12)]
+    (warning,) = check_tables(many, BuildOptions(labels={"s00": 1}))
+    assert warning.endswith("11 of 12 slides have no label (no .cls; label -1 when streamed): "
+                            "s01.svs, s02.svs, s03.svs, s04.svs, s05.svs and 6 more")  # fmt: skip
+
+
+def test_require_labels_makes_a_missing_label_an_error_naming_the_slides() -> None:
+    with pytest.raises(OptionError, match=r"^--require-labels: 1 of 3 slides have no label in --labels: b\.tif$"):
+        check_tables(SLIDES, BuildOptions(labels={"a": 0, "c": 1}, require_labels=True))
+    with pytest.raises(OptionError, match="3 of 3 slides have no label"):
+        check_tables(SLIDES, BuildOptions(require_labels=True))
+
+
+@pytest.mark.parametrize("table", ["labels", "mpp_overrides"])
+def test_a_slide_in_a_table_under_two_names_is_an_error(table: str) -> None:
+    value = {"labels": 1, "mpp_overrides": 0.25}[table]
+    options = BuildOptions(**{table: {"b": value, "/d/b.tif": value}})
+    with pytest.raises(OptionError, match=r"b\.tif is listed twice: as '/d/b\.tif' and 'b'"):
+        check_tables(SLIDES, options)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("mpp_overrides", {"a.svs": float("nan")}, "invalid mpp_overrides: mpp of 'a.svs' is nan: need a level-0 mpp"),
+        ("mpp_overrides", {"a.svs": 0.0}, "mpp of 'a.svs' is 0.0"),
+        ("mpp_overrides", {"a.svs": float("inf")}, "mpp of 'a.svs' is inf"),
+        ("default_mpp", -1.0, "invalid default_mpp: -1.0 (need 0 < UM < 1000)"),
+        ("default_mpp", float("nan"), "invalid default_mpp: nan"),
+        ("labels", {"a.svs": 2**63}, "invalid labels: label of 'a.svs' is 9223372036854775808: need an integer in 0"),
+        ("seed", -1, "invalid seed: -1 (need >= 0)"),
+    ],
+)
+def test_build_options_refuse_what_the_tables_refuse(field: str, value: object, message: str) -> None:
+    with pytest.raises(OptionError, match=re.escape(message)):
+        BuildOptions(**{field: value})  # type: ignore[arg-type]
+
+
+def test_check_output_refuses_a_file_or_a_path_under_one(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(OptionError, match=r"^-o .*afile: exists and is not a folder$"):
+        check_output(str(tmp_path / "afile"))
+    with pytest.raises(OptionError, match=r"^-o .*afile/a/b: .*afile is not a folder$"):
+        check_output(str(tmp_path / "afile" / "a" / "b"))
+    check_output(str(tmp_path))  # an existing folder
+    check_output(str(tmp_path / "new" / "deeper"))  # a folder that can be made
+    check_output("s3://bucket/prefix")  # URLs are the destination's business

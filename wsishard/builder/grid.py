@@ -55,23 +55,24 @@ class PatchOptions:
     block_patches: int = 4
 
     def __post_init__(self) -> None:
-        _check(self.target_mpp > 0 and math.isfinite(self.target_mpp), "target_mpp", self.target_mpp)
-        _check(8 <= self.patch_size_px <= 8192, "patch_size_px", self.patch_size_px)
-        _check(self.stride_px is None or 1 <= self.stride_px <= 8192, "stride_px", self.stride_px)
-        _check(0.0 <= self.min_tissue <= 1.0, "min_tissue", self.min_tissue)
+        """Validate every field; the message names the field, the bad value and what is needed."""
+        _check(self.target_mpp > 0 and math.isfinite(self.target_mpp), "target_mpp", self.target_mpp, "a finite UM > 0")
+        _check(8 <= self.patch_size_px <= 8192, "patch_size_px", self.patch_size_px, "8..8192")
+        _check(self.stride_px is None or 1 <= self.stride_px <= 8192, "stride_px", self.stride_px, "1..8192")
+        _check(0.0 <= self.min_tissue <= 1.0, "min_tissue", self.min_tissue, "0 <= FRAC <= 1")
         _check(self.max_patches_per_slide is None or self.max_patches_per_slide >= 1, "max_patches_per_slide",
-               self.max_patches_per_slide)  # fmt: skip
-        _check(0.0 <= self.mpp_tolerance < 0.5, "mpp_tolerance", self.mpp_tolerance)
-        _check(1 <= self.block_patches <= 64, "block_patches", self.block_patches)
+               self.max_patches_per_slide, ">= 1")  # fmt: skip
+        _check(0.0 <= self.mpp_tolerance < 0.5, "mpp_tolerance", self.mpp_tolerance, "0 <= FRAC < 0.5")
+        _check(1 <= self.block_patches <= 64, "block_patches", self.block_patches, "1..64")
 
     @property
     def stride(self) -> int:
         return self.stride_px or self.patch_size_px
 
 
-def _check(ok: bool, name: str, value: Any) -> None:
+def _check(ok: bool, name: str, value: Any, rule: str) -> None:
     if not ok:
-        raise OptionError(f"invalid {name}: {value!r}")
+        raise OptionError(f"invalid {name}: {value!r} (need {rule})")
 
 
 LEVEL_SLACK = 0.01  # a level up to 1% coarser than the target still serves it (upsampled by at most 1%)

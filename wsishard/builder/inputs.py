@@ -1,9 +1,10 @@
 """The build's inputs: slide paths from folders, files, list files and object-storage prefixes; per-slide tables
-(``slide,value`` CSV files: mpp overrides, labels)."""
+(``slide,value`` CSV files: mpp overrides, labels) and their check against the slides found."""
 
 from __future__ import annotations
 
 import csv
+import logging
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -11,12 +12,14 @@ from typing import TypeVar
 
 import fsspec
 
+from wsishard.builder.options import MPP_RULE, BuildOptions, valid_label, valid_mpp
 from wsishard.errors import OptionError
 from wsishard.slide import SLIDE_SUFFIXES
 from wsishard.storage.urls import StorageOptions, is_url
 
 _LIST_SUFFIXES = (".txt", ".lst", ".list", ".csv")
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 def find_slides(inputs: Sequence[str], storage_options: StorageOptions | None = None) -> list[str]:
@@ -59,11 +62,13 @@ def _read_list(list_path: str) -> list[str]:
 
 def lookup(table: Mapping[str, T], path: str) -> T | None:
     """Find ``path`` in a per-slide table keyed by path, file name, or file name without extension."""
+    return next((table[key] for key in _keys(path) if key in table), None)
+
+
+def _keys(path: str) -> list[str]:
+    """The keys a per-slide table may list ``path`` under, in the order :func:`lookup` tries them."""
     name = os.path.basename(path)
-    for key in (path, os.path.abspath(path), name, name.rsplit(".", 1)[0]):
-        if key in table:
-            return table[key]
-    return None
+    return list(dict.fromkeys((path, os.path.abspath(path), name, name.rsplit(".", 1)[0])))
 
 
 def list_slides(url: str, storage_options: StorageOptions | None = None) -> list[str]:
@@ -82,54 +87,175 @@ def list_slides(url: str, storage_options: StorageOptions | None = None) -> list
     return [f"{protocol}://{p}" for p in sorted(found)]
 
 
+def check_output(output: str) -> None:
+    """``output`` is a folder, or a local path where one can be made (not a file, nor under one), or an URL.
+
+    Raises:
+        OptionError: ``output`` or its nearest existing parent is not a folder.
+    """
+    if is_url(output):
+        return
+    probe = os.path.abspath(output)
+    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        where = "exists and is not a folder" if probe == os.path.abspath(output) else f"{probe} is not a folder"
+        raise OptionError(f"-o {output}: {where}")
+
+
 # ---- per-slide tables ------------------------------------------------------------------------------------
+
+_HEADER_SLIDE = {"slide", "slide_id", "slide_name", "file", "filename", "file_name", "path", "name", "image", "id"}
+_HEADER_LABEL = {"label", "labels", "class", "class_name", "y", "target"}
+_INTEGER = re.compile(r"[+-]?\d+")
+_SHOWN = 5  # names listed in one message; the rest are counted
 
 
 def read_table(path: str, what: str) -> dict[str, str]:
     """A two-column CSV (slide, value), with or without a header line, as a dict.
 
     Raises:
-        OptionError: the file cannot be read, or a line lacks its second column.
+        OptionError: the file cannot be read, a line lacks its value, or a slide is listed twice.
     """
+    return {slide: value for _, slide, value in _rows(path, what)}
+
+
+def _rows(path: str, what: str) -> list[tuple[int, str, str]]:
+    """``(line number, slide, value)`` of every line of a table but blank and ``#`` lines, cells stripped."""
+    rows: list[tuple[int, str, str]] = []
+    seen: dict[str, int] = {}
     try:
         with open(path, newline="", encoding="utf-8") as fh:
-            rows = [r for r in csv.reader(fh) if r and r[0].strip() and not r[0].startswith("#")]
+            reader = csv.reader(fh)
+            for row in reader:
+                if not row or not row[0].strip() or row[0].startswith("#"):
+                    continue
+                if len(row) < 2:
+                    raise OptionError(f"{what} {path}: every line needs two columns: slide,value")
+                line, slide, value = reader.line_num, row[0].strip(), row[1].strip()
+                if not value:
+                    raise OptionError(f"{what} {path}: {slide!r} (line {line}) has no value")
+                if slide in seen:
+                    raise OptionError(f"{what} {path}: {slide!r} is listed twice (lines {seen[slide]} and {line})")
+                seen[slide] = line
+                rows.append((line, slide, value))
     except OSError as exc:
         raise OptionError(f"cannot read {what} {path}: {exc.strerror}") from exc
-    if any(len(r) < 2 for r in rows):
-        raise OptionError(f"{what} {path}: every line needs two columns: slide,value")
-    return {r[0].strip(): r[1].strip() for r in rows}
+    return rows
 
 
 def mpp_table(path: str) -> dict[str, float]:
     """``slide,mpp`` lines (an optional header line first) as slide -> level-0 mpp.
 
     Raises:
-        OptionError: unreadable, or an mpp that is not a number.
+        OptionError: unreadable, a slide listed twice, or an mpp that is not a number, not finite, or not
+            above 0 and below :data:`~wsishard.builder.options.MAX_MPP` (naming the slide, line and value).
     """
-    table = read_table(path, "--mpp-csv")
     out = {}
-    for slide, value in table.items():
+    for i, (line, slide, value) in enumerate(_rows(path, "--mpp-csv")):
         try:
-            out[slide] = float(value)
+            mpp = float(value)
         except ValueError:
-            if out or slide != next(iter(table)):  # only the first line may be a header
-                raise OptionError(f"--mpp-csv {path}: mpp of {slide!r} is not a number") from None
+            if i == 0:  # only the first line may be a header
+                continue
+            raise OptionError(f"--mpp-csv {path}: mpp of {slide!r} is not a number") from None
+        if not valid_mpp(mpp):
+            raise OptionError(f"--mpp-csv {path}: mpp of {slide!r} (line {line}) is {value}: need {MPP_RULE}")
+        out[slide] = mpp
     return out
 
 
 def label_table(path: str) -> tuple[dict[str, int], list[str]]:
-    """``slide,label`` lines: integer labels as they are; otherwise class names numbered in sorted order (the
-    names are returned too, for the manifest).
+    """``slide,label`` lines (an optional header line first): integer labels as they are, or class names
+    numbered in sorted order (the names are returned too, for the manifest).
 
     Raises:
-        OptionError: unreadable, or a line without a label.
+        OptionError: unreadable, a line without a label, a slide listed twice, integers mixed with names
+            (naming the lines that differ from the rest), or an integer outside 0..2**63-1.
     """
-    table = read_table(path, "--labels")
-    first = next(iter(table), None)
-    if first is not None and table[first].lower() in ("label", "class", "y") and not first.endswith(".svs"):
-        table.pop(first)
-    if all(re.fullmatch(r"-?\d+", v) for v in table.values()):
-        return {k: int(v) for k, v in table.items()}, []
-    names = sorted(set(table.values()))
-    return {k: names.index(v) for k, v in table.items()}, names
+    rows = _rows(path, "--labels")
+    if rows and _is_header(rows[0][1], rows[0][2]):
+        rows = rows[1:]
+    integers = [r for r in rows if _INTEGER.fullmatch(r[2])]
+    if integers and len(integers) < len(rows):
+        names = [r for r in rows if not _INTEGER.fullmatch(r[2])]
+        odd = names if len(names) <= len(integers) else integers
+        shown = "; ".join(f"line {line}: {slide},{value}" for line, slide, value in odd[:_SHOWN])
+        more = f" (and {len(odd) - _SHOWN} more)" if len(odd) > _SHOWN else ""
+        raise OptionError(f"--labels {path}: integer labels mixed with class names (use one or the other): "
+                          f"{shown}{more}")  # fmt: skip
+    for line, slide, value in integers:
+        if not valid_label(int(value)):
+            raise OptionError(f"--labels {path}: label {value} of {slide!r} (line {line}) is not in 0..2**63-1 "
+                              "(int64; negative labels are kept for unlabelled samples)")  # fmt: skip
+    if integers:
+        return {slide: int(value) for _, slide, value in rows}, []
+    classes = sorted({value for _, _, value in rows})
+    number = {name: i for i, name in enumerate(classes)}
+    return {slide: number[value] for _, slide, value in rows}, classes
+
+
+def _is_header(slide: str, value: str) -> bool:
+    """A first line that names the columns (``slide,label``, ``slide_id,class``, ...) rather than a slide."""
+    if slide.lower().endswith(SLIDE_SUFFIXES) or _INTEGER.fullmatch(value):
+        return False
+    return slide.lower() in _HEADER_SLIDE or value.lower() in _HEADER_LABEL
+
+
+# ---- tables against the slides found ---------------------------------------------------------------------
+
+
+def check_tables(paths: Sequence[str], options: BuildOptions) -> list[str]:
+    """Check the per-slide tables of ``options`` against the slides found, before any work starts; log and
+    return the warnings: table names that match no slide (``labels`` and ``mpp_overrides``), and slides without
+    a label when some slides have one (they are unlabelled: no ``.cls``, label -1 when streamed).
+
+    Raises:
+        OptionError: a slide matched under two names in one table, or (``require_labels``) a slide without a
+            label.
+    """
+    warnings: list[str] = []
+    if options.labels or options.require_labels:
+        missing, unknown = _match(paths, options.labels, "--labels")
+        if missing and options.require_labels:
+            raise OptionError(f"--require-labels: {len(missing)} of {len(paths)} slides have no label in --labels: "
+                              f"{_few(missing)}")  # fmt: skip
+        warnings += [_unknown("--labels", unknown)] if unknown else []
+        if missing:
+            warnings.append(f"--labels: {len(missing)} of {len(paths)} slides have no label (no .cls; label -1 when "
+                            f"streamed): {_few(missing)}")  # fmt: skip
+    if options.mpp_overrides:
+        _, unknown = _match(paths, options.mpp_overrides, "--mpp-csv")
+        warnings += [_unknown("--mpp-csv", unknown)] if unknown else []
+    for warning in warnings:
+        logger.warning("%s", warning)
+    return warnings
+
+
+def _match(paths: Sequence[str], table: Mapping[str, object], what: str) -> tuple[list[str], list[str]]:
+    """The slides ``table`` has no entry for (their file names), and the table's names that match no slide.
+
+    Raises:
+        OptionError: a slide is in the table under two names (say ``a.svs`` and ``a``).
+    """
+    missing: list[str] = []
+    used: set[str] = set()
+    for path in paths:
+        keys = [key for key in _keys(path) if key in table]
+        if len(keys) > 1:
+            raise OptionError(f"{what}: {os.path.basename(path)} is listed twice: as {keys[0]!r} and {keys[1]!r}")
+        used.update(keys)
+        if not keys:
+            missing.append(os.path.basename(path))
+    return missing, [key for key in table if key not in used]
+
+
+def _unknown(what: str, names: list[str]) -> str:
+    plural = "names match" if len(names) > 1 else "name matches"
+    return f"{what}: {len(names)} slide {plural} no input slide: {_few(names)}"
+
+
+def _few(names: Sequence[str]) -> str:
+    """``a, b, c``; past :data:`_SHOWN` names, ``a, b, c, d, e and 7 more``."""
+    shown = ", ".join(names[:_SHOWN])
+    return f"{shown} and {len(names) - _SHOWN} more" if len(names) > _SHOWN else shown

@@ -4,6 +4,7 @@ the modules they concern: :class:`~wsishard.builder.grid.PatchOptions`,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -12,6 +13,21 @@ from wsishard.builder.patches import EncodeOptions
 from wsishard.builder.tissue import TissueOptions
 from wsishard.errors import OptionError
 from wsishard.format import IMAGE_FORMATS
+
+MAX_MPP = 1000.0  # microns per pixel; a level-0 mpp is above 0 and below this
+MPP_RULE = f"a level-0 mpp > 0 and < {MAX_MPP:g}"
+LABEL_RANGE = (0, 2**63 - 1)  # int64 tensors in the stream, where -1 marks an unlabelled sample
+
+
+def valid_mpp(mpp: float) -> bool:
+    """Whether ``mpp`` can be a slide's level-0 microns per pixel: finite, above 0 and below ``MAX_MPP``."""
+    return isinstance(mpp, int | float) and math.isfinite(mpp) and 0 < mpp < MAX_MPP
+
+
+def valid_label(label: int) -> bool:
+    """Whether ``label`` can be written as ``.cls`` and read back into an int64 tensor, apart from -1 (and any
+    negative label), which the stream uses for unlabelled samples."""
+    return isinstance(label, int) and not isinstance(label, bool) and LABEL_RANGE[0] <= label <= LABEL_RANGE[1]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,14 +43,16 @@ class BuildOptions:
         shard_samples: at most this many samples per shard (None: no count limit); at least one read block
             (``patch.block_patches`` squared, 16 by default).
         group_slides: slides per group; every shard mixes the slides of its group.
-        seed: seeds every random choice of the build.
+        seed: seeds every random choice of the build (>= 0).
         jobs: worker processes (None: all cores).
         qc: write ``qc/<slide>.png`` pictures.
         fast_path: decode TIFF-family tiles directly instead of through OpenSlide.
         default_mpp: level-0 mpp for slides that report none.
         mpp_overrides: slide (path, file name or stem) -> level-0 mpp; wins over the slide's own value.
-        labels: slide (path, file name or stem) -> integer label written as ``.cls``.
+        labels: slide (path, file name or stem) -> integer label (int64) written as ``.cls``.
         label_names: class names when labels were given as names (label i is ``label_names[i]``).
+        require_labels: refuse to build when a slide has no label (default: such a slide is unlabelled: no
+            ``.cls``, label -1 when streamed).
 
     A field's ``metadata`` describes its ``wsishard build`` flag as plain data (read by :mod:`wsishard.cli`);
     the nested option classes' flags go in the help group named by ``patch``'s and ``tissue``'s metadata.
@@ -49,7 +67,7 @@ class BuildOptions:
         "flag": "--format", "group": "output", "choices": IMAGE_FORMATS,
         "help": "jpg (lossy) or png/webp (lossless)"})  # fmt: skip
     quality: int = field(default=90, metadata={
-        "group": "output", "parse": "int", "choices": range(1, 101), "metavar": "1..100",
+        "group": "output", "parse": "int", "metavar": "1..100",
         "help": "JPEG quality"})  # fmt: skip
     shard_size_bytes: int | None = field(default=256 * 1000**2, metadata={
         "flag": "--shard-size", "group": "output", "parse": "size", "metavar": "BYTES",
@@ -60,7 +78,7 @@ class BuildOptions:
         "group": "output", "parse": "positive_int", "metavar": "N",
         "help": "slides mixed together in each group of shards"})  # fmt: skip
     seed: int = field(default=0, metadata={
-        "group": "run", "parse": "int",
+        "group": "run", "parse": "non_negative_int",
         "help": "seeds every random choice: same inputs and seed, same shards"})  # fmt: skip
     jobs: int | None = field(default=None, metadata={
         "group": "run", "parse": "positive_int", "metavar": "N",
@@ -79,20 +97,34 @@ class BuildOptions:
         "group": "output", "parse": "label_table", "fills": ("labels", "label_names"), "metavar": "CSV",
         "help": "slide,label lines written as .cls: integers, or class names numbered in sorted order"})  # fmt: skip
     label_names: tuple[str, ...] = ()
+    require_labels: bool = field(default=False, metadata={
+        "group": "output",
+        "help": "refuse to build when a slide has no label in --labels "
+                "(without it such a slide is unlabelled: no .cls, label -1 when streamed)"})  # fmt: skip
 
     def __post_init__(self) -> None:
+        """Validate every field; the message names the field, the bad value and what is needed."""
+        block = self.patch.block_patches**2
         checks = {
-            "image_format": self.image_format in IMAGE_FORMATS,
-            "quality": 1 <= self.quality <= 100,
-            "shard_size_bytes": self.shard_size_bytes is None or self.shard_size_bytes >= 1024,
-            "shard_samples": self.shard_samples is None or self.shard_samples >= self.patch.block_patches**2,
-            "group_slides": self.group_slides >= 1,
-            "jobs": self.jobs is None or self.jobs >= 1,
-            "default_mpp": self.default_mpp is None or 0 < self.default_mpp < 1000,
+            "image_format": (self.image_format in IMAGE_FORMATS, "/".join(IMAGE_FORMATS)),
+            "quality": (1 <= self.quality <= 100, "1..100"),
+            "shard_size_bytes": (self.shard_size_bytes is None or self.shard_size_bytes >= 1024, ">= 1024"),
+            "shard_samples": (self.shard_samples is None or self.shard_samples >= block, f">= {block}: one block"),
+            "group_slides": (self.group_slides >= 1, ">= 1"),
+            "seed": (self.seed >= 0, ">= 0"),
+            "jobs": (self.jobs is None or self.jobs >= 1, ">= 1"),
+            "default_mpp": (self.default_mpp is None or valid_mpp(self.default_mpp), f"0 < UM < {MAX_MPP:g}"),
         }
-        for name, ok in checks.items():
+        for name, (ok, rule) in checks.items():
             if not ok:
-                raise OptionError(f"invalid {name}: {getattr(self, name)!r}")
+                raise OptionError(f"invalid {name}: {getattr(self, name)!r} (need {rule})")
+        for slide, mpp in self.mpp_overrides.items():
+            if not valid_mpp(mpp):
+                raise OptionError(f"invalid mpp_overrides: mpp of {slide!r} is {mpp!r}: need {MPP_RULE}")
+        for slide, label in self.labels.items():
+            if not valid_label(label):
+                raise OptionError(f"invalid labels: label of {slide!r} is {label!r}: need an integer in 0..2**63-1 "
+                                  "(-1 marks unlabelled samples)")  # fmt: skip
 
     @property
     def encode(self) -> EncodeOptions:

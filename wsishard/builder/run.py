@@ -29,7 +29,7 @@ from wsishard.builder.extract import (
     extract_segment,
     segment_tasks,
 )
-from wsishard.builder.inputs import find_slides, lookup
+from wsishard.builder.inputs import check_tables, find_slides, lookup
 from wsishard.builder.options import BuildOptions, BuildProgress
 from wsishard.builder.patches import SlideWork
 from wsishard.builder.plan import Plan, ShardPlan, assign_parts, make_plan
@@ -78,6 +78,7 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
     if part is not None and not 1 <= part[0] <= part[1]:
         raise OptionError(f"invalid part {part[0]}/{part[1]}: need 1 <= i <= n")
     paths = find_slides(inputs, storage_options)
+    check_tables(paths, options)  # warnings logged; an OptionError before anything is written
     dest = Destination(output, storage_options)
     dest.makedirs()
     state = BuildState(dest, fingerprint(paths, _options_dict(options, for_fingerprint=True)), part)
@@ -335,6 +336,7 @@ def _options_dict(options: BuildOptions, *, for_fingerprint: bool = False) -> di
     data["label_names"] = list(options.label_names)
     if for_fingerprint:
         data.pop("jobs")
+        data.pop("require_labels")  # a check, not a change to the output
     return data
 
 

@@ -76,22 +76,22 @@ class TissueOptions:
         "help": "fixed threshold (0..1) on the stain feature instead of Otsu's"})  # fmt: skip
 
     def __post_init__(self) -> None:
-        """Validate every field."""
-        _check(math.isfinite(self.thumb_mpp) and self.thumb_mpp > 0, "thumb_mpp", self.thumb_mpp)
+        """Validate every field; the message names the field, the bad value and what is needed."""
+        _check(math.isfinite(self.thumb_mpp) and self.thumb_mpp > 0, "thumb_mpp", self.thumb_mpp, "a finite UM > 0")
         ok_px = isinstance(self.max_thumb_px, int) and not isinstance(self.max_thumb_px, bool)
-        _check(ok_px and self.max_thumb_px >= 16, "max_thumb_px", self.max_thumb_px)
-        _check(isinstance(self.use_darkness, bool), "use_darkness", self.use_darkness)
+        _check(ok_px and self.max_thumb_px >= 16, "max_thumb_px", self.max_thumb_px, "an integer >= 16")
+        _check(isinstance(self.use_darkness, bool), "use_darkness", self.use_darkness, "True or False")
         for name in ("median_um", "close_um", "min_object_um2", "min_hole_um2"):
             value = getattr(self, name)
-            _check(math.isfinite(value) and value >= 0, name, value)
-        _check(0.0 <= self.min_threshold < 1.0, "min_threshold", self.min_threshold)
+            _check(math.isfinite(value) and value >= 0, name, value, "a finite number >= 0")
+        _check(0.0 <= self.min_threshold < 1.0, "min_threshold", self.min_threshold, "0 <= T < 1")
         fixed = self.fixed_threshold
-        _check(fixed is None or 0.0 <= fixed < 1.0, "fixed_threshold", fixed)
+        _check(fixed is None or 0.0 <= fixed < 1.0, "fixed_threshold", fixed, "0 <= T < 1")
 
 
-def _check(ok: bool, name: str, value: object) -> None:
+def _check(ok: bool, name: str, value: object, rule: str) -> None:
     if not ok:
-        raise OptionError(f"TissueOptions.{name}: invalid value {value!r}")
+        raise OptionError(f"invalid {name}: {value!r} (need {rule})")
 
 
 def detect_tissue(rgb: np.ndarray, mpp: float, options: TissueOptions | None = None) -> np.ndarray:
