@@ -9,6 +9,11 @@ The assignment is expressed as one ordered shard list per epoch, split exactly a
 rounds, the largest shard of a round to the least-loaded rank, so rank totals differ by at most the largest
 shard's sample count (and likewise for the workers of a rank).
 
+With fewer shards than readers (``W * K``: a validation set, a pilot, one site's slides), the same split is made
+on samples instead (:func:`reader_slices`): sample ``j`` of the order's shards, counted across them, goes to rank
+``j % W`` and to that rank's worker ``(j // W) % K``; each reader then reads every shard and keeps its own
+:class:`Slice` of it. Readers still never share a sample.
+
 Epoch mode then caps each worker's batch count (its *budget*) so that every rank yields exactly the same
 number of batches, ``batches_per_rank``, dropping as few samples as possible: a rank drops its surplus over
 the smallest rank (at most the largest shard's count) plus, with ``drop_last``, each worker's last
@@ -26,18 +31,76 @@ from wsishard.streaming.world import World
 
 __all__ = [
     "EpochPlan",
+    "Slice",
     "batch_budgets",
     "check_topology",
     "deal",
     "epoch_order",
     "plan_epoch",
+    "reader_slices",
     "resample_order",
     "worker_shards",
 ]
 
 
+@dataclass(frozen=True)
+class Slice:
+    """What one reader keeps of one shard: its samples ``k`` (in shard order) with ``k % step == phase``.
+
+    ``step`` 1 is the whole shard (the shard-level split).
+    """
+
+    shard: int
+    phase: int = 0
+    step: int = 1
+
+    def size(self, counts: np.ndarray) -> int:
+        """Samples kept, given the shards' (n,) sample counts."""
+        return len(range(self.phase, int(counts[self.shard]), self.step))
+
+    def keeps(self, k: int) -> bool:
+        """Whether sample ``k`` of the shard (0-based, in shard order) is this reader's."""
+        return k % self.step == self.phase
+
+
+def reader_slices(order: np.ndarray, counts: np.ndarray, world: World) -> list[Slice]:
+    """What ``world``'s (rank, worker) reads of the shards in ``order``, in order.
+
+    With at least one shard per reader, whole shards: ``order[rank::W][worker::K]``, as webdataset's
+    ``split_by_node`` and ``split_by_worker`` split a shard list. With fewer, samples: sample ``j`` of the shards
+    in ``order``, counted across them, goes to rank ``j % W`` and to its worker ``(j // W) % K``.
+    """
+    readers = world.total_workers
+    if len(order) >= readers:
+        return [Slice(int(s)) for s in worker_shards(order, world)]
+    reader = world.rank + world.world_size * world.worker  # j % readers == reader: rank j % W, worker (j // W) % K
+    offsets = np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64)[order])[:-1]])
+    return [Slice(int(s), int((reader - o) % readers), readers) for s, o in zip(order.tolist(), offsets.tolist(),
+                                                                                 strict=True)]  # fmt: skip
+
+
+def slice_sizes(slices: list[Slice], counts: np.ndarray) -> np.ndarray:
+    """(len(slices),) samples each slice keeps."""
+    return np.asarray([sl.size(counts) for sl in slices], dtype=np.int64)
+
+
+def check_readers(counts: np.ndarray, world_size: int, num_workers: int) -> None:
+    """Raise unless every (rank, worker) gets at least one sample (whole shards, or its slice of them).
+
+    Raises:
+        TopologyError: fewer samples than ``world_size * num_workers`` readers; the message says so.
+    """
+    readers = world_size * max(num_workers, 1)
+    total = int(np.asarray(counts).sum())
+    if total < readers:
+        raise TopologyError(
+            f"{total} sample(s) in {len(counts)} shard(s) cannot give each of {world_size} rank(s) x "
+            f"{max(num_workers, 1)} worker(s) a sample; use fewer DataLoader workers or fewer ranks"
+        )
+
+
 def check_topology(num_shards: int, world_size: int, num_workers: int) -> None:
-    """Raise unless every (rank, worker) gets at least one shard.
+    """Raise unless every (rank, worker) gets at least one whole shard (the shard-level split).
 
     Raises:
         TopologyError: fewer than ``world_size * num_workers`` shards; the message says how many are needed.
@@ -176,7 +239,8 @@ class EpochPlan:
     """Who reads what in one epoch, and how many batches each worker yields.
 
     Attributes:
-        order: (n,) shard order; rank ``r`` worker ``w`` reads ``order[r::W][w::K]``.
+        order: (n,) shard order; rank ``r`` worker ``w`` reads ``order[r::W][w::K]`` (or its slices of them).
+        counts: (n,) samples per shard.
         samples: (W, K) samples in each worker's shards.
         budgets: (W, K) batches each worker yields.
         kept: (W, K) samples each worker actually yields.
@@ -184,6 +248,7 @@ class EpochPlan:
     """
 
     order: np.ndarray
+    counts: np.ndarray
     samples: np.ndarray
     budgets: np.ndarray
     kept: np.ndarray
@@ -197,8 +262,12 @@ class EpochPlan:
         return np.asarray(self.samples.sum(axis=1) - self.kept.sum(axis=1))
 
     def shards_of(self, world: World) -> np.ndarray:
-        """Shard indices read by ``world``'s (rank, worker)."""
-        return worker_shards(self.order, world)
+        """Shard indices read by ``world``'s (rank, worker) (all of them, in part, with fewer shards than readers)."""
+        return np.asarray([sl.shard for sl in self.slices_of(world)], dtype=np.int64)
+
+    def slices_of(self, world: World) -> list[Slice]:
+        """What ``world``'s (rank, worker) reads: whole shards, or slices of them (:func:`reader_slices`)."""
+        return reader_slices(self.order, self.counts, world)
 
     def budget_of(self, world: World) -> int:
         """Batches ``world``'s (rank, worker) yields."""
@@ -227,20 +296,21 @@ def plan_epoch(
         drop_last: workers drop their last incomplete batch (fixed batch shape) instead of yielding it.
 
     Raises:
-        TopologyError: fewer shards than ``W * K``.
+        TopologyError: fewer samples than ``W * K`` readers.
     """
     counts = np.asarray(counts, dtype=np.int64)
-    check_topology(len(counts), world_size, num_workers)
+    check_readers(counts, world_size, num_workers)
     order = epoch_order(counts, world_size=world_size, num_workers=num_workers, seed=seed, epoch=epoch)
     samples = np.zeros((world_size, num_workers), dtype=np.int64)
     for r in range(world_size):
         for w in range(num_workers):
             world = World(rank=r, world_size=world_size, worker=w, num_workers=num_workers)
-            samples[r, w] = counts[worker_shards(order, world)].sum()
+            samples[r, w] = slice_sizes(reader_slices(order, counts, world), counts).sum()
     budgets = batch_budgets(samples, batch_size=batch_size, drop_last=drop_last)
     kept = np.minimum(budgets * batch_size, samples)
     return EpochPlan(
         order=order,
+        counts=counts,
         samples=samples,
         budgets=budgets,
         kept=kept,
