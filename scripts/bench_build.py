@@ -1,31 +1,35 @@
 #!/usr/bin/env python
-"""Benchmark ``wsishard build`` against the naive per-patch OpenSlide loop and the tile-decode floor.
+"""Benchmark ``wsishard build`` with default options at real scanners' resolutions against the naive loop.
 
 Example::
 
     python scripts/bench_build.py --quick
     python scripts/bench_build.py --workdir /data/bench --json-only
 
-The baselines process exactly the samples ``build --jobs 1`` wrote (read back from its shards). Each method
-runs in its own child process, whose tree is polled with psutil every 50 ms for peak RSS and CPU time (pool
-workers are grandchildren under forkserver). Synthetic 40x slides are cached in ``--workdir``. Prints a table,
-then one line ``JSON: {...}``. Verdicts use wall time; on a shared machine the CPU-second ratios say more.
+The same synthetic 40x slides are tagged (``mpp_overrides``) with each scanner's level-0 mpp: 0.2500 (the exact
+2x reference), 0.2520 (Aperio AT2), 0.2631 (GT450), 0.2265 (Hamamatsu NanoZoomer), 0.2425 (3DHistech). Per mpp:
+``build`` with default options (one shard) at ``--jobs 1`` and ``--jobs 2``; the naive CLAM/Trident-style loop
+(OpenSlide ``read_region`` of round(256 * 0.5 / mpp) level-0 px, PIL's default ``resize`` to 256, JPEG q90, one
+core) and the floor (decode each needed tile once, encode each patch once), both over the samples ``--jobs 1``
+wrote. Then a many-shard build (``shard_samples``), the workers' idle time between the scan and extraction phases,
+and peak RSS per worker on a small and a large slide. Each method runs in its own child process, whose tree is
+polled with psutil every 50 ms (peak RSS, CPU time; ``proctree.py``), and the CPU time other processes took
+meanwhile is recorded. Slides are cached in ``--workdir``. Prints a table (and a markdown one for the README),
+then one line ``JSON: {...}``. Verdicts use wall time; on a shared machine the CPU-second ratios printed beside
+them say more. Needs ``psutil`` (the ``bench`` extra).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import io
 import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,13 +37,19 @@ from typing import Any
 
 import numpy as np
 import psutil
+from proctree import MB, TreeWatcher, run_watched  # scripts/proctree.py, beside this file
 
-MB = 1024**2
-SLIDE_MPP = 0.25  # level-0 microns per px of the generated slides (40x)
-TARGET_MPP = 0.5
-PATCH_PX = 256
-QUALITY = 90
-SEED = 0
+SLIDE_MPP = 0.25  # the generated slides' own level-0 mpp; every run overrides it with a scanner's
+SCANNERS = {0.25: "exact 2x", 0.2520: "Aperio AT2", 0.2631: "GT450", 0.2265: "NanoZoomer", 0.2425: "3DHistech"}
+REFERENCE_MPP = 0.25
+MANY_MPP = 0.2520  # the many-shard build and the RSS comparison: the most common scanner
+TARGET_MPP, PATCH_PX, QUALITY = 0.5, 256, 90  # the patches: the build's defaults, and the naive loop's
+TISSUE, SEED = 0.2, 0  # tissue fraction of the generated slides; seeds the naive loop's subset
+# target names (verdicts are looked up by them)
+VS_NAIVE_J1, VS_NAIVE_J2 = "jobs 1 / naive (1 core each)", "jobs 2 / 2x naive (2 cores each)"
+SPEEDUP, VS_REF = "jobs 2 / jobs 1, one shard", f"jobs 1 / jobs 1 at {REFERENCE_MPP:.4f}"
+RSS_FLAT = "peak RSS per worker, large / small slide"
+CONTENDED_CORES = 0.25  # a run during which other processes kept more cores busy is marked '*'
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,17 +57,15 @@ class Mode:
     """Workload of one benchmark mode. Sizes are level-0 (width, height) px."""
 
     name: str
-    size: tuple[int, int]  # the main slides (builds, naive, floor, small side of the RSS comparison)
+    size: tuple[int, int]  # the main slides: every per-mpp run, the many-shard build, the large RSS slide
     n_slides: int
-    big: tuple[int, int]  # the large slide of the RSS comparison
+    small: tuple[int, int]  # the small slide of the RSS comparison
     naive_max: int  # patches timed in the naive loop (a seeded random subset when there are more)
-    shard_size_bytes: int  # scaled to the small synthetic slides so that 2 jobs have many shards to share
+    many_shards: int  # the many-shard build aims at this many shards
 
 
-QUICK = Mode(name="quick", size=(8192, 8192), n_slides=4, big=(16384, 8192), naive_max=1500,
-             shard_size_bytes=512 * 1024)  # fmt: skip
-FULL = Mode(name="full", size=(20480, 20480), n_slides=4, big=(40960, 20480), naive_max=1500,
-            shard_size_bytes=3 * MB)  # fmt: skip
+QUICK = Mode(name="quick", size=(16384, 12288), n_slides=6, small=(8192, 8192), naive_max=200, many_shards=10)
+FULL = Mode(name="full", size=(40960, 30720), n_slides=4, small=(16384, 12288), naive_max=600, many_shards=12)
 
 
 # ---------------------------------------------------------------------------------------------- child side
@@ -67,9 +75,7 @@ def shard_patches(output: str, slides: list[str]) -> list[tuple[int, int, int, i
     """(slide index, level-0 x, y, extent) of every sample the build wrote, read from its shards' ``.json``."""
     index = {os.path.basename(p): k for k, p in enumerate(slides)}
     found = []
-    for name in sorted(os.listdir(output)):
-        if not name.endswith(".tar"):
-            continue
+    for name in sorted(n for n in os.listdir(output) if n.endswith(".tar")):
         with tarfile.open(os.path.join(output, name)) as tar:
             for member in tar:
                 fh = tar.extractfile(member) if member.name.endswith(".json") else None
@@ -86,32 +92,38 @@ def _rss_mb() -> float:
 
 
 def child_build(spec: dict[str, Any]) -> dict[str, Any]:
-    from wsishard.builder.grid import PatchOptions
-    from wsishard.builder.options import BuildOptions
+    """``build`` with default options but ``jobs``, the mpp tag and (for the many-shard run) ``shard_samples``."""
+    from wsishard.builder.options import BuildOptions, BuildProgress
     from wsishard.builder.run import build
 
-    options = BuildOptions(patch=PatchOptions(target_mpp=TARGET_MPP, patch_size_px=PATCH_PX), jobs=spec["jobs"],
-                           qc=False, shard_size_bytes=spec["shard_size_bytes"], seed=SEED, fast_path=True,
-                           quality=QUALITY)  # fmt: skip
+    overrides = {os.path.basename(p): spec["mpp"] for p in spec["slides"]}
+    options = BuildOptions(jobs=spec["jobs"], mpp_overrides=overrides, shard_samples=spec.get("shard_samples"))
     shutil.rmtree(spec["output"], ignore_errors=True)  # a build into an existing output would resume it
+    events: list[tuple[float, str, int]] = []  # (time.monotonic(): one clock for every process, stage, patches)
+
+    def progress(event: BuildProgress) -> None:
+        events.append((time.monotonic(), event.stage, event.patches_done))
+
     rss0 = _rss_mb()
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    manifest = build(spec["slides"], spec["output"], options)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    cpu0, t0 = time.process_time(), time.monotonic()
+    manifest = build(spec["slides"], spec["output"], options, progress=progress)
+    t1 = time.monotonic()
     failed = [f"{s.file}: {s.reason}" for s in manifest.failed_slides]
     per_slide = {os.path.basename(s.file): s.patches for s in manifest.slides}
-    return {"patches": manifest.total_samples, "wall_s": wall, "cpu_s": cpu, "shards": len(manifest.shards),
-            "per_slide": per_slide, "failed": failed, "rss_before_mb": rss0}  # fmt: skip
+    scan_end = max((t for t, stage, _ in events if stage == "scan"), default=t0)
+    first_write, first_patches = min(((t, n) for t, stage, n in events if stage == "extract" and n > 0),
+                                     default=(t1, 0))  # fmt: skip
+    return {"patches": manifest.total_samples, "wall_s": t1 - t0, "cpu_s": time.process_time() - cpu0, "cpu0_s": cpu0,
+            "shards": len(manifest.shards), "per_slide": per_slide, "failed": failed, "rss_before_mb": rss0,
+            "t_start": t0, "t_scan_end": scan_end, "t_first_write": first_write,
+            "first_segment_patches": first_patches, "t_end": t1}  # fmt: skip
 
 
 def child_naive(spec: dict[str, Any]) -> dict[str, Any]:
-    """CLAM/Trident style: per kept patch, read_region at level 0 -> RGB -> PIL resize -> JPEG.
-
-    The resize is Pillow's default filter (bicubic, antialiased when shrinking), as CLAM's ``img.resize``.
-    """
+    """CLAM/Trident style, per kept patch: read_region of the level-0 extent -> RGB -> PIL default resize -> JPEG."""
     import openslide
-    from PIL import Image
 
+    extent = round(PATCH_PX * TARGET_MPP / spec["mpp"])
     todo = [tuple(p) for p in spec["patches"]]
     total = len(todo)
     if total > spec["max_patches"]:  # seeded subset, kept in grid order (as a CLAM loop walks it)
@@ -120,15 +132,16 @@ def child_naive(spec: dict[str, Any]) -> dict[str, Any]:
     slides = [openslide.OpenSlide(p) for p in spec["slides"]]
     rss0, nbytes = _rss_mb(), 0
     cpu0, t0 = time.process_time(), time.perf_counter()
-    for k, x, y, extent in todo:
+    for k, x, y, _ in todo:
         image = slides[k].read_region((x, y), 0, (extent, extent)).convert("RGB")
-        image = image.resize((PATCH_PX, PATCH_PX), Image.Resampling.BICUBIC)
+        image = image.resize((PATCH_PX, PATCH_PX))  # Pillow's default filter (bicubic, antialiased), as CLAM
         buf = io.BytesIO()
         image.save(buf, "JPEG", quality=QUALITY)
         nbytes += buf.tell()
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    return {"patches": len(todo), "kept_total": total, "wall_s": wall, "cpu_s": cpu,
-            "mean_bytes": nbytes / max(len(todo), 1), "rss_before_mb": rss0}  # fmt: skip
+    return {"patches": len(todo), "kept_total": total, "wall_s": wall, "cpu_s": cpu, "extent": extent,
+            "extent_as_build": all(p[3] == extent for p in todo), "mean_bytes": nbytes / max(len(todo), 1),
+            "rss_before_mb": rss0}  # fmt: skip
 
 
 def _tiles(x0: int, y0: int, w: int, h: int, page: Any) -> list[int]:
@@ -140,63 +153,49 @@ def _tiles(x0: int, y0: int, w: int, h: int, page: Any) -> list[int]:
             for tx in range(max(x0, 0) // tw, x1 // tw + 1)]  # fmt: skip
 
 
-def _block_rects(patches: list[tuple[int, int, int, int]], block: int) -> list[tuple[int, int, int, int]]:
-    """Level-0 bounding boxes of the kept cells of each ``block`` x ``block`` group of grid cells."""
-    cells: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for _, x, y, extent in patches:
-        col, row = x // extent, y // extent
-        cells.setdefault((row // block, col // block), []).append((col, row))
-    ext = patches[0][3] if patches else 0
-    rects = []
-    for members in cells.values():
-        cols, rows = [c for c, _ in members], [r for _, r in members]
-        rects.append((min(cols) * ext, min(rows) * ext, (max(cols) - min(cols) + 1) * ext,
-                      (max(rows) - min(rows) + 1) * ext))  # fmt: skip
-    return rects
+def _patch_pixels(tiles: dict[int, np.ndarray], page: Any, x: int, y: int, e: int) -> np.ndarray:
+    """The level-0 square (x, y, e) assembled from decoded tiles: (e, e, 3) uint8."""
+    out = np.full((e, e, 3), 255, np.uint8)
+    tw, th, across = page.tilewidth, page.tilelength, -(-page.imagewidth // page.tilewidth)
+    for i in _tiles(x, y, e, e, page):
+        tx0, ty0 = (i % across) * tw, (i // across) * th
+        ax, ay = max(x, tx0), max(y, ty0)
+        bx, by = min(x + e, tx0 + tw, page.imagewidth), min(y + e, ty0 + th, page.imagelength)
+        out[ay - y : by - y, ax - x : bx - x] = tiles[i][ay - ty0 : by - ty0, ax - tx0 : bx - tx0]
+    return out
 
 
 def child_floor(spec: dict[str, Any]) -> dict[str, Any]:
-    """Decode each needed level-0 tile once (tifffile + imagecodecs), encode each patch once; timed alone."""
+    """Decode each needed level-0 tile once (tifffile + imagecodecs), encode each patch once; only those timed."""
     import tifffile
     from PIL import Image
 
-    from wsishard.builder.grid import PatchOptions
-    from wsishard.slide import open_slide
-
-    t = {"decode_s": 0.0, "shrink_s": 0.0, "encode_s": 0.0, "cpu_s": 0.0}  # cpu_s: of decode + encode
-    tiles_needed = tiles_build = 0
-    rss0, cpu0 = _rss_mb(), time.process_time()
+    t = {"decode_s": 0.0, "encode_s": 0.0, "cpu_s": 0.0}  # cpu_s: of decode + encode
+    tiles_needed, rss0 = 0, _rss_mb()
     for k, path in enumerate(spec["slides"]):
-        mine = [tuple(p) for p in spec["patches"] if p[0] == k]
         with tifffile.TiffFile(path) as tif:
             page: Any = tif.pages[0]  # Aperio svs: level 0 is the first page, tiled JPEG
-            needed = sorted({i for _, x, y, e in mine for i in _tiles(x, y, e, e, page)})
-            fh, c0, t0 = tif.filehandle, time.process_time(), time.perf_counter()
-            for i in needed:
-                fh.seek(page.dataoffsets[i])
-                data = fh.read(page.databytecounts[i])
-                page.decode(data, i, jpegtables=page.jpegtables, jpegheader=page.jpegheader)
-            t["decode_s"] += time.perf_counter() - t0
-            t["cpu_s"] += time.process_time() - c0
-            tiles_needed += len(needed)
-            rects = _block_rects(mine, PatchOptions().block_patches)
-            tiles_build += sum(len(_tiles(*r, page)) for r in rects)
-        reader = open_slide(path, fast=True)
-        for _, x, y, extent in mine:
-            crop = Image.fromarray(reader.read_level(0, x, y, extent, extent))  # untimed: decoding is timed above
-            t0 = time.perf_counter()
-            factor = extent // PATCH_PX
-            small = crop.reduce(factor) if factor * PATCH_PX == extent else crop.resize((PATCH_PX, PATCH_PX))
-            c1, t1 = time.process_time(), time.perf_counter()
-            buf = io.BytesIO()
-            small.save(buf, "JPEG", quality=QUALITY)
-            t["encode_s"] += time.perf_counter() - t1
-            t["cpu_s"] += time.process_time() - c1
-            t["shrink_s"] += t1 - t0
-        reader.close()
+            tiles: dict[int, np.ndarray] = {}  # decoded, (th, tw, 3); dropped once every later patch is below
+            across = -(-page.imagewidth // page.tilewidth)
+            for _, x, y, e in (p for p in spec["patches"] if p[0] == k):  # in (y, x) order
+                for i in (i for i in _tiles(x, y, e, e, page) if i not in tiles):
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    tif.filehandle.seek(page.dataoffsets[i])
+                    data = tif.filehandle.read(page.databytecounts[i])
+                    tiles[i] = page.decode(data, i, jpegtables=page.jpegtables, jpegheader=page.jpegheader)[0][0]
+                    t["decode_s"] += time.perf_counter() - t0
+                    t["cpu_s"] += time.process_time() - c0
+                    tiles_needed += 1
+                pixels = Image.fromarray(_patch_pixels(tiles, page, x, y, e))  # untimed, as is the (fast) resize
+                small = pixels.resize((PATCH_PX, PATCH_PX), Image.Resampling.BOX)
+                c0, t0 = time.process_time(), time.perf_counter()
+                small.save(io.BytesIO(), "JPEG", quality=QUALITY)
+                t["encode_s"] += time.perf_counter() - t0
+                t["cpu_s"] += time.process_time() - c0
+                row = y // page.tilelength  # tiles of rows above this one: no later patch needs them
+                tiles = {i: v for i, v in tiles.items() if i // across >= row}
     return {"patches": len(spec["patches"]), "wall_s": t["decode_s"] + t["encode_s"], **t,
-            "tiles_needed": tiles_needed, "tiles_build_decodes": tiles_build,
-            "cpu_s_whole_child": time.process_time() - cpu0, "rss_before_mb": rss0}  # fmt: skip
+            "tiles_needed": tiles_needed, "rss_before_mb": rss0}  # fmt: skip
 
 
 CHILDREN = {"build": child_build, "naive": child_naive, "floor": child_floor}
@@ -205,76 +204,37 @@ CHILDREN = {"build": child_build, "naive": child_naive, "floor": child_floor}
 # --------------------------------------------------------------------------------------------- parent side
 
 
-def _cmdline(proc: psutil.Process) -> list[str]:
-    try:
-        return list(proc.cmdline())
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return []
+def phase_idle(watcher: TreeWatcher, result: dict[str, Any]) -> dict[str, float]:
+    """How long the pool workers sat idle around the scan -> extraction barrier, as fractions of the build.
 
-
-class TreeWatcher(threading.Thread):
-    """Polls a process and its descendants every ``interval_s``: peak RSS and last CPU time per pid."""
-
-    def __init__(self, pid: int, interval_s: float = 0.05) -> None:
-        super().__init__(daemon=True)
-        self.pid, self.interval_s = pid, interval_s
-        self.peak_rss: dict[int, int] = {}
-        self.cpu_s: dict[int, float] = {}
-        self.parent: dict[int, int] = {}
-        self.helpers: set[int] = set()
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        try:
-            root = psutil.Process(self.pid)
-        except psutil.NoSuchProcess:
-            return
-        while not self._stop_event.is_set():
-            try:
-                procs = [root, *root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                return
-            for proc in procs:
-                try:
-                    with proc.oneshot():
-                        rss, cpu, ppid = proc.memory_info().rss, proc.cpu_times(), proc.ppid()
-                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                    continue
-                if proc.pid not in self.parent and "resource_tracker" in " ".join(_cmdline(proc)):
-                    self.helpers.add(proc.pid)
-                self.peak_rss[proc.pid] = max(self.peak_rss.get(proc.pid, 0), rss)
-                self.cpu_s[proc.pid] = cpu.user + cpu.system
-                self.parent[proc.pid] = ppid
-            self._stop_event.wait(self.interval_s)
-
-    def stop(self) -> dict[str, Any]:
-        self._stop_event.set()
-        self.join()
-        # pool workers are the leaves below the root (root -> worker when forked directly, root -> forkserver ->
-        # worker otherwise; multiprocessing's resource tracker is a leaf too but is left out); no pool: the root
-        parents = set(self.parent.values())
-        workers = [p for p in self.parent if p != self.pid and p not in parents and p not in self.helpers]
-        workers = workers or [self.pid]
-        return {"workers": len(workers), "worker_rss_mb": max(self.peak_rss.get(p, 0) for p in workers) / MB,
-                "root_rss_mb": self.peak_rss.get(self.pid, 0) / MB,
-                "workers_cpu_s": sum(self.cpu_s.get(p, 0.0) for p in workers)}  # fmt: skip
+    ``gap``: from the last slide scanned to the first segment written (it includes that first segment's own
+    work), over the wall time. ``*_idle``: worker-seconds without CPU in the scan phase (the tail where fewer
+    slides than workers are left), in that gap and after it, over workers x wall time (waiting for a core that
+    another process holds counts too).
+    """
+    t0, scan, write, t1 = (result[k] for k in ("t_start", "t_scan_end", "t_first_write", "t_end"))
+    pids = watcher.workers()
+    n, wall = len(pids), t1 - t0
+    scan_idle = n * (scan - t0) - watcher.cpu_between(pids, t0, scan)
+    gap_idle = n * (write - scan) - watcher.cpu_between(pids, scan, write)
+    extract_idle = n * (t1 - write) - watcher.cpu_between(pids, write, t1)
+    return {"gap_s": write - scan, "gap_fraction": (write - scan) / wall, "scan_idle_fraction": scan_idle / (n * wall),
+            "gap_idle_fraction": gap_idle / (n * wall), "extract_idle_fraction": extract_idle / (n * wall),
+            "idle_fraction": 1 - watcher.cpu_between(pids, t0, t1) / (n * wall)}  # fmt: skip
 
 
 def run_child(method: str, spec: dict[str, Any], stem: Path) -> dict[str, Any]:
     """Run one method in a child process (spec in ``stem``.json), polling its process tree."""
-    spec_path = stem.with_suffix(".json")
+    spec_path = stem.parent / f"{stem.name}.json"  # not with_suffix: names hold an mpp (a dot)
     spec_path.write_text(json.dumps(spec))
     cmd = [sys.executable, os.path.abspath(__file__), "--child", method, "--spec", str(spec_path)]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    watcher = TreeWatcher(proc.pid)
-    watcher.start()
-    out, _ = proc.communicate()
-    polled = watcher.stop()
-    if proc.returncode != 0:
-        raise SystemExit(f"{method} child failed (exit {proc.returncode})")
+    returncode, out, watcher, polled = run_watched(cmd)
+    if returncode != 0:
+        raise SystemExit(f"{method} child failed (exit {returncode})")
     result = json.loads(out.strip().splitlines()[-1])
-    return {**result, **polled, "process_wall_s": time.perf_counter() - t0}
+    if method == "build" and spec["jobs"] > 1:
+        result["idle"] = phase_idle(watcher, result)
+    return {**result, **polled}
 
 
 def ensure_slides(folder: Path, size: tuple[int, int], n: int, log: Any) -> list[str]:
@@ -284,11 +244,11 @@ def ensure_slides(folder: Path, size: tuple[int, int], n: int, log: Any) -> list
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for seed in range(n):
-        path = folder / f"synth-{size[0]}x{size[1]}-s{seed}.svs"
+        path = folder / f"synth-{size[0]}x{size[1]}-t{TISSUE:g}-s{seed}.svs"
         if not path.exists():
             log(f"generating {path.name} ...")
             tmp = folder / f".tmp-{os.getpid()}-{path.name}"
-            make_slide(tmp, width=size[0], height=size[1], mpp=SLIDE_MPP, seed=seed, tissue_fraction=0.3)
+            make_slide(tmp, width=size[0], height=size[1], mpp=SLIDE_MPP, seed=seed, tissue_fraction=TISSUE)
             os.replace(tmp, path)
         paths.append(str(path))
     return paths
@@ -299,127 +259,197 @@ def versions() -> dict[str, str]:
     import openslide
     import PIL
     import tifffile
+    from PIL import features
 
     import wsishard
 
     return {"wsishard": wsishard.__version__, "openslide_python": openslide.__version__,
             "openslide": openslide.__library_version__, "tifffile": tifffile.__version__,
-            "imagecodecs": imagecodecs.__version__, "pillow": PIL.__version__, "numpy": np.__version__,
-            "psutil": psutil.__version__, "python": platform.python_version()}  # fmt: skip
+            "imagecodecs": imagecodecs.__version__, "imagecodecs_libjpeg": imagecodecs.jpeg8_version(),
+            "pillow": PIL.__version__, "pillow_libjpeg_turbo": str(features.version("libjpeg_turbo")),
+            "numpy": np.__version__, "psutil": psutil.__version__, "python": platform.python_version()}  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Row:
-    """One method's figures; ``cores`` is the number of processes doing the work."""
-
-    method: str
-    patches: int
-    wall_s: float
-    cores: int
-    cpu_s: float
-    rss_mb: float
-    note: str = ""
-
-    @property
-    def rate(self) -> float:
-        return self.patches / self.wall_s if self.wall_s > 0 else 0.0
-
-    @property
-    def rate_per_core(self) -> float:
-        return self.rate / self.cores
-
-    @property
-    def rate_per_cpu_s(self) -> float:  # robust to other load on a shared machine
-        return self.patches / self.cpu_s if self.cpu_s > 0 else 0.0
-
-
-def measure(mode: Mode, workdir: Path, log: Any) -> dict[str, Any]:
+def measure(mode: Mode, workdir: Path, log: Any) -> dict[str, dict[str, Any]]:
+    """Every run, keyed ``build_j1@0.2520``, ``naive@0.2520``, ..., ``many_j2``, ``rss_big``."""
     slides = ensure_slides(workdir / "slides", mode.size, mode.n_slides, log)
-    big = ensure_slides(workdir / "slides", mode.big, 1, log)[0]
-    spec: dict[str, Any] = {"slides": slides, "shard_size_bytes": mode.shard_size_bytes}
+    small = ensure_slides(workdir / "slides", mode.small, 1, log)
     raw: dict[str, dict[str, Any]] = {}
-    runs: list[tuple[str, str, dict[str, Any]]] = [
-        ("build_j1", "build", {"jobs": 1}), ("build_j2", "build", {"jobs": 2}),
-        ("naive", "naive", {"max_patches": mode.naive_max}), ("floor", "floor", {}),
-        ("rss_small_j2", "build", {"jobs": 2, "slides": slides[:1]}),
-        ("rss_big_j2", "build", {"jobs": 2, "slides": [big]}),
-    ]  # fmt: skip
-    for name, method, extra in runs:
-        if name == "naive":  # the baselines process exactly the samples the build wrote
-            spec["patches"] = shard_patches(str(workdir / "out-build_j1"), slides)
+
+    def run(name: str, method: str, spec: dict[str, Any], keep: bool = False) -> None:
         log(f"running {name} ...")
-        raw[name] = run_child(method, {**spec, "output": str(workdir / f"out-{name}"), **extra}, workdir / name)
+        output = workdir / f"out-{name}"
+        raw[name] = run_child(method, {"slides": slides, "output": str(output), **spec}, workdir / name)
+        if not keep:
+            shutil.rmtree(output, ignore_errors=True)
+
+    for mpp in SCANNERS:
+        run(f"build_j1@{mpp:.4f}", "build", {"jobs": 1, "mpp": mpp}, keep=True)
+        run(f"build_j2@{mpp:.4f}", "build", {"jobs": 2, "mpp": mpp})
+        j1_output = workdir / f"out-build_j1@{mpp:.4f}"
+        patches = shard_patches(str(j1_output), slides)  # the baselines process exactly what the build wrote
+        shutil.rmtree(j1_output, ignore_errors=True)
+        run(f"naive@{mpp:.4f}", "naive", {"mpp": mpp, "patches": patches, "max_patches": mode.naive_max})
+        run(f"floor@{mpp:.4f}", "floor", {"mpp": mpp, "patches": patches})
+    per_shard = max(16, raw[f"build_j1@{MANY_MPP:.4f}"]["patches"] // mode.many_shards)
+    for jobs in (1, 2):
+        run(f"many_j{jobs}", "build", {"jobs": jobs, "mpp": MANY_MPP, "shard_samples": per_shard})
+    run("rss_small", "build", {"jobs": 2, "mpp": MANY_MPP, "slides": small})
+    run("rss_big", "build", {"jobs": 2, "mpp": MANY_MPP, "slides": slides[:1]})
     return raw
 
 
-def rows_from(raw: dict[str, dict[str, Any]]) -> list[Row]:
-    j1, j2, nv, fl = raw["build_j1"], raw["build_j2"], raw["naive"], raw["floor"]
-    sub = "" if nv["patches"] == nv["kept_total"] else f"seeded subset {nv['patches']} of {nv['kept_total']}"
-    return [
-        Row("wsishard build --jobs 1", j1["patches"], j1["wall_s"], 1, j1["cpu_s"], j1["worker_rss_mb"],
-            f"{j1['shards']} shards, incl. scan"),
-        Row("wsishard build --jobs 2", j2["patches"], j2["wall_s"], 2, j2["workers_cpu_s"], j2["worker_rss_mb"],
-            f"{j2['shards']} shards, incl. scan + pool start; RSS per worker"),
-        Row("naive OpenSlide loop", nv["patches"], nv["wall_s"], 1, nv["cpu_s"], nv["root_rss_mb"],
-            f"read_region+RGB+bicubic+JPEG {sub}"),
-        Row("floor: decode + encode", fl["patches"], fl["wall_s"], 1, fl["cpu_s"],
-            fl["root_rss_mb"], f"{fl['tiles_needed']} tiles once; timed parts only"),
-    ]  # fmt: skip
+@dataclass(frozen=True)
+class Rate:
+    """One run's throughput; ``cpu_s``: of every process doing the work."""
+
+    patches: int
+    wall_s: float
+    cpu_s: float
+
+    @property
+    def per_s(self) -> float:
+        return self.patches / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def per_cpu_s(self) -> float:  # robust to other load on a shared machine
+        return self.patches / self.cpu_s if self.cpu_s > 0 else 0.0
 
 
-def verdicts(raw: dict[str, dict[str, Any]], rows: list[Row]) -> list[dict[str, Any]]:
-    j1, j2, naive, floor = rows
-    small, big = raw["rss_small_j2"]["worker_rss_mb"], raw["rss_big_j2"]["worker_rss_mb"]
-    items = [  # name, wall-clock value (the verdict), the same ratio from CPU seconds (information only)
-        ("build -j1 / naive (1 core each)", j1.rate / naive.rate, j1.rate_per_cpu_s / naive.rate_per_cpu_s,
-         ">=", 3.0),
-        ("build -j2 per core / naive", j2.rate_per_core / naive.rate, j2.rate_per_cpu_s / naive.rate_per_cpu_s,
-         ">=", 3.0),
-        ("floor / build -j1 (distance to floor)", floor.rate / j1.rate, floor.rate_per_cpu_s / j1.rate_per_cpu_s,
-         "<=", 1.6),
-        ("build -j2 / build -j1", j2.rate / j1.rate, 2 * j2.rate_per_cpu_s / j1.rate_per_cpu_s, ">=", 1.7),
-        ("peak RSS per worker, big / small slide", big / small, None, "<=", 1.3),
-    ]  # fmt: skip
-    return [{"name": n, "value": v, "cpu_value": c, "target": f"{op} {t:g}x", "pass": v >= t if op == ">=" else v <= t}
-            for n, v, c, op, t in items]  # fmt: skip
+def rate(run: dict[str, Any], pool: bool = False) -> Rate:
+    # jobs 2: the workers' and the writing parent's CPU, less the parent's start (interpreter, imports)
+    cpu = run["tree_cpu_s"] - run["cpu0_s"] if pool else run["cpu_s"]
+    return Rate(run["patches"], run["wall_s"], cpu)
 
 
-def table(mode: Mode, raw: dict[str, dict[str, Any]], rows: list[Row], checks: list[dict[str, Any]],
-          env: dict[str, Any]) -> str:  # fmt: skip
-    w, h = mode.size
-    lines = [f"bench_build ({mode.name}): {mode.n_slides} slides {w}x{h} at {SLIDE_MPP} mpp -> {PATCH_PX} px "
-             f"patches at {TARGET_MPP} mpp, JPEG q{QUALITY}; {env['cpus']} CPUs, load avg {env['load_before']:.2f}"
-             f" before / {env['load_after']:.2f} after (shared machine: other work competes for the cores)",
-             "",
-             f"{'method':<26}{'patches':>8}{'wall s':>8}{'patch/s':>9}{'/core':>8}{'/cpu-s':>8}{'cpu%':>6}"
-             f"{'RSS MB':>8}  note", "-" * 118]  # fmt: skip
-    for r in rows:
-        cpu_pct = 100 * r.cpu_s / (r.wall_s * r.cores) if r.wall_s else 0
-        lines.append(f"{r.method:<26}{r.patches:>8}{r.wall_s:>8.2f}{r.rate:>9.1f}{r.rate_per_core:>8.1f}"
-                     f"{r.rate_per_cpu_s:>8.1f}{cpu_pct:>6.0f}{r.rss_mb:>8.0f}  {r.note}")  # fmt: skip
-    fl = raw["floor"]
-    lines += [f"{'hs2p tiling + tar':<26}{'-':>8}  {env['hs2p']}",
-              "/cpu-s: patches per CPU-second of the working processes; cpu%: CPU-s / (wall s x cores): well below "
-              "100 means the work waited for a core.", "",
-              f"floor parts: decode {fl['decode_s']:.2f} s ({fl['tiles_needed']} tiles, "
+def per_mpp(raw: dict[str, dict[str, Any]]) -> dict[float, dict[str, Rate]]:
+    return {mpp: {"j1": rate(raw[f"build_j1@{mpp:.4f}"]), "j2": rate(raw[f"build_j2@{mpp:.4f}"], pool=True),
+                  "naive": rate(raw[f"naive@{mpp:.4f}"]), "floor": rate(raw[f"floor@{mpp:.4f}"])}
+            for mpp in SCANNERS}  # fmt: skip
+
+
+def verdicts(raw: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each target, per mpp: the wall-clock ratio (the verdict) and the same ratio from CPU-seconds."""
+    rates = per_mpp(raw)
+    items: list[tuple[str, float, float, float | None, str, float, tuple[str, ...]]] = []  # ..., runs compared
+    ref = rates[REFERENCE_MPP]["j1"]
+    small, big = raw["rss_small"]["worker_rss_mb"], raw["rss_big"]["worker_rss_mb"]
+    for mpp, r in rates.items():
+        j1, j2, naive = r["j1"], r["j2"], r["naive"]
+        k1, k2, kn = (f"{k}@{mpp:.4f}" for k in ("build_j1", "build_j2", "naive"))
+        items += [
+            (VS_NAIVE_J1, mpp, j1.per_s / naive.per_s, j1.per_cpu_s / naive.per_cpu_s, ">=", 3.0, (k1, kn)),
+            (VS_NAIVE_J2, mpp, j2.per_s / (2 * naive.per_s), j2.per_cpu_s / naive.per_cpu_s, ">=", 3.0, (k2, kn)),
+            (SPEEDUP, mpp, j2.per_s / j1.per_s, 2 * j2.per_cpu_s / j1.per_cpu_s, ">=", 1.7, (k1, k2)),
+        ]  # fmt: skip
+        if mpp != REFERENCE_MPP:
+            items.append((VS_REF, mpp, j1.per_s / ref.per_s, j1.per_cpu_s / ref.per_cpu_s, ">=", 0.8,
+                          (k1, f"build_j1@{REFERENCE_MPP:.4f}")))  # fmt: skip
+    items.append((RSS_FLAT, MANY_MPP, big / small, None, "<=", 1.3, ()))
+    return [{"name": n, "mpp": m, "value": v, "cpu_value": c, "target": f"{op} {t:g}x",
+             "pass": v >= t if op == ">=" else v <= t,
+             "contended": any(raw[k]["other_load_cores"] > CONTENDED_CORES for k in runs)}
+            for n, m, v, c, op, t, runs in items]  # fmt: skip
+
+
+def _verdict_of(checks: list[dict[str, Any]], mpp: float, *names: str) -> str:
+    found = [c for c in checks if c["mpp"] == mpp and c["name"] in names]
+    mark = "*" if any(c["contended"] for c in found) else ""
+    return ("PASS" if all(c["pass"] for c in found) else "MISS") + mark if found else "-"
+
+
+def markdown(raw: dict[str, dict[str, Any]], checks: list[dict[str, Any]]) -> list[str]:
+    """One row per mpp, for the README."""
+    lines = ["| level-0 mpp (scanner) | patches | jobs 1 patch/s | jobs 2 patch/s | naive patch/s (1 core) "
+             "| build / naive (j1; j2 vs 2x) | floor patch/s | vs 0.25 (j1) | j2 / j1 | >= 3x naive | >= 0.8x ref "
+             "| j2 >= 1.7x j1 |", "|" + "---|" * 12]  # fmt: skip
+    rates = per_mpp(raw)
+    for mpp, r in rates.items():
+        j1, j2, naive, floor = r["j1"], r["j2"], r["naive"], r["floor"]
+        verdicts = [_verdict_of(checks, mpp, *names) for names in ((VS_NAIVE_J1, VS_NAIVE_J2), (VS_REF,), (SPEEDUP,))]
+        cells = [f"{mpp:.4f} ({SCANNERS[mpp]})", str(j1.patches), f"{j1.per_s:.0f}", f"{j2.per_s:.0f}",
+                 f"{naive.per_s:.0f}", f"{j1.per_s / naive.per_s:.2f}x; {j2.per_s / (2 * naive.per_s):.2f}x",
+                 f"{floor.per_s:.0f}", f"{j1.per_s / rates[REFERENCE_MPP]['j1'].per_s:.2f}x",
+                 f"{j2.per_s / j1.per_s:.2f}x", *verdicts]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def idle_figures(raw: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """The scan -> extraction figures of each jobs 2 build; ``wait_fraction``: the gap less the first segment's
+    own work (its patches at the extraction rate of jobs 1 on the same workload), over the wall time."""
+    out = {}
+    for name, j1 in [("many_j2", raw["many_j1"])] + [(f"build_j2@{m:.4f}", raw[f"build_j1@{m:.4f}"]) for m in SCANNERS]:
+        run = raw[name]
+        rest = j1["patches"] - j1["first_segment_patches"]  # s per patch: jobs 1 after its first segment
+        per_patch = (j1["t_end"] - j1["t_first_write"]) / rest if rest > 0 else j1["wall_s"] / j1["patches"]
+        wait = run["idle"]["gap_s"] - run["first_segment_patches"] * per_patch
+        out[name] = {**run["idle"], "wait_fraction": max(0.0, wait) / run["wall_s"]}
+    return out
+
+
+def details(mode: Mode, raw: dict[str, dict[str, Any]], env: dict[str, Any]) -> list[str]:
+    """Header, rates per mpp (wall and CPU), the many-shard build, idle time, RSS and the floor's parts."""
+    (w, h), rates = mode.size, per_mpp(raw)
+    lines = [f"bench_build ({mode.name}): {mode.n_slides} slides {w}x{h}, {TISSUE:.0%} tissue, tagged with each "
+             f"scanner's mpp -> {PATCH_PX} px at {TARGET_MPP} mpp, default build options (256 MB shards: one shard), "
+             f"JPEG q{QUALITY}; {env['cpus']} CPUs, load avg {env['load_before']:.2f} before / "
+             f"{env['load_after']:.2f} after", "",
+             f"{'':<17}{'patches per second':^34}{'per CPU-second (robust to load)':^34}{'others, cores':^15}",
+             f"{'mpp':<8}{'patches':>9}" + 2 * f"{'jobs 1':>9}{'jobs 2':>9}{'naive':>8}{'floor':>8}"
+             + f"{'j1':>5}{'j2':>5}{'nv':>5}   naive: subset, level-0 extent", "-" * 120]  # fmt: skip
+    for mpp, r in rates.items():
+        nv, j1, j2 = (raw[f"{k}@{mpp:.4f}"] for k in ("naive", "build_j1", "build_j2"))
+        cells = [f"{getattr(r[k], a):>{9 if k[0] == 'j' else 8}.1f}" for a in ("per_s", "per_cpu_s")
+                 for k in ("j1", "j2", "naive", "floor")]  # fmt: skip
+        same = "" if nv["extent_as_build"] else " (not the build's!)"
+        others = "".join(f"{run['other_load_cores']:>5.2f}" for run in (j1, j2, nv))
+        lines.append(f"{mpp:<8.4f}{r['j1'].patches:>9}{''.join(cells)}{others}   {nv['patches']} of "
+                     f"{nv['kept_total']}, {nv['extent']} px{same}")  # fmt: skip
+    m1, m2 = raw["many_j1"], raw["many_j2"]
+    figures, fl = idle_figures(raw), raw[f"floor@{MANY_MPP:.4f}"]
+    idle, one_shard = figures["many_j2"], {m: figures[f"build_j2@{m:.4f}"] for m in SCANNERS}
+    lines += ["", "others: cores that other processes kept busy during the run (the machine is shared); the "
+              "build/naive ratios are on the same cores only when both are near 0", "",
+              f"many shards at {MANY_MPP:.4f}: jobs 1 {m1['patches'] / m1['wall_s']:.0f} patch/s "
+              f"({m1['shards']} shards), jobs 2 {m2['patches'] / m2['wall_s']:.0f} patch/s ({m2['shards']} shards): "
+              f"{m1['wall_s'] / m2['wall_s']:.2f}x; others {m1['other_load_cores']:.2f} / "
+              f"{m2['other_load_cores']:.2f} cores",
+              f"scan -> extraction (many shards, jobs 2, {mode.n_slides} slides): last slide scanned to first "
+              f"segment written {idle['gap_s']:.2f} s = {idle['gap_fraction']:.1%} of the wall time, less that "
+              f"segment's own work {idle['wait_fraction']:.1%}; workers without CPU in that gap "
+              f"{idle['gap_idle_fraction']:.1%}, in the scan phase {idle['scan_idle_fraction']:.1%}, after it "
+              f"{idle['extract_idle_fraction']:.1%}, in all {idle['idle_fraction']:.1%} of workers x wall (target: "
+              "overlap the phases if the wait > 10%)",
+              "  one-shard jobs 2 builds, gap / less the first segment: " + ", ".join(
+                  f"{m:.4f} {i['gap_fraction']:.0%} / {i['wait_fraction']:.0%}" for m, i in one_shard.items()),
+              f"peak RSS per worker (jobs 2, one slide, {MANY_MPP:.4f}): {mode.small[0]}x{mode.small[1]}: "
+              f"{raw['rss_small']['worker_rss_mb']:.0f} MB, {w}x{h}: {raw['rss_big']['worker_rss_mb']:.0f} MB; "
+              f"jobs 2 parent: {raw[f'build_j2@{MANY_MPP:.4f}']['root_rss_mb']:.0f} MB; naive child before its "
+              f"loop: {raw[f'naive@{MANY_MPP:.4f}']['rss_before_mb']:.0f} MB",
+              f"floor parts at {MANY_MPP:.4f}: decode {fl['decode_s']:.2f} s ({fl['tiles_needed']} tiles, "
               f"{1000 * fl['decode_s'] / max(fl['tiles_needed'], 1):.2f} ms/tile), encode {fl['encode_s']:.2f} s "
-              f"({1000 * fl['encode_s'] / max(fl['patches'], 1):.2f} ms/patch); not in the floor: 2x reduce "
-              f"{fl['shrink_s']:.2f} s. Tiles the build's block rectangles cover: {fl['tiles_build_decodes']} "
-              f"({fl['tiles_build_decodes'] / max(fl['tiles_needed'], 1):.2f}x the needed ones)",
-              f"peak RSS per worker (--jobs 2, one slide): {w}x{h}: {raw['rss_small_j2']['worker_rss_mb']:.0f} MB, "
-              f"{mode.big[0]}x{mode.big[1]}: {raw['rss_big_j2']['worker_rss_mb']:.0f} MB; build -j2 parent: "
-              f"{raw['build_j2']['root_rss_mb']:.0f} MB; naive child before its loop: "
-              f"{raw['naive']['rss_before_mb']:.0f} MB", "", "targets:"]  # fmt: skip
-    for c in checks:
-        by_cpu = f"   (same ratio from CPU-seconds: {c['cpu_value']:.2f}x)" if c["cpu_value"] is not None else ""
-        lines.append(f"  {c['name']:<42}{c['value']:>7.2f}x  target {c['target']:<7} "
-                     f"{'PASS' if c['pass'] else 'MISS'}{by_cpu}")  # fmt: skip
-    return "\n".join(lines)
+              f"({1000 * fl['encode_s'] / max(fl['patches'], 1):.2f} ms/patch)", ""]  # fmt: skip
+    return lines
+
+
+def targets(checks: list[dict[str, Any]]) -> list[str]:
+    """One line per target, the mpps side by side (the CPU-second ratio in brackets)."""
+    lines = [
+        "targets (wall clock; [the same ratio from CPU-seconds]; *: other processes kept more than "
+        f"{CONTENDED_CORES} cores busy during a run compared, so the wall-clock ratio is not on equal cores):"
+    ]
+    for name in dict.fromkeys(c["name"] for c in checks):
+        mine = [c for c in checks if c["name"] == name]
+        cells = [f"{c['mpp']:.4f} {c['value']:.2f}x" + (f" [{c['cpu_value']:.2f}]" if c["cpu_value"] else "")
+                 + f" {'PASS' if c['pass'] else 'MISS'}{'*' if c['contended'] else ''}" for c in mine]  # fmt: skip
+        lines.append(f"  {name} {mine[0]['target']}: " + " | ".join(cells))
+    return lines
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="small slides, well under 2 minutes")
+    p.add_argument("--quick", action="store_true", help="smaller slides and subsets: a few minutes on 2 cores")
     p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "wsishard-bench",
                    help="slides (cached between runs) and build outputs")  # fmt: skip
     p.add_argument("--json-only", action="store_true", help="print only the final JSON line")
@@ -439,27 +469,26 @@ def main(argv: list[str] | None = None) -> int:
         if not args.json_only:
             print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
-    load_before = os.getloadavg()[0]
+    load_before, t0 = os.getloadavg()[0], time.perf_counter()
     raw = measure(mode, args.workdir, log)
-    hs2p = "installed, not benchmarked by this script" if importlib.util.find_spec("hs2p") else "not installed"
-    env = {"cpus": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg()[0], "hs2p": hs2p}
-    rows = rows_from(raw)
-    same = raw["build_j2"]["per_slide"] == raw["build_j1"]["per_slide"] and all(
-        raw[k]["patches"] == raw["build_j1"]["patches"] for k in ("build_j2", "floor")
-    )
-    if not same:
-        log("WARNING: the methods did not process the same patches")
-    checks = verdicts(raw, rows)
+    env = {"cpus": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg()[0],
+           "bench_wall_s": time.perf_counter() - t0}  # fmt: skip
+    same = all(raw[f"build_j2@{m:.4f}"]["per_slide"] == raw[f"build_j1@{m:.4f}"]["per_slide"] for m in SCANNERS)
+    failed = [f for run in raw.values() for f in run.get("failed", [])]
+    if not same or failed:
+        log(f"WARNING: jobs 1 and 2 wrote different patches, or slides failed: {failed}")
+    checks = verdicts(raw)
     if not args.json_only:
-        print(table(mode, raw, rows, checks, env))
+        print("\n".join(details(mode, raw, env) + markdown(raw, checks) + [""] + targets(checks)))
     report = {
-        "config": {"mode": mode.name, **asdict(mode), "slide_mpp": SLIDE_MPP, "target_mpp": TARGET_MPP,
-                   "patch_size_px": PATCH_PX, "jpeg_quality": QUALITY, "seed": SEED, **env,
-                   "same_patches": same},
+        "config": {**asdict(mode), "scanners": {f"{m:.4f}": s for m, s in SCANNERS.items()}, "slide_mpp": SLIDE_MPP,
+                   "target_mpp": TARGET_MPP, "patch_size_px": PATCH_PX, "jpeg_quality": QUALITY,
+                   "tissue_fraction": TISSUE, "seed": SEED, **env, "same_patches": same, "failed": failed},
         "versions": versions(),
-        "methods": {r.method: {**asdict(r), "patches_per_s": r.rate, "patches_per_s_per_core": r.rate_per_core,
-                               "patches_per_cpu_s": r.rate_per_cpu_s} for r in rows},
+        "rates": {f"{m:.4f}": {k: {**asdict(r), "patches_per_s": r.per_s, "patches_per_cpu_s": r.per_cpu_s}
+                               for k, r in rs.items()} for m, rs in per_mpp(raw).items()},
         "targets": checks,
+        "scan_to_extract": idle_figures(raw),
         "raw": raw,
     }  # fmt: skip
     print("JSON: " + json.dumps(report, sort_keys=True))
