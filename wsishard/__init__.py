@@ -51,6 +51,7 @@ _EXPORTS: dict[str, str] = {
     # errors
     "WsiShardError": "wsishard.errors",
     "OptionError": "wsishard.errors",
+    "OutputError": "wsishard.errors",
     "SlideError": "wsishard.errors",
     "MissingMppError": "wsishard.errors",
     "ShardError": "wsishard.errors",
@@ -71,6 +72,7 @@ __all__ = [
     "MissingMppError",
     "MonitoredLoader",
     "OptionError",
+    "OutputError",
     "PatchMeta",
     "PatchOptions",
     "RetryPolicy",
@@ -128,6 +130,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         ManifestError,
         MissingMppError,
         OptionError,
+        OutputError,
         ShardError,
         SlideError,
         TopologyError,

@@ -119,5 +119,23 @@ class ManifestError(_Located, ValueError):
         return self.where
 
 
+class OutputError(_Located, OSError):
+    """The build cannot write into its output: a permission, a full disk, a read-only store.
+
+    Every slide would fail the same way, so the build stops with this error instead of recording it as the slides'
+    failure (a failure recorded for a slide is kept by a resumed build; this one must not be).
+
+    Attributes:
+        location: the file that could not be written (path or URL).
+        reason: the system's one-line reason.
+    """
+
+    _label = "cannot write "
+
+    @property
+    def location(self) -> str:
+        return self.where
+
+
 class TopologyError(WsiShardError, ValueError):
     """Too few shards for the ranks x workers reading them (the message says how many are needed)."""

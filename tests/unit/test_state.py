@@ -71,14 +71,18 @@ def test_claim_is_refused_for_a_finished_build_of_other_options(tmp_path: Path) 
     assert (out / "manifest.json").exists()
 
 
-def test_overwrite_clears_the_previous_build_but_nothing_else(tmp_path: Path) -> None:
+def test_overwrite_never_deletes_files_the_build_did_not_record(tmp_path: Path) -> None:
+    """Named like a build's files but listed by nothing the previous build recorded: kept (with a warning), while
+    the previous build's own state is replaced. What it did record is tests/unit/test_state_lock.py's."""
     out = tmp_path / "out"
     _state(out, "old").claim(overwrite=False)
-    for name in ("shard-000000.tar", "manifest.json", "manifest.part-0001-of-0002.json", "qc/s.png", "notes.txt"):
+    names = ("shard-000000.tar", "manifest.json", "manifest.part-0001-of-0002.json", "qc/s.png", "notes.txt")
+    for name in names:
         (out / name).parent.mkdir(exist_ok=True)
         (out / name).write_bytes(b"x")
     _state(out).claim(overwrite=True)
-    assert sorted(p.name for p in out.iterdir()) == [".wsishard", "notes.txt"]
+    for name in names:
+        assert (out / name).read_bytes() == b"x", name
     assert _stored_fingerprint(out) == DIGEST
 
 

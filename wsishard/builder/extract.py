@@ -27,6 +27,7 @@ from wsishard.storage.output import Destination
 logger = logging.getLogger(__name__)
 
 SEGMENT_PATCHES = 256  # patches per segment (whole blocks): enough to amortise a task, small to keep workers busy
+SEGMENT_MIN_PATCHES = 32  # a small build's segments shrink to this, so that every job has several to work on
 
 
 @dataclass(frozen=True)
@@ -80,13 +81,23 @@ class ShardOutcome:
     reason: str = ""
 
 
-def segment_tasks(sp: ShardPlan, sources: dict[int, SlideSource], excluded: frozenset[int],
-                  encode: EncodeOptions) -> list[SegmentTask]:  # fmt: skip
-    """The shard's blocks cut into segments of whole blocks, about :data:`SEGMENT_PATCHES` patches each."""
+def segment_size(pending_patches: int, jobs: int) -> int:
+    """Patches per segment: :data:`SEGMENT_PATCHES`, or fewer (down to :data:`SEGMENT_MIN_PATCHES`) when the work
+    would otherwise give fewer than eight segments per job (a one-shard build on many cores)."""
+    return max(SEGMENT_MIN_PATCHES, min(SEGMENT_PATCHES, pending_patches // (8 * max(jobs, 1))))
+
+
+def segment_tasks(sp: ShardPlan, sources: dict[int, SlideSource], excluded: frozenset[int], encode: EncodeOptions,
+                  patches: int | None = None) -> list[SegmentTask]:  # fmt: skip
+    """The shard's blocks cut into segments of whole blocks, about ``patches`` (:data:`SEGMENT_PATCHES`) each.
+
+    The cut never changes the shard's bytes: only how its work is shared out.
+    """
+    cap = patches or SEGMENT_PATCHES
     runs: list[list[tuple[int, int]]] = [[]]
     size = 0
     for slide, block in sp.blocks:
-        if size >= SEGMENT_PATCHES:
+        if size >= cap:
             runs.append([])
             size = 0
         runs[-1].append((slide, block))

@@ -27,6 +27,7 @@ from wsishard.builder.extract import (
     assemble_shards,
     crashed_segment,
     extract_segment,
+    segment_size,
     segment_tasks,
 )
 from wsishard.builder.inputs import check_tables, find_slides, lookup
@@ -36,7 +37,7 @@ from wsishard.builder.plan import Plan, ShardPlan, assign_parts, make_plan
 from wsishard.builder.pool import WorkerPool
 from wsishard.builder.scan import ScanResult, ScanTask, crashed_scan, scan_slide
 from wsishard.builder.staging import StagedSlide, StageTask, crashed_stage, remove_staging, stage_slide
-from wsishard.builder.state import BuildState, fingerprint
+from wsishard.builder.state import BuildState, fingerprint, input_stamps
 from wsishard.errors import OptionError
 from wsishard.format import Manifest, ShardRecord, SlideRecord, manifest_name, shard_name, temp_target, unique_slide_ids
 from wsishard.progress import ProgressCallback, ignore_progress
@@ -66,13 +67,16 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
         storage_options: fsspec options for an URL output (endpoint, credentials); never logged or stored.
         part: ``(i, n)``, 1-based: build only part ``i`` of ``n`` (whole groups, balanced by patches) and write
             a part manifest; :func:`wsishard.merge.merge` joins the parts.
-        overwrite: replace a build with other inputs or options found in ``output`` instead of refusing.
+        overwrite: replace a build with other inputs or options (or slides changed since) found in ``output``
+            instead of refusing; only that build's own files are removed, never anything else there.
         scratch: local folder for copies of slides given as URLs (default: a temporary folder); it holds at most
             one slide per worker, plus one group's staged patches.
 
     Raises:
         OptionError: bad inputs (nothing found, a missing path), a bad ``part``, or ``output`` holding another
-            build. Bad slides never raise: they are failed records.
+            build, slides changed since its build began, files that are not a build's, or being written by
+            another build right now. Bad slides never raise: they are failed records.
+        OutputError: ``output`` cannot be written (permissions, a full disk): the build stops.
     """
     options = options or BuildOptions()
     if part is not None and not 1 <= part[0] <= part[1]:
@@ -82,26 +86,27 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
     dest = Destination(output, storage_options)
     dest.makedirs()
     state = BuildState(dest, fingerprint(paths, _options_dict(options, for_fingerprint=True)), part)
-    state.claim(overwrite=overwrite)
     jobs = options.jobs or os.cpu_count() or 1
-    with _scratch_for(paths, scratch, storage_options) as remote, WorkerPool(jobs) as pool:
-        scans = state.load_scans(options.patch.block_patches)
-        if scans is None:
-            scans = _scan_all(pool, paths, dest, options, progress, remote)
-            state.save_scans(scans)
-        plan = make_plan([s.block_sizes for s in scans], samples_per_shard=_samples_per_shard(options, scans),
-                         group_slides=options.group_slides, seed=options.seed)  # fmt: skip
-        groups = _part_groups(plan, part)
-        shards = [sp for sp in plan.shards if sp.group in groups]
-        _remove_leftovers(dest, {shard_name(sp.index) for sp in shards})
-        tally = _Tally(progress, len(shards), sum(sp.patches for sp in shards))
-        if remote.from_urls:
-            outcomes, failed = _extract_staged(pool, shards, scans, dest, options, tally, state, remote)
-        else:
-            outcomes, failed = _extract_all(pool, shards, scans, dest, options, tally, state)
-    slides = _slides_of_part(plan, groups, len(scans), part)
-    manifest = _manifest(inputs, options, scans, outcomes, failed, state.digest, slides, part)
-    dest.write_bytes(manifest_name(part), manifest.to_json().encode())
+    with state.lock():  # one build (or the parts of one) at a time; released on errors and interrupts too
+        state.claim(overwrite=overwrite, stamps=input_stamps(paths, storage_options))
+        with _scratch_for(paths, scratch, storage_options) as remote, WorkerPool(jobs) as pool:
+            scans = state.load_scans(options.patch.block_patches)
+            if scans is None:
+                scans = _scan_all(pool, paths, dest, options, state.refreshing(progress), remote)
+                state.save_scans(scans)
+            plan = make_plan([s.block_sizes for s in scans], samples_per_shard=_samples_per_shard(options, scans),
+                             group_slides=options.group_slides, seed=options.seed)  # fmt: skip
+            groups = _part_groups(plan, part)
+            shards = [sp for sp in plan.shards if sp.group in groups]
+            _remove_leftovers(dest, {shard_name(sp.index) for sp in shards})
+            tally = _Tally(progress, len(shards), sum(sp.patches for sp in shards))
+            if remote.from_urls:
+                outcomes, failed = _extract_staged(pool, shards, scans, dest, options, tally, state, remote)
+            else:
+                outcomes, failed = _extract_all(pool, shards, scans, dest, options, tally, state)
+        slides = _slides_of_part(plan, groups, len(scans), part)
+        manifest = _manifest(inputs, options, scans, outcomes, failed, state.digest, slides, part)
+        dest.write_bytes(manifest_name(part), manifest.to_json().encode())
     return manifest
 
 
@@ -243,8 +248,9 @@ def _extract_all(pool: WorkerPool, shards: list[ShardPlan], scans: list[ScanResu
     pending = [sp for sp in shards if sp.index not in done]
     while pending:
         excluded = frozenset(failed)
-        tasks = [t for sp in pending for t in segment_tasks(sp, sources, excluded, options.encode)]
-        segments = pool.imap(extract_segment, tasks, on_crash=crashed_segment)
+        size = segment_size(sum(sp.patches for sp in pending), pool.jobs)
+        tasks = [t for sp in pending for t in segment_tasks(sp, sources, excluded, options.encode, size)]
+        segments = pool.imap(extract_segment, tasks, on_crash=crashed_segment, window=4 * pool.jobs)
         new_failed: dict[int, str] = {}
         for outcome in assemble_shards(segments, dest, tally.written):
             if outcome.failed_slide is None:

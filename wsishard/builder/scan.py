@@ -6,6 +6,7 @@ bytes per patch), so it is cheap next to extraction. Its result is small and pic
 
 from __future__ import annotations
 
+import errno
 import io
 import logging
 from dataclasses import dataclass, field, replace
@@ -26,7 +27,7 @@ from wsishard.builder.patches import EncodeOptions, SlideWork, block_samples
 from wsishard.builder.qc import qc_picture
 from wsishard.builder.staging import local_copy
 from wsishard.builder.tissue import TissueOptions, detect_tissue
-from wsishard.errors import SlideError, SlideFailure
+from wsishard.errors import OutputError, SlideError, SlideFailure
 from wsishard.format import SlideRecord
 from wsishard.slide import SlideReader, open_slide, read_lowres, resolve_mpp
 from wsishard.storage.output import Destination
@@ -35,6 +36,7 @@ from wsishard.storage.urls import StorageOptions, is_url
 logger = logging.getLogger(__name__)
 
 _MEASURED_PATCHES = 6  # patches per slide encoded while scanning to size shards in bytes
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # writing failed for want of room or rights: not the slide's
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,13 +75,28 @@ class ScanResult:
 
 
 def scan_slide(task: ScanTask) -> ScanResult:
-    """Scan one slide. Never raises for a bad slide: failures come back as a failed record with a reason."""
+    """Scan one slide. Never raises for a bad slide: failures come back as a failed record with a reason.
+
+    Raises:
+        OutputError: the QC picture cannot be written into the output, or a disk is full: not the slide's failure
+            (a failed record is kept by a resumed build), and every slide would fail the same way.
+    """
     record = SlideRecord(slide_id=task.slide_id, file=task.path, status="failed", label=task.label)
+    stop: OutputError | None = None
     with SlideFailure(task.path) as failure:
-        if not is_url(task.path):
-            return _scan_path(task, task.path, record)
-        with local_copy(task.path, task.scratch, task.storage_options) as local:
-            return _scan_path(task, local, record)
+        try:
+            if not is_url(task.path):
+                return _scan_path(task, task.path, record)
+            with local_copy(task.path, task.scratch, task.storage_options) as local:
+                return _scan_path(task, local, record)
+        except OutputError as exc:
+            stop = exc
+        except OSError as exc:
+            if exc.errno not in _NO_SPACE:
+                raise
+            stop = OutputError(exc.filename or task.scratch or task.path, exc.strerror or str(exc))
+    if stop is not None:
+        raise stop
     return ScanResult(replace(record, reason=failure.reason or ""))
 
 
@@ -116,7 +133,7 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
         picture = qc_picture(thumb, mask, l0_per_t, cands.l0_x, cands.l0_y, cands.l0_extent)
         buf = io.BytesIO()
         picture.save(buf, "PNG")
-        task.dest.write_bytes(task.qc_name, buf.getvalue())
+        _write_qc(task.dest, task.qc_name, buf.getvalue())
     record = replace(record, tissue_fraction=round(float(mask.mean()), 4), candidates=cands.total)
     if len(cands) == 0:
         reason = "no tissue found" if not mask.any() else f"no patch with >= {patch.min_tissue:.0%} tissue"
@@ -126,6 +143,18 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
                      cands=cands, blocks=block_list, label=task.label)  # fmt: skip
     measured = _bytes_per_patch(task, reader, work) if task.measure else None
     return ScanResult(replace(record, status="ok"), cands, block_list, measured)
+
+
+def _write_qc(dest: Destination, name: str, png: bytes) -> None:
+    """Write a QC picture into the output.
+
+    Raises:
+        OutputError: it cannot be written (a permission, a full disk, a read-only store).
+    """
+    try:
+        dest.write_bytes(name, png)
+    except OSError as exc:
+        raise OutputError(dest.path(name), exc.strerror or str(exc)) from exc
 
 
 def _resolution(task: ScanTask, reader: SlideReader, record: SlideRecord) -> SlideRecord:

@@ -1,50 +1,105 @@
-"""Resume state of a build, kept under ``OUT/.wsishard/`` next to the shards (local or object storage).
+"""Resume state of a build under ``OUT/.wsishard/`` next to the shards (local or object storage), and its lock.
 
-    build.json            the build's fingerprint (inputs + every option): a re-run with other options is refused
+    build.json            the build's fingerprint (inputs + every option) and each slide's stamp (size and
+                          modification time, or ETag): other options, or a slide replaced since, are refused
     scan.json, scan.npz   every slide's scan result (records as JSON, patch grids as arrays; never pickled)
     failed.json           slides that failed during extraction, with their reasons (one file per part)
     done/<shard>.json     one record per finished shard: its manifest record, patches per slide, excluded slides
+    lock.json             who writes the output (``lock.part-0002-of-0008.json`` for a part): :meth:`BuildState.lock`
 
-A shard is skipped on resume when its done record exists and was written with the same excluded slides; the
-plan is deterministic, so a resumed build writes exactly what an uninterrupted one would.
+A shard is skipped on resume when its done record exists and was written with the same excluded slides (the plan is
+deterministic). A build owns its state folder, manifests, the shards they or its done records list and its slides' QC
+pictures: ``--overwrite`` removes only those.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
 import hashlib
 import io
 import json
-from collections.abc import Sequence
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import fsspec
 import numpy as np
 
+from wsishard import format as fmt
 from wsishard.builder.extract import ShardOutcome
 from wsishard.builder.grid import Candidates, blocks
 from wsishard.builder.scan import ScanResult
 from wsishard.errors import OptionError
-from wsishard.format import FORMAT_VERSION, MANIFEST_NAME, SHARD_PREFIX, ShardRecord, SlideRecord, part_label
 from wsishard.storage.output import Destination
+from wsishard.storage.urls import StorageOptions, is_url
+
+logger = logging.getLogger(__name__)
 
 STATE_DIR = ".wsishard"
+LOCK_REFRESH_S = 120.0  # a running build re-writes its lock at most this often, when it records progress
+LOCK_LEASE_S = 3600.0  # another host's lock not re-written for this long is stale
 _BUILD, _SCAN, _SCAN_ARRAYS, _FAILED, _DONE = "build.json", "scan.json", "scan.npz", "failed.json", "done"
+_TAGS = ("ETag", "etag", "VersionId", "LastModified", "mtime", "updated")  # what tells an object's version, best first
+
+Stamp = dict[str, Any]  # {"size", "mtime_ns"} of a file, {"size", "tag"} of an object
 
 
 def fingerprint(slides: Sequence[str], options: dict[str, Any]) -> str:
     """A digest of what determines the output: the slide list, every option, the format version."""
-    text = json.dumps({"slides": list(slides), "options": options, "format": FORMAT_VERSION}, sort_keys=True)
+    text = json.dumps({"slides": list(slides), "options": options, "format": fmt.FORMAT_VERSION}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def input_stamps(paths: Sequence[str], storage_options: StorageOptions | None = None) -> dict[str, Stamp]:
+    """What tells whether each input changed, without reading it: a file's size and modification time (ns), an
+    object's size and ETag (or version or time where a store has none), from one fresh listing per prefix. A
+    replacement of the same size and time (``cp -p``) goes unnoticed."""
+    options, listed, stamps = dict(storage_options or {}), {}, {}
+    for parent in {p.rsplit("/", 1)[0] for p in paths if is_url(p)}:
+        fs, root = fsspec.core.url_to_fs(parent, **options)
+        fs.invalidate_cache(root)  # not what an earlier listing in this process saw
+        with contextlib.suppress(Exception):  # cannot list (HTTP: its own error types)? info() asks, and raises
+            listed.update({fs.unstrip_protocol(e["name"]): e for e in fs.ls(root, detail=True)})
+    for path in paths:
+        if is_url(path):
+            fs, root = fsspec.core.url_to_fs(path, **options)
+            info = listed.get(path) or fs.info(root)
+            tag = next(filter(None, map(info.get, _TAGS)), "")
+            stamps[path] = {"size": int(info.get("size") or 0), "tag": str(tag)}
+        else:
+            st = os.stat(path)
+            stamps[path] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return stamps
+
+
+@dataclasses.dataclass(frozen=True)
+class _Survey:
+    """What an output holds: a build (``found``) with its fingerprint and stamps, the files it wrote, all else."""
+
+    found: bool
+    digest: str | None
+    stamps: dict[str, Stamp] | None
+    owned: list[str]  # "/"-separated names relative to the output (inside qc/: "qc/<name>")
+    foreign: list[str]
+
+
 class BuildState:
-    """The resume state of one output. All methods read or write through the :class:`Destination`."""
+    """The resume state of one output and the lock of the build writing it; all I/O goes through the
+    :class:`Destination`. Every refusal is a one-line :class:`OptionError` saying what is there and what to do."""
 
     def __init__(self, dest: Destination, digest: str, part: tuple[int, int] | None = None) -> None:
-        self.dest = dest
-        self.digest = digest
+        self.dest, self.digest, self.part = dest, digest, part
         # parts of a cluster build share the output: each keeps its own list of failed slides (its groups only)
-        self._failed = _FAILED if part is None else f"failed.{part_label(part)}.json"
+        self._failed = _FAILED if part is None else f"failed.{fmt.part_label(part)}.json"
+        self._lock = "lock.json" if part is None else f"lock.{fmt.part_label(part)}.json"
+        self._held: dict[str, Any] | None = None  # our lock while we hold it
+        self._siblings: list[dict[str, Any]] = []  # live locks of this build's other parts
 
     def _name(self, *parts: str) -> str:
         return "/".join((STATE_DIR, *parts))
@@ -56,48 +111,203 @@ class BuildState:
     def _put_json(self, value: Any, *parts: str) -> None:
         self.dest.write_bytes(self._name(*parts), json.dumps(value, sort_keys=True).encode())
 
-    def claim(self, *, overwrite: bool) -> None:
+    def claim(self, *, overwrite: bool, stamps: Mapping[str, Stamp] | None = None) -> None:
         """Check the output is empty, a resumable build of the same inputs and options, or overwritable.
 
-        Raises:
-            OptionError: the output holds a build with other inputs or options and ``overwrite`` is False.
-        """
-        previous = self._json(_BUILD)
-        if previous is None:
-            manifest = self.dest.read_bytes(MANIFEST_NAME)
-            previous = json.loads(manifest).get("extra", {}) if manifest else None
-        other = previous is not None and previous.get("fingerprint") != self.digest
-        if other and not overwrite:
-            raise OptionError(
-                f"{self.dest.location} holds a build with other slides or options; "
-                "re-run with the same ones to resume it, or pass --overwrite to replace it"
-            )
-        if overwrite:
-            self.clear()
-        self._put_json({"fingerprint": self.digest}, _BUILD)
+        ``overwrite`` replaces a build of other inputs or options, or whose slides changed (``stamps`` from
+        :func:`input_stamps` differ from the recorded ones); a whole build replaces the same build too, a part resumes
+        it (its other parts may be writing). A folder of files but no build is refused, or with ``overwrite`` built
+        beside them unless one bears a name the build writes.
 
-    def clear(self) -> None:
-        """Remove a previous build: its shards, manifests, QC pictures and state."""
-        for name in self.dest.listdir():
-            if name.startswith(SHARD_PREFIX) or name.startswith("manifest") or name in ("qc", STATE_DIR):
-                self.dest.remove(name)
+        Raises:
+            OptionError: another build, changed slides or other files there, and ``overwrite`` does not apply.
+        """
+        survey, where = self._survey(), self.dest.location
+        same = survey.found and survey.digest == self.digest
+        changed = _changed(survey.stamps, stamps) if same else []
+        if not survey.found:
+            self._beside(survey.foreign, overwrite, stamps)
+        elif not same and not overwrite:
+            raise OptionError(f"{where} holds a build with other slides or options; re-run with the same ones to "
+                              "resume it, or pass --overwrite to replace it")  # fmt: skip
+        elif changed and (not overwrite or self._siblings):
+            running = f" wait for {_who(self._siblings[0], self.digest)} to end, then" if self._siblings else ""
+            raise OptionError(f"{where}: slides changed since this build began ({_names(changed)}): "
+                              f"their scans and shards are stale;{running} pass --overwrite to build anew")  # fmt: skip
+        if survey.found and (not same or changed or (overwrite and self.part is None)):
+            self._clear(survey)
+        inputs = stamps if stamps is not None else survey.stamps if same else None
+        self._put_json({"fingerprint": self.digest, **({"inputs": dict(inputs)} if inputs is not None else {})}, _BUILD)
+
+    def _beside(self, foreign: list[str], overwrite: bool, stamps: Mapping[str, Stamp] | None) -> None:
+        """A folder holding no build: refuse its files, or (``overwrite``) build beside them unless in the way."""
+        where = self.dest.location
+        if foreign and not overwrite:
+            raise OptionError(f"{where} holds {len(foreign)} files that are not a wsishard build ({_names(foreign)}); "
+                              "choose an empty or new folder, or pass --overwrite to build beside them (they are "
+                              "kept)")  # fmt: skip
+        pictures = {f"qc/{i}.png" for i in fmt.unique_slide_ids(list(stamps or {}))}
+        clash = [n for n in foreign if _untemp(n) in pictures or _build_name(_untemp(n))]
+        if clash:
+            raise OptionError(f"{where} holds files that are not a wsishard build's but bear names a build writes "
+                              f"({_names(clash)}); choose an empty or new folder")  # fmt: skip
+
+    def _clear(self, survey: _Survey) -> None:
+        """Remove the build found in the output: the files it wrote, nothing else."""
+        files = [n for n in survey.owned if n != STATE_DIR]
+        shards, unlisted = sum(map(fmt.is_shard_name, files)), [n for n in survey.foreign if fmt.is_shard_name(n)]
+        logger.info("replacing the build in %s: removing %d shards, %d manifests, %d QC pictures and its resume "
+                    "state; keeping %d other files", self.dest.location, shards, sum(map(_build_name, files)) - shards,
+                    sum(n.startswith("qc/") and n == _untemp(n) for n in files), len(survey.foreign))  # fmt: skip
+        if unlisted:
+            logger.warning("%s: keeping %d files named like shards that no manifest or done record lists (%s): "
+                           "remove them if they are leftovers", self.dest.location, len(unlisted),
+                           _names(unlisted))  # fmt: skip
+        for name in files + [self._name(n) for n in self.dest.listdir(STATE_DIR) if not n.startswith("lock.")]:
+            self.dest.remove(name)
+        if not self.dest.listdir("qc"):
+            self.dest.remove("qc")
+
+    def _survey(self) -> _Survey:
+        names = [n for n in self.dest.listdir() if n != STATE_DIR]
+        entries = [n for n in names if n != "qc"] + [f"qc/{n}" for n in self.dest.listdir("qc") if "qc" in names]
+        build = self._json(_BUILD) or {}
+        candidates = [n for n in names if fmt.parse_part_manifest(n) or n == fmt.MANIFEST_NAME]
+        manifests = {n: m for n in candidates if (m := self._manifest(n)) is not None}
+        if not build and not manifests:
+            return _Survey(False, None, None, [], entries)
+        listed = {s.get("name") for m in manifests.values() for s in m.get("shards", [])}
+        listed |= {n.removesuffix(".json") for n in self.dest.listdir(self._name(_DONE))}
+        ids = {s.get("slide_id") for m in manifests.values() for s in m.get("slides", [])}
+        pictures = {f"qc/{i}.png" for i in ids | {e["record"]["slide_id"] for e in self._json(_SCAN) or []}}
+
+        def owned(name: str) -> bool:
+            if (target := _untemp(name)) != name:  # being written, or left by a killed build, under a temporary name
+                return target in pictures or _build_name(target)
+            return name in manifests or name in pictures or (fmt.is_shard_name(name) and name in listed)
+
+        digest = build.get("fingerprint") or next((m.get("extra", {}).get("fingerprint") for m in manifests.values()),
+                                                  None)  # fmt: skip
+        return _Survey(True, digest, build.get("inputs"), [STATE_DIR, *filter(owned, entries)],
+                       [n for n in entries if not owned(n)])  # fmt: skip
+
+    def _manifest(self, name: str) -> dict[str, Any] | None:
+        """The wsishard manifest ``name`` as plain data; None for anything else."""
+        with contextlib.suppress(ValueError):
+            data = json.loads(self.dest.read_bytes(name) or b"null")
+            return data if isinstance(data, dict) and data.get("format") == fmt.FORMAT_NAME else None
+        return None
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the output for this build (or part) until the block ends, also on errors and interrupts: a lock file
+        created only if absent (:meth:`Destination.create_exclusive`) and read back. Stale locks (:func:`_live`) are
+        taken over; parts of one build do not block each other. Raises :class:`OptionError` naming another holder."""
+        self._acquire()
+        try:
+            self._siblings = self._others()
+            yield
+        finally:
+            self._release()
+
+    def refresh(self) -> None:
+        """Re-write the lock (at most every ``LOCK_REFRESH_S``) so that other hosts see this build is alive.
+
+        Raises:
+            OptionError: another build took the lock over, thinking this one dead: this one stops rather than mix.
+        """
+        if self._held is None or time.time() - self._held["refreshed_s"] < LOCK_REFRESH_S:
+            return
+        current = self._read_lock(self._lock)
+        if current is not None and current.get("token") != self._held["token"]:
+            raise OptionError(f"{self.dest.location}: {_who(current, self.digest)}, took over the lock of this "
+                              "build; this build stops so that the two do not mix")  # fmt: skip
+        self._held["refreshed_s"] = time.time()
+        self.dest.write_bytes(self._name(self._lock), json.dumps(self._held).encode())
+
+    def refreshing(self, progress: Callable[[Any], None]) -> Callable[[Any], None]:
+        """``progress`` that also refreshes the lock, for long phases that record nothing (scanning)."""
+
+        def report(event: Any) -> None:
+            self.refresh()
+            progress(event)
+
+        return report
+
+    def _acquire(self) -> None:
+        now = time.time()
+        mine = {"fingerprint": self.digest, "part": self.part and list(self.part), "host": socket.gethostname(),
+                "pid": os.getpid(), "token": secrets.token_hex(8), "refreshed_s": now,
+                "started": datetime.datetime.fromtimestamp(now).astimezone().isoformat(timespec="seconds")}  # fmt: skip
+        for _ in range(3):
+            created = self.dest.create_exclusive(self._name(self._lock), json.dumps(mine).encode())
+            holder = self._read_lock(self._lock)
+            if created and holder is not None and holder.get("token") == mine["token"]:
+                self._held = mine
+                return
+            if holder is not None and _live(holder):
+                raise OptionError(self._held_by(self._lock, holder))
+            self._remove_lock(self._lock, holder, stale=True)
+        raise OptionError(f"{self.dest.location}: could not take {self._name(self._lock)}: others keep taking it")
+
+    def _others(self) -> list[dict[str, Any]]:
+        """The live locks of this build's other parts (stale locks are removed; any other live lock is refused)."""
+        siblings = []
+        for name in self.dest.listdir(STATE_DIR):
+            if not name.startswith("lock.") or name == self._lock or (holder := self._read_lock(name)) is None:
+                continue
+            part = holder.get("part")
+            if not _live(holder):
+                self._remove_lock(name, holder, stale=True)
+            elif holder.get("fingerprint") != self.digest or not part or not self.part or part[1] != self.part[1]:
+                raise OptionError(self._held_by(name, holder))
+            else:
+                siblings.append(holder)
+        return siblings
+
+    def _release(self) -> None:
+        held, self._held, self._siblings = self._held, None, []
+        try:
+            self._remove_lock(self._lock, held)
+            if not self.dest.remote:  # a refused claim leaves nothing behind in a folder that held no build
+                with contextlib.suppress(OSError):
+                    os.rmdir(self.dest.path(STATE_DIR))
+        except OSError as exc:  # never hide the error the build ends with
+            logger.warning("%s: could not remove the lock %s: %s", self.dest.location, self._lock, exc)
+
+    def _remove_lock(self, name: str, holder: dict[str, Any] | None, *, stale: bool = False) -> None:
+        """Remove a lock unless it changed since ``holder`` was read from it; a ``stale`` one with a warning."""
+        if holder is None:
+            return
+        if stale:
+            logger.warning("%s: taking over the lock of %s: it is not running any more", self.dest.location,
+                           _who(holder, self.digest))  # fmt: skip
+        current = self._read_lock(name)
+        if current is not None and current.get("token") == holder.get("token"):
+            if self.dest.remote:
+                self.dest.fs.invalidate_cache(self.dest.path(self._name(name)))
+            self.dest.remove(self._name(name))
+
+    def _read_lock(self, name: str) -> dict[str, Any] | None:
+        """A lock's content: None when there is none, ``{}`` (stale) when it is not one."""
+        with contextlib.suppress(ValueError):
+            holder = json.loads(self.dest.read_bytes(self._name(name)) or b"null")
+            return holder if holder is None or isinstance(holder, dict) else {}
+        return {}
+
+    def _held_by(self, name: str, holder: dict[str, Any]) -> str:
+        return (f"{self.dest.location} is being written by {_who(holder, self.digest)}; wait for it to end, or "
+                f"remove {self.dest.path(self._name(name))} if it is not running any more")  # fmt: skip
 
     def save_scans(self, scans: Sequence[ScanResult]) -> None:
+        self.refresh()
         entries, arrays = [], {}
         for i, scan in enumerate(scans):
-            cands = scan.cands
-            geometry = None
+            cands, geometry = scan.cands, None
             if cands is not None:
-                geometry = {
-                    "l0_per_o": cands.l0_per_o,
-                    "stride": cands.stride,
-                    "patch": cands.patch,
-                    "total": cands.total,
-                }
+                geometry = dict(l0_per_o=cands.l0_per_o, stride=cands.stride, patch=cands.patch, total=cands.total)
                 arrays.update({f"col{i}": cands.col, f"row{i}": cands.row, f"tissue{i}": cands.tissue})
-            entries.append(
-                {"record": dataclasses.asdict(scan.record), "cands": geometry, "bytes": scan.bytes_per_patch}
-            )
+            entries.append(dict(record=dataclasses.asdict(scan.record), cands=geometry, bytes=scan.bytes_per_patch))
         buf = io.BytesIO()
         np.savez(buf, **arrays)  # type: ignore[arg-type]
         self.dest.write_bytes(self._name(_SCAN_ARRAYS), buf.getvalue())
@@ -111,7 +321,7 @@ class BuildState:
         arrays = np.load(io.BytesIO(data), allow_pickle=False)
         scans = []
         for i, entry in enumerate(entries):
-            record = SlideRecord(**entry["record"])
+            record = fmt.SlideRecord(**entry["record"])
             geometry = entry["cands"]
             if geometry is None:
                 scans.append(ScanResult(record))
@@ -124,9 +334,11 @@ class BuildState:
         return {int(k): v for k, v in (self._json(self._failed) or {}).items()}
 
     def save_failed(self, failed: dict[int, str]) -> None:
+        self.refresh()
         self._put_json({str(k): v for k, v in failed.items()}, self._failed)
 
     def save_done(self, outcome: ShardOutcome, name: str, excluded: frozenset[int]) -> None:
+        self.refresh()
         record = dataclasses.asdict(outcome.record) if outcome.record else None
         by_slide = {str(k): v for k, v in (outcome.patches_by_slide or {}).items()}
         entry = {"index": outcome.index, "record": record, "patches_by_slide": by_slide, "excluded": sorted(excluded)}
@@ -139,7 +351,49 @@ class BuildState:
             entry = self._json(_DONE, name)
             if entry is None:
                 continue
-            record = ShardRecord(**entry["record"]) if entry["record"] else None
+            record = fmt.ShardRecord(**entry["record"]) if entry["record"] else None
             by_slide = {int(k): v for k, v in entry["patches_by_slide"].items()}
             done[entry["index"]] = (ShardOutcome(entry["index"], record, by_slide), frozenset(entry["excluded"]))
         return done
+
+
+def _changed(recorded: Mapping[str, Stamp] | None, current: Mapping[str, Stamp] | None) -> list[str]:
+    return [p for p, s in current.items() if recorded.get(p) != s] if recorded and current else []
+
+
+def _names(names: Sequence[str], shown: int = 5) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def _untemp(name: str) -> str:
+    """The name a temporary file (:func:`wsishard.format.temp_name`) stands for; ``name`` when it is none."""
+    folder, slash, base = name.rpartition("/")
+    return folder + slash + (fmt.temp_target(base) or base)
+
+
+def _build_name(name: str) -> bool:
+    return fmt.is_shard_name(name) or name == fmt.MANIFEST_NAME or fmt.parse_part_manifest(name) is not None
+
+
+def _who(holder: Mapping[str, Any], digest: str) -> str:
+    same, part = holder.get("fingerprint") == digest, holder.get("part")
+    build = "this build" if same else "another build (other slides or options)"
+    who = f"part {part[0]}/{part[1]} of {build}" if part else "another run of this build" if same else build
+    return f"{who}, pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
+
+
+def _live(holder: Mapping[str, Any]) -> bool:
+    """Whether a lock's holder may run: its process exists (same host; a pid reused since keeps the lock, and the
+    refusal says how to remove it), or it re-wrote the lock less than ``LOCK_LEASE_S`` ago (another host)."""
+    pid, refreshed = holder.get("pid"), holder.get("refreshed_s")
+    if holder.get("host") != socket.gethostname():
+        return isinstance(refreshed, int | float) and time.time() - refreshed < LOCK_LEASE_S
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    return True

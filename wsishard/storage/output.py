@@ -10,6 +10,7 @@ A :class:`Destination` pickles (location and options only; the filesystem is mad
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from collections.abc import Mapping
@@ -109,6 +110,42 @@ class Destination:
             raise
         out.commit()
 
+    def create_exclusive(self, name: str, data: bytes) -> bool:
+        """Create ``name`` holding ``data`` if it does not exist yet: True if this call created it, False if it existed.
+
+        Locally a complete temporary file is hard-linked to the name (atomic, also on NFS; ``O_CREAT | O_EXCL``
+        where the file system has no hard links). On S3 a conditional PUT (``If-None-Match: *``, which AWS and moto
+        honour) after a fresh existence check (for S3-compatible stores that ignore the header). Other fsspec stores
+        have no such primitive: there it is the existence check and an atomic write, so two callers racing within
+        one round trip may both get True; callers that need certainty read the object back.
+        """
+        final = self.path(name)
+        if self.remote:
+            self.fs.invalidate_cache(final)  # what this process listed earlier may be gone or new
+            if self.fs.exists(final):
+                return False
+            protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+            if not set(protocols) & set(_DIRECT_UPLOAD_PROTOCOLS):
+                self.write_bytes(name, data)
+                return True
+            try:
+                self.fs.pipe_file(final, data, mode="create")
+            except FileExistsError:
+                return False
+            return True
+        os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
+        head, base = os.path.split(final)
+        tmp = os.path.join(head, temp_name(base, os.getpid()))
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            return _link_exclusive(tmp, final, data)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
     def remove(self, name: str) -> None:
         """Delete ``name`` if it exists."""
         if self.remote:
@@ -149,6 +186,25 @@ def _commit_local(fh: IO[bytes], tmp: str, final: str) -> None:
     os.fsync(fh.fileno())
     fh.close()
     os.replace(tmp, final)
+
+
+def _link_exclusive(tmp: str, final: str, data: bytes) -> bool:
+    """Give the complete file ``tmp`` the name ``final`` unless that exists (``O_EXCL`` without hard links)."""
+    try:
+        os.link(tmp, final)
+        return True
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+    try:
+        fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    return True
 
 
 def _abort_local(fh: IO[bytes], tmp: str) -> None:
