@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,14 @@ def test_without_on_crash_a_dead_worker_is_a_clear_error() -> None:
 def test_one_job_runs_in_this_process_in_order() -> None:
     with WorkerPool(1) as pool:
         assert list(pool.imap(_double_or_die, [(i, "") for i in range(5)], on_crash=_crashed)) == [0, 2, 4, 6, 8]
+
+
+def test_a_worker_dying_while_the_caller_is_busy_is_noticed_at_the_next_submit() -> None:
+    """The pool breaks between two results; the next item submitted must not take the caller down."""
+    items = [(i, "die" if i == 2 else "") for i in range(10)]
+    results = []
+    with WorkerPool(2) as pool:
+        for result in pool.imap(_double_or_die, items, on_crash=_crashed, window=4):
+            time.sleep(0.3)  # item 2 kills its worker meanwhile; the refill then submits to a broken pool
+            results.append(result)
+    assert results == [-2 if i == 2 else 2 * i for i in range(10)]

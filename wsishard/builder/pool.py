@@ -57,14 +57,16 @@ class WorkerPool:
         if self._executor is None:
             yield from map(fn, items)
             return
-        source, pending = iter(items), deque[tuple[T, Future[R]]]()
+        source, pending = iter(items), deque[tuple[T, Future[R] | None]]()
         while True:
             while len(pending) < (window or 2 * self.jobs) and (item := next(source, _END)) is not _END:
-                pending.append((item, self._submit(fn, item)))
+                pending.append((item, self._try_submit(fn, item)))
             if not pending:
                 return
             item, future = pending.popleft()
             try:
+                if future is None:  # the pool had already broken when this item came to be submitted
+                    raise BrokenProcessPool("a worker process died")
                 yield future.result()
             except BrokenProcessPool:
                 suspects = [item, *(it for it, _ in pending)]
@@ -78,6 +80,13 @@ class WorkerPool:
     def _submit(self, fn: Callable[[T], R], item: T) -> Future[R]:
         assert self._executor is not None
         return self._executor.submit(fn, item)
+
+    def _try_submit(self, fn: Callable[[T], R], item: T) -> Future[R] | None:
+        """The item's future, or None when the pool has broken (a worker died since the last result)."""
+        try:
+            return self._submit(fn, item)
+        except BrokenProcessPool:
+            return None
 
     def _alone(self, fn: Callable[[T], R], item: T, on_crash: Callable[[T], R] | None) -> R:
         """``fn(item)`` as the only task in flight; ``on_crash(item)`` if it kills its worker."""

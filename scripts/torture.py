@@ -1,0 +1,329 @@
+#!/usr/bin/env python
+"""Hostile input, end to end: the build and stream cases of issue 12, run on generated slides so they stay fixed.
+
+Each case builds (through the ``wsishard`` command, as a user would) or streams (through :func:`wsishard.stream`)
+something broken, hostile or concurrent, and checks what a user must get: a clear one-line error, nothing lost,
+nothing silently wrong. Prints one line per case, a summary, and one ``JSON: {...}`` line; exits 1 if any failed.
+
+    python scripts/torture.py              # all cases, about a minute on 2 cores
+    python scripts/torture.py --keep DIR   # keep the work folder for a look
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from PIL import Image
+
+from wsishard import Batch, ManifestError, ShardError, stream
+from wsishard.format import Manifest
+from wsishard.shards.writer import ShardWriter
+from wsishard.storage.output import Destination
+from wsishard.streaming.stages import ErrorMode
+from wsishard.testing.synthetic import make_slides
+
+SMALL = ["--patch-size", "64", "--shard-samples", "64", "--jobs", "1", "-q"]
+Case = Callable[[Path], str]  # returns what it saw; raises AssertionError when the behaviour is wrong
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "wsishard.cli", *args], capture_output=True, text=True, timeout=300,
+                          env=env)  # fmt: skip
+
+
+def _usage_error(proc: subprocess.CompletedProcess[str], *words: str) -> str:
+    err = proc.stderr.strip()
+    assert proc.returncode == 2, f"exit {proc.returncode}: {err[-300:]}"
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err[-500:]
+    assert all(w in err for w in words), err
+    return err
+
+
+def _slides(work: Path) -> Path:
+    folder = work / "slides"
+    if not folder.exists():
+        make_slides(folder, 3, seed=5, width=2048, height=2048)
+    return folder
+
+
+def _built(work: Path) -> Path:
+    out = work / "built"
+    if not (out / "manifest.json").exists():
+        proc = _cli("build", str(_slides(work)), "-o", str(out), *SMALL)
+        assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def _copy_build(work: Path, name: str) -> Path:
+    out = work / name
+    shutil.copytree(_built(work), out)
+    return out
+
+
+# ---- build side ----------------------------------------------------------------------------------------
+
+
+def overwrite_keeps_foreign_files(work: Path) -> str:
+    out = work / "user-folder"
+    files = {"qc/notes.txt": b"mine", "manifest_of_patients.xlsx": b"xlsx", "shard-plan.docx": b"docx"}
+    for name, data in files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
+    err = _usage_error(_cli("build", str(_slides(work)), "-o", str(out), *SMALL), "not a wsishard build")
+    proc = _cli("build", str(_slides(work)), "-o", str(out), *SMALL, "--overwrite")
+    assert proc.returncode == 0, proc.stderr[-500:]
+    assert all((out / n).read_bytes() == d for n, d in files.items()), "a user's file changed"
+    return f"refused without --overwrite ({err[:60]}...), built beside them with it, all kept"
+
+
+_SLOW = textwrap.dedent(
+    """
+    import time
+    import wsishard.builder.extract as extract
+
+    read = extract.block_samples
+
+    def slow_read(reader, work, block, encode):  # a build long enough for another to try the same output
+        time.sleep(0.05)
+        return read(reader, work, block, encode)
+
+    extract.block_samples = slow_read
+    """
+)
+
+
+def _site(work: Path, name: str, code: str) -> dict[str, str]:
+    """An environment whose Python processes run ``code`` at start (as ``sitecustomize``), workers included."""
+    (work / name).mkdir(exist_ok=True)
+    (work / name / "sitecustomize.py").write_text(code)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(work / name), os.environ.get("PYTHONPATH", "")])}
+
+
+def second_build_is_refused(work: Path) -> str:
+    out = work / "contended"
+    cmd = [sys.executable, "-m", "wsishard.cli", "build", str(_slides(work)), "-o", str(out), "--patch-size", "32",
+           "--jobs", "1", "-q"]  # fmt: skip
+    first = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=_site(work, "slow", _SLOW))
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / ".wsishard" / "lock.json").exists():
+            assert time.monotonic() < deadline and first.poll() is None, "the first build never took the lock"
+            time.sleep(0.05)
+        err = _usage_error(_cli("build", str(_slides(work)), "-o", str(out), *SMALL, "--overwrite"), "being written")
+    finally:
+        first.wait(timeout=300)
+    assert first.returncode == 0
+    sizes = {m["patch_size"] for m in _metas(out)}
+    assert sizes == {32}, f"the shards mix patch sizes {sizes}"
+    return f"refused: {err[:90]}..."
+
+
+def replaced_slide_is_noticed(work: Path) -> str:
+    slides, out = work / "slides-replaced", work / "replaced"
+    shutil.copytree(_slides(work), slides)
+    proc = _cli("build", str(slides), "-o", str(out), *SMALL)
+    assert proc.returncode == 0, proc.stderr[-500:]
+    (out / "manifest.json").unlink()  # as if interrupted before its end: a re-run resumes
+    make_slides(work / "other", 1, seed=99, width=3000, height=2000)
+    shutil.copy(work / "other" / "slide-000.svs", slides / "slide-000.svs")  # another slide under the same name
+    return _usage_error(_cli("build", str(slides), "-o", str(out), *SMALL), "slide-000")[:120]
+
+
+def bad_labels_are_usage_errors(work: Path) -> str:
+    seen = []
+    for table, word in (("slide-000,1\nslide-001,tumor\nslide-002,2\n", "mixed"),
+                        ("slide-000,1\nslide-001,99999999999999999999999\n", "0..2**63-1"),
+                        ("slide-000,1\nslide-000,2\n", "listed twice")):  # fmt: skip
+        (work / "labels.csv").write_text(table)
+        out = work / "labels-out"
+        seen.append(_usage_error(_cli("build", str(_slides(work)), "-o", str(out), *SMALL, "--labels",
+                                      str(work / "labels.csv")), word))  # fmt: skip
+        assert not out.exists(), "a usage error wrote into OUT"
+    return f"{len(seen)} tables refused before any work"
+
+
+def bad_values_are_usage_errors(work: Path) -> str:
+    (work / "afile").write_text("x")
+    (work / "mpp.csv").write_text("slide-000,nan\n")
+    cases = [(["--seed", "-1"], "seed"), (["--quality", "0"], "quality"), (["--mpp-csv", str(work / "mpp.csv")], "nan"),
+             (["--patch-size", "4"], "patch")]  # fmt: skip
+    for args, word in cases:
+        _usage_error(_cli("build", str(_slides(work)), "-o", str(work / "values-out"), *SMALL, *args), word)
+    _usage_error(_cli("build", str(_slides(work)), "-o", str(work / "afile"), *SMALL), "not a folder")
+    return f"{len(cases) + 1} values refused in one line each"
+
+
+_KILLER = textwrap.dedent(
+    """
+    import os, signal
+    import wsishard.builder.extract as extract
+
+    read = extract.block_samples
+
+    def killing_read(reader, work, block, encode):  # as the out-of-memory killer would, on one slide
+        if work.slide_id == "slide-001":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return read(reader, work, block, encode)
+
+    extract.block_samples = killing_read
+    """
+)
+
+
+def killed_worker_does_not_hang(work: Path) -> str:
+    env = _site(work, "killer", _KILLER)
+    out = work / "killed"
+    proc = _cli("build", str(_slides(work)), "-o", str(out), "--patch-size", "64", "--jobs", "2", "-q", env=env)
+    assert proc.returncode == 1 and (out / "manifest.json").exists(), f"exit {proc.returncode}: {proc.stderr[-800:]}"
+    manifest = Manifest.from_json((out / "manifest.json").read_text())  # exit 1: some slides failed
+    failed = {s.slide_id: s.reason for s in manifest.failed_slides}
+    assert list(failed) == ["slide-001"] and "died twice" in failed["slide-001"], failed
+    assert "slide-001" not in {m["slide_id"] for m in _metas(out)}
+    return f"build ended, slide-001 failed: {failed['slide-001']}"
+
+
+# ---- stream side ---------------------------------------------------------------------------------------
+
+
+def _metas(out: Path) -> list[dict[str, object]]:
+    metas = []
+    for shard in sorted(out.glob("shard-*.tar")):
+        with tarfile.open(shard) as tar:
+            metas += [json.load(tar.extractfile(m)) for m in tar if m.name.endswith(".json")]  # type: ignore[arg-type]
+    return metas
+
+
+def _rewrite_first_image(out: Path, image: bytes) -> str:
+    """Replace the first sample's image of shard 0 with ``image``; the manifest's bytes and sha256 follow."""
+    manifest = Manifest.from_json((out / "manifest.json").read_text())
+    name = manifest.shards[0].name
+    with tarfile.open(out / name) as tar:
+        members = [(m.name, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
+    key = members[0][0].split(".", 1)[0]
+    writer = ShardWriter(Destination(str(out)), name)
+    samples: dict[str, dict[str, bytes]] = {}
+    for member, data in members:
+        k, ext = member.split(".", 1)
+        samples.setdefault(k, {})[ext] = image if (k == key and ext == "jpg") else data
+    for k, m in samples.items():
+        writer.write(k, m, k.rsplit("_x", 1)[0])
+    record = writer.commit()
+    shards = [record if s.name == name else s for s in manifest.shards]
+    (out / "manifest.json").write_text(dataclasses.replace(manifest, shards=shards).to_json())
+    return key
+
+
+def _jpeg(size: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (size, size), (200, 100, 150)).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def _bomb() -> bytes:
+    """A small JPEG whose header declares 30000 x 30000 pixels."""
+    data = bytearray(_jpeg(64))
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5 : sof + 9] = (30000).to_bytes(2, "big") * 2
+    return bytes(data)
+
+
+def _stream_all(out: Path, on_error: ErrorMode) -> list[Batch]:
+    ds = stream(str(out), batch_size=8, resampled=False, shuffle=0, seed=0, drop_last=False, on_error=on_error)
+    return list(ds)
+
+
+def wrong_size_first_sample(work: Path) -> str:
+    out = _copy_build(work, "wrong-size")
+    key = _rewrite_first_image(out, _jpeg(128))
+    try:
+        _stream_all(out, "raise")
+        raise AssertionError("no ShardError")
+    except ShardError as exc:
+        assert key in str(exc), f"blames another sample: {exc}"
+    batches = _stream_all(out, "skip")
+    assert {tuple(b["image"].shape[1:]) for b in batches} == {(64, 64, 3)}
+    assert key not in [k for b in batches for k in b["key"]]
+    return f"raise names {key}; skip drops that one sample only"
+
+
+def decompression_bomb(work: Path) -> str:
+    out = _copy_build(work, "bomb")
+    key = _rewrite_first_image(out, _bomb())
+    try:
+        _stream_all(out, "raise")
+        raise AssertionError("no ShardError")
+    except ShardError as exc:
+        assert key in str(exc), str(exc)
+    kept = sum(len(b["key"]) for b in _stream_all(out, "skip"))
+    total = Manifest.from_json((out / "manifest.json").read_text()).total_samples
+    assert kept == total - 1, (kept, total)
+    return f"header checked before decoding: a ShardError naming {key}; skip mode keeps {kept} of {total}"
+
+
+def path_like_shard_names(work: Path) -> str:
+    out = _copy_build(work, "paths")
+    data = json.loads((out / "manifest.json").read_text())
+    data["shards"][0]["name"] = "../../x.tar"
+    (out / "manifest.json").write_text(json.dumps(data))
+    try:
+        stream(str(out), batch_size=8)
+        raise AssertionError("a shard name outside the output was followed")
+    except ManifestError as exc:
+        return f"ManifestError: {str(exc)[-90:]}"
+
+
+CASES: dict[str, Case] = {
+    "overwrite keeps a user's files": overwrite_keeps_foreign_files,
+    "a second build into the same output": second_build_is_refused,
+    "a slide replaced before a resume": replaced_slide_is_noticed,
+    "label tables that were silently wrong": bad_labels_are_usage_errors,
+    "option values that were not usage errors": bad_values_are_usage_errors,
+    "a worker killed mid-build": killed_worker_does_not_hang,
+    "a sample of another size first in a shard": wrong_size_first_sample,
+    "a decompression bomb in a shard": decompression_bomb,
+    "a manifest naming ../../x.tar": path_like_shard_names,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keep", type=Path, help="work folder to keep (default: a temporary one, removed)")
+    args = parser.parse_args(argv)
+    work = args.keep or Path(tempfile.mkdtemp(prefix="wsishard-torture-"))
+    work.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    results = {}
+    try:
+        for name, case in CASES.items():
+            start = time.perf_counter()
+            try:
+                seen, ok = case(work), True
+            except AssertionError as exc:
+                seen, ok = f"WRONG: {exc}", False
+            results[name] = {"ok": ok, "seen": seen, "s": round(time.perf_counter() - start, 1)}
+            print(f"{'ok  ' if ok else 'FAIL'} {name:<45} {seen}", flush=True)
+    finally:
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+    failed = [n for n, r in results.items() if not r["ok"]]
+    print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    print("JSON: " + json.dumps({"cases": results, "failed": failed}))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
