@@ -44,6 +44,8 @@ _EXPORTS: dict[str, str] = {
     "LoaderReport": "wsishard.streaming.monitor",
     "StreamOpener": "wsishard.storage.opener",
     "register_gopen_schemes": "wsishard.streaming.plain",
+    "shard_urls": "wsishard.streaming.plain",
+    "is_sample_member": "wsishard.format",
     "verify": "wsishard.shards.verify",
     "VerifyReport": "wsishard.shards.verify",
     "merge": "wsishard.builder.merge",
@@ -95,12 +97,14 @@ __all__ = [
     "detect_tissue",
     "detect_world",
     "find_slides",
+    "is_sample_member",
     "load_manifest",
     "loader",
     "merge",
     "open_slide",
     "plan_epoch",
     "register_gopen_schemes",
+    "shard_urls",
     "stream",
     "verify",
 ]
@@ -136,7 +140,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         TopologyError,
         WsiShardError,
     )
-    from wsishard.format import Manifest, PatchMeta, ShardRecord, SlideRecord
+    from wsishard.format import Manifest, PatchMeta, ShardRecord, SlideRecord, is_sample_member
     from wsishard.shards.verify import VerifyReport, verify
     from wsishard.slide import open_slide
     from wsishard.storage.opener import StreamOpener, load_manifest
@@ -146,5 +150,5 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from wsishard.streaming.decode import Batch, Sample
     from wsishard.streaming.monitor import LoaderReport, MonitoredLoader
     from wsishard.streaming.partition import EpochPlan, plan_epoch
-    from wsishard.streaming.plain import register_gopen_schemes
+    from wsishard.streaming.plain import register_gopen_schemes, shard_urls
     from wsishard.streaming.world import World, detect_world
