@@ -20,7 +20,15 @@ import numpy as np
 import webdataset as wds
 from PIL import Image
 
-from wsishard.format import Manifest, PatchMeta, ShardRecord, SlideRecord, sample_key, shard_name
+from wsishard.format import (
+    Manifest,
+    PatchMeta,
+    ShardRecord,
+    SlideRecord,
+    is_sample_member,
+    sample_key,
+    shard_name,
+)
 from wsishard.shards.reader import group_members
 
 _PIL = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}
@@ -109,7 +117,13 @@ def make_output(
         )
         for i, s in enumerate(slide_ids)
     ]
-    options = {"patch_size": size_px, "seed": seed}
+    options = {  # what ``wsishard build`` records (the stream and verify read the patch size from here)
+        "patch": {"target_mpp": 0.5, "patch_size_px": size_px, "mpp_tolerance": 0.0},
+        "image_format": image_format,
+        "labels": {f"{s}.svs": i for i, s in enumerate(slide_ids)} if labelled else {},
+        "patch_size": size_px,
+        "seed": seed,
+    }
     out.manifest = Manifest(options=options, shards=records, slides=slide_records, image_format=image_format,
                             created="1970-01-01T00:00:00Z", wsishard_version="test")  # fmt: skip
     write_manifest(out)
@@ -159,6 +173,37 @@ def rewrite_member(out: Output, shard_index: int, key: str, ext: str, change: Ca
         for k, group in group_members(members):
             writer.write({"__key__": k, **{e: change(d) if (k, e) == (key, ext) else d for e, d in group.items()}})
         writer.close()
+
+
+def rewrite_shard(out: Output, shard_index: int,
+                  change: Callable[[list[tuple[str, bytes]]], list[tuple[str, bytes]]]) -> None:  # fmt: skip
+    """Rewrite one shard as ``change(its (member name, data) list)`` (any names, a valid USTAR tar) and update its
+    manifest record (samples, bytes, sha256) to match: the shard then differs from the format, not the manifest."""
+    path = out.path(shard_index)
+    with tarfile.open(path) as tar:
+        members = [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in change(members):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.uname, info.gname = len(data), 0o444, "wsishard", "wsishard"
+            tar.addfile(info, io.BytesIO(data))
+    refresh_record(out, shard_index)
+
+
+def refresh_record(out: Output, shard_index: int) -> None:
+    """Make the manifest's record of one shard match its file (samples, bytes, sha256), e.g. after
+    :func:`rewrite_member`, so that only what is inside the samples differs from the manifest."""
+    path = out.path(shard_index)
+    with open(path, "rb") as fh:
+        data = fh.read()
+    with tarfile.open(path) as tar:
+        samples = len(list(group_members((m.name, None) for m in tar.getmembers() if is_sample_member(m.name))))
+    shards = list(out.manifest.shards)
+    old = shards[shard_index]
+    shards[shard_index] = ShardRecord(name=old.name, samples=samples, bytes=len(data),
+                                      sha256=hashlib.sha256(data).hexdigest(), slides=old.slides)  # fmt: skip
+    out.manifest = Manifest(**{**out.manifest.__dict__, "shards": shards})
+    write_manifest(out)
 
 
 def truncate(path: str, keep_fraction: float = 0.6) -> None:

@@ -12,6 +12,11 @@ Each sample is one tissue patch with the members::
 The key grammar is ``<slide_id>_x<l0_x>_y<l0_y>``: ``slide_id`` is sanitized to ``[A-Za-z0-9_-]`` so a key
 never holds a dot (webdataset splits member names at the first dot) or a path separator, and the
 coordinates are the patch's top-left corner in level-0 pixels.
+
+What a manifest or a shard says is data, never trusted as a path or a size: shard names must be
+:func:`shard_name` s (checked whenever a manifest is read), sample keys must follow the key grammar
+(:func:`is_sample_key`), and an image's size is read from its header (:func:`image_header`) and held to the
+manifest's patch size (:func:`expected_patch_size`) before it is decoded.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import struct
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, TypedDict
 
@@ -39,6 +45,7 @@ _TEMP_INFIX = ".tmp-"
 _TEMP_NAME = re.compile(r"\.(.+)" + re.escape(_TEMP_INFIX) + r"\d+")
 _PART_MANIFEST = re.compile(r"manifest\.part-(\d{4,})-of-(\d{4,})\.json")
 _MAX_ID_CHARS = 96
+_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*_x[0-9]+_y[0-9]+")  # sample_key(sanitize_slide_id(...), x, y)
 
 ImageFormat = Literal["jpg", "png", "webp"]
 SlideStatus = Literal["ok", "failed"]
@@ -92,6 +99,11 @@ def _stem(path: str) -> str:
 def sample_key(slide_id: str, l0_x: int, l0_y: int) -> str:
     """The webdataset key of the patch at level-0 ``(l0_x, l0_y)`` of ``slide_id`` (already sanitized)."""
     return f"{slide_id}_x{l0_x}_y{l0_y}"
+
+
+def is_sample_key(key: str) -> bool:
+    """True for a key :func:`sample_key` makes from a sanitized slide id: never a path (no ``/``, no ``..``)."""
+    return _KEY.fullmatch(key) is not None
 
 
 SAMPLE_EXTS: frozenset[str] = frozenset((*IMAGE_FORMATS, META_EXT, LABEL_EXT))  # the members a reader uses
@@ -234,9 +246,11 @@ class Manifest:
             slides = [SlideRecord(**_known(SlideRecord, s)) for s in data["slides"]]
             top = _known(cls, data)
             top.update(shards=shards, slides=slides)
-            return cls(**top)
-        except (KeyError, TypeError) as exc:
+            manifest = cls(**top)
+        except (KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(location, f"malformed ({exc})") from exc
+        check_shard_records(manifest.shards, location)
+        return manifest
 
     @classmethod
     def from_json(cls, text: str, location: str = "<manifest>") -> Manifest:
@@ -250,3 +264,102 @@ class Manifest:
 def _known(klass: type, data: dict[str, Any]) -> dict[str, Any]:
     names = {f.name for f in fields(klass)}
     return {k: v for k, v in data.items() if k in names}
+
+
+# ---- validation of what a manifest or a shard says: data, never trusted as paths or sizes --------------------
+
+
+def check_shard_records(shards: list[ShardRecord], location: str) -> None:
+    """Every shard name is a :func:`shard_name` (a file directly in the output: never a folder, an absolute path
+    or an URL) and every count a count. :meth:`Manifest.from_dict` calls it, so a stream or ``verify`` never
+    follows a name from the data out of the output.
+
+    Raises:
+        ManifestError: naming the first bad entry (by its index in ``shards``).
+    """
+    for i, rec in enumerate(shards):
+        if not isinstance(rec.name, str) or not is_shard_name(rec.name):
+            raise ManifestError(location, f"shard entry {i} is named {_shown(rec.name)}, not a shard file name "
+                                          f"like {shard_name(0)} (no folder, absolute path or URL)")  # fmt: skip
+        for count in ("samples", "bytes"):
+            value = getattr(rec, count)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ManifestError(location, f"shard entry {i} ({rec.name}) has {count} {value!r}, not a count")
+
+
+def _shown(value: object) -> str:
+    """``value`` as an error message shows it: quoted, cut to 120 characters, credentials in URLs redacted."""
+    from wsishard.storage.secrets import redact  # here: the storage layer imports this module
+
+    text = redact(value) if isinstance(value, str) else value
+    return repr(text if not isinstance(text, str) or len(text) <= 120 else text[:120] + "...")
+
+
+def expected_patch_size(manifest: Manifest, location: str = "<manifest>") -> int:
+    """Width = height, px, of every image of a build: ``options["patch"]["patch_size_px"]`` as the build records
+    it. The stream and ``verify`` hold every sample to it (never to the first sample's size).
+
+    Raises:
+        ManifestError: the options do not hold a positive integer there.
+    """
+    patch = manifest.options.get("patch") if isinstance(manifest.options, dict) else None
+    size = patch.get("patch_size_px") if isinstance(patch, dict) else None
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ManifestError(location, f"options.patch.patch_size_px is {size!r}, not a patch size in px "
+                                      "(a manifest not written by wsishard build?)")  # fmt: skip
+    return size
+
+
+ImageHeader = tuple[str, int, int]  # (image format "jpg" | "png" | "webp", width px, height px)
+_JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOF markers (not DHT, JPG, DAC)
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def image_header(data: bytes) -> ImageHeader | None:
+    """``(format, width, height)`` of an encoded image, read from its header alone: nothing is decoded, so a
+    decompression bomb is measured at no cost. None when ``data`` is no JPEG, PNG or WebP, or its header is cut.
+
+    A JPEG's size is its first frame header's (what libjpeg decodes); a WebP's is its canvas.
+    """
+    if data[:2] == b"\xff\xd8":
+        return _jpeg_header(data)
+    if data[:8] == _PNG_SIGNATURE and data[12:16] == b"IHDR" and len(data) >= 24:
+        width, height = struct.unpack(">II", data[16:24])
+        return "png", width, height
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return _webp_header(data[12:16], data[20:30])
+    return None
+
+
+def _jpeg_header(data: bytes) -> ImageHeader | None:
+    """Walk the marker segments after SOI up to the first frame header (SOF)."""
+    pos = 2
+    while pos + 4 <= len(data) and data[pos] == 0xFF:
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+        elif 0xD0 <= marker <= 0xD8 or marker == 0x01:  # markers without a length
+            pos += 2
+        elif marker in _JPEG_FRAMES:
+            if pos + 9 > len(data):
+                return None
+            height, width = struct.unpack(">HH", data[pos + 5 : pos + 9])
+            return "jpg", width, height
+        elif marker in (0xD9, 0xDA):  # the image ends, or its scan starts, before any frame header
+            return None
+        else:
+            pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
+    return None
+
+
+def _webp_header(chunk: bytes, body: bytes) -> ImageHeader | None:
+    """The size in a WebP's first chunk: lossy (``VP8 ``), lossless (``VP8L``) or extended (``VP8X``)."""
+    if chunk == b"VP8 " and len(body) >= 10 and body[3:6] == b"\x9d\x01\x2a":
+        width, height = struct.unpack("<HH", body[6:10])
+        return "webp", width & 0x3FFF, height & 0x3FFF
+    if chunk == b"VP8L" and len(body) >= 5 and body[0] == 0x2F:
+        bits = int.from_bytes(body[1:5], "little")
+        return "webp", (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    if chunk == b"VP8X" and len(body) >= 10:
+        return "webp", int.from_bytes(body[4:7], "little") + 1, int.from_bytes(body[7:10], "little") + 1
+    return None

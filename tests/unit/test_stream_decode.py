@@ -47,7 +47,7 @@ def test_decode_into_equals_pils_rgb_decode(fmt: str, mode: str, kw: dict) -> No
 
 def test_decode_into_rejects_another_size_and_a_truncated_jpeg() -> None:
     data = _encoded(_RNG_IMAGE, "JPEG")
-    with pytest.raises(ShardError, match="earlier samples are"):
+    with pytest.raises(ShardError, match="is 40x24 px, not 24x40 px"):
         decode_into(_raw(data), np.empty((40, 24, 3), dtype=np.uint8))
     with pytest.raises(ShardError, match="does not decode"):  # libjpeg alone would return grey-filled pixels
         decode_into(_raw(data[: len(data) // 2]), np.empty((24, 40, 3), dtype=np.uint8))
@@ -57,7 +57,7 @@ def test_decode_into_rejects_another_size_and_a_truncated_jpeg() -> None:
 
 def test_batches_are_in_shared_memory_only_in_workers(stream_out: sm.Output, monkeypatch: pytest.MonkeyPatch) -> None:
     task = ShardRef(url=stream_out.path(0), samples=COUNTS[0])
-    stage = DecodeIntoBatches(4, drop_last=False)
+    stage = DecodeIntoBatches(4, (16, 16), drop_last=False)
     plain = list(stage(read_shard(task, StreamOpener())))
     assert not any(b["image"].is_shared() for b in plain)
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())  # as inside a DataLoader worker

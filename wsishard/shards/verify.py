@@ -1,16 +1,21 @@
-"""Check a build output against its manifest: every shard's presence, size, sha256 and sample count.
+"""Check a build output against its manifest: every shard's presence, size, sha256 and sample count, and every
+sample against the manifest's options.
 
 Each shard listed in the manifest is read once, start to end (local file or any fsspec URL, through
 :class:`~wsishard.storage.opener.StreamOpener`, so object storage gets large reads and retries): the bytes are hashed
 and counted while the standard library's ``tarfile`` walks the members in stream mode, and samples are counted
 as runs of members sharing a key, as the stream reader counts them. A shard that is missing, truncated, altered
 (even zero-filled to its original length, which a tar reader takes for a clean end) or that holds another
-number of samples is a problem. ``shard-*.tar`` files that the manifest does not list, and temporary files of an
-interrupted build, are warnings.
+number of samples is a problem. So is a shard with a sample that does not match the options
+(:class:`SampleRules`): a key outside the key grammar (a member named like a path), an image of another size
+(read from its header only: nothing is decoded) or format, a ``.json`` whose ``patch_size`` or ``mpp`` disagree,
+a ``.cls`` where the slide has no label or none where it has one. ``shard-*.tar`` files that the manifest does not
+list, and temporary files of an interrupted build, are warnings.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import tarfile
 from collections import Counter
@@ -19,7 +24,19 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import IO, Any, cast
 
-from wsishard.format import IMAGE_FORMATS, META_EXT, ShardRecord, is_sample_member, is_shard_name, temp_target
+from wsishard.format import (
+    IMAGE_FORMATS,
+    LABEL_EXT,
+    META_EXT,
+    Manifest,
+    ShardRecord,
+    expected_patch_size,
+    image_header,
+    is_sample_key,
+    is_sample_member,
+    is_shard_name,
+    temp_target,
+)
 from wsishard.progress import ProgressCallback, ignore_progress
 from wsishard.shards.hashing import HashingFile
 from wsishard.shards.reader import group_members
@@ -28,6 +45,9 @@ from wsishard.storage.secrets import describe, redact
 from wsishard.storage.urls import StorageOptions, join
 
 logger = logging.getLogger(__name__)
+
+_MAX_READ = 1 << 20  # bytes read of a member: headers, .json and .cls are far smaller; the rest is only hashed
+_MPP_ROUNDING = 1e-5  # relative: the recorded mpp is rounded to 6 decimals
 
 
 @dataclass(frozen=True)
@@ -91,18 +111,20 @@ def verify(output: str, storage_options: StorageOptions | None = None,
         The report; ``report.ok`` is False when any shard is missing, truncated, altered or miscounted.
 
     Raises:
-        ManifestError: the manifest is missing or unreadable.
+        ManifestError: the manifest is missing or unreadable, names a shard that is no shard file name, or
+            lacks the patch size.
         ValueError: ``jobs < 1``.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     manifest, root = load_manifest(output, storage_options)
+    rules = SampleRules.of(manifest, redact(output, storage_options))
     opener = StreamOpener(dict(storage_options or {}))
     problems = [(name, "listed more than once in the manifest") for name in _duplicates(manifest.shards)]
     results: dict[str, ShardCheck] = {}  # by name: duplicates are read twice, reported once
     done, done_bytes, total_bytes = 0, 0, manifest.total_bytes
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="wsishard-verify") as pool:
-        futures = [pool.submit(check_shard, join(root, rec.name), rec, opener) for rec in manifest.shards]
+        futures = [pool.submit(check_shard, join(root, rec.name), rec, opener, rules) for rec in manifest.shards]
         for future in as_completed(futures):
             result = future.result()
             results[result.name] = result
@@ -117,8 +139,10 @@ def verify(output: str, storage_options: StorageOptions | None = None,
                         problems=problems, warnings=_stray_files(root, listed, storage_options))  # fmt: skip
 
 
-def check_shard(location: str, record: ShardRecord, opener: Callable[[str], IO[bytes]]) -> ShardCheck:
-    """Read one shard and list how it differs from its manifest record (nothing when it matches)."""
+def check_shard(location: str, record: ShardRecord, opener: Callable[[str], IO[bytes]],
+                rules: SampleRules | None = None) -> ShardCheck:  # fmt: skip
+    """Read one shard and list how it differs from its manifest record and, with ``rules``, how its samples
+    differ from the manifest's options (nothing when it matches)."""
     try:
         stream = opener(location)
     except FileNotFoundError:
@@ -126,13 +150,15 @@ def check_shard(location: str, record: ShardRecord, opener: Callable[[str], IO[b
     except OSError as exc:
         return ShardCheck(record.name, 0, 0, [f"cannot be opened ({describe(exc)})"])
     hashing = HashingFile(stream)
-    samples, incomplete, reasons = 0, [], []
+    samples, reasons = 0, []
+    found: dict[str, tuple[int, str, str]] = {}  # sample problem -> (samples, first key, its detail)
     try:
         try:
-            for key, exts in _samples(hashing):
+            for key, members in _samples(hashing):
                 samples += 1
-                if META_EXT not in exts or not exts & set(IMAGE_FORMATS):
-                    incomplete.append(key)
+                for problem, detail in sample_problems(key, members, rules):
+                    count, first, first_detail = found.get(problem, (0, key, detail))
+                    found[problem] = (count + 1, first, first_detail)
         except (tarfile.TarError, EOFError, ValueError) as exc:  # the bytes are still read, hashed and counted
             reasons.append(f"not a valid tar after {samples} samples ({describe(exc)})")
         hashing.drain()
@@ -142,8 +168,8 @@ def check_shard(location: str, record: ShardRecord, opener: Callable[[str], IO[b
     finally:
         stream.close()
     reasons += _compare(record, samples, hashing.nbytes, hashing.hexdigest())
-    if incomplete:
-        reasons.append(f"{len(incomplete)} samples lack an image or .{META_EXT} (first: {incomplete[0]})")
+    for problem, (count, key, detail) in found.items():
+        reasons.append(f"{count} {problem} (first: {key[:120]!r}{', ' + detail if detail else ''})")
     return ShardCheck(record.name, samples, hashing.nbytes, reasons)
 
 
@@ -160,11 +186,122 @@ def _compare(record: ShardRecord, samples: int, nbytes: int, sha256: str) -> lis
     return reasons
 
 
-def _samples(fileobj: HashingFile) -> Iterator[tuple[str, set[str]]]:
-    """``(key, member extensions)`` per sample: runs of wanted regular members sharing a key, in order."""
+def _samples(fileobj: HashingFile) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """``(key, {ext: data})`` per sample: runs of wanted regular members sharing a key, in order; of each member
+    its first :data:`_MAX_READ` bytes (the rest is read past, and hashed, by ``tarfile``)."""
     with tarfile.open(fileobj=cast(Any, fileobj), mode="r|") as tar:
-        wanted = ((m.name, None) for m in tar if m.isfile() and is_sample_member(m.name))
-        yield from ((key, set(members)) for key, members in group_members(wanted))
+        wanted = ((m.name, _head(tar, m)) for m in tar if m.isfile() and is_sample_member(m.name))
+        yield from group_members(wanted)
+
+
+def _head(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    data = tar.extractfile(member)
+    return data.read(_MAX_READ) if data is not None else b""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SampleRules:
+    """What every sample of a build must be, from its manifest.
+
+    Attributes:
+        patch_size_px: width = height of every image (``options.patch.patch_size_px``).
+        image_format: ``jpg``, ``png`` or ``webp``: the image member's extension and the image's header.
+        target_mpp: ``options.patch.target_mpp`` (None: not recorded, the ``.json`` mpp is not checked).
+        mpp_tolerance: ``options.patch.mpp_tolerance``: the relative distance the mpp may have from the target.
+        labels: slide id -> its label (None: unlabelled), from the manifest's slide records.
+        labelled: the build had labels (``options.labels``): for slides the manifest does not list.
+    """
+
+    patch_size_px: int
+    image_format: str
+    target_mpp: float | None = None
+    mpp_tolerance: float = 0.0
+    labels: dict[str, int | None] = field(default_factory=dict)
+    labelled: bool = False
+
+    @classmethod
+    def of(cls, manifest: Manifest, location: str) -> SampleRules:
+        """The rules ``manifest`` sets (``location`` names it in errors).
+
+        Raises:
+            ManifestError: the options lack the patch size.
+        """
+        options = manifest.options if isinstance(manifest.options, dict) else {}
+        patch = options.get("patch")
+        patch = patch if isinstance(patch, dict) else {}
+        target = _number(patch.get("target_mpp"))
+        return cls(patch_size_px=expected_patch_size(manifest, location), image_format=manifest.image_format,
+                   target_mpp=target if target is not None and target > 0 else None,
+                   mpp_tolerance=_number(patch.get("mpp_tolerance")) or 0.0,
+                   labels={s.slide_id: s.label for s in manifest.slides},
+                   labelled=bool(options.get("labels")))  # fmt: skip
+
+
+def _number(value: object) -> float | None:
+    """``value`` as a float when it is a JSON number (not a bool), else None."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def sample_problems(key: str, members: dict[str, bytes], rules: SampleRules | None) -> list[tuple[str, str]]:
+    """``(problem, detail)`` for each way a sample breaks the format or, with ``rules``, the manifest's options
+    (empty: it matches). ``problem`` reads after a count ("3 samples ..."); ``detail`` describes this sample."""
+    if not is_sample_key(key):
+        return [("samples are not named <slide>_x<X>_y<Y>.<ext> (a path, or not a wsishard sample)", "")]
+    image_ext = next((ext for ext in IMAGE_FORMATS if ext in members), None)
+    if image_ext is None or META_EXT not in members:
+        return [(f"samples lack an image or .{META_EXT}", "")]
+    if rules is None:
+        return []
+    return [*_image_problems(members[image_ext], image_ext, rules), *_meta_problems(members[META_EXT], rules),
+            *_label_problems(key, members.get(LABEL_EXT), rules)]  # fmt: skip
+
+
+def _image_problems(data: bytes, ext: str, rules: SampleRules) -> list[tuple[str, str]]:
+    header, want = image_header(data), rules.image_format
+    if header is None:
+        return [("images have no JPEG, PNG or WebP header", f"a .{ext} member")]
+    image_format, width, height = header
+    problems = []
+    if ext != want or image_format != want:
+        problems.append((f"images are not {want} as the manifest's image_format says", f"a {image_format} as .{ext}"))
+    px = rules.patch_size_px
+    if (width, height) != (px, px):
+        wrong = f"samples are not {px}x{px} px as the manifest's patch_size_px {px} says"
+        problems.append((wrong, f"{width}x{height} px"))
+    return problems
+
+
+def _meta_problems(data: bytes, rules: SampleRules) -> list[tuple[str, str]]:
+    try:
+        meta = json.loads(data)
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        return [(f"samples' .{META_EXT} is not a JSON object", "")]
+    problems = []
+    size, mpp = meta.get("patch_size"), _number(meta.get("mpp"))
+    if size != rules.patch_size_px or isinstance(size, bool):
+        problems.append((f"samples' .{META_EXT} patch_size is not {rules.patch_size_px}", f"patch_size {size!r}"))
+    target, tolerance = rules.target_mpp, rules.mpp_tolerance
+    if target is not None and (mpp is None or abs(mpp / target - 1) > tolerance + _MPP_ROUNDING):
+        problems.append((f"samples' .{META_EXT} mpp is off the manifest's target_mpp {target:g} by more than its "
+                         f"mpp_tolerance {tolerance:g}", f"mpp {meta.get('mpp')!r}"))  # fmt: skip
+    return problems
+
+
+def _label_problems(key: str, cls: bytes | None, rules: SampleRules) -> list[tuple[str, str]]:
+    slide = key.rsplit("_x", 1)[0]  # the key's slide id (coordinates are digits: the last "_x" is theirs)
+    label = rules.labels.get(slide)
+    labelled = label is not None if slide in rules.labels else rules.labelled
+    if not labelled:
+        return [] if cls is None else [(f"samples have .{LABEL_EXT} though their slide has no label", "")]
+    if cls is None:
+        return [(f"samples lack .{LABEL_EXT} though their slide is labelled", "")]
+    if label is not None and cls.strip() != str(label).encode():
+        return [
+            (f"samples' .{LABEL_EXT} differs from their slide's label", f".{LABEL_EXT} {cls[:20]!r}, label {label}")
+        ]
+    return []
 
 
 def _duplicates(shards: list[ShardRecord]) -> list[str]:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar, cast
 
+import fsspec.asyn
 import fsspec.core
 
 from wsishard.errors import ManifestError
@@ -31,6 +32,13 @@ from wsishard.storage.urls import StorageOptions, is_url, local_path, manifest_l
 
 _MiB = 2**20
 T = TypeVar("T")
+
+if hasattr(os, "register_at_fork"):
+    # A forked process (a DataLoader worker) inherits fsspec's I/O event loop without the thread that runs it: the
+    # main process started it reading the manifest. fsspec >= 2025.3.2 resets it in the child itself; older ones
+    # (s3fs >= 2023.6 allows them) hang for ever in the worker's first request, or run clean-up tasks on the wrong
+    # loop ("Task exception was never retrieved ... attached to a different loop"). Resetting twice is harmless.
+    os.register_at_fork(after_in_child=fsspec.asyn.reset_lock)
 
 
 @dataclass(frozen=True)

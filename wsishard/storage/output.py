@@ -10,6 +10,7 @@ A :class:`Destination` pickles (location and options only; the filesystem is mad
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -20,6 +21,7 @@ import fsspec
 
 from wsishard.format import temp_name
 from wsishard.storage.opener import list_names
+from wsishard.storage.secrets import redact
 from wsishard.storage.urls import is_url, local_path
 
 _UPLOAD_BLOCK_BYTES = 16 * 2**20
@@ -27,24 +29,53 @@ _DIRECT_UPLOAD_PROTOCOLS = ("s3", "s3a")  # stores that show an object only when
 
 
 class AtomicFile:
-    """A file being written: :meth:`commit` makes it visible under its final name, :meth:`abort` drops it."""
+    """A file being written: :meth:`commit` makes it visible under its final name, :meth:`abort` drops it.
 
-    def __init__(self, fh: IO[bytes], commit: Any, abort: Any) -> None:
+    An ``OSError`` from writing or committing (a full disk, ``ulimit -f``, a failed upload) names the file in
+    its ``filename``: ``[Errno 28] No space left on device: 'out/shard-000003.tar'`` (same errno, same ``OSError``
+    subclass, chained to the original).
+
+    Args:
+        name: the file's final path or URL (credentials redacted), as errors show it.
+    """
+
+    def __init__(self, fh: IO[bytes], commit: Any, abort: Any, name: str = "") -> None:
         self.fh = fh
+        self.name = name
         self._commit = commit
         self._abort = abort
 
     def write(self, data: bytes) -> int:
-        return self.fh.write(data)
+        try:
+            return self.fh.write(data)
+        except OSError as exc:
+            raise _named(exc, self.name) from exc
 
     def flush(self) -> None:
-        self.fh.flush()
+        try:
+            self.fh.flush()
+        except OSError as exc:
+            raise _named(exc, self.name) from exc
 
     def commit(self) -> None:
-        self._commit()
+        try:
+            self._commit()
+        except OSError as exc:
+            raise _named(exc, self.name) from exc
 
     def abort(self) -> None:
         self._abort()
+
+
+def _named(exc: OSError, name: str) -> OSError:
+    """``exc`` with ``name`` as its ``filename`` (``exc`` itself when it names a file already)."""
+    if not name or exc.filename is not None:
+        return exc
+    if exc.errno is None:  # no errno (an upload's error): the name leads the message
+        named = OSError(f"{name}: {exc}")
+        named.filename = name
+        return named
+    return OSError(exc.errno, exc.strerror or str(exc), name)  # the errno's OSError subclass
 
 
 class Destination:
@@ -171,14 +202,16 @@ class Destination:
             head, base = os.path.split(final)
             tmp = os.path.join(head, temp_name(base, os.getpid()))
             fh = open(tmp, "wb")  # noqa: SIM115 - closed by commit/abort
-            return AtomicFile(fh, lambda: _commit_local(fh, tmp, final), lambda: _abort_local(fh, tmp))
+            return AtomicFile(fh, lambda: _commit_local(fh, tmp, final), lambda: _abort_local(fh, tmp), final)
+        shown = redact(final, self.storage_options)
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
         if set(protocols) & set(_DIRECT_UPLOAD_PROTOCOLS):
             fh = self.fs.open(final, "wb", block_size=_UPLOAD_BLOCK_BYTES)
-            return AtomicFile(fh, fh.close, lambda: _discard(fh))
+            return AtomicFile(fh, fh.close, lambda: _discard(fh), shown)
         tmp = f"{os.path.dirname(final)}/{temp_name(os.path.basename(final), os.getpid())}"
         fh = self.fs.open(tmp, "wb")
-        return AtomicFile(fh, lambda: (fh.close(), self.fs.mv(tmp, final)), lambda: _abort_remote(self.fs, fh, tmp))
+        return AtomicFile(fh, lambda: (fh.close(), self.fs.mv(tmp, final)), lambda: _abort_remote(self.fs, fh, tmp),
+                          shown)  # fmt: skip
 
 
 def _commit_local(fh: IO[bytes], tmp: str, final: str) -> None:
@@ -208,9 +241,12 @@ def _link_exclusive(tmp: str, final: str, data: bytes) -> bool:
 
 
 def _abort_local(fh: IO[bytes], tmp: str) -> None:
-    fh.close()
-    if os.path.exists(tmp):
-        os.remove(tmp)
+    try:
+        with contextlib.suppress(OSError):  # flushing what is being dropped failed (the disk is full): no matter
+            fh.close()
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def _discard(fh: Any) -> None:

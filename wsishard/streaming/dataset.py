@@ -14,13 +14,15 @@ arithmetic in :mod:`wsishard.streaming.partition` and the actual split disagree.
 
 Error behaviour (``on_error``):
     ``"raise"`` (default): a shard that cannot be opened, is truncated or corrupt, holds a sample with a
-    missing member or an undecodable image, or holds fewer samples than the manifest says raises
-    :class:`~wsishard.errors.ShardError` naming the shard. A sample missing a member is never yielded; a
-    short shard is only detectable at its end, so its earlier (complete) samples may already have been
-    batched. ``"skip"``: the rest of a failing shard (or the one bad sample) is skipped, counted and logged;
-    complete samples read before the failure are kept. In epoch mode under DDP a worker left short by
-    skipping tops up by re-reading its own shards, so every rank still yields the planned number of batches
-    (some samples are then seen twice); a single process just yields fewer batches.
+    missing member, an undecodable image, an image whose header declares another size than the manifest's
+    patch size (checked before decoding: a decompression bomb costs nothing) or a member name that is not a key
+    (a path), or holds fewer samples than the manifest says raises :class:`~wsishard.errors.ShardError` naming
+    the shard (and the sample). A sample missing a member is never yielded; a short shard is only detectable at
+    its end, so its earlier (complete) samples may already have been batched. ``"skip"``: the rest of a failing
+    shard (or the one bad sample) is skipped, counted and logged; complete samples read before the failure are
+    kept. In epoch mode under DDP a worker left short by skipping tops up by re-reading its own shards, so every
+    rank still yields the planned number of batches (some samples are then seen twice); a single process just
+    yields fewer batches.
 
 The stages live in :mod:`wsishard.streaming.stages` and :mod:`wsishard.streaming.decode`. Members other than the
 image, ``.json`` and ``.cls`` are never read: ``.pyd``/``.pth``/``.pickle`` members are ignored and nothing is
@@ -42,7 +44,9 @@ import torch
 import webdataset as wds
 
 from wsishard.errors import ManifestError, ShardError, TopologyError
+from wsishard.format import expected_patch_size
 from wsishard.storage.opener import StreamOpener, load_manifest
+from wsishard.storage.secrets import redact
 from wsishard.storage.urls import StorageOptions, join
 from wsishard.streaming.decode import Batch, DecodeIntoBatches
 from wsishard.streaming.partition import EpochPlan, check_topology, epoch_order, plan_epoch, worker_shards
@@ -76,6 +80,8 @@ class StreamConfig:
             which all ranks must share.
         drop_last: epoch mode: workers drop their last incomplete batch (resampled batches are always full).
         on_error: ``"raise"`` or ``"skip"`` broken shards and samples.
+        patch_size_px: width = height of every image, px: the manifests' patch size (:func:`stream` reads it);
+            a :class:`ShardStream` needs it. A sample of another size is a broken sample.
     """
 
     batch_size: int
@@ -84,6 +90,7 @@ class StreamConfig:
     seed: int | None = None
     drop_last: bool = True
     on_error: ErrorMode = "raise"
+    patch_size_px: int | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -94,6 +101,8 @@ class StreamConfig:
             raise ValueError(f"seed must be >= 0 or None, got {self.seed}")
         if self.on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
+        if self.patch_size_px is not None and self.patch_size_px < 1:
+            raise ValueError(f"patch_size_px must be >= 1 px or None, got {self.patch_size_px}")
 
 
 # ---- stages: each is picklable and maps an iterator to an iterator -------------------------------------
@@ -135,8 +144,12 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
     def __init__(self, shards: Sequence[ShardRef], config: StreamConfig, *, world: World | None = None,
                  opener: Opener | None = None) -> None:  # fmt: skip
         super().__init__()
+        if config.patch_size_px is None:
+            raise ValueError("config.patch_size_px is None: a stream needs the build's patch size (stream() reads it "
+                             "from the manifests)")  # fmt: skip
         self.shards = tuple(shards)
         self.config = config
+        self.image_hw = (config.patch_size_px, config.patch_size_px)  # (h, w) of every image
         self.world = (world or detect_world()).with_worker(0, 1)
         self.opener: Opener = opener or StreamOpener()
         self.counts = np.array([s.samples for s in self.shards], dtype=np.int64)  # (n,)
@@ -184,7 +197,8 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         drop_last = cfg.drop_last or cfg.resampled
         return [ReadShards(self.opener, cfg.on_error, max_failures=max_failures),
                 Shuffle(cfg.shuffle, (*seed, _SHUFFLE_STREAM)),
-                DecodeIntoBatches(cfg.batch_size, drop_last=drop_last, on_error=cfg.on_error)]  # fmt: skip
+                DecodeIntoBatches(cfg.batch_size, self.image_hw, drop_last=drop_last,
+                                  on_error=cfg.on_error)]  # fmt: skip
 
     def pipeline(self, world: World, epoch: int) -> wds.DataPipeline:
         """The webdataset pipeline that ``world``'s (rank, worker) runs in ``epoch`` (or for ever)."""
@@ -307,19 +321,35 @@ def stream(
         world: rank and world size; detected when None.
 
     Raises:
-        ManifestError: a manifest is missing or unreadable, or the outputs hold no shard.
+        ManifestError: a manifest is missing or unreadable, names a shard that is no shard file name, lacks the
+            patch size, or the outputs hold no shard or have different patch sizes.
         ValueError: a bad option.
     """
-    config = StreamConfig(batch_size=batch_size, resampled=resampled, shuffle=shuffle, seed=seed,
-                          drop_last=drop_last, on_error=on_error)  # fmt: skip
     sources = [source] if isinstance(source, str | os.PathLike) else list(source)
     tasks: list[ShardRef] = []
+    sizes: dict[str, int] = {}  # source (redacted) -> its patch size, px
     for src in sources:
         manifest, root = load_manifest(os.fspath(src), storage_options)
+        where = redact(os.fspath(src), storage_options)
+        sizes[where] = expected_patch_size(manifest, where)
         tasks += [ShardRef(url=join(root, rec.name), samples=rec.samples) for rec in manifest.shards]
     if not tasks:
-        raise ManifestError(", ".join(os.fspath(s) for s in sources), "lists no shards")
+        raise ManifestError(", ".join(sizes), "lists no shards")
+    config = StreamConfig(batch_size=batch_size, resampled=resampled, shuffle=shuffle, seed=seed,
+                          drop_last=drop_last, on_error=on_error, patch_size_px=_one_patch_size(sizes))  # fmt: skip
     return ShardStream(tasks, config, world=world, opener=opener or StreamOpener(dict(storage_options or {})))
+
+
+def _one_patch_size(sizes: dict[str, int]) -> int:
+    """The patch size all sources share (a batch holds images of one size).
+
+    Raises:
+        ManifestError: the sources have different patch sizes (each is named with its size).
+    """
+    if len(set(sizes.values())) > 1:
+        listed = ", ".join(f"{where}: {px} px" for where, px in sizes.items())
+        raise ManifestError(", ".join(sizes), f"the outputs have different patch sizes ({listed}); stream them apart")
+    return next(iter(sizes.values()))
 
 
 def loader(dataset: ShardStream, *, num_workers: int = 4, pin_memory: bool | None = None,

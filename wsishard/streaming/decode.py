@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from wsishard.errors import ShardError
-from wsishard.format import PatchMeta
+from wsishard.format import PatchMeta, image_header
 from wsishard.streaming.stages import ErrorMode, RawSample
 
 logger = logging.getLogger(__name__)
@@ -68,11 +68,20 @@ def _fields(raw: RawSample) -> tuple[PatchMeta, int]:
     return meta, label
 
 
-def _pil_rgb(raw: RawSample) -> np.ndarray:
-    """The image decoded by PIL and converted to RGB: (h, w, 3) uint8."""
+def _pil_rgb(raw: RawSample, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """The image decoded by PIL and converted to RGB: (h, w, 3) uint8.
+
+    With ``shape`` (h, w, 3), an image whose header says another size is refused before its pixels are decoded.
+    """
     try:
         with Image.open(io.BytesIO(raw["image"]), formats=_PIL_FORMATS) as img:
+            if shape is not None and (img.height, img.width) != shape[:2]:
+                raise _other_size(raw, img.width, img.height, shape)
             return np.asarray(img if img.mode == "RGB" else img.convert("RGB"))  # (h, w, 3) uint8
+    except ShardError:
+        raise
+    except Image.DecompressionBombError as exc:  # its header declares a huge image
+        raise ShardError(raw["shard"], f"sample {raw['key']} is a decompression bomb ({exc})") from exc
     except (OSError, ValueError, SyntaxError, TypeError, AttributeError) as exc:
         raise _undecodable(raw, exc) from exc
 
@@ -81,29 +90,42 @@ def _undecodable(raw: RawSample, exc: BaseException) -> ShardError:
     return ShardError(raw["shard"], f"sample {raw['key']} does not decode ({type(exc).__name__}: {exc})")
 
 
+def _other_size(raw: RawSample, width: int, height: int, shape: tuple[int, ...]) -> ShardError:
+    return ShardError(raw["shard"], f"sample {raw['key']} is {width}x{height} px, not {shape[1]}x{shape[0]} px "
+                                    "(the manifest's patch size)")  # fmt: skip
+
+
 def decode_into(raw: RawSample, slot: np.ndarray) -> None:
     """Decode the sample's image straight into ``slot``, a (h, w, 3) uint8 C-contiguous view.
 
-    A complete baseline or progressive 8-bit 3-channel JPEG of the slot's size is decoded by libjpeg-turbo
-    (imagecodecs) in place, with no intermediate array; its pixels equal PIL's RGB decode (same library, same
-    settings). Anything else (PNG, WebP, grayscale or CMYK JPEG, another size, damaged data) goes through
-    PIL, which then decides: it decodes (and the result is copied into the slot) or it raises. A JPEG that
-    does not end with its EOI marker always goes to PIL: libjpeg-turbo would fill a truncated image with
-    grey after a warning, where PIL raises.
+    The image's header is read first (:func:`wsishard.format.image_header`): an image that is no JPEG, PNG or
+    WebP, or whose header declares another size than the slot's (a decompression bomb among them), is refused
+    before a single pixel is decoded. A complete baseline or progressive 8-bit 3-channel JPEG is then decoded by
+    libjpeg-turbo (imagecodecs) in place, with no intermediate array; its pixels equal PIL's RGB decode (same
+    library, same settings). Anything else (PNG, WebP, grayscale or CMYK JPEG, damaged data) goes through PIL,
+    which then decides: it decodes (and the result is copied into the slot) or it raises. A JPEG that does not
+    end with its EOI marker always goes to PIL: libjpeg-turbo would fill a truncated image with grey after a
+    warning, where PIL raises.
 
     Raises:
-        ShardError: the image does not decode, or decodes to another size than ``slot``'s.
+        ShardError: the image has another size than ``slot``'s, or does not decode.
     """
     data = raw["image"]
-    if raw["image_ext"] == "jpg" and data[-2:] == b"\xff\xd9":
+    header = image_header(data)
+    if header is None:
+        raise ShardError(raw["shard"], f"sample {raw['key']} does not decode (no JPEG, PNG or WebP header)")
+    image_format, width, height = header
+    if (height, width) != slot.shape[:2]:
+        raise _other_size(raw, width, height, slot.shape)
+    if image_format == "jpg" and data[-2:] == b"\xff\xd9":
         try:
             imagecodecs.jpeg8_decode(data, out=slot)
             return
-        except (imagecodecs.Jpeg8Error, ValueError):  # not 8-bit 3-channel of this size, or damaged
+        except (imagecodecs.Jpeg8Error, ValueError):  # not 8-bit 3-channel, or damaged
             pass
-    image = _pil_rgb(raw)  # (h, w, 3) uint8
+    image = _pil_rgb(raw, slot.shape)  # (h, w, 3) uint8
     if image.shape != slot.shape:
-        raise ShardError(raw["shard"], f"sample {raw['key']} is {image.shape}, earlier samples are {slot.shape}")
+        raise _other_size(raw, image.shape[1], image.shape[0], slot.shape)
     slot[...] = image
 
 
@@ -127,20 +149,22 @@ class DecodeIntoBatches:
 
     Each batch's ``(size, h, w, 3)`` tensor is allocated once, in shared memory inside a DataLoader worker,
     and every image is decoded into its own slot of it (:func:`decode_into`): no per-sample array, no stack,
-    no copy on the way to the main process. The first sample that decodes fixes ``(h, w)`` for the stream.
+    no copy on the way to the main process. ``image_hw`` is every image's ``(h, w)``: the manifest's patch
+    size, never the first sample's.
 
-    Error behaviour: a sample whose image or ``.json`` does not decode, or whose image has another size than
-    the first's, raises :class:`~wsishard.errors.ShardError` with ``on_error="raise"`` and is dropped
-    (logged) with ``"skip"``.
+    Error behaviour: a sample whose image or ``.json`` does not decode, or whose image header declares another
+    size than ``image_hw``, raises :class:`~wsishard.errors.ShardError` with ``on_error="raise"`` and is dropped
+    (logged) with ``"skip"``; its slot is then taken by the next sample, so it never shows in a batch.
     """
 
     size: int
+    image_hw: tuple[int, int]
     drop_last: bool = True
     on_error: ErrorMode = "raise"
 
     def __call__(self, src: Iterator[RawSample]) -> Iterator[Batch]:
         shared = torch.utils.data.get_worker_info() is not None
-        shape: tuple[int, ...] | None = None  # (h, w, 3) of every image
+        shape = (*self.image_hw, 3)  # (h, w, 3) of every image
         image = torch.empty(0, dtype=torch.uint8)  # (size, h, w, 3) uint8 being filled; empty between batches
         slots = image.numpy()  # its numpy view
         labels: list[int] = []
@@ -149,8 +173,6 @@ class DecodeIntoBatches:
         for raw in src:
             try:
                 meta, label = _fields(raw)
-                if shape is None:  # the stream's first image: its size is every image's size
-                    shape = _pil_rgb(raw).shape
                 if image.numel() == 0:
                     image = _empty_batch((self.size, *shape), shared)
                     slots = image.numpy()

@@ -20,7 +20,7 @@ from typing import IO, Generic, Literal, TypedDict, TypeVar
 import numpy as np
 
 from wsishard.errors import ShardError
-from wsishard.format import IMAGE_FORMATS, LABEL_EXT, META_EXT, is_sample_member
+from wsishard.format import IMAGE_FORMATS, LABEL_EXT, META_EXT, is_sample_key, is_sample_member
 from wsishard.shards.reader import group_members, tar_members
 from wsishard.storage.secrets import redact
 from wsishard.streaming.partition import resample_order
@@ -153,7 +153,7 @@ class ReadShards:
         in_a_row = 0
         for task in src:
             try:
-                yield from read_shard(task, self.opener)
+                yield from read_shard(task, self.opener, self.on_error)
                 in_a_row = 0
             except ShardError as exc:
                 if self.on_error == "raise":
@@ -165,12 +165,16 @@ class ReadShards:
                     raise ShardError(task.url, f"all {in_a_row} shards of this worker failed") from exc
 
 
-def read_shard(task: ShardRef, opener: Opener) -> Iterator[RawSample]:
-    """The samples of one shard, in order; never one with a missing member.
+def read_shard(task: ShardRef, opener: Opener, on_error: ErrorMode = "raise") -> Iterator[RawSample]:
+    """The samples of one shard, in order; never one with a missing member or a key outside the key grammar.
+
+    A sample whose member names are not ``<key>.<ext>`` with a :func:`~wsishard.format.is_sample_key` key (a
+    path such as ``../../evil.jpg``, or a name wsishard never writes) is counted, but raised as broken
+    (``on_error="raise"``) or left out and logged (``"skip"``); the rest of the shard is still read.
 
     Raises:
-        ShardError: the shard cannot be opened or read, a sample lacks its image or ``.json``, or the
-            shard holds another number of samples than ``task.samples``.
+        ShardError: the shard cannot be opened or read, a sample lacks its image or ``.json``, a sample's
+            key is not a key (raise mode), or the shard holds another number of samples than ``task.samples``.
     """
     name = redact(task.url)  # what errors and samples show: no credentials from the URL
     try:
@@ -180,8 +184,15 @@ def read_shard(task: ShardRef, opener: Opener) -> Iterator[RawSample]:
     count = 0
     try:
         for key, members in group_members(tar_members(stream, is_sample_member)):
-            yield _raw_sample(name, key, members)
             count += 1
+            if is_sample_key(key):
+                yield _raw_sample(name, key, members)
+                continue
+            bad = ShardError(name, f"sample {key[:120]!r} is not named <slide>_x<X>_y<Y>.<ext> (a path, or not a "
+                                   "wsishard sample)")  # fmt: skip
+            if on_error == "raise":
+                raise bad
+            logger.warning("skipping %s", bad)
     except ShardError:
         raise
     except (EOFError, OSError, ValueError) as exc:
