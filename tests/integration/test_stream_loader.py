@@ -1,5 +1,5 @@
-"""Streaming through DataLoader workers: exact pixels, epochs covered and reshuffled, errors from workers, too
-few shards caught in the main process, pickling, and the monitored loader."""
+"""Streaming through DataLoader workers: exact pixels, epochs covered and reshuffled, errors from workers, fewer
+shards than readers split by sample, too few samples caught in the main process, pickling, the monitored loader."""
 
 from __future__ import annotations
 
@@ -29,14 +29,36 @@ def test_worker_batches_carry_the_exact_pixels(tmp_path: Path) -> None:
     assert seen == 3 * dl.dataset.batches_per_rank(num_workers=2)
 
 
-def test_too_few_shards_raise_in_the_main_process(tmp_path: Path) -> None:
-    small = sm.make_output(str(tmp_path / "o"), (4, 4, 4))
-    with pytest.raises(TopologyError, match="need at least 4"):
-        loader(stream(small.root, batch_size=2), num_workers=4)
-    with pytest.raises(TopologyError, match="need at least 4"):
-        loader(two_ranks(small.root, batch_size=2), num_workers=2)
+def test_a_one_shard_build_streams_through_any_number_of_workers_without_sharing_a_sample(tmp_path: Path) -> None:
+    one = sm.make_output(str(tmp_path / "one"), (30,))
+    dl = loader(stream(one.root, batch_size=2, resampled=True, seed=0, shuffle=4), num_workers=4)
+    batches = list(itertools.islice(dl, 40))
+    by_worker = [set(keys_of(batches[w::4])) for w in range(4)]  # the DataLoader takes workers' batches in turn
+    assert set().union(*by_worker) == set(one.shard_of)  # every sample reached, in 10 passes
+    assert all(a.isdisjoint(b) for a, b in itertools.combinations(by_worker, 2))  # each reader its own slice
+
+
+def test_a_one_shard_epoch_over_two_ranks_and_two_workers_is_exact(tmp_path: Path) -> None:
+    one = sm.make_output(str(tmp_path / "one"), (31,))
+    runs = []
+    for rank in range(2):
+        ds = stream(one.root, batch_size=3, resampled=False, seed=1, shuffle=4, world=World(rank=rank, world_size=2))
+        runs.append(list(loader(ds, num_workers=2)))
+        assert len(runs[-1]) == ds.batches_per_rank(2) > 0
+    assert len(runs[0]) == len(runs[1])  # equal batches on every rank: DDP never waits for a rank that ran out
+    keys = keys_of(runs[0]) + keys_of(runs[1])
+    assert len(keys) == len(set(keys)) and set(keys) <= set(one.shard_of)  # no sample twice
+    assert 31 - len(keys) < 2 * 2 * 3  # at most each reader's last incomplete batch dropped
+
+
+def test_too_few_samples_for_the_readers_raise_in_the_main_process(tmp_path: Path) -> None:
+    tiny = sm.make_output(str(tmp_path / "o"), (2, 1))
+    with pytest.raises(TopologyError, match=r"3 sample\(s\) in 2 shard\(s\) cannot give each of 1 rank\(s\) x 4"):
+        loader(stream(tiny.root, batch_size=2), num_workers=4)
+    with pytest.raises(TopologyError, match="give no batch of 2 per rank"):
+        loader(two_ranks(tiny.root, batch_size=2, resampled=False), num_workers=1)
     with pytest.raises(ValueError, match="batch_size"):
-        loader(stream(small.root, batch_size=2), num_workers=1, batch_size=4)
+        loader(stream(tiny.root, batch_size=2), num_workers=1, batch_size=4)
 
 
 @pytest.mark.parametrize("persistent", [False, True])

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import webdataset as wds
 
 from wsishard.streaming.dataset import StreamConfig
-from wsishard.streaming.stages import Split
+from wsishard.streaming.partition import worker_shards
 from wsishard.streaming.world import World, detect_world
 
 
@@ -36,5 +37,5 @@ def test_split_stages_match_webdataset_splitters(monkeypatch: pytest.MonkeyPatch
             monkeypatch.setenv(name, str(value))
         theirs = list(wds.split_by_worker(wds.split_by_node(iter(items))))
         world = World(rank=rank, world_size=3, worker=worker, num_workers=2)
-        ours = list(Split.by_worker(world)(Split.by_node(world)(iter(items))))
+        ours = worker_shards(np.asarray(items), world).tolist()
         assert ours == theirs

@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -49,7 +49,7 @@ from wsishard.storage.opener import StreamOpener, load_manifest
 from wsishard.storage.secrets import redact
 from wsishard.storage.urls import StorageOptions, join
 from wsishard.streaming.decode import Batch, DecodeIntoBatches
-from wsishard.streaming.partition import EpochPlan, check_topology, epoch_order, plan_epoch, worker_shards
+from wsishard.streaming.partition import EpochPlan, Slice, check_readers, epoch_order, plan_epoch, reader_slices
 from wsishard.streaming.stages import (
     Budget,
     ErrorMode,
@@ -59,7 +59,6 @@ from wsishard.streaming.stages import (
     ShardList,
     ShardRef,
     Shuffle,
-    Split,
 )
 from wsishard.streaming.world import World, detect_world
 
@@ -182,9 +181,9 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         """Raise now, in the main process, what the workers would otherwise hit.
 
         Raises:
-            TopologyError: fewer shards than ranks x workers, or an epoch without a single batch.
+            TopologyError: fewer samples than ranks x workers, or an epoch without a single batch.
         """
-        check_topology(len(self.shards), self.world.world_size, max(num_workers, 1))
+        check_readers(self.counts, self.world.world_size, max(num_workers, 1))
         if not self.config.resampled and self.batches_per_rank(num_workers) == 0:
             raise TopologyError(
                 f"{int(self.counts.sum())} samples give no batch of {self.config.batch_size} per rank "
@@ -202,31 +201,26 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
 
     def pipeline(self, world: World, epoch: int) -> wds.DataPipeline:
         """The webdataset pipeline that ``world``'s (rank, worker) runs in ``epoch`` (or for ever)."""
-        check_topology(len(self.shards), world.world_size, world.num_workers)
+        check_readers(self.counts, world.world_size, world.num_workers)
         seed = (self.base_seed, world.rank, world.worker, epoch)
         if self.config.resampled:
             order = epoch_order(self.counts, world_size=world.world_size, num_workers=world.num_workers,
                                 seed=self.plan_seed, epoch=0)  # fmt: skip
+            mine = self._refs(reader_slices(order, self.counts, world))
             resample, budget = Resample(self.base_seed, world.rank, world.worker), None
+            if not any(ref.kept for ref in mine):
+                raise TopologyError(f"rank {world.rank} worker {world.worker} owns only empty shards")
         else:
             plan = self.plan(epoch, world.num_workers)
-            order, resample = plan.order, None
-            mine = tuple(self.shards[i] for i in plan.shards_of(world).tolist())
+            mine, resample = self._refs(plan.slices_of(world)), None
             topup = self.config.on_error == "skip" and world.world_size > 1
             budget = Budget(plan.budget_of(world), _Refill(self, mine, (*seed, _TOPUP_STREAM)) if topup else None)
-        mine_idx = worker_shards(order, world)
-        mine_count = len(mine_idx)
-        if self.config.resampled and int(self.counts[mine_idx].sum()) == 0:
-            raise TopologyError(f"rank {world.rank} worker {world.worker} owns only empty shards")
-        logger.debug("rank %d worker %d epoch %d: %d shards", world.rank, world.worker, epoch, mine_count)
-        return wds.DataPipeline(
-            ShardList(tuple(self.shards[i] for i in order.tolist())),
-            Split.by_node(world),
-            Split.by_worker(world),
-            resample,
-            *self.sample_stages(seed, max_failures=mine_count),
-            budget,
-        )
+        logger.debug("rank %d worker %d epoch %d: %d shards", world.rank, world.worker, epoch, len(mine))
+        return wds.DataPipeline(ShardList(mine), resample, *self.sample_stages(seed, max_failures=len(mine)), budget)
+
+    def _refs(self, slices: list[Slice]) -> tuple[ShardRef, ...]:
+        """The shards a reader reads, each with the part of it the reader keeps."""
+        return tuple(replace(self.shards[sl.shard], phase=sl.phase, step=sl.step) for sl in slices)
 
     def __iter__(self) -> Iterator[Batch]:
         info = torch.utils.data.get_worker_info()

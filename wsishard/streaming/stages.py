@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import IO, Generic, Literal, TypedDict, TypeVar
 
 import numpy as np
@@ -24,7 +23,6 @@ from wsishard.format import IMAGE_FORMATS, LABEL_EXT, META_EXT, is_sample_key, i
 from wsishard.shards.reader import group_members, tar_members
 from wsishard.storage.secrets import redact
 from wsishard.streaming.partition import resample_order
-from wsishard.streaming.world import World
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +44,21 @@ class RawSample(TypedDict):
 
 @dataclass(frozen=True)
 class ShardRef:
-    """One shard to read: its location and the sample count its manifest promises."""
+    """One shard to read: its location, the sample count its manifest promises, and which samples to keep.
+
+    A reader keeps samples ``k`` (0-based, in shard order) with ``k % step == phase``: all of them by default, or
+    its own slice when a build has fewer shards than readers (:func:`wsishard.streaming.partition.reader_slices`).
+    """
 
     url: str
     samples: int
+    phase: int = 0
+    step: int = 1
+
+    @property
+    def kept(self) -> int:
+        """Samples this reader keeps of the shard."""
+        return len(range(self.phase, self.samples, self.step))
 
 
 @dataclass(frozen=True)
@@ -60,29 +69,6 @@ class ShardList:
 
     def __call__(self) -> Iterator[ShardRef]:
         return iter(self.tasks)
-
-
-@dataclass(frozen=True)
-class Split:
-    """Every ``count``-th item from ``index`` on: ``islice(src, index, None, count)``, webdataset's split.
-
-    :meth:`by_node` is ``wds.split_by_node`` and :meth:`by_worker` is ``wds.split_by_worker``, with the rank and
-    worker given explicitly (a :class:`~wsishard.streaming.world.World` detected once) instead of re-detected.
-    """
-
-    index: int
-    count: int
-
-    @classmethod
-    def by_node(cls, world: World) -> Split:
-        return cls(world.rank, world.world_size)
-
-    @classmethod
-    def by_worker(cls, world: World) -> Split:
-        return cls(world.worker, world.num_workers)
-
-    def __call__(self, src: Iterator[ShardRef]) -> Iterator[ShardRef]:
-        return islice(src, self.index, None, self.count)
 
 
 @dataclass(frozen=True)
@@ -181,10 +167,9 @@ def read_shard(task: ShardRef, opener: Opener, on_error: ErrorMode = "raise") ->
         stream = opener(task.url)
     except (OSError, ValueError) as exc:
         raise ShardError(name, f"cannot be opened ({type(exc).__name__}: {exc})") from exc
-    count = 0
+    keep = _Keep(task.phase, task.step)
     try:
-        for key, members in group_members(tar_members(stream, is_sample_member)):
-            count += 1
+        for key, members in group_members(tar_members(stream, keep)):
             if is_sample_key(key):
                 yield _raw_sample(name, key, members)
                 continue
@@ -196,11 +181,31 @@ def read_shard(task: ShardRef, opener: Opener, on_error: ErrorMode = "raise") ->
     except ShardError:
         raise
     except (EOFError, OSError, ValueError) as exc:
-        raise ShardError(name, f"unreadable after {count} samples ({type(exc).__name__}: {exc})") from exc
+        raise ShardError(name, f"unreadable after {keep.seen} samples ({type(exc).__name__}: {exc})") from exc
     finally:
         stream.close()
-    if count != task.samples:
-        raise ShardError(name, f"holds {count} samples, the manifest says {task.samples}")
+    if keep.seen != task.samples:
+        raise ShardError(name, f"holds {keep.seen} samples, the manifest says {task.samples}")
+
+
+class _Keep:
+    """The member filter of :func:`read_shard`: the members of the samples a reader keeps (others are read past,
+    never copied), counting every sample of the shard on the way."""
+
+    def __init__(self, phase: int, step: int) -> None:
+        self.phase, self.step = phase, step
+        self.seen = 0  # samples met so far, kept or not
+        self._key: str | None = None
+        self._keeps = False
+
+    def __call__(self, name: str) -> bool:
+        if not is_sample_member(name):
+            return False
+        key = name[: name.find(".", name.rfind("/") + 1)]
+        if key != self._key:
+            self._key, self.seen = key, self.seen + 1
+            self._keeps = (self.seen - 1) % self.step == self.phase
+        return self._keeps
 
 
 def _raw_sample(shard: str, key: str, members: dict[str, bytes]) -> RawSample:
