@@ -135,7 +135,8 @@ def time_wsishard(source: str, workers: int, batches: int, *, to_device: bool = 
     second of the worker processes: what one worker would deliver with a core of its own.
     """
     from wsishard.streaming.collate import GpuCollate
-    from wsishard.streaming.dataset import loader, stream
+    from wsishard.streaming.dataset import stream
+    from wsishard.streaming.loader import loader
 
     collate = GpuCollate(DEVICE, mean=MEAN, std=STD)
     ds = stream(source, batch_size=BATCH, resampled=True, seed=SEED, storage_options=storage_options)

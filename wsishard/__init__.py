@@ -28,9 +28,9 @@ _EXPORTS: dict[str, str] = {
     "open_slide": "wsishard.slide",
     # training side
     "stream": "wsishard.streaming.dataset",
-    "loader": "wsishard.streaming.dataset",
+    "loader": "wsishard.streaming.loader",
     "ShardStream": "wsishard.streaming.dataset",
-    "ShardLoader": "wsishard.streaming.dataset",
+    "ShardLoader": "wsishard.streaming.loader",
     "StreamConfig": "wsishard.streaming.dataset",
     "detect_world": "wsishard.streaming.world",
     "Batch": "wsishard.streaming.decode",
@@ -146,8 +146,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from wsishard.storage.opener import StreamOpener, load_manifest
     from wsishard.storage.retry import RetryPolicy
     from wsishard.streaming.collate import DeviceBatch, GpuCollate
-    from wsishard.streaming.dataset import ShardLoader, ShardStream, StreamConfig, loader, stream
+    from wsishard.streaming.dataset import ShardStream, StreamConfig, stream
     from wsishard.streaming.decode import Batch, Sample
+    from wsishard.streaming.loader import ShardLoader, loader
     from wsishard.streaming.monitor import LoaderReport, MonitoredLoader
     from wsishard.streaming.partition import EpochPlan, plan_epoch
     from wsishard.streaming.plain import register_gopen_schemes, shard_urls

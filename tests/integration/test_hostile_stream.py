@@ -18,7 +18,8 @@ from PIL import Image
 from streamtools import keys_of
 
 from wsishard.errors import ManifestError, ShardError
-from wsishard.streaming.dataset import loader, stream
+from wsishard.streaming.dataset import stream
+from wsishard.streaming.loader import loader
 
 pytestmark = pytest.mark.timeout(120)
 

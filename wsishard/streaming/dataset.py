@@ -49,16 +49,23 @@ from wsishard.storage.opener import StreamOpener, load_manifest
 from wsishard.storage.secrets import redact
 from wsishard.storage.urls import StorageOptions, join
 from wsishard.streaming.decode import Batch, DecodeIntoBatches
-from wsishard.streaming.partition import EpochPlan, Slice, check_readers, epoch_order, plan_epoch, reader_slices
+from wsishard.streaming.partition import (
+    EpochPlan,
+    Slice,
+    check_readers,
+    epoch_order,
+    plan_epoch,
+    reader_slices,
+    resume_position,
+)
 from wsishard.streaming.stages import (
     Budget,
     ErrorMode,
     Opener,
-    ReadShards,
+    ReadShuffled,
     Resample,
     ShardList,
     ShardRef,
-    Shuffle,
 )
 from wsishard.streaming.world import World, detect_world
 
@@ -157,6 +164,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         self._epoch_next = 0
         self._local_passes = 0
         self._pinned = False
+        self.resumed: Resume | None = None  # set by a loader's load_state_dict; applies to its epoch only
 
     @property
     def plan_seed(self) -> int:
@@ -190,33 +198,42 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
                 f"with {self.world.world_size} rank(s) x {max(num_workers, 1)} worker(s)"
             )
 
-    def sample_stages(self, seed: tuple[int, ...], max_failures: int = 1) -> list[Any]:
-        """The stages from shard tasks to batches: read, shuffle (seeded by ``seed``), decode, batch."""
+    def sample_stages(self, seed: tuple[int, ...], max_failures: int = 1, skip: int = 0) -> list[Any]:
+        """The stages from shards to batches: read and shuffle (by ``seed`` and each shard's position, passing over
+        ``skip`` samples first), decode, batch."""
         cfg = self.config
         drop_last = cfg.drop_last or cfg.resampled
-        return [ReadShards(self.opener, cfg.on_error, max_failures=max_failures),
-                Shuffle(cfg.shuffle, (*seed, _SHUFFLE_STREAM)),
+        return [ReadShuffled(self.opener, cfg.shuffle, (*seed, _SHUFFLE_STREAM), cfg.on_error, max_failures, skip),
                 DecodeIntoBatches(cfg.batch_size, self.image_hw, drop_last=drop_last,
                                   on_error=cfg.on_error)]  # fmt: skip
 
-    def pipeline(self, world: World, epoch: int) -> wds.DataPipeline:
-        """The webdataset pipeline that ``world``'s (rank, worker) runs in ``epoch`` (or for ever)."""
+    def pipeline(self, world: World, epoch: int, done: int = 0) -> wds.DataPipeline:
+        """The webdataset pipeline that ``world``'s (rank, worker) runs in ``epoch`` (or for ever), after the
+        ``done`` batches it had yielded (a resumed loader): whole shards before its position are skipped by their
+        manifest counts, unread, and only the shard it stopped in is read again."""
         check_readers(self.counts, world.world_size, world.num_workers)
         seed = (self.base_seed, world.rank, world.worker, epoch)
-        if self.config.resampled:
+        cfg = self.config
+        if cfg.resampled:
             order = epoch_order(self.counts, world_size=world.world_size, num_workers=world.num_workers,
                                 seed=self.plan_seed, epoch=0)  # fmt: skip
             mine = self._refs(reader_slices(order, self.counts, world))
-            resample, budget = Resample(self.base_seed, world.rank, world.worker), None
             if not any(ref.kept for ref in mine):
                 raise TopologyError(f"rank {world.rank} worker {world.worker} owns only empty shards")
+            start, skip = resume_position([r.kept for r in mine], done * cfg.batch_size, seed=self.base_seed,
+                                          rank=world.rank, worker=world.worker)  # fmt: skip
+            source: tuple[Any, ...] = (ShardList(mine), Resample(self.base_seed, world.rank, world.worker, start))
+            budget = None
         else:
             plan = self.plan(epoch, world.num_workers)
-            mine, resample = self._refs(plan.slices_of(world)), None
-            topup = self.config.on_error == "skip" and world.world_size > 1
-            budget = Budget(plan.budget_of(world), _Refill(self, mine, (*seed, _TOPUP_STREAM)) if topup else None)
-        logger.debug("rank %d worker %d epoch %d: %d shards", world.rank, world.worker, epoch, len(mine))
-        return wds.DataPipeline(ShardList(mine), resample, *self.sample_stages(seed, max_failures=len(mine)), budget)
+            mine = self._refs(plan.slices_of(world))
+            start, skip = resume_position([r.kept for r in mine], done * cfg.batch_size)
+            topup = cfg.on_error == "skip" and world.world_size > 1
+            refill = _Refill(self, mine, (*seed, _TOPUP_STREAM)) if topup else None
+            source, budget = (ShardList(mine, start),), Budget(max(plan.budget_of(world) - done, 0), refill)
+        logger.debug("rank %d worker %d epoch %d: %d shards, from %d (+%d)", world.rank, world.worker, epoch,
+                     len(mine), start, skip)  # fmt: skip
+        return wds.DataPipeline(*source, *self.sample_stages(seed, max_failures=len(mine), skip=skip), budget)
 
     def _refs(self, slices: list[Slice]) -> tuple[ShardRef, ...]:
         """The shards a reader reads, each with the part of it the reader keeps."""
@@ -224,11 +241,19 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
 
     def __iter__(self) -> Iterator[Batch]:
         info = torch.utils.data.get_worker_info()
-        world = self.world.with_worker(info.id, info.num_workers) if info is not None else self.world
+        workers = info.num_workers if info is not None else 1
         epoch = self._epoch_next + self._local_passes
         self._local_passes += 1
-        batches = iter(self.pipeline(world, epoch))
-        return batches if info is None else _hand_over_errors(batches)  # type: ignore[return-value]
+        resumed = self.resumed if self.resumed is not None and self.resumed.epoch == epoch else None
+        logical = (info.id + (resumed.rotation if resumed else 0)) % workers if info is not None else 0
+        world = self.world.with_worker(logical, workers)
+        done = resumed.batches[logical] if resumed else 0
+        batches = iter(self.pipeline(world, epoch, done))
+        return batches if info is None else _from_worker(batches, logical)  # type: ignore[return-value]
+
+    def resume(self, at: Resume) -> None:
+        """Make the next pass epoch ``at.epoch``, each worker starting after its ``at.batches`` batches."""
+        self._epoch_next, self._local_passes, self._pinned, self.resumed = at.epoch, 0, True, at
 
     def _loader_pass(self, first: bool) -> None:
         """Called by :class:`ShardLoader` in the main process before it starts its workers."""
@@ -244,50 +269,34 @@ class WorkerShardError:
 
     DataLoader re-raises a worker's exception by calling its type with one message string, which a
     ``ShardError`` (two fields) does not take, so it would arrive as a ``RuntimeError``; as an item of the
-    stream it arrives intact and :class:`ShardLoader` raises it as the ``ShardError`` it was.
+    stream it arrives intact and :class:`~wsishard.streaming.loader.ShardLoader` raises it as the ``ShardError``
+    it was.
     """
 
     shard: str
     reason: str
 
 
-def _hand_over_errors(batches: Iterator[Batch]) -> Iterator[Batch | WorkerShardError]:
-    """In a worker: the batches, then, if a ShardError ends them, that error as the stream's last item."""
+def _from_worker(batches: Iterator[Batch], worker: int) -> Iterator[Batch | WorkerShardError]:
+    """In a DataLoader worker: each batch tagged with the (logical) worker that made it (the loader counts them
+    for its state), then, if a ShardError ends the batches, that error as the stream's last item."""
     try:
-        yield from batches
+        for batch in batches:
+            batch["worker"] = worker  # type: ignore[typeddict-unknown-key]  # taken off again by the loader
+            yield batch
     except ShardError as exc:
         yield WorkerShardError(exc.shard, exc.reason)
 
 
-def _raise_handed_over(items: Iterator[Batch | WorkerShardError]) -> Iterator[Batch]:
-    """In the main process: the batches; a worker's handed-over error is raised as its ShardError."""
-    for item in items:
-        if isinstance(item, WorkerShardError):
-            raise ShardError(item.shard, item.reason)
-        yield item
+@dataclass(frozen=True)
+class Resume:
+    """Where a resumed loader picks an epoch up: batches each (logical) worker had yielded, and which worker the
+    DataLoader's first worker plays (``rotation``), so the round robin goes on where it stopped."""
 
-
-class ShardLoader(wds.WebLoader):
-    """A ``wds.WebLoader`` (a DataLoader with ``batch_size=None``) that counts epochs for its dataset.
-
-    Each iteration after the first advances the dataset's epoch (unless :meth:`ShardStream.set_epoch`
-    was called), so non-persistent workers, which get a fresh copy of the dataset, still see a new
-    shard order every epoch. With ``persistent_workers=True`` the workers count epochs themselves (the
-    same numbers), but a later ``set_epoch`` no longer reaches them. Errors from workers come back as
-    :class:`~wsishard.errors.ShardError` (DataLoader itself would turn them into ``RuntimeError``).
-    """
-
-    def __init__(self, dataset: ShardStream, **kwargs: Any) -> None:
-        super().__init__(dataset, batch_size=None, **kwargs)
-        self.dataset = dataset
-        self.num_workers = int(kwargs.get("num_workers", 0))
-        self._iterations = 0
-
-    def __iter__(self) -> Iterator[Batch]:
-        if self.num_workers > 0:
-            self.dataset._loader_pass(first=self._iterations == 0)
-        self._iterations += 1
-        return _raise_handed_over(super().__iter__())
+    epoch: int
+    batches: tuple[int, ...]
+    rotation: int = 0
+    last: int | None = None  # the logical worker of the last batch yielded before
 
 
 def stream(
@@ -344,26 +353,3 @@ def _one_patch_size(sizes: dict[str, int]) -> int:
         listed = ", ".join(f"{where}: {px} px" for where, px in sizes.items())
         raise ManifestError(", ".join(sizes), f"the outputs have different patch sizes ({listed}); stream them apart")
     return next(iter(sizes.values()))
-
-
-def loader(dataset: ShardStream, *, num_workers: int = 4, pin_memory: bool | None = None,
-           **kwargs: Any) -> ShardLoader:  # fmt: skip
-    """A :class:`ShardLoader` over ``dataset``: ``batch_size=None`` (the workers batch), pinned on CUDA.
-
-    Args:
-        dataset: from :func:`stream`.
-        num_workers: DataLoader worker processes per rank (use the same on every rank).
-        pin_memory: default: True when CUDA is available.
-        **kwargs: passed to ``torch.utils.data.DataLoader`` (``prefetch_factor``, ``persistent_workers``...).
-
-    Raises:
-        TopologyError: too few shards for ranks x ``num_workers`` (raised here, not in a worker).
-        ValueError: ``batch_size`` among ``kwargs`` (batching happens in the workers).
-    """
-    if "batch_size" in kwargs:
-        raise ValueError(f"batch_size={kwargs['batch_size']!r}: batch in stream(), the loader gets None")
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-    dataset.check_topology(num_workers)
-    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
-    return ShardLoader(dataset, num_workers=num_workers, pin_memory=pin, **kwargs)

@@ -39,6 +39,7 @@ __all__ = [
     "plan_epoch",
     "reader_slices",
     "resample_order",
+    "resume_position",
     "worker_shards",
 ]
 
@@ -181,6 +182,26 @@ def worker_shards(order: np.ndarray, world: World) -> np.ndarray:
 def resample_order(num_shards: int, *, seed: int, rank: int, worker: int, pass_index: int) -> np.ndarray:
     """A worker's shard order for one pass of resampled mode: a permutation seeded by all four values."""
     return np.random.default_rng((seed, rank, worker, pass_index)).permutation(num_shards)
+
+
+def resume_position(kept: list[int], samples: int, *, seed: int | None = None, rank: int = 0,
+                    worker: int = 0) -> tuple[int, int]:  # fmt: skip
+    """Where a reader's stream is after ``samples`` samples: ``(position, offset)``, the shard at ``position`` in
+    its stream and the samples of that shard already yielded.
+
+    Epoch mode (``seed`` None): the reader's shards in order, ``kept`` samples each. Resampled mode: endless
+    passes, pass ``p`` ordered by :func:`resample_order` with (``seed``, ``rank``, ``worker``, ``p``), positions
+    counted on across passes. Only manifest counts are used, so the cost does not grow with ``samples``.
+    """
+    kept_a = np.asarray(kept, dtype=np.int64)
+    base, rest, per_pass = 0, samples, int(kept_a.sum())
+    if seed is not None and per_pass > 0:
+        pass_index, rest = divmod(samples, per_pass)
+        order = resample_order(len(kept_a), seed=seed, rank=rank, worker=worker, pass_index=pass_index)
+        kept_a, base = kept_a[order], pass_index * len(order)
+    ends = np.cumsum(kept_a)
+    j = int(np.searchsorted(ends, rest, side="right"))
+    return base + j, rest - (int(ends[j - 1]) if j else 0)
 
 
 def _waterfill(loads: np.ndarray, k: int) -> np.ndarray:

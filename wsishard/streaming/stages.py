@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import IO, Generic, Literal, TypedDict, TypeVar
 
 import numpy as np
@@ -61,30 +62,37 @@ class ShardRef:
         return len(range(self.phase, self.samples, self.step))
 
 
+Unit = tuple[int, ShardRef]  # a reader's shard (or slice of one) and its position in the reader's stream
+
+
 @dataclass(frozen=True)
 class ShardList:
-    """The pipeline's source: the job's shards in this epoch's order."""
+    """The pipeline's source: a reader's shards in order, numbered from 0, starting at position ``start``."""
 
     tasks: tuple[ShardRef, ...]
+    start: int = 0
 
-    def __call__(self) -> Iterator[ShardRef]:
-        return iter(self.tasks)
+    def __call__(self) -> Iterator[Unit]:
+        return ((i, self.tasks[i]) for i in range(self.start, len(self.tasks)))
 
 
 @dataclass(frozen=True)
 class Resample:
-    """Endless passes over this worker's shards, pass ``p`` ordered by ``rng((seed, rank, worker, p))``."""
+    """Endless passes over a reader's shards, pass ``p`` ordered by ``rng((seed, rank, worker, p))``, numbered on
+    across passes (pass ``p``'s ``j``-th shard is at position ``p * n + j``); starts at position ``start``."""
 
     seed: int
     rank: int
     worker: int
+    start: int = 0
 
-    def __call__(self, src: Iterator[ShardRef]) -> Iterator[ShardRef]:
-        tasks = list(src)
-        for pass_index in range(2**62):
-            order = resample_order(len(tasks), seed=self.seed, rank=self.rank, worker=self.worker,
-                                   pass_index=pass_index)  # fmt: skip
-            yield from (tasks[i] for i in order)
+    def __call__(self, src: Iterator[Unit]) -> Iterator[Unit]:
+        tasks = [ref for _, ref in src]
+        n = len(tasks)
+        for pass_index in range(self.start // n, 2**62):
+            order = resample_order(n, seed=self.seed, rank=self.rank, worker=self.worker, pass_index=pass_index)
+            for j in range(self.start - pass_index * n if pass_index == self.start // n else 0, n):
+                yield pass_index * n + j, tasks[int(order[j])]
 
 
 @dataclass(frozen=True)
@@ -121,34 +129,50 @@ class Budget(Generic[B]):
 
 
 @dataclass
-class ReadShards:
-    """Open each shard, yield its samples as bytes, and check the count against the manifest.
+class ReadShuffled:
+    """Read each shard (or slice) and shuffle its samples, the buffer re-seeded at every shard: the samples a
+    reader yields from position ``p`` on depend on ``p`` alone, so a resumed reader starts at any position by
+    reading one shard again (``skip`` its first samples) instead of every shard before it.
 
     Args:
         opener: ``location -> binary file``.
-        on_error: ``"raise"`` or ``"skip"``.
-        max_failures: in skip mode, this many failures in a row (every shard of the worker) raise.
+        size: shuffle buffer, samples (0 or 1: shard order).
+        seed: the reader's seed words; the shard at position ``p`` is shuffled by ``rng((*seed, p))``.
+        on_error: ``"raise"`` or ``"skip"`` (the rest of a broken shard; what was read before is kept).
+        max_failures: in skip mode, this many failed shards in a row (every shard of the reader) raise.
+        skip: samples of the first shard's shuffled order to pass over (a resumed reader).
     """
 
     opener: Opener
+    size: int
+    seed: tuple[int, ...]
     on_error: ErrorMode = "raise"
     max_failures: int = 1
+    skip: int = 0
     skipped: int = field(default=0, init=False)
+    _in_a_row: int = field(default=0, init=False)
 
-    def __call__(self, src: Iterator[ShardRef]) -> Iterator[RawSample]:
-        in_a_row = 0
-        for task in src:
-            try:
-                yield from read_shard(task, self.opener, self.on_error)
-                in_a_row = 0
-            except ShardError as exc:
-                if self.on_error == "raise":
-                    raise
-                self.skipped += 1
-                in_a_row += 1
-                logger.warning("skipping %s (%d skipped in this worker so far)", exc, self.skipped)
-                if in_a_row >= self.max_failures:
-                    raise ShardError(task.url, f"all {in_a_row} shards of this worker failed") from exc
+    def __call__(self, src: Iterator[Unit]) -> Iterator[RawSample]:
+        first = True
+        for position, task in src:
+            samples = shuffled(self._read(task), self.size, (*self.seed, position))
+            if first and self.skip:
+                samples = islice(samples, self.skip, None)
+            first = False
+            yield from samples
+
+    def _read(self, task: ShardRef) -> Iterator[RawSample]:
+        try:
+            yield from read_shard(task, self.opener, self.on_error)
+            self._in_a_row = 0
+        except ShardError as exc:
+            if self.on_error == "raise":
+                raise
+            self.skipped += 1
+            self._in_a_row += 1
+            logger.warning("skipping %s (%d skipped in this worker so far)", exc, self.skipped)
+            if self._in_a_row >= self.max_failures:
+                raise ShardError(task.url, f"all {self._in_a_row} shards of this worker failed") from exc
 
 
 def read_shard(task: ShardRef, opener: Opener, on_error: ErrorMode = "raise") -> Iterator[RawSample]:
@@ -217,29 +241,23 @@ def _raw_sample(shard: str, key: str, members: dict[str, bytes]) -> RawSample:
                      meta=members[META_EXT], label=members.get(LABEL_EXT))  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Shuffle:
-    """Shuffle buffer of ``size`` samples, seeded by ``seed`` (a tuple of non-negative ints)."""
-
-    size: int
-    seed: tuple[int, ...]
-
-    def __call__(self, src: Iterator[RawSample]) -> Iterator[RawSample]:
-        if self.size <= 1:
-            yield from src
-            return
-        rng = np.random.default_rng(self.seed)
-        buf: list[RawSample] = []
-        draws, used = rng.random(1024), 0
-        for sample in src:
-            buf.append(sample)
-            if len(buf) < self.size:
-                continue
-            if used == len(draws):
-                draws, used = rng.random(1024), 0
-            i = int(draws[used] * len(buf))
-            used += 1
-            buf[i], buf[-1] = buf[-1], buf[i]
-            yield buf.pop()
-        for i in rng.permutation(len(buf)).tolist():
-            yield buf[i]
+def shuffled(src: Iterator[RawSample], size: int, seed: tuple[int, ...]) -> Iterator[RawSample]:
+    """A shuffle buffer of ``size`` samples over ``src``, seeded by ``seed`` (non-negative ints)."""
+    if size <= 1:
+        yield from src
+        return
+    rng = np.random.default_rng(seed)
+    buf: list[RawSample] = []
+    draws, used = rng.random(1024), 0
+    for sample in src:
+        buf.append(sample)
+        if len(buf) < size:
+            continue
+        if used == len(draws):
+            draws, used = rng.random(1024), 0
+        i = int(draws[used] * len(buf))
+        used += 1
+        buf[i], buf[-1] = buf[-1], buf[i]
+        yield buf.pop()
+    for i in rng.permutation(len(buf)).tolist():
+        yield buf[i]

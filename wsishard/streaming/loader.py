@@ -1,0 +1,133 @@
+"""The DataLoader over a :class:`~wsishard.streaming.dataset.ShardStream`: epochs counted, worker errors handed
+back as :class:`~wsishard.errors.ShardError`, and the position saved and restored (:meth:`ShardLoader.state_dict`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import webdataset as wds
+
+from wsishard.errors import ShardError
+from wsishard.streaming.dataset import Resume, ShardStream, WorkerShardError
+from wsishard.streaming.decode import Batch
+
+
+def _raise_handed_over(items: Iterator[Batch | WorkerShardError]) -> Iterator[Batch]:
+    """In the main process: the batches; a worker's handed-over error is raised as its ShardError."""
+    for item in items:
+        if isinstance(item, WorkerShardError):
+            raise ShardError(item.shard, item.reason)
+        yield item
+
+
+_STATE_FORMAT, _STATE_VERSION = "wsishard-loader-state", 1
+
+
+class ShardLoader(wds.WebLoader):
+    """A ``wds.WebLoader`` (a DataLoader with ``batch_size=None``) that counts epochs for its dataset.
+
+    Each iteration after the first advances the dataset's epoch (unless :meth:`ShardStream.set_epoch`
+    was called), so non-persistent workers, which get a fresh copy of the dataset, still see a new
+    shard order every epoch. With ``persistent_workers=True`` the workers count epochs themselves (the
+    same numbers), but a later ``set_epoch`` no longer reaches them. Errors from workers come back as
+    :class:`~wsishard.errors.ShardError` (DataLoader itself would turn them into ``RuntimeError``).
+
+    :meth:`state_dict` says where the batches the training loop has taken stand (plain JSON data, no pickle);
+    :meth:`load_state_dict` on a new loader of the same stream and topology makes its batches from there on the
+    same as an uninterrupted run's (without skipped shards: ``on_error="skip"`` can shift them).
+    """
+
+    def __init__(self, dataset: ShardStream, **kwargs: Any) -> None:
+        super().__init__(dataset, batch_size=None, **kwargs)
+        self.dataset = dataset
+        self.num_workers = int(kwargs.get("num_workers", 0))
+        self.persistent = bool(kwargs.get("persistent_workers", False))
+        self._iterations = 0
+        self._epoch = dataset._epoch_next
+        self._taken = [0] * max(self.num_workers, 1)  # batches the training loop took from each (logical) worker
+        self._last: int | None = None
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self.num_workers > 0:
+            self.dataset._loader_pass(first=self._iterations == 0)
+        self._iterations += 1
+        resumed = self.dataset.resumed
+        self._epoch = self.dataset._epoch_next + (self.dataset._local_passes if self.num_workers == 0 else 0)
+        at_resume = resumed is not None and resumed.epoch == self._epoch
+        self._taken = list(resumed.batches) if at_resume else [0] * max(self.num_workers, 1)  # type: ignore[union-attr]
+        self._last = resumed.last if at_resume else None  # type: ignore[union-attr]
+        return self._count(_raise_handed_over(super().__iter__()))
+
+    def _count(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        for batch in batches:
+            worker = int(batch.pop("worker", 0))  # type: ignore[typeddict-item]
+            self._taken[worker] += 1
+            self._last = worker
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the training loop stands: plain JSON-able data to save with a checkpoint (never pickled)."""
+        ds, cfg = self.dataset, self.dataset.config
+        return {"format": _STATE_FORMAT, "version": _STATE_VERSION, "epoch": self._epoch, "batches": list(self._taken),
+                "last_worker": self._last, "resampled": cfg.resampled, "seed": ds.base_seed,
+                "batch_size": cfg.batch_size, "rank": ds.world.rank, "world_size": ds.world.world_size,
+                "num_workers": self.num_workers, "samples": [len(ds.shards), int(ds.counts.sum())]}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from ``state`` (from :meth:`state_dict` of a loader over the same build, options and topology).
+
+        Raises:
+            ValueError: not a loader state, or one of another stream, seed, batch size or topology.
+        """
+        mine = self.state_dict()
+        if state.get("format") != _STATE_FORMAT or state.get("version") != _STATE_VERSION:
+            raise ValueError("not a wsishard loader state (ShardLoader.state_dict())")
+        if self.persistent:
+            raise ValueError("resuming needs persistent_workers=False (workers that start anew each epoch)")
+        fixed = ("resampled", "batch_size", "rank", "world_size", "num_workers", "samples")
+        other = [f"{k} {state.get(k)!r} (now {mine[k]!r})" for k in fixed if state.get(k) != mine[k]]
+        if other or (not mine["resampled"] and state.get("seed") != mine["seed"]):
+            raise ValueError(f"the state is of another stream or topology: {', '.join(other) or 'seed'}")
+        self.dataset.base_seed = int(state["seed"])  # resampled without a seed drew one: the stream goes on with it
+        self.dataset.resume(_resume(self.dataset, state, max(self.num_workers, 1)))
+
+
+def _resume(dataset: ShardStream, state: dict[str, Any], workers: int) -> Resume:
+    """The :class:`Resume` of ``state``: the next batch is the uninterrupted run's next, from the worker after the
+    last one taken (in epoch mode, after the last with batches left), which the DataLoader's first worker plays."""
+    epoch, taken, last = int(state["epoch"]), tuple(int(b) for b in state["batches"]), state["last_worker"]
+    left = [1] * workers
+    if not dataset.config.resampled:
+        budgets = dataset.plan(epoch, workers).budgets[dataset.world.rank]
+        left = [int(b) - t for b, t in zip(budgets.tolist(), taken, strict=True)]
+        if not any(n > 0 for n in left):  # the epoch was over: the next one from its start
+            return Resume(epoch + 1, (0,) * workers)
+    first = 0 if last is None else int(last) + 1
+    rotation = next(w % workers for w in range(first, first + workers) if left[w % workers] > 0)
+    return Resume(epoch, taken, rotation, last)
+
+
+def loader(dataset: ShardStream, *, num_workers: int = 4, pin_memory: bool | None = None,
+           **kwargs: Any) -> ShardLoader:  # fmt: skip
+    """A :class:`ShardLoader` over ``dataset``: ``batch_size=None`` (the workers batch), pinned on CUDA.
+
+    Args:
+        dataset: from :func:`stream`.
+        num_workers: DataLoader worker processes per rank (use the same on every rank).
+        pin_memory: default: True when CUDA is available.
+        **kwargs: passed to ``torch.utils.data.DataLoader`` (``prefetch_factor``, ``persistent_workers``...).
+
+    Raises:
+        TopologyError: too few shards for ranks x ``num_workers`` (raised here, not in a worker).
+        ValueError: ``batch_size`` among ``kwargs`` (batching happens in the workers).
+    """
+    if "batch_size" in kwargs:
+        raise ValueError(f"batch_size={kwargs['batch_size']!r}: batch in stream(), the loader gets None")
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    dataset.check_topology(num_workers)
+    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+    return ShardLoader(dataset, num_workers=num_workers, pin_memory=pin, **kwargs)
