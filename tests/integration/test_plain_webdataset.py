@@ -47,7 +47,6 @@ def test_a_plain_webdataset_pipeline_reads_a_local_build_with_workers(cohort_bui
     assert len(urls) == len(read_output(str(cohort_build))[0].shards) > 4 and all(Path(u).is_file() for u in urls)
     samples = _take(_pipeline(urls), 60, num_workers=2)
     _check(samples, cohort_build)
-    assert len({key for key, _, _ in samples}) > 40  # resampled over the shards, not one repeated
 
 
 def _gopen_in_worker(storage_options: dict[str, Any], _worker: int) -> None:
