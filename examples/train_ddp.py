@@ -2,16 +2,21 @@
 
     torchrun --nproc_per_node=K examples/train_ddp.py OUT --steps 200          # step-based (resampled)
     torchrun --nproc_per_node=K examples/train_ddp.py OUT --epoch --epochs 3   # exact epochs
+    torchrun ... examples/train_ddp.py OUT --steps 200 --checkpoint ckpt --checkpoint-every 50
+    torchrun ... examples/train_ddp.py OUT --steps 200 --checkpoint ckpt --resume   # goes on where it stopped
 
 NCCL on GPUs (each rank bound to GPU LOCAL_RANK), gloo on CPU: it runs as is with 2 processes on one CPU
 machine. Every (rank, worker) reads its own shards; in epoch mode every rank yields the same number of
-batches, so the gradient all-reduce never waits for a rank that ran out. Only rank 0 prints.
+batches, so the gradient all-reduce never waits for a rank that ran out. Only rank 0 prints. A checkpoint holds the
+model and optimizer (rank 0) and each rank's loader state (plain JSON): resumed, the job sees the batches the
+uninterrupted job would have seen.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import logging
 import os
 import sys
@@ -20,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from wsishard import GpuCollate, MonitoredLoader, loader, stream
+from wsishard import GpuCollate, MonitoredLoader, ShardLoader, loader, stream
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_single import IMAGENET_MEAN, IMAGENET_STD, Targets, loss_fn, make_model
@@ -37,7 +42,34 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--shuffle", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=20)
+    p.add_argument("--checkpoint", metavar="DIR", help="save model, optimizer and loader state here")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="also every N steps (0: at the end)")
+    p.add_argument("--resume", action="store_true", help="start from the checkpoint in --checkpoint")
     return p.parse_args()
+
+
+def save(folder: str, rank: int, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         dl: ShardLoader) -> None:  # fmt: skip
+    """Each rank's loader state as JSON; model and optimizer once, from rank 0."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"loader-rank{rank}.json"), "w", encoding="utf-8") as fh:
+        json.dump({"step": step, "loader": dl.state_dict()}, fh)
+    if rank == 0:
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, os.path.join(folder, "model.pt"))
+    dist.barrier()
+
+
+def restore(folder: str, rank: int, device: torch.device, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+            dl: ShardLoader) -> int:  # fmt: skip
+    """Load what :func:`save` wrote; the step to go on from. (The checkpoint is this job's own: torch.load of it is
+    safe; never torch.load anything from shards.)"""
+    weights = torch.load(os.path.join(folder, "model.pt"), map_location=device, weights_only=True)
+    model.load_state_dict(weights["model"])
+    optimizer.load_state_dict(weights["optimizer"])
+    with open(os.path.join(folder, f"loader-rank{rank}.json"), encoding="utf-8") as fh:
+        saved = json.load(fh)
+    dl.load_state_dict(saved["loader"])
+    return int(saved["step"])
 
 
 def setup() -> tuple[int, torch.device]:
@@ -62,12 +94,20 @@ def main() -> None:
                         format=f"[rank {rank}] %(asctime)s %(name)s %(message)s")  # fmt: skip
     ds = stream(args.source, batch_size=args.batch_size, resampled=not args.epoch, shuffle=args.shuffle,
                 seed=args.seed)  # fmt: skip
-    batches = MonitoredLoader(loader(ds, num_workers=args.workers), every=args.log_every, rank=rank)
+    dl = loader(ds, num_workers=args.workers)
+    batches = MonitoredLoader(dl, every=args.log_every, rank=rank)
     to_device = GpuCollate(device, mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=True, seed=args.seed + rank)
     targets = Targets(args.source)
     model = DistributedDataParallel(make_model(targets.classes).to(device),
                                     device_ids=[device.index] if device.type == "cuda" else None)  # fmt: skip
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step = restore(args.checkpoint, rank, device, model.module, optimizer, dl) if args.resume and args.checkpoint else 0
+    if rank == 0 and step:
+        print(f"resumed at step {step}")
+
+    def checkpoint(done: int) -> None:
+        if args.checkpoint and (done == -1 or (args.checkpoint_every and done % args.checkpoint_every == 0)):
+            save(args.checkpoint, rank, step, model.module, optimizer, dl)
 
     def train_step(batch: dict) -> float:
         loss = loss_fn(model(to_device(batch)["image"]), targets(batch, device))
@@ -82,14 +122,18 @@ def main() -> None:
             steps = 0
             for batch in batches:
                 train_step(batch)
-                steps += 1
+                steps, step = steps + 1, step + 1
+                checkpoint(step)
             if rank == 0:
                 print(f"epoch {epoch}: {steps} batches on rank 0, {planned} planned per rank")
     else:
-        for step, batch in zip(range(args.steps), batches, strict=False):
+        for _, batch in zip(range(step, args.steps), batches, strict=False):
             loss = train_step(batch)
             if rank == 0 and step % args.log_every == 0:
                 print(f"step {step}: loss {loss:.4f}")
+            step += 1
+            checkpoint(step)
+    checkpoint(-1)
     summaries: list[dict | None] = [None] * dist.get_world_size()
     dist.all_gather_object(summaries, dict(batches.summary()))
     if rank == 0:

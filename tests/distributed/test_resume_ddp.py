@@ -1,0 +1,94 @@
+"""Resume under torchrun (gloo, 2 ranks x 2 workers): a job stopped at step N and restarted from its saved loader
+states yields, on every rank, the batches the uninterrupted job yields from step N on."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import shardmaker as sm
+
+ROOT = Path(__file__).resolve().parents[2]
+HELPERS = ROOT / "tests"
+COUNTS = (10, 7, 12, 5, 9, 14, 6, 11, 8)
+BATCH, WORKERS, STEPS, STOP = 4, 2, 10, 4  # resampled: 10 steps, stopped after 4; epoch: stopped after 4
+
+
+def _torchrun(*args: str, script: str = __file__, timeout: float = 150) -> str:
+    path = os.pathsep.join([str(ROOT), str(HELPERS), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script, *args]
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"torchrun hung (> {timeout} s): {exc.stderr!s:.4000}")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return done.stdout
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("mode", ["resampled", "epoch"])
+def test_a_restarted_job_goes_on_with_the_uninterrupted_batches(tmp_path: Path, mode: str) -> None:
+    out = sm.make_output(str(tmp_path / "out"), COUNTS)
+    for phase in ("full", "first", "resume"):
+        _torchrun(out.root, str(tmp_path), mode, phase)
+    for rank in range(2):
+        full = json.loads((tmp_path / f"full-{rank}.json").read_text())
+        first = json.loads((tmp_path / f"first-{rank}.json").read_text())
+        resumed = json.loads((tmp_path / f"resume-{rank}.json").read_text())
+        assert len(first) == STOP and len(full) > STOP
+        assert first + resumed == full, f"rank {rank}"
+    keys = [k for rank in range(2) for step in json.loads((tmp_path / f"full-{rank}.json").read_text()) for k in step]
+    if mode == "epoch":
+        assert len(keys) == len(set(keys))  # the epoch, with its restart, never repeats a sample
+
+
+@pytest.mark.timeout(400)
+def test_the_ddp_example_checkpoints_and_resumes(tmp_path: Path) -> None:
+    out = sm.make_output(str(tmp_path / "out"), COUNTS)
+    args = [out.root, "--batch-size", "4", "--workers", "2", "--checkpoint", str(tmp_path / "ckpt")]
+    first = _torchrun(*args, "--steps", "3", script="examples/train_ddp.py")
+    assert "rank 1: 3 batches" in first
+    state = json.loads((tmp_path / "ckpt" / "loader-rank1.json").read_text())
+    assert state["step"] == 3 and sum(state["loader"]["batches"]) == 3
+    again = _torchrun(*args, "--steps", "7", "--resume", script="examples/train_ddp.py")
+    assert "resumed at step 3" in again and "rank 1: 4 batches" in again
+
+
+def _rank_main(source: str, work: str, mode: str, phase: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from wsishard.streaming.dataset import stream
+    from wsishard.streaming.loader import loader
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank = dist.get_rank()
+    dl = loader(stream(source, batch_size=BATCH, resampled=mode == "resampled", shuffle=16, seed=7),
+                num_workers=WORKERS)  # fmt: skip
+    state_file = Path(work, f"state-{rank}.json")
+    if phase == "resume":
+        dl.load_state_dict(json.loads(state_file.read_text()))
+    limit = {"full": STEPS, "first": STOP, "resume": STEPS - STOP}[phase] if mode == "resampled" else None
+    if mode == "epoch" and phase == "first":
+        limit = STOP
+    steps = []
+    for batch in dl:
+        dist.all_reduce(torch.ones(1))  # ranks in step: a rank with an extra batch would hang here
+        steps.append(batch["key"])
+        if limit is not None and len(steps) == limit:
+            break
+    if phase == "first":
+        state_file.write_text(json.dumps(dl.state_dict()))
+    Path(work, f"{phase}-{rank}.json").write_text(json.dumps(steps))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _rank_main(*sys.argv[1:5])
