@@ -78,3 +78,24 @@ def test_pickled_members_are_never_read_by_the_recipe(tmp_path: Path) -> None:
     samples = list(ds)
     assert len(samples) == 4 and all("pyd" not in s for s in samples)
     assert samples[0]["jpg"].shape == (16, 16, 3) and isinstance(samples[0]["json"], dict)
+
+
+def test_the_single_process_example_trains_from_a_one_shard_build_in_s3(s3: S3Server, s3_bucket: str,
+                                                                         tmp_path: Path) -> None:  # fmt: skip
+    """The issue's failing case: ``python examples/train_single.py s3://bucket/run --steps 5`` (2 workers) on a
+    build that is one shard."""
+    import os
+    import subprocess
+    import sys
+
+    import shardmaker as sm
+
+    one = sm.make_output(str(tmp_path / "one"), (37,), size_px=32)
+    url = f"s3://{s3_bucket}/run"
+    s3.upload(one.root, url)
+    env = {**os.environ, "AWS_ENDPOINT_URL": s3.endpoint_url}
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(root / "examples" / "train_single.py"), url, "--steps", "5",
+                           "--batch-size", "8"], capture_output=True, text=True, timeout=240, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "samples/s" in done.stdout and "step 0: loss" in done.stdout
