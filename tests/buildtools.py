@@ -10,6 +10,7 @@ import tarfile
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from wsishard.builder.grid import PatchOptions
@@ -54,3 +55,17 @@ def read_output(root: str) -> tuple[Manifest, list[Sample]]:
         assert len(shard_samples) == record.samples
         samples.extend(shard_samples)
     return manifest, samples
+
+
+def usage_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """Run ``wsishard build`` in this process; expect a usage error and return its one line on stderr."""
+    from wsishard.cli import main
+
+    try:
+        code = main(["build", *args])
+    except SystemExit as exc:  # argparse
+        code = exc.code  # type: ignore[assignment]
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err.strip()

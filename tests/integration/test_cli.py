@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from buildtools import usage_error
 
 from wsishard.cli import main, parse_size
 from wsishard.testing.synthetic import make_slide, make_slides
@@ -63,18 +64,6 @@ def test_bad_options_are_usage_errors_without_traceback(tmp_path: Path, args: li
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr  # no usage block burying the error
 
 
-def _usage_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
-    """Run ``wsishard build`` in this process; expect a usage error and return its one line on stderr."""
-    try:
-        code = main(["build", *args])
-    except SystemExit as exc:  # argparse
-        code = exc.code  # type: ignore[assignment]
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    return err.strip()
-
-
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -97,29 +86,29 @@ def test_values_the_options_refuse_are_one_line_usage_errors_naming_the_flag(
 ) -> None:
     make_slides(tmp_path / "in", 1, seed=1, width=512, height=512)
     out = tmp_path / "out"
-    assert _usage_error(capsys, str(tmp_path / "in"), "-o", str(out), *args) == f"wsishard build: error: {message}"
+    assert usage_error(capsys, str(tmp_path / "in"), "-o", str(out), *args) == f"wsishard build: error: {message}"
     assert not out.exists()
 
 
 @pytest.mark.parametrize("value", ["nan", "-1", "0", "inf"])
-def test_an_mpp_csv_value_that_is_not_a_positive_number_is_a_usage_error(
+def test_an_mpp_csv_value_that_is_not_a_positive_number_is_ausage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
 ) -> None:
     make_slides(tmp_path / "in", 2, seed=1, width=512, height=512)
     (tmp_path / "mpp.csv").write_text(f"slide,mpp\nslide-000,0.25\nslide-001,{value}\n")
     out = tmp_path / "out"
-    err = _usage_error(capsys, str(tmp_path / "in"), "-o", str(out), "--mpp-csv", str(tmp_path / "mpp.csv"))
+    err = usage_error(capsys, str(tmp_path / "in"), "-o", str(out), "--mpp-csv", str(tmp_path / "mpp.csv"))
     assert err.startswith("wsishard build: error: argument --mpp-csv: --mpp-csv ")
     assert err.endswith(f"mpp.csv: mpp of 'slide-001' (line 3) is {value}: need a level-0 mpp > 0 and < 1000")
     assert not out.exists()
 
 
-def test_an_output_that_is_a_file_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_output_that_is_a_file_is_ausage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     make_slides(tmp_path / "in", 1, seed=1, width=512, height=512)
     (tmp_path / "afile").write_text("not a folder")
-    err = _usage_error(capsys, str(tmp_path / "in"), "-o", str(tmp_path / "afile"))
+    err = usage_error(capsys, str(tmp_path / "in"), "-o", str(tmp_path / "afile"))
     assert err == f"wsishard build: error: -o {tmp_path / 'afile'}: exists and is not a folder"
-    err = _usage_error(capsys, str(tmp_path / "in"), "-o", str(tmp_path / "afile" / "out"))
+    err = usage_error(capsys, str(tmp_path / "in"), "-o", str(tmp_path / "afile" / "out"))
     assert err == f"wsishard build: error: -o {tmp_path / 'afile' / 'out'}: {tmp_path / 'afile'} is not a folder"
     assert (tmp_path / "afile").read_text() == "not a folder"
 

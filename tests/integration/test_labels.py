@@ -9,11 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from buildtools import read_output
+from buildtools import read_output, usage_error
 
 from wsishard.builder.options import BuildOptions
 from wsishard.builder.run import build
-from wsishard.cli import main
 from wsishard.format import Manifest
 from wsishard.report import summary
 from wsishard.testing.synthetic import make_slides
@@ -25,18 +24,6 @@ def slides(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("label-slides")
     make_slides(folder, 3, seed=4, width=2048, height=2048)
     return folder
-
-
-def _usage_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
-    """``wsishard build`` in this process; expect a usage error and return its one line on stderr."""
-    try:
-        code = main(["build", *args])
-    except SystemExit as exc:  # argparse
-        code = exc.code  # type: ignore[assignment]
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    return err.strip()
 
 
 @pytest.mark.parametrize(
@@ -55,7 +42,7 @@ def test_a_bad_label_table_is_a_usage_error_before_any_work(
 ) -> None:
     (tmp_path / "labels.csv").write_text(table)
     out = tmp_path / "out"
-    err = _usage_error(capsys, str(slides), "-o", str(out), "--labels", str(tmp_path / "labels.csv"))
+    err = usage_error(capsys, str(slides), "-o", str(out), "--labels", str(tmp_path / "labels.csv"))
     assert err.startswith("wsishard build: error: argument --labels: --labels ") and err.endswith(message)
     assert not out.exists()
 
@@ -65,11 +52,11 @@ def test_require_labels_refuses_slides_without_one_before_any_work(
 ) -> None:
     (tmp_path / "labels.csv").write_text("slide-000,1\nslide-001,0\n")
     out = tmp_path / "out"
-    err = _usage_error(capsys, str(slides), "-o", str(out), "--labels", str(tmp_path / "labels.csv"),
+    err = usage_error(capsys, str(slides), "-o", str(out), "--labels", str(tmp_path / "labels.csv"),
                        "--require-labels")  # fmt: skip
     assert err == "wsishard build: error: --require-labels: 1 of 3 slides have no label in --labels: slide-002.svs"
     assert not out.exists()
-    err = _usage_error(capsys, str(slides), "-o", str(out), "--require-labels")
+    err = usage_error(capsys, str(slides), "-o", str(out), "--require-labels")
     assert err == ("wsishard build: error: --require-labels: 3 of 3 slides have no label in --labels: "
                    "slide-000.svs, slide-001.tif, slide-002.svs")  # fmt: skip
     assert not out.exists()
