@@ -12,8 +12,11 @@ cached in ``--workdir``. Every loader figure is measured to the point where a ba
 (after :class:`~wsishard.collate.GpuCollate` returns the normalized float NCHW tensor; on a CPU-only machine
 that collate runs in the main process, on the same cores as the workers). Throughput counts a fixed number
 of batches after one warm-up batch per worker. The S3 figure streams the same shards from a moto server
-started in this process. Prints a table, then one final line ``JSON: {...}``. Targets are reported as
-PASS/MISS, never asserted: on a shared machine wall-clock figures are what they are.
+started in this process. Two figures are of the loader alone (uint8 batches, no collate): the first-batch
+latency of a resampled loader resumed (from a ``state_dict``) early and late in the stream, and the same samples
+rewritten into one shard (read by every worker, each keeping its slice: the sample-level split) against the many
+shards. Prints a table, then one final line ``JSON: {...}``. Targets are reported as PASS/MISS, never asserted:
+on a shared machine wall-clock figures are what they are.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 BUCKET, PREFIX = "wsishard-bench", "shards"
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TARGETS = {"per_worker_vs_floor": 0.85, "vs_wsistream": 20.0, "s3_vs_local": 0.80, "first_batch_s": 2.0,
-           "diversity_vs_uniform": 0.80}  # fmt: skip
+           "diversity_vs_uniform": 0.80, "resume_late_vs_early": 1.5, "one_shard_vs_many": 0.80}  # fmt: skip
+RESUME_STEPS = (10, 10_000)  # resumed at these steps (2 workers); the batches resumed at the first are checked
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -361,6 +365,7 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         rows.append(("  loader alone, CPU: workers per sample; main", f"{1e3 / s3l['cpu_per_worker']:.2f} vs "
                      f"{1e3 / w2l['cpu_per_worker']:.2f} ms local; {s3l['main_cpu_ms_per_batch']:,.0f} (moto) vs "
                      f"{w2l['main_cpu_ms_per_batch']:,.0f} ms/batch", "", ""))  # fmt: skip
+    rows += _resume_split_rows(r)
     ws = r["wsistream"]
     if ws.get("installed"):
         rows.append((f"wsistream {ws['version']}, 2 workers, device-ready", f"{ws['samples_per_s']:,.1f}/s", "", ""))
@@ -375,6 +380,23 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                  f" uniform = {d['ratio']:.2f}x", f">= {t['diversity_vs_uniform']}x",
                  _v(d["ratio"] >= t["diversity_vs_uniform"])))  # fmt: skip
     return rows
+
+
+def _resume_split_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Table rows of the resume cost and the sample-level split."""
+    t, res, one, many = TARGETS, r["resume"], r["one_shard_loader"], r["many_shards_loader"]
+    early, late = (res["resumed_first_s"][str(s)] for s in RESUME_STEPS)
+    x = one["samples_per_s"] / many["samples_per_s"]
+    return [(f"first batch resumed at step {RESUME_STEPS[0]:,} / {RESUME_STEPS[1]:,}, 2 workers, loader",
+             f"{early:.2f} / {late:.2f} s = {res['ratio']:.2f}x", f"<= {t['resume_late_vs_early']}x",
+             _v(res["ratio"] <= t["resume_late_vs_early"])),
+            ("  fresh loader (not resumed), first batch", f"{res['fresh_first_s']:.2f} s", "", ""),
+            (f"  resumed batches at step {RESUME_STEPS[0]} == uninterrupted run's",
+             f"keys {'equal' if res['check_keys_equal'] else 'DIFFER'} ({res['check_batches']} batches)", "equal",
+             "PASS" if res["check_keys_equal"] else "FAIL"),
+            (f"1 shard (sample-level split) vs {many['shards']} shards, 2 workers, loader alone",
+             f"{one['samples_per_s']:,.0f} vs {many['samples_per_s']:,.0f}/s = {x:.2f}x",
+             f">= {t['one_shard_vs_many']}x", _v(x >= t["one_shard_vs_many"]))]  # fmt: skip
 
 
 def _print_table(rows: list[tuple[str, str, str, str]]) -> None:
@@ -414,8 +436,26 @@ def measure(mode: Mode, slides: list[str], shards_dir: Path) -> dict[str, Any]:
                     s3_error = f"{type(exc).__name__}: {exc}"
     if s3_error:
         r["s3"] = {"error": s3_error[:300]}
+    r.update(measure_resume_split(mode, shards_dir))
     r["floor"] = _step("decode floor", floor_decode, shards_dir, mode.floor_samples)
     r["wsistream"] = _step("wsistream, 2 workers", time_wsistream, slides, 2, mode.ws_batches)
+    return r
+
+
+def measure_resume_split(mode: Mode, shards_dir: Path) -> dict[str, Any]:
+    """Resume cost, then the same samples from one shard and from the build's shards, back to back."""
+    from streambench_resume import one_shard_copy, time_resume
+
+    from wsishard.storage.opener import load_manifest
+
+    r: dict[str, Any] = {}
+    r["resume"] = _step(f"resume at steps {RESUME_STEPS}, 2 workers", time_resume, str(shards_dir), workers=2,
+                        batch=BATCH, seed=SEED, steps=RESUME_STEPS)  # fmt: skip
+    one_dir = one_shard_copy(shards_dir, shards_dir.parent / "one_shard")
+    for key, src in (("many_shards_loader", shards_dir), ("one_shard_loader", one_dir)):
+        manifest, _ = load_manifest(str(src))
+        r[key] = _step(f"{key}, 2 workers", time_wsishard, str(src), 2, mode.batches, to_device=False)
+        r[key]["shards"], r[key]["samples"] = len(manifest.shards), manifest.total_samples
     return r
 
 
