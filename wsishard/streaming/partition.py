@@ -33,7 +33,6 @@ __all__ = [
     "EpochPlan",
     "Slice",
     "batch_budgets",
-    "check_topology",
     "deal",
     "epoch_order",
     "plan_epoch",
@@ -97,21 +96,6 @@ def check_readers(counts: np.ndarray, world_size: int, num_workers: int) -> None
         raise TopologyError(
             f"{total} sample(s) in {len(counts)} shard(s) cannot give each of {world_size} rank(s) x "
             f"{max(num_workers, 1)} worker(s) a sample; use fewer DataLoader workers or fewer ranks"
-        )
-
-
-def check_topology(num_shards: int, world_size: int, num_workers: int) -> None:
-    """Raise unless every (rank, worker) gets at least one whole shard (the shard-level split).
-
-    Raises:
-        TopologyError: fewer than ``world_size * num_workers`` shards; the message says how many are needed.
-    """
-    needed = world_size * max(num_workers, 1)
-    if num_shards < needed:
-        raise TopologyError(
-            f"{num_shards} shard(s) for {world_size} rank(s) x {max(num_workers, 1)} worker(s): "
-            f"need at least {needed} (one per rank and worker); use fewer DataLoader workers, "
-            f"fewer ranks, or rebuild with smaller shards"
         )
 
 
