@@ -151,3 +151,14 @@ def test_failed_slides_are_kept_per_part_in_their_own_files(tmp_path: Path) -> N
     whole.save_failed({1: "x"})
     assert "failed.json" in {p.name for p in (out / ".wsishard").iterdir()}
     assert first.load_failed() == {4: "extraction: broken tile"} and whole.load_failed() == {1: "x"}
+
+
+def test_a_done_record_being_written_by_another_part_is_not_read(tmp_path: Path) -> None:
+    """Parts of a cluster build write their done records into one folder at once; one half-written (under its
+    temporary name, still empty) must not break another part's resume (it did: JSONDecodeError)."""
+    state = _state(tmp_path / "out")
+    record = ShardRecord(name="shard-000000.tar", samples=3, bytes=10240, sha256="0" * 64, slides=1)
+    state.save_done(ShardOutcome(0, record, {0: 3}), "shard-000000.tar", frozenset())
+    done_dir = tmp_path / "out" / ".wsishard" / "done"
+    (done_dir / ".shard-000001.tar.json.tmp-4242").write_bytes(b"")  # another part's record, being written
+    assert list(state.load_done()) == [0]

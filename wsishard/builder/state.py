@@ -347,8 +347,8 @@ class BuildState:
     def load_done(self) -> dict[int, tuple[ShardOutcome, frozenset[int]]]:
         """Finished shards: index -> (outcome, slides that were excluded when it was written)."""
         done = {}
-        for name in self.dest.listdir(self._name(_DONE)):
-            entry = self._json(_DONE, name)
+        for name in self.dest.listdir(self._name(_DONE)):  # another part may be writing one: skip temporary files
+            entry = self._json(_DONE, name) if _untemp(name) == name else None
             if entry is None:
                 continue
             record = fmt.ShardRecord(**entry["record"]) if entry["record"] else None
