@@ -4,6 +4,7 @@
     torchrun --nproc_per_node=K examples/train_ddp.py OUT --epoch --epochs 3   # exact epochs
     torchrun ... examples/train_ddp.py OUT --steps 200 --checkpoint ckpt --checkpoint-every 50
     torchrun ... examples/train_ddp.py OUT --steps 200 --checkpoint ckpt --resume   # goes on where it stopped
+    torchrun --nproc_per_node=3 ... OUT --epoch --checkpoint ckpt --resume   # an epoch begun on 2 ranks, on 3
 
 NCCL on GPUs (each rank bound to GPU LOCAL_RANK), gloo on CPU: it runs as is with 2 processes on one CPU
 machine. Every (rank, worker) reads its own shards; in epoch mode every rank yields the same number of
@@ -66,10 +67,17 @@ def restore(folder: str, rank: int, device: torch.device, model: torch.nn.Module
     weights = torch.load(os.path.join(folder, "model.pt"), map_location=device, weights_only=True)
     model.load_state_dict(weights["model"])
     optimizer.load_state_dict(weights["optimizer"])
-    with open(os.path.join(folder, f"loader-rank{rank}.json"), encoding="utf-8") as fh:
-        saved = json.load(fh)
-    dl.load_state_dict(saved["loader"])
-    return int(saved["step"])
+
+    def saved(r: int) -> dict:
+        with open(os.path.join(folder, f"loader-rank{r}.json"), encoding="utf-8") as fh:
+            return json.load(fh)
+
+    old_world = saved(0)["loader"]["world_size"]
+    if old_world == dist.get_world_size():
+        dl.load_state_dict(saved(rank)["loader"])  # the same batches as the uninterrupted job
+    else:  # another world size (epoch mode): the epoch finishes with what every old rank had left
+        dl.load_state_dict([saved(r)["loader"] for r in range(old_world)])
+    return int(saved(0)["step"])
 
 
 def setup() -> tuple[int, torch.device]:

@@ -19,10 +19,10 @@ COUNTS = (10, 7, 12, 5, 9, 14, 6, 11, 8)
 BATCH, WORKERS, STEPS, STOP = 4, 2, 10, 4  # resampled: 10 steps, stopped after 4; epoch: stopped after 4
 
 
-def _torchrun(*args: str, script: str = __file__, timeout: float = 150) -> str:
+def _torchrun(*args: str, script: str = __file__, timeout: float = 150, nproc: int = 2) -> str:
     path = os.pathsep.join([str(ROOT), str(HELPERS), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script, *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", script, *args]
     try:
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
@@ -49,6 +49,24 @@ def test_a_restarted_job_goes_on_with_the_uninterrupted_batches(tmp_path: Path, 
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.parametrize("new_ranks", [3, 1])
+def test_an_epoch_stopped_on_two_ranks_finishes_on_another_world_size(tmp_path: Path, new_ranks: int) -> None:
+    out = sm.make_output(str(tmp_path / "out"), COUNTS)
+    _torchrun(out.root, str(tmp_path), "epoch", "full")
+    _torchrun(out.root, str(tmp_path), "epoch", "first")
+    _torchrun(out.root, str(tmp_path), "epoch", "regrow", nproc=new_ranks)
+    whole = {k for r in range(2) for step in json.loads((tmp_path / f"full-{r}.json").read_text()) for k in step}
+    before = [k for r in range(2) for step in json.loads((tmp_path / f"first-{r}.json").read_text()) for k in step]
+    after = [k for r in range(new_ranks) for step in json.loads((tmp_path / f"regrow-{r}.json").read_text())
+             for k in step]  # fmt: skip
+    assert len(before + after) == len(set(before + after))  # no sample repeated
+    lost = whole - set(before + after)
+    assert len(lost) <= new_ranks * WORKERS * BATCH  # at most each new reader's partial last batch
+    if new_ranks == 1:
+        assert not lost
+
+
+@pytest.mark.timeout(400)
 def test_the_ddp_example_checkpoints_and_resumes(tmp_path: Path) -> None:
     out = sm.make_output(str(tmp_path / "out"), COUNTS)
     args = [out.root, "--batch-size", "4", "--workers", "2", "--checkpoint", str(tmp_path / "ckpt")]
@@ -69,12 +87,14 @@ def _rank_main(source: str, work: str, mode: str, phase: str) -> None:
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()
-    dl = loader(stream(source, batch_size=BATCH, resampled=mode == "resampled", shuffle=16, seed=7),
-                num_workers=WORKERS)  # fmt: skip
+    dl = loader(stream(source, batch_size=BATCH, resampled=mode == "resampled", shuffle=16, seed=7,
+                       drop_last=mode == "resampled"), num_workers=WORKERS)  # fmt: skip
     state_file = Path(work, f"state-{rank}.json")
     if phase == "resume":
         dl.load_state_dict(json.loads(state_file.read_text()))
-    limit = {"full": STEPS, "first": STOP, "resume": STEPS - STOP}[phase] if mode == "resampled" else None
+    if phase == "regrow":  # another world size: every old rank's state
+        dl.load_state_dict([json.loads(Path(work, f"state-{r}.json").read_text()) for r in range(2)])
+    limit = {"full": STEPS, "first": STOP, "resume": STEPS - STOP}.get(phase) if mode == "resampled" else None
     if mode == "epoch" and phase == "first":
         limit = STOP
     steps = []

@@ -9,9 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 import shardmaker as sm
+from streamtools import keys_of
 
 from wsishard.streaming.dataset import stream
 from wsishard.streaming.loader import ShardLoader, loader
+from wsishard.streaming.world import World
 
 COUNTS = (9, 7, 12, 5, 10, 8)
 
@@ -75,8 +77,8 @@ def test_a_state_at_an_epochs_end_resumes_with_the_next_epoch(out: sm.Output) ->
 
 def test_a_state_of_another_topology_or_stream_is_refused(out: sm.Output) -> None:
     state = _loader(out.root, 2).state_dict()
-    with pytest.raises(ValueError, match="num_workers 2 \\(now 3\\)"):
-        _loader(out.root, 3).load_state_dict(state)
+    with pytest.raises(ValueError, match="another topology needs epoch mode"):
+        _loader(out.root, 3).load_state_dict(state)  # resampled: another topology would change the stream
     with pytest.raises(ValueError, match="batch_size"):
         loader(stream(out.root, batch_size=4, seed=5), num_workers=2).load_state_dict(state)
     with pytest.raises(ValueError, match="not a wsishard loader state"):
@@ -89,3 +91,54 @@ def test_the_state_is_plain_data(out: sm.Output) -> None:
     state = dl.state_dict()
     assert json.loads(json.dumps(state)) == state
     assert state["batches"] == [2, 1] and state["last_worker"] == 0 and state["epoch"] == 0
+
+
+def _ranks(root: str, ranks: int, workers: int, **kw: Any) -> list[ShardLoader]:
+    return [loader(stream(root, batch_size=3, shuffle=6, seed=5, resampled=False, drop_last=False,
+                          world=World(rank=r, world_size=ranks), **kw), num_workers=workers)
+            for r in range(ranks)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("ranks", "workers"), [(1, 2), (3, 2), (3, 1), (1, 0)])
+def test_an_epoch_stopped_on_two_ranks_finishes_on_another_world_size(out: sm.Output, ranks: int,
+                                                                        workers: int) -> None:  # fmt: skip
+    old = _ranks(out.root, 2, 2)
+    whole = set(keys_of(list(old[0]))) | set(keys_of(list(_ranks(out.root, 2, 2)[1])))  # the epoch, uninterrupted
+    old = _ranks(out.root, 2, 2)
+    taken = [keys_of(itertools.islice(dl, n)) for dl, n in zip(old, (3, 2), strict=True)]  # stopped mid-epoch
+    states = [json.loads(json.dumps(dl.state_dict())) for dl in old]
+    new = _ranks(out.root, ranks, workers)
+    for dl in new:
+        dl.load_state_dict(states)
+    rest = [list(dl) for dl in new]
+    assert len({len(r) for r in rest}) == 1  # every new rank yields as many batches: DDP stays in step
+    before, after = [k for t in taken for k in t], [k for r in rest for k in keys_of(r)]
+    assert len(before + after) == len(set(before + after))  # no sample twice
+    assert set(before + after) <= whole
+    lost = whole - set(before) - set(after)
+    assert len(lost) <= ranks * max(workers, 1) * 2  # only what keeps the new ranks in step (partial batches)
+    if ranks == 1:
+        assert not lost  # one rank, drop_last=False: every sample of the epoch
+    nxt = [keys_of(list(dl)) for dl in new]  # and the next epoch runs on the new topology
+    assert sorted(k for n in nxt for k in n) == sorted(set(k for n in nxt for k in n)) and any(nxt)
+
+
+def test_a_topology_change_needs_every_old_rank(out: sm.Output) -> None:
+    old = _ranks(out.root, 2, 2)
+    list(itertools.islice(old[0], 2))
+    with pytest.raises(ValueError, match="states of every rank"):
+        _ranks(out.root, 3, 2)[0].load_state_dict([old[0].state_dict()])
+
+
+def test_states_taken_at_an_epochs_end_go_on_with_the_next_epoch_on_the_new_topology(out: sm.Output) -> None:
+    old = _ranks(out.root, 2, 2)
+    for dl in old:
+        list(dl)
+    new = _ranks(out.root, 3, 1)
+    for dl in new:
+        dl.load_state_dict([dl_old.state_dict() for dl_old in old])
+    assert [dl.dataset._epoch_next for dl in new] == [1, 1, 1]
+    fresh = _ranks(out.root, 3, 1)
+    for dl in fresh:
+        dl.dataset.set_epoch(1)
+    assert [keys_of(list(a)) for a in new] == [keys_of(list(b)) for b in fresh]

@@ -48,6 +48,7 @@ from wsishard.format import expected_patch_size
 from wsishard.storage.opener import StreamOpener, load_manifest
 from wsishard.storage.secrets import redact
 from wsishard.storage.urls import StorageOptions, join
+from wsishard.streaming import redeal
 from wsishard.streaming.decode import Batch, DecodeIntoBatches
 from wsishard.streaming.partition import (
     EpochPlan,
@@ -165,6 +166,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         self._local_passes = 0
         self._pinned = False
         self.resumed: Resume | None = None  # set by a loader's load_state_dict; applies to its epoch only
+        self.redealt: tuple[int, tuple[redeal.Piece, ...]] | None = None  # an epoch begun on another topology
 
     @property
     def plan_seed(self) -> int:
@@ -224,6 +226,8 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
                                           rank=world.rank, worker=world.worker)  # fmt: skip
             source: tuple[Any, ...] = (ShardList(mine), Resample(self.base_seed, world.rank, world.worker, start))
             budget = None
+        elif self.redealt is not None and self.redealt[0] == epoch:
+            return self._redealt_pipeline(world, seed)
         else:
             plan = self.plan(epoch, world.num_workers)
             mine = self._refs(plan.slices_of(world))
@@ -234,6 +238,18 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         logger.debug("rank %d worker %d epoch %d: %d shards, from %d (+%d)", world.rank, world.worker, epoch,
                      len(mine), start, skip)  # fmt: skip
         return wds.DataPipeline(*source, *self.sample_stages(seed, max_failures=len(mine), skip=skip), budget)
+
+    def _redealt_pipeline(self, world: World, seed: tuple[int, ...]) -> wds.DataPipeline:
+        """The rest of an epoch begun on another topology: this reader's share of the old readers' remainders."""
+        assert self.redealt is not None
+        cfg, pieces = self.config, self.redealt[1]
+        caps = redeal.budgets(pieces, world.world_size, world.num_workers, batch_size=cfg.batch_size,
+                              drop_last=cfg.drop_last)  # fmt: skip
+        return wds.DataPipeline(redeal.PieceList(tuple(redeal.share(pieces, world))),
+                                redeal.ReadPieces(self.opener, cfg.shuffle, cfg.on_error),
+                                DecodeIntoBatches(cfg.batch_size, self.image_hw, drop_last=cfg.drop_last,
+                                                  on_error=cfg.on_error),
+                                Budget(int(caps[world.rank, world.worker])))  # fmt: skip
 
     def _refs(self, slices: list[Slice]) -> tuple[ShardRef, ...]:
         """The shards a reader reads, each with the part of it the reader keeps."""

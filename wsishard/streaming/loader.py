@@ -11,6 +11,7 @@ import torch
 import webdataset as wds
 
 from wsishard.errors import ShardError
+from wsishard.streaming import redeal
 from wsishard.streaming.dataset import Resume, ShardStream, WorkerShardError
 from wsishard.streaming.decode import Batch
 
@@ -74,25 +75,57 @@ class ShardLoader(wds.WebLoader):
         return {"format": _STATE_FORMAT, "version": _STATE_VERSION, "epoch": self._epoch, "batches": list(self._taken),
                 "last_worker": self._last, "resampled": cfg.resampled, "seed": ds.base_seed,
                 "batch_size": cfg.batch_size, "rank": ds.world.rank, "world_size": ds.world.world_size,
-                "num_workers": self.num_workers, "samples": [len(ds.shards), int(ds.counts.sum())]}  # fmt: skip
+                "num_workers": self.num_workers, "samples": [len(ds.shards), int(ds.counts.sum())],
+                "shuffle": cfg.shuffle,
+                "redealt": ds.redealt is not None and ds.redealt[0] == self._epoch}  # fmt: skip
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Go on from ``state`` (from :meth:`state_dict` of a loader over the same build, options and topology).
+
+        In epoch mode the states of every rank of the old job (a list) may be given instead: the epoch then
+        finishes on this loader's topology (another world size or number of workers), every sample the old job had
+        not yielded dealt to the new readers, none twice.
 
         Raises:
             ValueError: not a loader state, or one of another stream, seed, batch size or topology.
         """
+        states = state if isinstance(state, list) else [state]
         mine = self.state_dict()
-        if state.get("format") != _STATE_FORMAT or state.get("version") != _STATE_VERSION:
+        if not states or any(s.get("format") != _STATE_FORMAT or s.get("version") != _STATE_VERSION for s in states):
             raise ValueError("not a wsishard loader state (ShardLoader.state_dict())")
         if self.persistent:
             raise ValueError("resuming needs persistent_workers=False (workers that start anew each epoch)")
-        fixed = ("resampled", "batch_size", "rank", "world_size", "num_workers", "samples")
-        other = [f"{k} {state.get(k)!r} (now {mine[k]!r})" for k in fixed if state.get(k) != mine[k]]
-        if other or (not mine["resampled"] and state.get("seed") != mine["seed"]):
+        if any(s.get("redealt") for s in states):
+            raise ValueError(
+                "the state was saved while an epoch begun on another topology was finishing: resume "
+                "from a checkpoint taken at an epoch's end, or from the states of the older job"
+            )
+        if len(states) > 1 or (states[0]["world_size"], states[0]["num_workers"]) != (mine["world_size"],
+                                                                                      mine["num_workers"]):  # fmt: skip
+            self._redeal(states, mine)
+            return
+        fixed = ("resampled", "batch_size", "rank", "world_size", "num_workers", "samples", "shuffle")
+        other = [f"{k} {states[0].get(k)!r} (now {mine[k]!r})" for k in fixed if states[0].get(k) != mine[k]]
+        if other or (not mine["resampled"] and states[0].get("seed") != mine["seed"]):
             raise ValueError(f"the state is of another stream or topology: {', '.join(other) or 'seed'}")
-        self.dataset.base_seed = int(state["seed"])  # resampled without a seed drew one: the stream goes on with it
-        self.dataset.resume(_resume(self.dataset, state, max(self.num_workers, 1)))
+        self.dataset.base_seed = int(states[0]["seed"])  # resampled without a seed drew one: go on with it
+        self.dataset.resume(_resume(self.dataset, states[0], max(self.num_workers, 1)))
+
+    def _redeal(self, states: list[dict[str, Any]], mine: dict[str, Any]) -> None:
+        first, ds = states[0], self.dataset
+        fixed = ("resampled", "batch_size", "samples", "shuffle", "seed", "epoch", "world_size", "num_workers")
+        other = sorted({k for s in states for k in fixed if s.get(k) != first.get(k)})
+        other += [k for k in ("resampled", "batch_size", "samples", "shuffle", "seed") if first.get(k) != mine[k]]
+        if mine["resampled"] or other or sorted(int(s["rank"]) for s in states) != list(range(first["world_size"])):
+            raise ValueError(
+                "resuming on another topology needs epoch mode and the states of every rank of the old "
+                f"job, of the same stream{': ' + ', '.join(other) if other else ''}"
+            )
+        pieces = redeal.remainders(ds.counts, ds.shards, states, batch_size=ds.config.batch_size,
+                                   plan_seed=ds.plan_seed, drop_last=ds.config.drop_last)  # fmt: skip
+        epoch = int(first["epoch"])
+        ds.set_epoch(epoch if pieces else epoch + 1)  # nothing left: the next epoch, from its start
+        ds.redealt = (epoch, tuple(pieces)) if pieces else None
 
 
 def _resume(dataset: ShardStream, state: dict[str, Any], workers: int) -> Resume:
