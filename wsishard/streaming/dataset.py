@@ -60,6 +60,7 @@ from wsishard.streaming.partition import (
     resume_position,
 )
 from wsishard.streaming.stages import (
+    SHUFFLE_STREAM,
     Budget,
     ErrorMode,
     Opener,
@@ -72,7 +73,7 @@ from wsishard.streaming.world import World, detect_world
 
 logger = logging.getLogger(__name__)
 
-_SHUFFLE_STREAM, _TOPUP_STREAM = 1, 2  # extra seed words keeping the random streams apart
+_TOPUP_STREAM = 2  # a seed word keeping the top-up passes' random stream apart from the shuffles' (SHUFFLE_STREAM)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,7 +206,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         ``skip`` samples first), decode, batch."""
         cfg = self.config
         drop_last = cfg.drop_last or cfg.resampled
-        return [ReadShuffled(self.opener, cfg.shuffle, (*seed, _SHUFFLE_STREAM), cfg.on_error, max_failures, skip),
+        return [ReadShuffled(self.opener, cfg.shuffle, (*seed, SHUFFLE_STREAM), cfg.on_error, max_failures, skip),
                 DecodeIntoBatches(cfg.batch_size, self.image_hw, drop_last=drop_last,
                                   on_error=cfg.on_error)]  # fmt: skip
 

@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 ErrorMode = Literal["raise", "skip"]
 Opener = Callable[[str], IO[bytes]]
 B = TypeVar("B")  # a batch
+SHUFFLE_STREAM = 1  # the seed word after a reader's (seed, rank, worker, epoch) that its shards' shuffles use
 
 
 class RawSample(TypedDict):
