@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -52,7 +52,6 @@ from wsishard.streaming import redeal
 from wsishard.streaming.decode import Batch, DecodeIntoBatches
 from wsishard.streaming.partition import (
     EpochPlan,
-    Slice,
     check_readers,
     epoch_order,
     plan_epoch,
@@ -68,6 +67,7 @@ from wsishard.streaming.stages import (
     Resample,
     ShardList,
     ShardRef,
+    slice_refs,
 )
 from wsishard.streaming.world import World, detect_world
 
@@ -220,7 +220,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         if cfg.resampled:
             order = epoch_order(self.counts, world_size=world.world_size, num_workers=world.num_workers,
                                 seed=self.plan_seed, epoch=0)  # fmt: skip
-            mine = self._refs(reader_slices(order, self.counts, world))
+            mine = slice_refs(self.shards, reader_slices(order, self.counts, world))
             if not any(ref.kept for ref in mine):
                 raise TopologyError(f"rank {world.rank} worker {world.worker} owns only empty shards")
             start, skip = resume_position([r.kept for r in mine], done * cfg.batch_size, seed=self.base_seed,
@@ -231,7 +231,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
             return self._redealt_pipeline(world, seed)
         else:
             plan = self.plan(epoch, world.num_workers)
-            mine = self._refs(plan.slices_of(world))
+            mine = slice_refs(self.shards, plan.slices_of(world))
             start, skip = resume_position([r.kept for r in mine], done * cfg.batch_size)
             topup = cfg.on_error == "skip" and world.world_size > 1
             refill = _Refill(self, mine, (*seed, _TOPUP_STREAM)) if topup else None
@@ -251,10 +251,6 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
                                 DecodeIntoBatches(cfg.batch_size, self.image_hw, drop_last=cfg.drop_last,
                                                   on_error=cfg.on_error),
                                 Budget(int(caps[world.rank, world.worker])))  # fmt: skip
-
-    def _refs(self, slices: list[Slice]) -> tuple[ShardRef, ...]:
-        """The shards a reader reads, each with the part of it the reader keeps."""
-        return tuple(replace(self.shards[sl.shard], phase=sl.phase, step=sl.step) for sl in slices)
 
     def __iter__(self) -> Iterator[Batch]:
         info = torch.utils.data.get_worker_info()

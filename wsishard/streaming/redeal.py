@@ -19,7 +19,16 @@ from typing import Any
 import numpy as np
 
 from wsishard.streaming.partition import batch_budgets, plan_epoch
-from wsishard.streaming.stages import SHUFFLE_STREAM, ErrorMode, Opener, RawSample, ShardRef, read_shard, shuffled
+from wsishard.streaming.stages import (
+    SHUFFLE_STREAM,
+    ErrorMode,
+    Opener,
+    RawSample,
+    ShardRef,
+    read_shard,
+    shuffled,
+    slice_refs,
+)
 from wsishard.streaming.world import World
 
 
@@ -57,7 +66,7 @@ def remainders(counts: np.ndarray, refs: Sequence[ShardRef], states: Sequence[di
         rank = int(state["rank"])
         for worker in range(workers):
             world = World(rank=rank, world_size=world_size, worker=worker, num_workers=workers)
-            mine = [replace(refs[sl.shard], phase=sl.phase, step=sl.step) for sl in plan.slices_of(world)]
+            mine = list(slice_refs(refs, plan.slices_of(world)))
             seed = (int(state["seed"]), rank, worker, epoch, SHUFFLE_STREAM)
             start, end = int(state["batches"][worker]) * batch_size, int(plan.kept[rank, worker])
             pieces += _cut(mine, seed, start, end)

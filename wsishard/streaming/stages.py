@@ -12,8 +12,8 @@ is ever unpickled. Tar headers are parsed by :func:`wsishard.shards.reader.tar_m
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import IO, Generic, Literal, TypedDict, TypeVar
 
@@ -23,7 +23,7 @@ from wsishard.errors import ShardError
 from wsishard.format import IMAGE_FORMATS, LABEL_EXT, META_EXT, is_sample_key, is_sample_member
 from wsishard.shards.reader import group_members, tar_members
 from wsishard.storage.secrets import redact
-from wsishard.streaming.partition import resample_order
+from wsishard.streaming.partition import Slice, resample_order
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,11 @@ class ShardRef:
 
 
 Unit = tuple[int, ShardRef]  # a reader's shard (or slice of one) and its position in the reader's stream
+
+
+def slice_refs(shards: Sequence[ShardRef], slices: Sequence[Slice]) -> tuple[ShardRef, ...]:
+    """The shards a reader reads (:func:`~wsishard.streaming.partition.reader_slices`), each with its part kept."""
+    return tuple(replace(shards[sl.shard], phase=sl.phase, step=sl.step) for sl in slices)
 
 
 @dataclass(frozen=True)
