@@ -53,7 +53,7 @@ class SlideReader(Protocol):
         self.close()
 
 
-def read_lowres(reader: SlideReader, l0_per_px: float, *, chunk_px: int = 2048) -> tuple[np.ndarray, float]:
+def read_lowres(reader: SlideReader, l0_per_px: float, *, chunk_px: int = 512) -> tuple[np.ndarray, float]:
     """A low-resolution RGB view of the whole slide with bounded memory.
 
     Reads the coarsest level that is still at least as fine as the requested view, in chunks of ``chunk_px``
