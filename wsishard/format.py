@@ -32,7 +32,6 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, TypedDict
 
 from wsishard.errors import ManifestError
-from wsishard.imageheader import ImageHeader as ImageHeader
 from wsishard.imageheader import image_header as image_header
 
 FORMAT_NAME = "wsishard"
@@ -329,14 +328,9 @@ def manifest_files(manifest: Manifest, part: tuple[int, int] | None = None) -> l
     return [(slides_name(part), slide_lines(manifest.slides)), (manifest_name(part), manifest.to_json().encode())]
 
 
-def slide_line(record: SlideRecord) -> str:
-    """One slide record as one line of a slide records file (:data:`SLIDES_NAME`), without its newline."""
-    return json.dumps(asdict(record))
-
-
 def slide_lines(records: list[SlideRecord]) -> bytes:
-    """A slide records file: one JSON object per line, in the order given."""
-    return "".join(slide_line(r) + "\n" for r in records).encode()
+    """A slide records file (:data:`SLIDES_NAME`): one JSON object per line, in the order given."""
+    return "".join(json.dumps(asdict(r)) + "\n" for r in records).encode()
 
 
 def parse_slide_lines(text: str, location: str = "<slides>") -> list[SlideRecord]:
