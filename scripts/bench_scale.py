@@ -120,16 +120,22 @@ def stage_plan(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "per_group_ms": 1000 * planned / len(picks)}  # fmt: skip
 
 
-def _scan(slide: int) -> Any:
-    from wsishard.builder.grid import Candidates
-    from wsishard.builder.scan import ScanResult
+def _record(slide: int) -> Any:
     from wsishard.format import SlideRecord
 
     count = _patches(slide)
-    record = SlideRecord(slide_id=f"TCGA-{slide:07d}-01Z-00-DX1", file=f"s3://archive/slides/TCGA-{slide:07d}.svs",
+    return SlideRecord(slide_id=f"TCGA-{slide:07d}-01Z-00-DX1", file=f"s3://archive/slides/TCGA-{slide:07d}.svs",
                          status="ok" if count else "failed", reason="" if count else "no tissue found",
                          width=100_000, height=80_000, mpp=0.2520, mpp_source="openslide", patch_mpp=0.5, level=0,
                          downsample=1.0, tissue_fraction=0.25, candidates=4 * count, patches=count)  # fmt: skip
+
+
+def _scan(slide: int) -> Any:
+    from wsishard.builder.grid import Candidates
+    from wsishard.builder.scan import ScanResult
+
+    record = _record(slide)
+    count = record.patches
     if not count:
         return ScanResult(record)
     rng = np.random.default_rng((SEED, slide, 0xCA))
@@ -164,7 +170,7 @@ def _manifest(n: int, n_shards: int) -> Any:
     shards = [ShardRecord(name=shard_name(shard_index(i // per_group, i % per_group)), samples=SAMPLES_PER_SHARD,
                           bytes=256_000_000 + i, sha256=f"{i:064x}", slides=GROUP_SLIDES)
               for i in range(n_shards)]  # fmt: skip
-    slides = [_scan(s).record for s in range(n)]
+    slides = [_record(s) for s in range(n)]
     options = {"inputs": ["s3://archive/slides/"], "patch": {"patch_size_px": 256, "target_mpp": 0.5}, "seed": SEED}
     return Manifest(options=options, shards=shards, slides=slides, wsishard_version="bench")
 

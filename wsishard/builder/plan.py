@@ -66,14 +66,16 @@ def assign_blocks(
     with at least ``n_shards`` blocks lands in every shard of its group.
     """
     shards: list[list[tuple[int, int]]] = [[] for _ in range(n_shards)]
-    load = np.zeros(n_shards, dtype=np.int64)
+    load = [0] * n_shards
     slides = sorted(block_sizes)
     for s in (slides[i] for i in rng.permutation(len(slides))):
-        mine = np.zeros(n_shards, dtype=np.int64)
-        for b in rng.permutation(len(block_sizes[s])).tolist():
-            k = int(np.lexsort((rng.random(n_shards), load, mine))[0])
+        mine = [0] * n_shards
+        order = rng.permutation(len(block_sizes[s])).tolist()
+        ties = rng.random((len(order), n_shards)).tolist()  # the draws one per block would give, at once
+        for b, tie in zip(order, ties, strict=True):
+            k = min(range(n_shards), key=lambda k: (mine[k], load[k], tie[k]))
             shards[k].append((s, b))
-            load[k] += block_sizes[s][b]
+            load[k] += int(block_sizes[s][b])
             mine[k] += 1
     return shards
 
@@ -88,21 +90,25 @@ def interleave(blocks: list[tuple[int, int]], rng: np.random.Generator) -> list[
     queues: dict[int, list[tuple[int, int]]] = {}
     for blk in (blocks[i] for i in rng.permutation(len(blocks))):
         queues.setdefault(blk[0], []).append(blk)
+    stacks = [queues[s] for s in sorted(queues)]
+    counts = [len(q) for q in stacks]
+    slides = range(len(stacks))
     order: list[tuple[int, int]] = []
-    prev = -1
-    remaining = len(blocks)
-    while remaining:
-        slides = sorted(queues)
-        counts = np.array([len(queues[s]) for s in slides])
-        big = int(np.argmax(counts))
-        if (2 * counts[big] > remaining and slides[big] != prev) or len(slides) == 1:
-            pick = slides[big]
+    prev, remaining, live = -1, len(blocks), len(stacks)
+    for u in rng.random(len(blocks)).tolist():  # plain Python per block: numpy's per-call cost dominated here
+        big = max(slides, key=counts.__getitem__)  # the first of the largest, as argmax
+        if (2 * counts[big] > remaining and big != prev) or live == 1:
+            pick = big
         else:
-            weights = np.where(np.array(slides) == prev, 0, counts).astype(float)
-            pick = slides[int(rng.choice(len(slides), p=weights / weights.sum()))]
-        order.append(queues[pick].pop())
-        if not queues[pick]:
-            del queues[pick]
+            pick, target = -1, u * (remaining - (counts[prev] if prev >= 0 else 0))
+            for i in slides:
+                if i != prev and counts[i]:
+                    pick, target = i, target - counts[i]
+                    if target < 0:
+                        break
+        order.append(stacks[pick].pop())
+        counts[pick] -= 1
+        live -= counts[pick] == 0
         prev, remaining = pick, remaining - 1
     return order
 
