@@ -17,6 +17,7 @@ from wsishard.builder.grid import PatchOptions
 from wsishard.builder.options import BuildOptions
 from wsishard.format import Manifest
 from wsishard.shards.reader import group_members
+from wsishard.storage.opener import load_manifest
 
 # The small build shared by the resume, part/merge and object-storage tests (and ``cohort_build`` in conftest.py):
 # 64 px patches, 25 samples per shard, groups of 3 slides, seed 5. The same options as API and CLI arguments.
@@ -41,8 +42,7 @@ class Sample:
 
 def read_output(root: str) -> tuple[Manifest, list[Sample]]:
     """The manifest and every sample of every listed shard, in shard order and in-shard order."""
-    with open(os.path.join(root, "manifest.json"), encoding="utf-8") as fh:
-        manifest = Manifest.from_json(fh.read())
+    manifest, _ = load_manifest(root)  # with its slide records
     samples: list[Sample] = []
     for record in manifest.shards:
         path = os.path.join(root, record.name)

@@ -19,6 +19,8 @@ from wsishard import __version__
 from wsishard.builder.inputs import check_output, label_table, mpp_table
 from wsishard.builder.merge import merge
 from wsishard.builder.options import BuildOptions, BuildProgress
+from wsishard.builder.parts import array_part
+from wsishard.builder.parts import slurm_part as slurm_part  # re-exported: its old home
 from wsishard.builder.run import build
 from wsishard.errors import OptionError, WsiShardError
 from wsishard.report import details, summary
@@ -197,8 +199,11 @@ def _add_build_parser(sub: Any) -> None:
     g.add_argument("--overwrite", action="store_true", help="replace a build with other slides or options in OUT "
                    "(without it that is refused; the same build is resumed)")  # fmt: skip
     g.add_argument("--part", type=_part, metavar="I/N", help="build only part I of N (1-based) and write a part "
-                   "manifest; `wsishard merge OUT` joins the parts (default in a Slurm array job: "
-                   "SLURM_ARRAY_TASK_ID / SLURM_ARRAY_TASK_COUNT)")  # fmt: skip
+                   "manifest; `wsishard merge OUT` joins the parts. Default in an array job: Slurm's "
+                   "SLURM_ARRAY_TASK_ID/_COUNT, a Kubernetes Indexed Job's JOB_COMPLETION_INDEX, AWS Batch's "
+                   "AWS_BATCH_JOB_ARRAY_INDEX (with --parts)")  # fmt: skip
+    g.add_argument("--parts", type=int, metavar="N", help="the number of parts, for array jobs whose environment "
+                   "gives only this task's index (Kubernetes: the Job's completions)")  # fmt: skip
     g.add_argument("--scratch", metavar="DIR", help="local folder for copies of slides read from object storage "
                    "(one slide per worker at a time, plus one group's staged patches; "
                    "default: a temporary folder)")  # fmt: skip
@@ -212,16 +217,6 @@ def _part(text: str) -> tuple[int, int]:
     if not match or not 1 <= int(match.group(1)) <= int(match.group(2)):
         raise argparse.ArgumentTypeError(f"not a part I/N with 1 <= I <= N: {text!r}")
     return int(match.group(1)), int(match.group(2))
-
-
-def slurm_part(environ: Mapping[str, str]) -> tuple[int, int] | None:
-    """The part of a Slurm array task (1-based), from ``SLURM_ARRAY_TASK_ID``/``_COUNT``/``_MIN``, or None."""
-    try:
-        task = int(environ["SLURM_ARRAY_TASK_ID"]) - int(environ.get("SLURM_ARRAY_TASK_MIN", "0"))
-        count = int(environ["SLURM_ARRAY_TASK_COUNT"])
-    except (KeyError, ValueError):
-        return None
-    return (task + 1, count) if 0 <= task < count else None
 
 
 def _storage_option(text: str) -> tuple[str, Any]:
@@ -264,6 +259,7 @@ class _Bars:
         if self.extract is None:
             self.close()
             self.extract = tqdm(total=event.patches_total, desc="extract", unit="patch", disable=self.disable)
+        self.extract.total = event.patches_total  # grows as groups are planned, one after another
         self.extract.update(event.patches_done - self.extract.n)
         self.extract.set_postfix_str(f"{event.done}/{event.total} shards", refresh=False)
 
@@ -278,7 +274,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     check_output(args.output)
     bars = _Bars(args.quiet)
     try:
-        part = args.part or slurm_part(os.environ)
+        part = args.part or array_part(os.environ, args.parts)
         manifest = build(args.slides, args.output, options, progress=bars, storage_options=dict(args.storage_option),
                          part=part, overwrite=args.overwrite, scratch=args.scratch)  # fmt: skip
     finally:

@@ -1,7 +1,11 @@
 """The shard and manifest format: one description shared by the writer and the reader.
 
 A build output is a folder (or object-store prefix) holding WebDataset tar shards named
-``shard-000000.tar``, ``shard-000001.tar``, ... and a ``manifest.json`` written last.
+``shard-<group>-<k>.tar`` (``shard-000000-0000.tar``, ``shard-000000-0001.tar``, ``shard-000001-0000.tar``, ...:
+the k-th shard of a slide group, so that each part of a cluster build names its shards alone), the slide records
+``slides.jsonl`` (one JSON object per line) and a ``manifest.json`` written last: the options, the totals and the
+shard index (name, samples, bytes, sha256 of every shard), all a reader needs at start-up. Version 1 outputs
+(``shard-000000.tar`` names, slide records inside ``manifest.json``) are read as before.
 
 Each sample is one tissue patch with the members::
 
@@ -24,15 +28,17 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import struct
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, TypedDict
 
 from wsishard.errors import ManifestError
+from wsishard.imageheader import image_header as image_header
 
 FORMAT_NAME = "wsishard"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
+SLIDES_NAME = "slides.jsonl"
 SHARD_PREFIX = "shard-"
 SHARD_SUFFIX = ".tar"
 IMAGE_FORMATS: tuple[str, ...] = ("jpg", "png", "webp")
@@ -40,10 +46,12 @@ META_EXT = "json"
 LABEL_EXT = "cls"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
-_SHARD_NAME = re.compile(re.escape(SHARD_PREFIX) + r"\d{6,}" + re.escape(SHARD_SUFFIX))
+_SHARD_NAME = re.compile(re.escape(SHARD_PREFIX) + r"(\d{6,})(?:-(\d{4,}))?" + re.escape(SHARD_SUFFIX))
+_GROUP_SHIFT = 20  # a shard index packs (group, k): group << 20 | k, k < 2**20 shards per group
 _TEMP_INFIX = ".tmp-"
 _TEMP_NAME = re.compile(r"\.(.+)" + re.escape(_TEMP_INFIX) + r"\d+")
 _PART_MANIFEST = re.compile(r"manifest\.part-(\d{4,})-of-(\d{4,})\.json")
+_PART_SLIDES = re.compile(r"slides\.part-(\d{4,})-of-(\d{4,})\.jsonl")
 _MAX_ID_CHARS = 96
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*_x[0-9]+_y[0-9]+")  # sample_key(sanitize_slide_id(...), x, y)
 
@@ -123,14 +131,32 @@ def is_sample_member(name: str) -> bool:
     return parts is not None and parts[1] in SAMPLE_EXTS
 
 
+def shard_index(group: int, k: int) -> int:
+    """The index of the ``k``-th shard of slide group ``group`` (both 0-based): unique in a build, ordered by
+    ``(group, k)``, computed by whichever part builds the group without knowing how many shards other groups have."""
+    if not 0 <= k < 1 << _GROUP_SHIFT or group < 0:
+        raise ValueError(f"shard {k} of group {group}: need group >= 0 and 0 <= k < {1 << _GROUP_SHIFT}")
+    return group << _GROUP_SHIFT | k
+
+
 def shard_name(index: int) -> str:
-    """File name of the shard with global index ``index``: ``shard-000042.tar``."""
-    return f"{SHARD_PREFIX}{index:06d}{SHARD_SUFFIX}"
+    """File name of the shard with index ``index`` (:func:`shard_index`): ``shard-000012-0003.tar`` for the shard 3
+    of group 12 (wider numbers past 999,999 groups or 9,999 shards of a group, never cut)."""
+    return f"{SHARD_PREFIX}{index >> _GROUP_SHIFT:06d}-{index & ((1 << _GROUP_SHIFT) - 1):04d}{SHARD_SUFFIX}"
 
 
 def is_shard_name(name: str) -> bool:
-    """True for a name :func:`shard_name` makes (``shard-`` + at least 6 digits + ``.tar``)."""
+    """True for a name :func:`shard_name` makes, or a version-1 one (``shard-`` + at least 6 digits + ``.tar``)."""
     return _SHARD_NAME.fullmatch(name) is not None
+
+
+def shard_order(name: str) -> tuple[int, int]:
+    """The sort key of a shard name: ``(group, k)`` (a version-1 name ``shard-000042.tar``: ``(42, -1)``); names
+    sort as text only while their numbers keep the same width."""
+    match = _SHARD_NAME.fullmatch(name)
+    if match is None:
+        raise ValueError(f"not a shard name: {name!r}")
+    return int(match.group(1)), int(match.group(2)) if match.group(2) is not None else -1
 
 
 def temp_name(name: str, pid: int) -> str:
@@ -158,6 +184,16 @@ def parse_part_manifest(name: str) -> tuple[int, int] | None:
     """``(i, n)`` of a part manifest's file name (:func:`manifest_name`'s inverse), or None."""
     match = _PART_MANIFEST.fullmatch(name)
     return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def slides_name(part: tuple[int, int] | None = None) -> str:
+    """``slides.jsonl`` (the slide records beside ``manifest.json``), or ``slides.part-0002-of-0008.jsonl``."""
+    return SLIDES_NAME if part is None else f"slides.{part_label(part)}.jsonl"
+
+
+def is_slides_name(name: str) -> bool:
+    """True for a name :func:`slides_name` makes."""
+    return name == SLIDES_NAME or _PART_SLIDES.fullmatch(name) is not None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,7 +230,13 @@ class SlideRecord:
 
 @dataclass(frozen=True, kw_only=True)
 class Manifest:
-    """The build output's table of contents, written last by the build."""
+    """The build output's table of contents, written last by the build.
+
+    ``slides_file`` names the file beside the manifest that holds the slide records, one JSON object per line
+    (:func:`slide_lines`); the manifest itself then holds the options, the totals and the shard index only, so a
+    reader at start-up never parses the slide records (:func:`wsishard.storage.opener.load_manifest` reads them
+    only when asked). Empty: the records are inline, under ``slides`` (version 1, and small hand-made outputs).
+    """
 
     options: dict[str, Any]
     shards: list[ShardRecord]
@@ -205,6 +247,7 @@ class Manifest:
     format: str = FORMAT_NAME
     version: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
+    slides_file: str = ""
 
     @property
     def total_samples(self) -> int:
@@ -219,7 +262,9 @@ class Manifest:
         return [s for s in self.slides if s.status != "ok"]
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """The manifest as plain data: the slide records inline unless ``slides_file`` holds them."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("shards", "slides")}
+        d["options"], d["extra"] = json.loads(json.dumps(self.options)), dict(self.extra)
         d["totals"] = {
             "shards": len(self.shards),
             "samples": self.total_samples,
@@ -228,27 +273,41 @@ class Manifest:
             "slides_ok": len(self.slides) - len(self.failed_slides),
             "slides_failed": len(self.failed_slides),
         }
+        if not self.slides_file:
+            d["slides"] = [asdict(s) for s in self.slides]
+        d["shards"] = [dict(vars(s)) for s in self.shards]
         return d
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n"
+        """The manifest's JSON text, one shard record per line (the C encoder: fast at 100k shards)."""
+        d = self.to_dict()
+        shards = d.pop("shards")
+        head = json.dumps(d, indent=1)[:-2]  # without its closing "\n}"
+        rows = ",\n".join("  " + json.dumps(s, separators=(", ", ": ")) for s in shards)
+        return head + ',\n "shards": [\n' + rows + ("\n ]\n}\n" if rows else "]\n}\n")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], location: str = "<manifest>") -> Manifest:
         if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
             raise ManifestError(location, "not a wsishard manifest")
-        if data.get("version") != FORMAT_VERSION:
+        if data.get("version") not in READABLE_VERSIONS:
             raise ManifestError(
-                location, f"format version {data.get('version')!r}, this wsishard reads {FORMAT_VERSION}"
+                location, f"format version {data.get('version')!r}, this wsishard reads {list(READABLE_VERSIONS)}"
             )
         try:
-            shards = [ShardRecord(**_known(ShardRecord, s)) for s in data["shards"]]
-            slides = [SlideRecord(**_known(SlideRecord, s)) for s in data["slides"]]
+            names = {f.name for f in fields(ShardRecord)}
+            shards = [ShardRecord(**{k: v for k, v in s.items() if k in names}) for s in data["shards"]]
+            slides = [SlideRecord(**_known(SlideRecord, s)) for s in data.get("slides", [])]
+            if data["version"] == 1 and "slides" not in data:
+                raise KeyError("slides")
             top = _known(cls, data)
             top.update(shards=shards, slides=slides)
             manifest = cls(**top)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(location, f"malformed ({exc})") from exc
+        if manifest.slides_file and not is_slides_name(manifest.slides_file):
+            raise ManifestError(location, f"slides_file is {_shown(manifest.slides_file)}, not a slide records file "
+                                          f"name like {SLIDES_NAME}")  # fmt: skip
         check_shard_records(manifest.shards, location)
         return manifest
 
@@ -259,6 +318,36 @@ class Manifest:
         except json.JSONDecodeError as exc:
             raise ManifestError(location, f"not valid JSON ({exc})") from exc
         return cls.from_dict(data, location)
+
+
+def manifest_files(manifest: Manifest, part: tuple[int, int] | None = None) -> list[tuple[str, bytes]]:
+    """The files that hold ``manifest`` (of the build, or of part ``part``), in the order to write them: its slide
+    records file (:func:`slides_name`), then the manifest (:func:`manifest_name`), whose presence means both are
+    complete."""
+    manifest = replace(manifest, slides_file=slides_name(part))
+    return [(slides_name(part), slide_lines(manifest.slides)), (manifest_name(part), manifest.to_json().encode())]
+
+
+def slide_lines(records: list[SlideRecord]) -> bytes:
+    """A slide records file (:data:`SLIDES_NAME`): one JSON object per line, in the order given."""
+    return "".join(json.dumps(asdict(r)) + "\n" for r in records).encode()
+
+
+def parse_slide_lines(text: str, location: str = "<slides>") -> list[SlideRecord]:
+    """The records of a slide records file (:func:`slide_lines`'s inverse).
+
+    Raises:
+        ManifestError: a line that is no slide record, naming its line number.
+    """
+    records = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(SlideRecord(**_known(SlideRecord, json.loads(line))))
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ManifestError(location, f"line {n} is not a slide record ({exc})") from exc
+    return records
 
 
 def _known(klass: type, data: dict[str, Any]) -> dict[str, Any]:
@@ -308,58 +397,3 @@ def expected_patch_size(manifest: Manifest, location: str = "<manifest>") -> int
         raise ManifestError(location, f"options.patch.patch_size_px is {size!r}, not a patch size in px "
                                       "(a manifest not written by wsishard build?)")  # fmt: skip
     return size
-
-
-ImageHeader = tuple[str, int, int]  # (image format "jpg" | "png" | "webp", width px, height px)
-_JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOF markers (not DHT, JPG, DAC)
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def image_header(data: bytes) -> ImageHeader | None:
-    """``(format, width, height)`` of an encoded image, read from its header alone: nothing is decoded, so a
-    decompression bomb is measured at no cost. None when ``data`` is no JPEG, PNG or WebP, or its header is cut.
-
-    A JPEG's size is its first frame header's (what libjpeg decodes); a WebP's is its canvas.
-    """
-    if data[:2] == b"\xff\xd8":
-        return _jpeg_header(data)
-    if data[:8] == _PNG_SIGNATURE and data[12:16] == b"IHDR" and len(data) >= 24:
-        width, height = struct.unpack(">II", data[16:24])
-        return "png", width, height
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return _webp_header(data[12:16], data[20:30])
-    return None
-
-
-def _jpeg_header(data: bytes) -> ImageHeader | None:
-    """Walk the marker segments after SOI up to the first frame header (SOF)."""
-    pos = 2
-    while pos + 4 <= len(data) and data[pos] == 0xFF:
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-        elif 0xD0 <= marker <= 0xD8 or marker == 0x01:  # markers without a length
-            pos += 2
-        elif marker in _JPEG_FRAMES:
-            if pos + 9 > len(data):
-                return None
-            height, width = struct.unpack(">HH", data[pos + 5 : pos + 9])
-            return "jpg", width, height
-        elif marker in (0xD9, 0xDA):  # the image ends, or its scan starts, before any frame header
-            return None
-        else:
-            pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
-    return None
-
-
-def _webp_header(chunk: bytes, body: bytes) -> ImageHeader | None:
-    """The size in a WebP's first chunk: lossy (``VP8 ``), lossless (``VP8L``) or extended (``VP8X``)."""
-    if chunk == b"VP8 " and len(body) >= 10 and body[3:6] == b"\x9d\x01\x2a":
-        width, height = struct.unpack("<HH", body[6:10])
-        return "webp", width & 0x3FFF, height & 0x3FFF
-    if chunk == b"VP8L" and len(body) >= 5 and body[0] == 0x2F:
-        bits = int.from_bytes(body[1:5], "little")
-        return "webp", (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
-    if chunk == b"VP8X" and len(body) >= 10:
-        return "webp", int.from_bytes(body[4:7], "little") + 1, int.from_bytes(body[7:10], "little") + 1
-    return None

@@ -66,9 +66,9 @@ def details(manifest: Manifest, *, max_rows: int = 50) -> str:
         )
     if len(manifest.slides) > max_rows:
         lines.append(f"... {len(manifest.slides) - max_rows} more slides")
-    lines += ["", f"{'shard':<20} {'samples':>8} {'slides':>6} {'bytes':>10}  sha256"]
+    lines += ["", f"{'shard':<22} {'samples':>8} {'slides':>6} {'bytes':>10}  sha256"]
     for sh in manifest.shards[:max_rows]:
-        lines.append(f"{sh.name:<20} {sh.samples:>8} {sh.slides:>6} {human_bytes(sh.bytes):>10}  {sh.sha256[:16]}")
+        lines.append(f"{sh.name:<22} {sh.samples:>8} {sh.slides:>6} {human_bytes(sh.bytes):>10}  {sh.sha256[:16]}")
     if len(manifest.shards) > max_rows:
         lines.append(f"... {len(manifest.shards) - max_rows} more shards")
     return "\n".join(lines)

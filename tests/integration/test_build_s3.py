@@ -47,7 +47,7 @@ def test_build_to_s3_equals_the_local_build_and_streams_back(s3: S3Server, s3_bu
     manifest = build([str(cohort)], url, OPTS, storage_options=s3.storage_options)
     s3.fs().invalidate_cache()
     names = sorted(p.rsplit("/", 1)[-1] for p in s3.fs().ls(url, detail=False))
-    assert names == sorted([".wsishard", "manifest.json", "qc", *(s.name for s in manifest.shards)])
+    assert names == sorted([".wsishard", "manifest.json", "slides.jsonl", "qc", *(s.name for s in manifest.shards)])
     copy = _download(s3, url, tmp_path / "copy")
     local_manifest, local_samples = read_output(str(cohort_build))
     s3_manifest, _ = read_output(str(copy))

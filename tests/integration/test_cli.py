@@ -32,7 +32,7 @@ def test_build_then_inspect_end_to_end(tmp_path: Path) -> None:
     assert len(list((out / "qc").glob("*.png"))) == 3
     proc = _run("inspect", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert "slide-002" in proc.stdout and "shard-000000.tar" in proc.stdout and "64 px at 0.5 mpp" in proc.stdout
+    assert "slide-002" in proc.stdout and "shard-000000-0000.tar" in proc.stdout and "64 px at 0.5 mpp" in proc.stdout
 
 
 def test_failed_slides_give_exit_status_1_and_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

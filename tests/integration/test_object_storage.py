@@ -101,7 +101,7 @@ def test_small_blocks_without_and_with_read_ahead_give_the_same_bytes(s3: S3Serv
     want = Path(out.path(2)).read_bytes()
     for prefetch in (0, 1, 3):
         opener = StreamOpener(s3.storage_options, block_size=5000, prefetch=prefetch)
-        with opener(f"{s3_out}/shard-000002.tar") as fh:
+        with opener(f"{s3_out}/shard-000000-0002.tar") as fh:
             got = fh.read(7) + fh.read(12_000) + fh.read()
             assert got == want and fh.tell() == len(want) and fh.read(10) == b""
     assert list_names(s3_out, s3.storage_options) == sorted(["manifest.json", *out.keys])
@@ -109,7 +109,7 @@ def test_small_blocks_without_and_with_read_ahead_give_the_same_bytes(s3: S3Serv
 
 def test_closing_a_reader_early_stops_its_read_ahead_thread(s3: S3Server, s3_out: str) -> None:
     before = set(threading.enumerate())
-    fh = StreamOpener(s3.storage_options, block_size=2000, prefetch=2)(f"{s3_out}/shard-000000.tar")
+    fh = StreamOpener(s3.storage_options, block_size=2000, prefetch=2)(f"{s3_out}/shard-000000-0000.tar")
     assert len(fh.read(10)) == 10
     mine = [t for t in set(threading.enumerate()) - before if t.name == "wsishard-prefetch"]
     assert len(mine) == 1
@@ -124,12 +124,12 @@ def test_closing_a_reader_early_stops_its_read_ahead_thread(s3: S3Server, s3_out
 
 
 def test_missing_shard_on_s3_is_a_shard_error_naming_it(s3: S3Server, s3_out: str) -> None:
-    s3.fs().rm(f"{s3_out}/shard-000003.tar")
+    s3.fs().rm(f"{s3_out}/shard-000000-0003.tar")
     with pytest.raises(ShardError) as info:
         list(stream(s3_out, batch_size=4, resampled=False, storage_options=s3.storage_options))
-    assert info.value.shard == f"{s3_out}/shard-000003.tar"
+    assert info.value.shard == f"{s3_out}/shard-000000-0003.tar"
     assert "FileNotFoundError" in info.value.reason
-    with pytest.raises(ShardError, match="shard-000003"):
+    with pytest.raises(ShardError, match="shard-000000-0003"):
         list(loader(stream(s3_out, batch_size=4, resampled=False, storage_options=s3.storage_options),
                     num_workers=2))  # fmt: skip
 
@@ -156,10 +156,10 @@ def test_transient_http_errors_are_retried_at_open_and_mid_stream(http_serve: An
 
 def test_persistent_failures_end_in_a_shard_error(http_serve: Any, out: sm.Output) -> None:
     server: HttpServer = http_serve(Path(out.root).parent)
-    server.faults.fail, server.faults.match = 10_000, "shard-000001"
-    with pytest.raises(ShardError, match=r"shard-000001.*gave up .* after 5 attempts") as info:
+    server.faults.fail, server.faults.match = 10_000, "shard-000000-0001"
+    with pytest.raises(ShardError, match=r"shard-000000-0001.*gave up .* after 5 attempts") as info:
         list(stream(f"{server.url}/out", batch_size=4, resampled=False, opener=StreamOpener(retry=FAST)))
-    assert info.value.shard.endswith("shard-000001.tar")
+    assert info.value.shard.endswith("shard-000000-0001.tar")
 
 
 def test_not_found_and_forbidden_are_not_retried(http_serve: Any, out: sm.Output) -> None:
@@ -169,8 +169,8 @@ def test_not_found_and_forbidden_are_not_retried(http_serve: Any, out: sm.Output
     assert len(server.requests_to("no-such-shard.tar")) <= 2  # fsspec's HEAD, then GET: one attempt
     server.faults.fail, server.faults.status = 10_000, 403
     with pytest.raises(PermissionError):
-        StreamOpener(retry=FAST)(f"{server.url}/out/shard-000000.tar")
-    assert len(server.requests_to("shard-000000.tar")) <= 2
+        StreamOpener(retry=FAST)(f"{server.url}/out/shard-000000-0000.tar")
+    assert len(server.requests_to("shard-000000-0000.tar")) <= 2
 
 
 def _client_error(code: str, status: int) -> Exception:
@@ -208,7 +208,7 @@ def test_credentials_never_in_reprs_errors_or_logs(s3: S3Server, s3_out: str, ht
     opener = StreamOpener(options)
     assert SECRET not in repr(opener) and "AKIDEXAMPLE" not in repr(opener)
     assert pickle.loads(pickle.dumps(opener)).storage_options == options  # workers still get them
-    s3.fs().rm(f"{s3_out}/shard-000000.tar")
+    s3.fs().rm(f"{s3_out}/shard-000000-0000.tar")
     with pytest.raises(ShardError) as shard_error:
         list(stream(s3_out, batch_size=4, resampled=False, storage_options=options))
     with pytest.raises(ManifestError) as manifest_error:

@@ -57,7 +57,7 @@ def test_a_plain_webdataset_pipeline_reads_a_build_in_s3(s3: S3Server, s3_bucket
     url = f"s3://{s3_bucket}/run"
     s3.upload(str(cohort_build), url)
     urls = wsishard.shard_urls(url, s3.storage_options)
-    assert urls[0] == f"{url}/shard-000000.tar"
+    assert urls[0] == f"{url}/shard-000000-0000.tar"
     init = functools.partial(_gopen_in_worker, dict(s3.storage_options))
     samples = _take(_pipeline(urls), 40, num_workers=2, worker_init_fn=init)
     _check(samples, cohort_build)

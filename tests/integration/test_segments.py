@@ -35,8 +35,10 @@ def test_segments_cover_a_shard_in_order_in_whole_blocks(cohort: Path, tmp_path:
     from wsishard.storage.output import Destination
 
     build([str(cohort)], str(tmp_path / "out"), BuildOptions(patch=SMALL, jobs=1, qc=False))
-    scans = BuildState(Destination(str(tmp_path / "out")), "").load_scans(4)
-    assert scans is not None
+    store = BuildState(Destination(str(tmp_path / "out")), "").scans
+    found = store.load_many(sorted(store.scanned()), 4)
+    assert sorted(found) == list(range(len(found))) and found
+    scans = [found[i] for i in range(len(found))]
     plan = make_plan([s.block_sizes for s in scans], samples_per_shard=2**31, group_slides=32, seed=0)
     sources = {i: SlideSource(_work(s)) for i, s in enumerate(scans) if s.cands is not None}
     for sp in plan.shards:

@@ -20,5 +20,5 @@ def test_streams_from_an_fsspec_url_and_plain_webdataset_can_too(stream_out: sm.
     keys = keys_of(list(stream("memory://wsishard-test", batch_size=4, resampled=False, drop_last=False, seed=0)))
     assert sorted(keys) == sorted(stream_out.shard_of)
     register_gopen_schemes(["memory"])
-    first = next(iter(wds.WebDataset("memory://wsishard-test/shard-000000.tar", shardshuffle=False)))
-    assert first["__key__"] == stream_out.keys["shard-000000.tar"][0]
+    first = next(iter(wds.WebDataset("memory://wsishard-test/shard-000000-0000.tar", shardshuffle=False)))
+    assert first["__key__"] == stream_out.keys["shard-000000-0000.tar"][0]

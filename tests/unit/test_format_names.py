@@ -7,26 +7,47 @@ import pytest
 
 from wsishard.format import (
     MANIFEST_NAME,
+    SLIDES_NAME,
     is_shard_name,
+    is_slides_name,
     manifest_name,
     parse_part_manifest,
+    shard_index,
     shard_name,
+    shard_order,
+    slides_name,
     temp_name,
     temp_target,
 )
 
 
 def test_shard_names_are_zero_padded_and_recognised() -> None:
-    assert shard_name(0) == "shard-000000.tar"
-    assert shard_name(42) == "shard-000042.tar"
-    assert shard_name(1_234_567) == "shard-1234567.tar"  # more than six digits: wider, never cut
-    assert all(is_shard_name(shard_name(i)) for i in (0, 1, 999_999, 1_000_000, 12_345_678))
-    assert sorted(shard_name(i) for i in (10, 2, 100_000, 0)) == [shard_name(i) for i in (0, 2, 10, 100_000)]
+    """Version 2 names a shard by its group and its number in the group (version 1 names are still read)."""
+    assert shard_name(shard_index(0, 0)) == "shard-000000-0000.tar"
+    assert shard_name(shard_index(0, 42)) == "shard-000000-0042.tar"
+    assert shard_name(shard_index(7, 3)) == "shard-000007-0003.tar"
+    assert shard_name(shard_index(1_234_567, 12_345)) == "shard-1234567-12345.tar"  # wider, never cut
+    indices = [shard_index(g, k) for g in (0, 1, 999_999, 1_000_000) for k in (0, 1, 9_999, 10_000)]
+    assert all(is_shard_name(shard_name(i)) for i in indices)
+    assert [shard_order(shard_name(i)) for i in indices] == [(i >> 20, i & 0xFFFFF) for i in indices]
+    assert sorted(shard_name(shard_index(g, k)) for g, k in ((1, 0), (0, 10), (0, 2))) == [
+        shard_name(shard_index(g, k)) for g, k in ((0, 2), (0, 10), (1, 0))]  # fmt: skip
+    assert is_shard_name("shard-000042.tar") and is_shard_name("shard-1234567.tar")  # version 1
+    with pytest.raises(ValueError):
+        shard_index(0, 1 << 20)
+
+
+def test_slide_records_file_names() -> None:
+    assert slides_name() == SLIDES_NAME == "slides.jsonl"
+    assert slides_name((2, 8)) == "slides.part-0002-of-0008.jsonl"
+    assert all(map(is_slides_name, (slides_name(), slides_name((2, 8)))))
+    assert not any(map(is_slides_name, ("slides.json", "../slides.jsonl", "x/slides.jsonl", "manifest.json")))
 
 
 @pytest.mark.parametrize(
     "name",
-    ["shard-42.tar", "shard-000042.tar.gz", "shard-000042", "Shard-000042.tar", "shard-00004a.tar",
+    ["shard-42.tar", "shard-000042.tar.gz", "shard-000042-12.tar", "shard-000042--0001.tar", "shard-000042-0001",
+     "shard-000042", "Shard-000042.tar", "shard-00004a.tar",
      ".shard-000042.tar.tmp-7", "x/shard-000042.tar", "shard-000042.tar ", "manifest.json", ""],
 )  # fmt: skip
 def test_other_names_are_not_shard_names(name: str) -> None:

@@ -58,7 +58,7 @@ def test_a_jpeg2000_build_matches_the_openslide_build(jp2k: str, tmp_path: Path)
 
 def _images(root: Path) -> dict[str, np.ndarray]:
     out = {}
-    with tarfile.open(root / "shard-000000.tar") as tar:
+    with tarfile.open(root / "shard-000000-0000.tar") as tar:
         for member in tar:
             fh = tar.extractfile(member)
             if member.name.endswith(".jpg") and fh is not None:

@@ -6,7 +6,8 @@ import itertools
 
 import numpy as np
 
-from wsishard.builder.plan import interleave, make_groups, make_plan
+from wsishard.builder.plan import assign_parts, interleave, make_groups, make_plan, part_groups, plan_group
+from wsishard.format import shard_index, shard_name, shard_order
 
 
 def _sizes(n_slides: int, blocks: int, seed: int = 0) -> list[list[int]]:
@@ -20,22 +21,52 @@ def test_every_block_planned_exactly_once() -> None:
     planned = [blk for sp in plan.shards for blk in sp.blocks]
     expected = [(s, b) for s in range(40) for b in range(12)]
     assert sorted(planned) == expected
-    assert [sp.index for sp in plan.shards] == list(range(len(plan.shards)))
+    # shards are numbered within their group: (group, k), k = 0, 1, ... in every group
+    keys = [(sp.index >> 20, sp.index & 0xFFFFF) for sp in plan.shards]
+    assert [g for g, _ in keys] == [sp.group for sp in plan.shards] == sorted(g for g, _ in keys)
+    for g in {sp.group for sp in plan.shards}:
+        assert [k for gg, k in keys if gg == g] == list(range(sum(sp.group == g for sp in plan.shards)))
+    assert [shard_order(shard_name(sp.index)) for sp in plan.shards] == keys
 
 
-def test_groups_are_bounded_balanced_and_cover_all_slides() -> None:
-    counts = [int(x) for x in np.random.default_rng(1).integers(50, 500, size=70)]
-    groups = make_groups(counts, group_slides=16, seed=0)
+def test_groups_come_from_the_slide_count_and_seed_alone_and_are_even() -> None:
+    groups = make_groups(70, group_slides=16, seed=0)
     assert sorted(itertools.chain(*groups)) == list(range(70))
-    assert all(len(g) <= 16 for g in groups)
-    loads = [sum(counts[s] for s in g) for g in groups]
-    assert max(loads) - min(loads) <= max(counts)
+    assert [len(g) for g in groups] == [14] * 5  # ceil(70 / 16) = 5 groups, sizes within one
+    assert make_groups(70, group_slides=16, seed=0) == groups
+    assert make_groups(70, group_slides=16, seed=1) != groups
+    assert [len(g) for g in make_groups(33, group_slides=32, seed=0)] == [17, 16]
+    assert make_groups(0, group_slides=32, seed=0) == []
 
 
-def test_slides_without_patches_are_left_out() -> None:
-    assert make_groups([0, 5, 0, 3], group_slides=8, seed=0) == [[1, 3]] or make_groups(
-        [0, 5, 0, 3], group_slides=8, seed=0
-    ) == [[3, 1]]
+def test_a_group_is_planned_from_its_own_slides_alone() -> None:
+    """What makes the parts of a cluster build independent: a group's shards do not depend on other groups."""
+    sizes = _sizes(40, 12)
+    plan = make_plan(sizes, samples_per_shard=300, group_slides=16, seed=3)
+    for g, members in enumerate(plan.groups):
+        alone = plan_group(g, {s: sizes[s] for s in members}, samples_per_shard=300, seed=3)
+        assert tuple(alone) == tuple(sp for sp in plan.shards if sp.group == g)
+    assert plan_group(5, {1: [], 2: []}, samples_per_shard=300, seed=3) == []  # slides without patches: no shard
+
+
+def test_parts_take_every_group_once_balanced_by_bytes() -> None:
+    groups = make_groups(100, group_slides=8, seed=0)
+    sizes = [int(x) for x in np.random.default_rng(2).integers(10**8, 3 * 10**9, size=100)]
+    for n in (1, 2, 3, 7):
+        parts = [part_groups(groups, sizes, (i, n)) for i in range(1, n + 1)]
+        assert sorted(itertools.chain(*parts)) == list(range(len(groups)))
+        loads = [sum(sizes[s] for g in p for s in groups[g]) for p in parts]
+        biggest = max(sum(sizes[s] for s in g) for g in groups)
+        assert max(loads) - min(loads) <= biggest
+    assert part_groups(groups, [0] * 100, (1, 3)) == [g for g, p in enumerate(assign_parts([8] * 13, 3)) if p == 0]
+    assert part_groups(groups, sizes, None) == list(range(len(groups)))
+
+
+def test_shard_index_packs_group_and_number() -> None:
+    assert shard_name(shard_index(0, 0)) == "shard-000000-0000.tar"
+    assert shard_name(shard_index(12, 3)) == "shard-000012-0003.tar"
+    assert shard_order(shard_name(shard_index(1_234_567, 54_321))) == (1_234_567, 54_321)
+    assert shard_order("shard-000042.tar") == (42, -1)  # a version-1 name
 
 
 def test_plan_is_reproducible_and_seed_dependent() -> None:

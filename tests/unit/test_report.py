@@ -55,7 +55,7 @@ def test_details_lists_options_slides_and_shards() -> None:
     slides = [_slide(0), _slide(1, failed="no microns-per-pixel in the slide")]
     shards = [_shard(0, 801, 1, 1_500_000)]
     lines = details(_manifest(slides, shards)).splitlines()
-    assert lines[0] == "wsishard manifest v1 (wsishard 9.9.9, created 2024-01-02T03:04:05Z)"
+    assert lines[0] == "wsishard manifest v2 (wsishard 9.9.9, created 2024-01-02T03:04:05Z)"
     assert lines[1].startswith("2 slides (1 ok, 1 failed): 801 patches in 1 shards")
     assert "patches: 224 px at 0.5 mpp, stride 224, min tissue 0.4, seed 7, quality 85" in lines
     ok = next(ln for ln in lines if ln.startswith("s0 "))

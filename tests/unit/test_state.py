@@ -97,29 +97,34 @@ def _scans() -> list[ScanResult]:
     return [ScanResult(ok, cands, blocks(cands, 4), 1234.5), ScanResult(failed)]
 
 
-def test_scans_round_trip_with_records_and_candidate_arrays(tmp_path: Path) -> None:
-    state = _state(tmp_path / "out")
-    assert state.load_scans(4) is None  # nothing saved yet
+def test_scans_round_trip_one_slide_at_a_time_with_records_and_candidate_arrays(tmp_path: Path) -> None:
+    store = _state(tmp_path / "out").scans
+    assert store.scanned() == set() and store.load(0, 4) is None  # nothing saved yet
     saved = _scans()
-    state.save_scans(saved)
-    loaded = _state(tmp_path / "out").load_scans(4)
-    assert loaded is not None and [s.record for s in loaded] == [s.record for s in saved]
-    a, b = loaded[0].cands, saved[0].cands
+    store.save(7, saved[0])
+    assert store.scanned() == {7}  # each slide is saved as it arrives: the others are still to scan
+    store.save(12, saved[1])
+    store = _state(tmp_path / "out").scans
+    assert store.scanned() == {7, 12}
+    loaded = store.load_many([7, 9, 12], 4)
+    assert sorted(loaded) == [7, 12]  # slide 9 was never scanned
+    assert [loaded[7].record, loaded[12].record] == [s.record for s in saved]
+    a, b = loaded[7].cands, saved[0].cands
     assert a is not None and b is not None
     for name in ("col", "row", "tissue"):
         assert np.array_equal(getattr(a, name), getattr(b, name)) and getattr(a, name).dtype == getattr(b, name).dtype
     assert (a.l0_per_o, a.stride, a.patch, a.total) == (2.0, 64, 64, 9)
-    assert loaded[0].bytes_per_patch == 1234.5
-    assert [(blk.o_x, blk.o_y, blk.o_w, blk.o_h, blk.patches.tolist()) for blk in loaded[0].blocks] == [
+    assert loaded[7].bytes_per_patch == 1234.5
+    assert [(blk.o_x, blk.o_y, blk.o_w, blk.o_h, blk.patches.tolist()) for blk in loaded[7].blocks] == [
         (blk.o_x, blk.o_y, blk.o_w, blk.o_h, blk.patches.tolist()) for blk in saved[0].blocks]  # fmt: skip
-    assert loaded[1].cands is None and loaded[1].blocks == [] and loaded[1].bytes_per_patch is None
+    assert loaded[12].cands is None and loaded[12].blocks == [] and loaded[12].bytes_per_patch is None
 
 
-def test_scans_without_their_record_file_are_absent(tmp_path: Path) -> None:
-    state = _state(tmp_path / "out")
-    state.save_scans(_scans())
-    (tmp_path / "out" / ".wsishard" / "scan.json").unlink()  # the arrays alone: an interrupted save
-    assert state.load_scans(4) is None
+def test_a_scan_being_written_is_not_counted(tmp_path: Path) -> None:
+    store = _state(tmp_path / "out").scans
+    store.save(3, _scans()[1])
+    (tmp_path / "out" / ".wsishard" / "scan" / ".0000004.npz.tmp-99").write_bytes(b"")  # killed mid-write
+    assert store.scanned() == {3}
 
 
 def test_done_shards_round_trip_with_their_excluded_slides(tmp_path: Path) -> None:

@@ -6,24 +6,32 @@ import dataclasses
 import datetime
 
 from wsishard.errors import ManifestError
-from wsishard.format import MANIFEST_NAME, Manifest, parse_part_manifest
+from wsishard.format import (
+    MANIFEST_NAME,
+    Manifest,
+    SlideRecord,
+    manifest_files,
+    parse_part_manifest,
+    parse_slide_lines,
+    shard_order,
+)
 from wsishard.storage.output import Destination
 from wsishard.storage.urls import StorageOptions
 
 
 def merge(output: str, storage_options: StorageOptions | None = None) -> Manifest:
-    """Check that every part of ``output`` is there and consistent, then write and return ``manifest.json``.
+    """Check that every part of ``output`` is there and consistent, then write and return ``manifest.json`` (and
+    its ``slides.jsonl``): the files a one-machine build of the same slides and options writes.
 
     Raises:
         ManifestError: no part manifests, a part missing, or parts of different builds (other options).
     """
     dest = Destination(output, storage_options)
-    found: dict[int, tuple[int, Manifest]] = {}
+    found: dict[int, tuple[int, str]] = {}
     for name in dest.listdir():
         part = parse_part_manifest(name)
         if part is not None:
-            data = dest.read_bytes(name) or b""
-            found[part[0]] = (part[1], Manifest.from_json(data.decode(), dest.path(name)))
+            found[part[0]] = (part[1], name)
     if not found:
         raise ManifestError(dest.path(MANIFEST_NAME), "no part manifests (manifest.part-I-of-N.json) to merge")
     counts = {n for n, _ in found.values()}
@@ -33,10 +41,22 @@ def merge(output: str, storage_options: StorageOptions | None = None) -> Manifes
     missing = sorted(set(range(1, n + 1)) - set(found))
     if missing:
         raise ManifestError(dest.location, f"parts {', '.join(map(str, missing))} of {n} are not finished yet")
-    parts = [found[i][1] for i in range(1, n + 1)]
+    parts = [_read_part(dest, found[i][1]) for i in range(1, n + 1)]
     manifest = _join(parts, dest.location)
-    dest.write_bytes(MANIFEST_NAME, manifest.to_json().encode())
+    for name, data in manifest_files(manifest):
+        dest.write_bytes(name, data)
     return manifest
+
+
+def _read_part(dest: Destination, name: str) -> Manifest:
+    """A part manifest with its slide records (inline in version 1, beside it since version 2)."""
+    part = Manifest.from_json((dest.read_bytes(name) or b"").decode(), dest.path(name))
+    if not part.slides_file:
+        return part
+    data = dest.read_bytes(part.slides_file)
+    if data is None:
+        raise ManifestError(dest.path(part.slides_file), f"missing (the slide records of {name})")
+    return dataclasses.replace(part, slides=parse_slide_lines(data.decode(), dest.path(part.slides_file)))
 
 
 def _join(parts: list[Manifest], location: str) -> Manifest:
@@ -44,15 +64,21 @@ def _join(parts: list[Manifest], location: str) -> Manifest:
     for i, part in enumerate(parts[1:], start=2):
         if part.extra.get("fingerprint") != first.extra.get("fingerprint"):
             raise ManifestError(location, f"part {i} was built from other slides or options than part 1")
-    indexed = [(i, s) for p in parts for i, s in zip(p.extra["slide_indices"], p.slides, strict=True)]
+    indexed: list[tuple[int, SlideRecord]] = []
+    for i, part in enumerate(parts, start=1):
+        indices = part.extra["slide_indices"]
+        if len(indices) != len(part.slides):
+            raise ManifestError(location, f"part {i} lists {len(indices)} slide indices for {len(part.slides)} slides")
+        indexed += zip(indices, part.slides, strict=True)
     total = first.extra["slides_total"]
-    if sorted(i for i, _ in indexed) != list(range(total)):
+    indexed.sort(key=lambda t: t[0])
+    if [i for i, _ in indexed] != list(range(total)):
         raise ManifestError(location, f"the parts do not list each of the {total} slides exactly once")
-    shards = sorted((s for p in parts for s in p.shards), key=lambda s: s.name)
+    shards = sorted((s for p in parts for s in p.shards), key=lambda s: shard_order(s.name))
     if len({s.name for s in shards}) != len(shards):
         raise ManifestError(location, "two parts list the same shard")
     extra = {k: v for k, v in first.extra.items() if k not in ("part", "slide_indices", "slides_total")}
     return dataclasses.replace(
-        first, shards=shards, slides=[s for _, s in sorted(indexed, key=lambda t: t[0])], extra=extra,
+        first, shards=shards, slides=[s for _, s in indexed], extra=extra,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )  # fmt: skip

@@ -33,13 +33,24 @@ from wsishard.builder.extract import (
 from wsishard.builder.inputs import check_tables, find_slides, lookup
 from wsishard.builder.options import BuildOptions, BuildProgress
 from wsishard.builder.patches import SlideWork
-from wsishard.builder.plan import Plan, ShardPlan, assign_parts, make_plan
+from wsishard.builder.plan import ShardPlan, make_groups, part_groups, plan_group
 from wsishard.builder.pool import WorkerPool
 from wsishard.builder.scan import ScanResult, ScanTask, crashed_scan, scan_slide
 from wsishard.builder.staging import StagedSlide, StageTask, crashed_stage, remove_staging, stage_slide
 from wsishard.builder.state import BuildState, fingerprint, input_stamps
-from wsishard.errors import OptionError
-from wsishard.format import Manifest, ShardRecord, SlideRecord, manifest_name, shard_name, temp_target, unique_slide_ids
+from wsishard.errors import OptionError, OutputError
+from wsishard.format import (
+    Manifest,
+    ShardRecord,
+    SlideRecord,
+    is_shard_name,
+    manifest_files,
+    shard_name,
+    shard_order,
+    slides_name,
+    temp_target,
+    unique_slide_ids,
+)
 from wsishard.progress import ProgressCallback, ignore_progress
 from wsishard.storage.output import Destination
 from wsishard.storage.urls import StorageOptions, is_url
@@ -47,7 +58,7 @@ from wsishard.storage.urls import StorageOptions, is_url
 logger = logging.getLogger(__name__)
 
 _TAR_BYTES_PER_MEMBER = 512 + 256  # header + mean padding
-Extracted = tuple[dict[int, ShardOutcome], dict[int, str]]  # shard outcomes by index, failed slides' reasons
+Done = dict[int, tuple[ShardOutcome, frozenset[int]]]  # shards finished before: index -> (outcome, excluded slides)
 
 
 def build(inputs: Sequence[str], output: str, options: BuildOptions | None = None, *,
@@ -57,7 +68,8 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
           scratch: str | None = None) -> Manifest:  # fmt: skip
     """Build mixed tissue-patch shards from slides into ``output`` and return the manifest it wrote.
 
-    Re-running the same build on the same output resumes it: finished shards are kept, the rest is written.
+    Re-running the same build on the same output resumes it: finished shards are kept, the rest is written; slides
+    scanned before (each scan is saved as it finishes) are not scanned again.
 
     Args:
         inputs: slide folders, slide files, or text files listing slides.
@@ -65,8 +77,10 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
         options: every build option (defaults: :class:`BuildOptions`).
         progress: called after each slide scanned and each shard written.
         storage_options: fsspec options for an URL output (endpoint, credentials); never logged or stored.
-        part: ``(i, n)``, 1-based: build only part ``i`` of ``n`` (whole groups, balanced by patches) and write
-            a part manifest; :func:`wsishard.merge.merge` joins the parts.
+        part: ``(i, n)``, 1-based: build only part ``i`` of ``n`` and write a part manifest;
+            :func:`wsishard.merge.merge` joins the parts. Slides are grouped from the sorted slide list and the
+            seed alone, and a part scans and extracts only its own groups (balanced by the bytes of their slide
+            files): the merged output is the one build the same options make on one machine, whatever ``n``.
         overwrite: replace a build with other inputs or options (or slides changed since) found in ``output``
             instead of refusing; only that build's own files are removed, never anything else there.
         scratch: local folder for copies of slides given as URLs (default: a temporary folder); it holds at most
@@ -88,42 +102,20 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
     state = BuildState(dest, fingerprint(paths, _options_dict(options, for_fingerprint=True)), part)
     jobs = options.jobs or os.cpu_count() or 1
     with state.lock():  # one build (or the parts of one) at a time; released on errors and interrupts too
-        state.claim(overwrite=overwrite, stamps=input_stamps(paths, storage_options))
+        stamps = input_stamps(paths, storage_options)
+        state.claim(overwrite=overwrite, stamps=stamps)
+        groups = make_groups(len(paths), options.group_slides, options.seed)
+        mine = part_groups(groups, [int(stamps[p].get("size") or 0) for p in paths], part)
+        _remove_leftovers(dest, set(mine))
         with _scratch_for(paths, scratch, storage_options) as remote, WorkerPool(jobs) as pool:
-            scans = state.load_scans(options.patch.block_patches)
-            if scans is None:
-                scans = _scan_all(pool, paths, dest, options, state.refreshing(progress), remote)
-                state.save_scans(scans)
-            plan = make_plan([s.block_sizes for s in scans], samples_per_shard=_samples_per_shard(options, scans),
-                             group_slides=options.group_slides, seed=options.seed)  # fmt: skip
-            groups = _part_groups(plan, part)
-            shards = [sp for sp in plan.shards if sp.group in groups]
-            _remove_leftovers(dest, {shard_name(sp.index) for sp in shards})
-            tally = _Tally(progress, len(shards), sum(sp.patches for sp in shards))
-            if remote.from_urls:
-                outcomes, failed = _extract_staged(pool, shards, scans, dest, options, tally, state, remote)
-            else:
-                outcomes, failed = _extract_all(pool, shards, scans, dest, options, tally, state)
-        slides = _slides_of_part(plan, groups, len(scans), part)
-        manifest = _manifest(inputs, options, scans, outcomes, failed, state.digest, slides, part)
-        dest.write_bytes(manifest_name(part), manifest.to_json().encode())
+            _scan_all(pool, paths, sorted(s for g in mine for s in groups[g]), dest, options,
+                      state.refreshing(progress), remote, state)  # fmt: skip
+            slides, shards = _extract_groups(pool, [(g, groups[g]) for g in mine], dest, options, state, progress,
+                                             remote)  # fmt: skip
+        manifest = _manifest(inputs, options, slides, shards, state.digest, part, len(paths))
+        for name, data in manifest_files(manifest, part):
+            dest.write_bytes(name, data)
     return manifest
-
-
-def _part_groups(plan: Plan, part: tuple[int, int] | None) -> set[int]:
-    if part is None:
-        return set(range(len(plan.groups)))
-    patches = [sum(sp.patches for sp in plan.shards if sp.group == g) for g in range(len(plan.groups))]
-    return {g for g, p in enumerate(assign_parts(patches, part[1])) if p == part[0] - 1}
-
-
-def _slides_of_part(plan: Plan, groups: set[int], n_slides: int, part: tuple[int, int] | None) -> list[int]:
-    """Slides a (part) manifest lists: its groups' slides; part 1 also lists slides in no group (failed)."""
-    grouped = {s for g in plan.groups for s in g}
-    mine = {s for g in groups for s in plan.groups[g]}
-    if part is None or part[0] == 1:
-        mine |= set(range(n_slides)) - grouped
-    return sorted(mine)
 
 
 @dataclass(frozen=True)
@@ -147,24 +139,68 @@ def _scratch_for(paths: list[str], scratch: str | None, storage_options: Storage
             shutil.rmtree(made, ignore_errors=True)
 
 
-def _scan_all(pool: WorkerPool, paths: list[str], dest: Destination, options: BuildOptions,
-              progress: ProgressCallback[BuildProgress], remote: _Scratch) -> list[ScanResult]:  # fmt: skip
+def _scan_all(pool: WorkerPool, paths: list[str], indices: list[int], dest: Destination, options: BuildOptions,
+              progress: ProgressCallback[BuildProgress], remote: _Scratch, state: BuildState) -> None:  # fmt: skip
+    """Scan the slides ``indices`` not scanned yet; each result is saved as it arrives, and none is kept here."""
     ids = unique_slide_ids(paths)
     if options.qc:
         dest.makedirs("qc")
-    tasks = [
-        ScanTask(index=i, path=p, slide_id=sid, patch=options.patch, tissue=options.tissue, encode=options.encode,
-                 measure=options.shard_size_bytes is not None, mpp_override=lookup(options.mpp_overrides, p),
-                 default_mpp=options.default_mpp, label=lookup(options.labels, p), seed=options.seed, dest=dest,
-                 qc_name=f"qc/{sid}.png" if options.qc else None, scratch=remote.scratch,
+    store = state.scans
+    have = store.scanned()
+    todo = [i for i in indices if i not in have]
+    tasks = (
+        ScanTask(index=i, path=paths[i], slide_id=ids[i], patch=options.patch, tissue=options.tissue,
+                 encode=options.encode, measure=options.shard_size_bytes is not None,
+                 mpp_override=lookup(options.mpp_overrides, paths[i]), default_mpp=options.default_mpp,
+                 label=lookup(options.labels, paths[i]), seed=options.seed, dest=dest,
+                 qc_name=f"qc/{ids[i]}.png" if options.qc else None, scratch=remote.scratch,
                  storage_options=remote.storage_options)
-        for i, (p, sid) in enumerate(zip(paths, ids, strict=True))
-    ]  # fmt: skip
-    scans = []
-    for result in pool.imap(scan_slide, tasks, on_crash=crashed_scan):
-        scans.append(result)
-        progress(BuildProgress("scan", len(scans), len(tasks)))
-    return scans
+        for i in todo
+    )  # fmt: skip
+    done = len(indices) - len(todo)
+    progress(BuildProgress("scan", done, len(indices)))
+    for i, result in zip(todo, pool.imap(scan_slide, tasks, on_crash=crashed_scan), strict=True):
+        store.save(i, result)
+        done += 1
+        progress(BuildProgress("scan", done, len(indices)))
+
+
+def _extract_groups(pool: WorkerPool, groups: list[tuple[int, list[int]]], dest: Destination, options: BuildOptions,
+                    state: BuildState, progress: ProgressCallback[BuildProgress],
+                    remote: _Scratch) -> tuple[dict[int, SlideRecord], list[ShardRecord]]:  # fmt: skip
+    """Plan and write each group's shards, one group's scans in memory at a time; the final slide records (by slide
+    index) and shard records (in shard order) of these groups."""
+    previous, failed = state.load_done(), state.load_failed()
+    tally = _Tally(progress, 0, 0)
+    slides: dict[int, SlideRecord] = {}
+    shards: list[ShardRecord] = []
+    for g, members in groups:
+        scans = state.scans.load_many(members, options.patch.block_patches)
+        if len(scans) != len(members):
+            raise OutputError(dest.path(state.scans.folder), f"scans of group {g} went missing during the build")
+        per_shard = _samples_per_shard(options, list(scans.values()))
+        plan = plan_group(g, {s: scans[s].block_sizes for s in members}, samples_per_shard=per_shard, seed=options.seed)
+        tally.grow(len(plan), sum(sp.patches for sp in plan))
+        staged: dict[int, StagedSlide] = {}
+        if remote.from_urls:
+            staged = _stage_group(pool, plan, scans, options, remote, previous, failed, state)
+        outcomes = _extract_all(pool, plan, scans, dest, options, tally, state, previous, failed, staged)
+        if remote.from_urls:
+            remove_staging(remote.scratch)
+        patches: dict[int, int] = {}
+        for outcome in outcomes.values():
+            for slide, n in (outcome.patches_by_slide or {}).items():
+                patches[slide] = patches.get(slide, 0) + n
+        shards += [o.record for _, o in sorted(outcomes.items()) if o.record is not None]
+        slides.update({s: _final_record(scans[s].record, failed.get(s), patches.get(s, 0)) for s in members})
+    return slides, shards
+
+
+def _final_record(record: SlideRecord, failure: str | None, patches: int) -> SlideRecord:
+    """A slide's manifest record: its scan's, with the patches written or the reason extraction failed."""
+    if failure is not None:
+        return dataclasses.replace(record, status="failed", reason=f"extraction: {failure}", patches=0)
+    return dataclasses.replace(record, patches=patches) if record.status == "ok" else record
 
 
 def _samples_per_shard(options: BuildOptions, scans: list[ScanResult]) -> int:
@@ -179,13 +215,19 @@ def _samples_per_shard(options: BuildOptions, scans: list[ScanResult]) -> int:
 
 @dataclass
 class _Tally:
-    """Shards and patches written so far, against the whole build's (or part's) totals; reports each change."""
+    """Shards and patches written so far, against the totals of the groups planned so far; reports each change."""
 
     progress: ProgressCallback[BuildProgress]
     shards_total: int
     patches_total: int
     shards: int = 0
     patches: int = 0
+
+    def grow(self, shards: int, patches: int) -> None:
+        """Another group planned: its shards and patches join the totals."""
+        self.shards_total += shards
+        self.patches_total += patches
+        self.report()
 
     def written(self, samples: int) -> None:
         self.patches += samples
@@ -208,40 +250,35 @@ def _work(scan: ScanResult) -> SlideWork | None:
                      cands=scan.cands, blocks=scan.blocks, label=record.label)  # fmt: skip
 
 
-def _extract_staged(pool: WorkerPool, shards: list[ShardPlan], scans: list[ScanResult], dest: Destination,
-                    options: BuildOptions, tally: _Tally, state: BuildState,
-                    remote: _Scratch) -> Extracted:  # fmt: skip
-    """Slides in object storage, group by group: stage each slide's patches once, then write the group's shards."""
-    outcomes: dict[int, ShardOutcome] = {}
-    previous = state.load_done()
-    for g in sorted({sp.group for sp in shards}):
-        mine = [sp for sp in shards if sp.group == g]
-        failed = state.load_failed()
-        todo = [sp for sp in mine if sp.index not in _still_valid(previous, mine, failed)]
-        wanted = sorted({s for sp in todo for s, _ in sp.blocks} - set(failed))
-        tasks = [StageTask(index=s, url=scans[s].record.file, work=work, scratch=remote.scratch,
-                           storage_options=remote.storage_options, encode=options.encode)
-                 for s in wanted if (work := _work(scans[s])) is not None]  # fmt: skip
-        staged: dict[int, StagedSlide] = {}
-        for result in pool.imap(stage_slide, tasks, on_crash=crashed_stage):
-            if result.staged is None:
-                failed[result.index] = result.reason
-            else:
-                staged[result.index] = result.staged
+def _stage_group(pool: WorkerPool, shards: list[ShardPlan], scans: Mapping[int, ScanResult], options: BuildOptions,
+                 remote: _Scratch, previous: Done, failed: dict[int, str],
+                 state: BuildState) -> dict[int, StagedSlide]:  # fmt: skip
+    """Slides in object storage: stage the patches of each slide a group's unfinished shards need, once."""
+    todo = [sp for sp in shards if sp.index not in _still_valid(previous, shards, failed)]
+    wanted = sorted({s for sp in todo for s, _ in sp.blocks} - set(failed))
+    tasks = [StageTask(index=s, url=scans[s].record.file, work=work, scratch=remote.scratch,
+                       storage_options=remote.storage_options, encode=options.encode)
+             for s in wanted if (work := _work(scans[s])) is not None]  # fmt: skip
+    staged: dict[int, StagedSlide] = {}
+    before = len(failed)
+    for result in pool.imap(stage_slide, tasks, on_crash=crashed_stage):
+        if result.staged is None:
+            failed[result.index] = result.reason
+        else:
+            staged[result.index] = result.staged
+    if len(failed) != before:
         state.save_failed(failed)
-        done, _ = _extract_all(pool, mine, scans, dest, options, tally, state, staged)
-        outcomes.update(done)
-        remove_staging(remote.scratch)
-    return outcomes, state.load_failed()
+    return staged
 
 
-def _extract_all(pool: WorkerPool, shards: list[ShardPlan], scans: list[ScanResult], dest: Destination,
-                 options: BuildOptions, tally: _Tally, state: BuildState,
-                 staged: dict[int, StagedSlide] | None = None) -> Extracted:  # fmt: skip
-    """Write the shards not already done; a slide failing mid-way is excluded and the shards it touched redone."""
-    sources = {i: SlideSource(work, (staged or {}).get(i)) for i, s in enumerate(scans) if (work := _work(s))}
-    failed = state.load_failed()
-    done = _still_valid(state.load_done(), shards, failed)
+def _extract_all(pool: WorkerPool, shards: list[ShardPlan], scans: Mapping[int, ScanResult], dest: Destination,
+                 options: BuildOptions, tally: _Tally, state: BuildState, previous: Done, failed: dict[int, str],
+                 staged: dict[int, StagedSlide]) -> dict[int, ShardOutcome]:  # fmt: skip
+    """Write the shards not already done; a slide failing mid-way is excluded and the shards it touched redone.
+
+    ``failed`` (slide -> reason) is updated in place and saved whenever a slide fails."""
+    sources = {i: SlideSource(work, staged.get(i)) for i, s in scans.items() if (work := _work(s))}
+    done = _still_valid(previous, shards, failed)
     for outcome in done.values():
         tally.finished(outcome, with_samples=True)
     by_index = {sp.index: sp for sp in shards}
@@ -272,7 +309,7 @@ def _extract_all(pool: WorkerPool, shards: list[ShardPlan], scans: list[ScanResu
     for sp in shards:
         if done[sp.index].record is None:
             dest.remove(shard_name(sp.index))  # a shard left empty: no file (an earlier run may have written one)
-    return done, failed
+    return done
 
 
 def _crash_culprits(pool: WorkerPool, sp: ShardPlan, sources: dict[int, SlideSource], excluded: frozenset[int],
@@ -296,7 +333,7 @@ def _excluded(sp: ShardPlan, failed: Mapping[int, str]) -> frozenset[int]:
     return frozenset(s for s, _ in sp.blocks if s in failed)
 
 
-def _still_valid(previous: dict[int, tuple[ShardOutcome, frozenset[int]]], shards: list[ShardPlan],
+def _still_valid(previous: Done, shards: list[ShardPlan],
                  failed: Mapping[int, str]) -> dict[int, ShardOutcome]:  # fmt: skip
     """Shards an earlier run finished that need no redo: written with the same slides excluded as now."""
     return {
@@ -306,30 +343,19 @@ def _still_valid(previous: dict[int, tuple[ShardOutcome, frozenset[int]]], shard
     }
 
 
-def _manifest(inputs: Sequence[str], options: BuildOptions, scans: list[ScanResult],
-              outcomes: dict[int, ShardOutcome], failed: dict[int, str], digest: str, slide_indices: list[int],
-              part: tuple[int, int] | None) -> Manifest:  # fmt: skip
-    patches: dict[int, int] = {}
-    for outcome in outcomes.values():
-        for slide, n in (outcome.patches_by_slide or {}).items():
-            patches[slide] = patches.get(slide, 0) + n
-    slides: list[SlideRecord] = []
-    for i in slide_indices:
-        record = scans[i].record
-        if i in failed:
-            record = dataclasses.replace(record, status="failed", reason=f"extraction: {failed[i]}", patches=0)
-        elif record.status == "ok":
-            record = dataclasses.replace(record, patches=patches.get(i, 0))
-        slides.append(record)
-    shards: list[ShardRecord] = [o.record for _, o in sorted(outcomes.items()) if o.record is not None]
+def _manifest(inputs: Sequence[str], options: BuildOptions, slides: dict[int, SlideRecord],
+              shards: list[ShardRecord], digest: str, part: tuple[int, int] | None,
+              n_slides: int) -> Manifest:  # fmt: skip
+    """The manifest of the build (or of a part: its slides' records, with their indices among all slides)."""
     extra: dict[str, Any] = {"fingerprint": digest}
     if options.label_names:
         extra["label_names"] = list(options.label_names)
+    indices = sorted(slides)
     if part is not None:
-        extra.update(part=list(part), slide_indices=slide_indices, slides_total=len(scans))
+        extra.update(part=list(part), slide_indices=indices, slides_total=n_slides)
     return Manifest(
-        options={"inputs": list(inputs), **_options_dict(options)}, shards=shards, slides=slides,
-        image_format=options.image_format, wsishard_version=__version__, extra=extra,
+        options={"inputs": list(inputs), **_options_dict(options)}, shards=shards, slides=[slides[i] for i in indices],
+        image_format=options.image_format, wsishard_version=__version__, extra=extra, slides_file=slides_name(part),
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )  # fmt: skip
 
@@ -346,10 +372,11 @@ def _options_dict(options: BuildOptions, *, for_fingerprint: bool = False) -> di
     return data
 
 
-def _remove_leftovers(dest: Destination, names: set[str]) -> None:
-    """Remove temporary files an interrupted local build left for ``names`` (only this run's shards: other parts
-    of a cluster build may be writing theirs into the same folder right now)."""
+def _remove_leftovers(dest: Destination, groups: set[int]) -> None:
+    """Remove temporary files an interrupted local build left for the shards of ``groups`` (only this part's: other
+    parts of a cluster build may be writing theirs into the same folder right now)."""
     if not dest.remote:
         for name in dest.listdir():
-            if temp_target(name) in names:
+            target = temp_target(name)
+            if target is not None and is_shard_name(target) and shard_order(target)[0] in groups:
                 dest.remove(name)

@@ -2,7 +2,7 @@
 
     build.json            the build's fingerprint (inputs + every option) and each slide's stamp (size and
                           modification time, or ETag): other options, or a slide replaced since, are refused
-    scan.json, scan.npz   every slide's scan result (records as JSON, patch grids as arrays; never pickled)
+    scan/<slide>.npz      each slide's scan result, saved as it arrives (:mod:`wsishard.builder.scanstate`)
     failed.json           slides that failed during extraction, with their reasons (one file per part)
     done/<shard>.json     one record per finished shard: its manifest record, patches per slide, excluded slides
     lock.json             who writes the output (``lock.part-0002-of-0008.json`` for a part): :meth:`BuildState.lock`
@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import datetime
 import hashlib
-import io
 import json
 import logging
 import os
@@ -29,12 +28,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import fsspec
-import numpy as np
 
 from wsishard import format as fmt
 from wsishard.builder.extract import ShardOutcome
-from wsishard.builder.grid import Candidates, blocks
-from wsishard.builder.scan import ScanResult
+from wsishard.builder.scanstate import ScanStore
 from wsishard.errors import OptionError
 from wsishard.storage.output import Destination
 from wsishard.storage.urls import StorageOptions, is_url
@@ -44,7 +41,7 @@ logger = logging.getLogger(__name__)
 STATE_DIR = ".wsishard"
 LOCK_REFRESH_S = 120.0  # a running build re-writes its lock at most this often, when it records progress
 LOCK_LEASE_S = 3600.0  # another host's lock not re-written for this long is stale
-_BUILD, _SCAN, _SCAN_ARRAYS, _FAILED, _DONE = "build.json", "scan.json", "scan.npz", "failed.json", "done"
+_BUILD, _FAILED, _DONE = "build.json", "failed.json", "done"
 _TAGS = ("ETag", "etag", "VersionId", "LastModified", "mtime", "updated")  # what tells an object's version, best first
 
 Stamp = dict[str, Any]  # {"size", "mtime_ns"} of a file, {"size", "tag"} of an object
@@ -179,17 +176,27 @@ class BuildState:
         listed = {s.get("name") for m in manifests.values() for s in m.get("shards", [])}
         listed |= {n.removesuffix(".json") for n in self.dest.listdir(self._name(_DONE))}
         ids = {s.get("slide_id") for m in manifests.values() for s in m.get("slides", [])}
-        pictures = {f"qc/{i}.png" for i in ids | {e["record"]["slide_id"] for e in self._json(_SCAN) or []}}
+        ids |= set(fmt.unique_slide_ids(sorted(build.get("inputs") or {})) if build else self._slide_ids(names))
+        pictures = {f"qc/{i}.png" for i in ids}
 
         def owned(name: str) -> bool:
             if (target := _untemp(name)) != name:  # being written, or left by a killed build, under a temporary name
                 return target in pictures or _build_name(target)
-            return name in manifests or name in pictures or (fmt.is_shard_name(name) and name in listed)
+            return (name in manifests or name in pictures or fmt.is_slides_name(name)
+                    or (fmt.is_shard_name(name) and name in listed))  # fmt: skip
 
         digest = build.get("fingerprint") or next((m.get("extra", {}).get("fingerprint") for m in manifests.values()),
                                                   None)  # fmt: skip
         return _Survey(True, digest, build.get("inputs"), [STATE_DIR, *filter(owned, entries)],
                        [n for n in entries if not owned(n)])  # fmt: skip
+
+    def _slide_ids(self, names: list[str]) -> set[str]:
+        """The slide ids in the slide records files among ``names`` (a finished build whose state was removed)."""
+        ids: set[str] = set()
+        for name in filter(fmt.is_slides_name, names):
+            with contextlib.suppress(ValueError):
+                ids |= {r.slide_id for r in fmt.parse_slide_lines((self.dest.read_bytes(name) or b"").decode())}
+        return ids
 
     def _manifest(self, name: str) -> dict[str, Any] | None:
         """The wsishard manifest ``name`` as plain data; None for anything else."""
@@ -299,36 +306,10 @@ class BuildState:
         return (f"{self.dest.location} is being written by {_who(holder, self.digest)}; wait for it to end, or "
                 f"remove {self.dest.path(self._name(name))} if it is not running any more")  # fmt: skip
 
-    def save_scans(self, scans: Sequence[ScanResult]) -> None:
-        self.refresh()
-        entries, arrays = [], {}
-        for i, scan in enumerate(scans):
-            cands, geometry = scan.cands, None
-            if cands is not None:
-                geometry = dict(l0_per_o=cands.l0_per_o, stride=cands.stride, patch=cands.patch, total=cands.total)
-                arrays.update({f"col{i}": cands.col, f"row{i}": cands.row, f"tissue{i}": cands.tissue})
-            entries.append(dict(record=dataclasses.asdict(scan.record), cands=geometry, bytes=scan.bytes_per_patch))
-        buf = io.BytesIO()
-        np.savez(buf, **arrays)  # type: ignore[arg-type]
-        self.dest.write_bytes(self._name(_SCAN_ARRAYS), buf.getvalue())
-        self._put_json(entries, _SCAN)  # written last: its presence means both files are complete
-
-    def load_scans(self, block_patches: int) -> list[ScanResult] | None:
-        entries = self._json(_SCAN)
-        data = self.dest.read_bytes(self._name(_SCAN_ARRAYS))
-        if entries is None or data is None:
-            return None
-        arrays = np.load(io.BytesIO(data), allow_pickle=False)
-        scans = []
-        for i, entry in enumerate(entries):
-            record = fmt.SlideRecord(**entry["record"])
-            geometry = entry["cands"]
-            if geometry is None:
-                scans.append(ScanResult(record))
-                continue
-            cands = Candidates(col=arrays[f"col{i}"], row=arrays[f"row{i}"], tissue=arrays[f"tissue{i}"], **geometry)
-            scans.append(ScanResult(record, cands, blocks(cands, block_patches), entry["bytes"]))
-        return scans
+    @property
+    def scans(self) -> ScanStore:
+        """The per-slide scan results of this output (shared by the parts of a cluster build: each saves its own)."""
+        return ScanStore(self.dest, STATE_DIR)
 
     def load_failed(self) -> dict[int, str]:
         return {int(k): v for k, v in (self._json(self._failed) or {}).items()}
@@ -372,7 +353,8 @@ def _untemp(name: str) -> str:
 
 
 def _build_name(name: str) -> bool:
-    return fmt.is_shard_name(name) or name == fmt.MANIFEST_NAME or fmt.parse_part_manifest(name) is not None
+    return (fmt.is_shard_name(name) or name == fmt.MANIFEST_NAME or fmt.parse_part_manifest(name) is not None
+            or fmt.is_slides_name(name))  # fmt: skip
 
 
 def _who(holder: Mapping[str, Any], digest: str) -> str:

@@ -11,6 +11,7 @@ endpoints come from the ecosystem's own sources (botocore's environment variable
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import http.client
 import io
@@ -25,10 +26,10 @@ import fsspec.asyn
 import fsspec.core
 
 from wsishard.errors import ManifestError
-from wsishard.format import Manifest
+from wsishard.format import Manifest, parse_slide_lines
 from wsishard.storage.retry import RetryPolicy, call_with_retries, is_past_end
 from wsishard.storage.secrets import describe, redact, redacted_options
-from wsishard.storage.urls import StorageOptions, is_url, local_path, manifest_location
+from wsishard.storage.urls import StorageOptions, is_url, join, local_path, manifest_location
 
 _MiB = 2**20
 T = TypeVar("T")
@@ -114,30 +115,42 @@ def list_names(folder: str, storage_options: StorageOptions | None = None, *, fi
     return call_with_retries(listing, f"{folder} (listing)", policy=RetryPolicy(), storage_options=options)
 
 
-def load_manifest(source: str, storage_options: StorageOptions | None = None) -> tuple[Manifest, str]:
+def load_manifest(source: str, storage_options: StorageOptions | None = None, *,
+                  slides: bool = True) -> tuple[Manifest, str]:  # fmt: skip
     """Read the manifest of a build output.
 
     Args:
         source: output folder, path of a ``manifest.json``, or URL prefix / manifest URL.
         storage_options: fsspec options for URLs (e.g. ``{"endpoint_url": ...}``).
+        slides: also read the slide records file beside the manifest (``slides.jsonl``); False reads the options,
+            totals and shard index alone (all a stream needs at start-up), and ``manifest.slides`` is then empty
+            for a version-2 output.
 
     Returns:
         ``(manifest, root)`` where shard ``name``s are relative to ``root``.
 
     Raises:
-        ManifestError: no manifest there, or not a readable wsishard manifest.
+        ManifestError: no manifest (or slide records file) there, or not a readable wsishard manifest.
     """
     url, root = manifest_location(source)
+    manifest = Manifest.from_json(_read_text(url, storage_options), redact(url, storage_options))
+    if slides and manifest.slides_file:
+        where = join(root, manifest.slides_file)
+        records = parse_slide_lines(_read_text(where, storage_options), redact(where, storage_options))
+        manifest = dataclasses.replace(manifest, slides=records)
+    return manifest, root
+
+
+def _read_text(url: str, storage_options: StorageOptions | None) -> str:
     where = redact(url, storage_options)
     try:
-        text = read_bytes(url, storage_options).decode("utf-8")
+        return read_bytes(url, storage_options).decode("utf-8")
     except FileNotFoundError as exc:
         raise ManifestError(where, "not found (is this a wsishard build output?)") from exc
     except OSError as exc:
         raise ManifestError(where, f"cannot be read ({describe(exc, storage_options)})") from exc
     except UnicodeDecodeError as exc:
         raise ManifestError(where, "not UTF-8 text") from exc
-    return Manifest.from_json(text, where), root
 
 
 # ---- remote reading ------------------------------------------------------------------------------------

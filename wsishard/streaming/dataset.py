@@ -345,7 +345,7 @@ def stream(
     tasks: list[ShardRef] = []
     sizes: dict[str, int] = {}  # source (redacted) -> its patch size, px
     for src in sources:
-        manifest, root = load_manifest(os.fspath(src), storage_options)
+        manifest, root = load_manifest(os.fspath(src), storage_options, slides=False)
         where = redact(os.fspath(src), storage_options)
         sizes[where] = expected_patch_size(manifest, where)
         tasks += [ShardRef(url=join(root, rec.name), samples=rec.samples) for rec in manifest.shards]

@@ -57,5 +57,5 @@ def shard_urls(source: str, storage_options: StorageOptions | None = None) -> li
     Raises:
         ManifestError: no readable manifest there.
     """
-    manifest, root = load_manifest(source, storage_options)
+    manifest, root = load_manifest(source, storage_options, slides=False)
     return [join(root, record.name) for record in manifest.shards]

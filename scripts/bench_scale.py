@@ -1,0 +1,383 @@
+#!/usr/bin/env python
+"""Benchmark the build's bookkeeping at archive scale, without pixels, and one real 2-part build from S3.
+
+Example::
+
+    python scripts/bench_scale.py --sizes 10000,100000
+    python scripts/bench_scale.py --sizes 10000,100000,1000000 --no-s3
+
+Per size (slides), synthetic scan records with realistic candidate counts (lognormal, median 3,000 patches per
+slide, 5% of slides without tissue; blocks of up to 16 patches; 18,000 samples per shard: 256 MB of ~14 KB
+samples; groups of 32 slides), each stage in its own child process (its peak RSS is the stage's, interpreter
+included; the baseline of an idle child is printed):
+
+- ``groups``: slides into groups from the count and the seed, groups into 16 parts by slide file bytes; the
+  largest part's share of the slides x 16 (1.00 = work falling exactly as 1/N).
+- ``plan``: every group planned (:func:`plan_group`) from its own slides; above ``--plan-groups`` groups a seeded
+  sample of groups is planned and the time extrapolated to all groups (marked ``~``).
+- ``state``: per-slide scan results written as the build writes them (``.wsishard/scan/*.npz``); above
+  ``--state-slides`` slides a sample is written and time and bytes extrapolated (``~``).
+- ``manifest``: the manifest of that many slides and the shards the plan made (``slides.jsonl`` beside a
+  ``manifest.json`` holding the shard index), written to a temporary folder.
+- ``startup``: what each rank does at stream start-up: read the manifest without the slide records and list the
+  shard locations; plus the same with exactly 100,000 shards.
+
+Then, unless ``--no-s3``: a 2-part build of generated slides read from a local moto S3 server, counting the bytes
+the server sent for slide objects while each part ran. Prints a table and one line ``JSON: {...}`` with PASS/MISS
+per target. Needs moto[server] and s3fs (the ``test`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import math
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+GROUP_SLIDES, SEED, PARTS, SAMPLES_PER_SHARD, BLOCK = 32, 0, 16, 18_000, 16
+MEDIAN_PATCHES, SIGMA, NO_TISSUE = 3000, 0.8, 0.05
+STAGES = ("groups", "plan", "state", "manifest", "startup")
+TARGETS = {
+    "1M slides planned (groups + every group's plan) < 60 s": 60.0,
+    "1M slides planned, peak RSS < 4 GB": 4096.0,
+    "per-part work as 1/N: largest part share x N <= 1.05": 1.05,
+    "stream start-up, 100k shards < 2 s per rank": 2.0,
+    "state and manifest bytes per slide: growth within 10% of linear": 0.10,
+}
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _patches(slide: int) -> int:
+    rng = np.random.default_rng((SEED, slide, 0xBE))
+    if rng.random() < NO_TISSUE:
+        return 0
+    return int(min(60_000, rng.lognormal(math.log(MEDIAN_PATCHES), SIGMA)))
+
+
+def _block_sizes(slide: int) -> list[int]:
+    """A slide's blocks: mostly full (16 patches), tissue edges cut some short."""
+    n = _patches(slide)
+    rng = np.random.default_rng((SEED, slide, 0xB1))
+    sizes: list[int] = []
+    while n > 0:
+        take = BLOCK if rng.random() < 0.6 else int(rng.integers(1, BLOCK + 1))
+        sizes.append(min(take, n))
+        n -= sizes[-1]
+    return sizes
+
+
+def _file_sizes(n: int) -> list[int]:
+    return np.random.default_rng((SEED, 0xF5)).lognormal(math.log(1.5e9), 0.6, size=n).astype(np.int64).tolist()
+
+
+def stage_groups(n: int, _args: argparse.Namespace) -> dict[str, Any]:
+    from wsishard.builder.plan import make_groups, part_groups
+
+    t = time.perf_counter()
+    groups = make_groups(n, GROUP_SLIDES, SEED)
+    sizes = _file_sizes(n)
+    parts = [part_groups(groups, sizes, (i, PARTS)) for i in range(1, PARTS + 1)]
+    seconds = time.perf_counter() - t
+    share = max(sum(len(groups[g]) for g in p) for p in parts) / n
+    byte_share = max(sum(sizes[s] for g in p for s in groups[g]) for p in parts) / sum(sizes)
+    return {"seconds": seconds, "groups": len(groups), "part_share_x_n": share * PARTS,
+            "part_bytes_x_n": byte_share * PARTS}  # fmt: skip
+
+
+def stage_plan(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    from wsishard.builder.plan import make_groups, plan_group
+
+    t = time.perf_counter()
+    groups = make_groups(n, GROUP_SLIDES, SEED)
+    grouping = time.perf_counter() - t
+    picks = range(len(groups))
+    if len(groups) > args.plan_groups:
+        picks = sorted(np.random.default_rng(SEED).choice(len(groups), args.plan_groups, replace=False).tolist())
+    t = time.perf_counter()
+    shards = blocks = 0
+    for g in picks:
+        sizes = {s: _block_sizes(s) for s in groups[g]}
+        blocks += sum(map(len, sizes.values()))
+        shards += len(plan_group(g, sizes, samples_per_shard=SAMPLES_PER_SHARD, seed=SEED))
+    planned = time.perf_counter() - t
+    scale = len(groups) / len(picks)
+    return {"seconds": grouping + planned * scale, "sampled": scale > 1, "groups_planned": len(picks),
+            "shards": round(shards * scale), "blocks": round(blocks * scale),
+            "per_group_ms": 1000 * planned / len(picks)}  # fmt: skip
+
+
+def _record(slide: int) -> Any:
+    from wsishard.format import SlideRecord
+
+    count = _patches(slide)
+    return SlideRecord(slide_id=f"TCGA-{slide:07d}-01Z-00-DX1", file=f"s3://archive/slides/TCGA-{slide:07d}.svs",
+                         status="ok" if count else "failed", reason="" if count else "no tissue found",
+                         width=100_000, height=80_000, mpp=0.2520, mpp_source="openslide", patch_mpp=0.5, level=0,
+                         downsample=1.0, tissue_fraction=0.25, candidates=4 * count, patches=count)  # fmt: skip
+
+
+def _scan(slide: int) -> Any:
+    from wsishard.builder.grid import Candidates
+    from wsishard.builder.scan import ScanResult
+
+    record = _record(slide)
+    count = record.patches
+    if not count:
+        return ScanResult(record)
+    rng = np.random.default_rng((SEED, slide, 0xCA))
+    cands = Candidates(col=rng.integers(0, 400, count), row=rng.integers(0, 300, count),
+                       tissue=rng.random(count, dtype=np.float32), l0_per_o=1.984, stride=256, patch=256,
+                       total=4 * count)  # fmt: skip
+    return ScanResult(record, cands)
+
+
+def stage_state(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    from wsishard.builder.scanstate import ScanStore
+    from wsishard.storage.output import Destination
+
+    sample = min(n, args.state_slides)
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        store = ScanStore(Destination(tmp), ".wsishard")
+        t = time.perf_counter()
+        for s in range(sample):
+            store.save(s, _scan(s))
+        seconds = time.perf_counter() - t
+        folder = Path(tmp, ".wsishard", "scan")
+        nbytes = sum(p.stat().st_size for p in folder.iterdir())
+    scale = n / sample
+    return {"seconds": seconds * scale, "sampled": scale > 1, "bytes": round(nbytes * scale),
+            "bytes_per_slide": nbytes / sample, "slides_written": sample}  # fmt: skip
+
+
+def _manifest(n: int, n_shards: int) -> Any:
+    from wsishard.format import Manifest, ShardRecord, shard_index, shard_name
+
+    per_group = max(1, n_shards // max(1, math.ceil(n / GROUP_SLIDES)))
+    shards = [ShardRecord(name=shard_name(shard_index(i // per_group, i % per_group)), samples=SAMPLES_PER_SHARD,
+                          bytes=256_000_000 + i, sha256=f"{i:064x}", slides=GROUP_SLIDES)
+              for i in range(n_shards)]  # fmt: skip
+    slides = [_record(s) for s in range(n)]
+    options = {"inputs": ["s3://archive/slides/"], "patch": {"patch_size_px": 256, "target_mpp": 0.5}, "seed": SEED}
+    return Manifest(options=options, shards=shards, slides=slides, wsishard_version="bench")
+
+
+def _shard_count(n: int) -> int:
+    """The shards of a build of ``n`` slides, as the planner makes them (its per-group count, estimated)."""
+    groups = math.ceil(n / GROUP_SLIDES)
+    per_group = math.ceil(GROUP_SLIDES * MEDIAN_PATCHES * math.exp(SIGMA**2 / 2) / SAMPLES_PER_SHARD)
+    return groups * per_group
+
+
+def stage_manifest(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    from wsishard.format import manifest_files
+    from wsishard.storage.output import Destination
+
+    manifest = _manifest(n, _shard_count(n))
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        t = time.perf_counter()
+        dest = Destination(tmp)
+        for name, data in manifest_files(manifest):
+            dest.write_bytes(name, data)
+        seconds = time.perf_counter() - t
+        sizes = {p.name: p.stat().st_size for p in Path(tmp).iterdir()}
+    return {"seconds": seconds, "shards": len(manifest.shards), "manifest_bytes": sizes["manifest.json"],
+            "slides_bytes": sizes["slides.jsonl"], "bytes_per_slide": sizes["slides.jsonl"] / n}  # fmt: skip
+
+
+def _startup(n_slides: int, n_shards: int, workdir: str | None) -> tuple[float, int]:
+    from wsishard.format import manifest_files
+    from wsishard.storage.opener import load_manifest
+    from wsishard.storage.urls import join
+
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        for name, data in manifest_files(_manifest(n_slides, n_shards)):
+            Path(tmp, name).write_bytes(data)
+        t = time.perf_counter()
+        manifest, root = load_manifest(tmp, slides=False)
+        refs = [(join(root, rec.name), rec.samples) for rec in manifest.shards]
+        return time.perf_counter() - t, len(refs)
+
+
+def stage_startup(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    seconds, shards = _startup(n, _shard_count(n), args.workdir)
+    fixed, _ = _startup(1000, 100_000, args.workdir)
+    return {"seconds": seconds, "shards": shards, "seconds_100k_shards": fixed}
+
+
+def child(stage: str, n: int, args: argparse.Namespace) -> None:
+    result = {"baseline": {}}.get(stage) if stage == "baseline" else globals()[f"stage_{stage}"](n, args)
+    print(json.dumps({**(result or {}), "peak_rss_mb": _rss_mb()}))
+
+
+def _run_child(stage: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", stage, "--sizes", str(n), "--plan-groups", str(args.plan_groups),
+           "--state-slides", str(args.state_slides)]  # fmt: skip
+    cmd += ["--workdir", args.workdir] if args.workdir else []
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"{stage} at {n} failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def s3_two_parts(workdir: str | None) -> dict[str, Any]:
+    """Two parts of a build of generated slides read from a local moto S3 server: slide bytes sent per part."""
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    from wsishard.builder.merge import merge
+    from wsishard.builder.options import BuildOptions, PatchOptions
+    from wsishard.builder.run import build
+    from wsishard.testing.synthetic import make_slides
+
+    sent: dict[str, int] = {}
+
+    class CountingServer(ThreadedMotoServer):
+        def _server_entry(self) -> None:  # moto's, with the WSGI app wrapped to count the bytes of slide objects
+            from moto.server import DomainDispatcherApplication, create_backend_app
+            from werkzeug.serving import make_server
+
+            inner = DomainDispatcherApplication(create_backend_app)
+
+            def app(environ: dict[str, Any], start: Any) -> Any:
+                body = list(inner(environ, start))
+                path = environ.get("PATH_INFO", "")
+                if environ.get("REQUEST_METHOD") == "GET" and "/slides/" in path:
+                    sent[path] = sent.get(path, 0) + sum(map(len, body))
+                return body
+
+            self._server = make_server(self._ip_address, self._port, app, True)
+            self._server_ready_event.set()
+            self._server.serve_forever()
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs every request otherwise
+    fake = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+    for key, value in fake.items():  # moto accepts any credentials; real ones are never needed or shown
+        os.environ.setdefault(key, value)
+    server = CountingServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    options = {"endpoint_url": f"http://{host}:{port}"}
+    fs = s3fs.S3FileSystem(**options)
+    fs.mkdir("bench")
+    try:
+        with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+            slides = make_slides(Path(tmp, "slides"), 6, seed=3, width=4096, height=4096)
+            for s in slides:
+                fs.put_file(s.path, f"bench/slides/{Path(s.path).name}")
+            total = sum(os.path.getsize(s.path) for s in slides)
+            opts = BuildOptions(patch=PatchOptions(patch_size_px=128), shard_samples=200, group_slides=2, jobs=2)
+            per_part = []
+            for i in (1, 2):
+                before = sum(sent.values())
+                t = time.perf_counter()
+                manifest = build(["s3://bench/slides/"], str(Path(tmp, "out")), opts, storage_options=options,
+                                 part=(i, 2))  # fmt: skip
+                files = {Path(s.file).name for s in manifest.slides}
+                own = sum(os.path.getsize(Path(tmp, "slides", f)) for f in files)
+                took, got = time.perf_counter() - t, sum(sent.values()) - before
+                per_part.append(
+                    {"part": i, "slides": len(files), "slide_bytes": own, "seconds": took, "downloaded": got}
+                )
+            merged = merge(str(Path(tmp, "out")))
+    finally:
+        server.stop()
+    return {"slides": len(slides), "slide_bytes": total, "parts": per_part, "shards": len(merged.shards)}
+
+
+def _growth(values: list[float]) -> float:
+    """Largest relative deviation of per-unit values from the first size's."""
+    return max(abs(v / values[0] - 1) for v in values) if values and values[0] else 0.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="10000,100000,1000000", help="slide counts, comma-separated")
+    ap.add_argument("--plan-groups", type=int, default=400, help="plan at most this many groups, extrapolate")
+    ap.add_argument("--state-slides", type=int, default=10_000, help="write at most this many scan files")
+    ap.add_argument("--workdir", default=None, help="where temporary files go (default: the system's)")
+    ap.add_argument("--no-s3", action="store_true", help="skip the real 2-part build from a local S3 server")
+    ap.add_argument("--child", choices=(*STAGES, "baseline"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.child:
+        child(args.child, sizes[0], args)
+        return
+    baseline = _run_child("baseline", 1, args)["peak_rss_mb"]
+    rows: dict[int, dict[str, dict[str, Any]]] = {}
+    print(f"child baseline RSS {baseline:.0f} MB; {PARTS} parts; groups of {GROUP_SLIDES}; '~' = extrapolated")
+    print(f"{'slides':>9} {'stage':<9} {'seconds':>9} {'peak MB':>8}  detail")
+    for n in sizes:
+        rows[n] = {}
+        for stage in STAGES:
+            r = rows[n][stage] = _run_child(stage, n, args)
+            mark = "~" if r.get("sampled") else " "
+            detail = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
+                      if k not in ("seconds", "peak_rss_mb", "sampled")}  # fmt: skip
+            print(f"{n:>9,} {stage:<9} {mark}{r['seconds']:>8.2f} {r['peak_rss_mb']:>8.0f}  {detail}", flush=True)
+    growth = {}
+    if len(sizes) > 1:
+        steps = ", ".join(f"{b // a}x" for a, b in itertools.pairwise(sizes))
+        print(f"\ngrowth: time ratio between consecutive sizes (slides grew {steps}; linear = the same ratio):")
+        for stage in STAGES:
+            ratios = [
+                rows[b][stage]["seconds"] / max(rows[a][stage]["seconds"], 1e-9) for a, b in itertools.pairwise(sizes)
+            ]
+            growth[stage] = [round(r, 2) for r in ratios]
+            print(f"  {stage:<9} {', '.join(f'{r:.1f}x' for r in ratios)}")
+    verdicts = _verdicts(rows, sizes)
+    s3 = None if args.no_s3 else s3_two_parts(args.workdir)
+    if s3:
+        print(f"\nS3 2-part build: {s3['slides']} slides, {s3['slide_bytes']:,} bytes in all")
+        for p in s3["parts"]:
+            ratio = p["downloaded"] / max(p["slide_bytes"], 1)
+            print(f"  part {p['part']}: {p['slides']} slides ({p['slide_bytes']:,} B), downloaded "
+                  f"{p['downloaded']:,} B = {ratio:.2f}x its slides, {p['seconds']:.1f} s")  # fmt: skip
+    print("\ntargets:")
+    for name, (value, ok) in verdicts.items():
+        print(f"  {name}: {value} -> {'PASS' if ok else 'MISS' if ok is False else 'not run'}")
+    out = {"sizes": sizes, "baseline_rss_mb": baseline, "rows": rows, "growth": growth, "s3": s3,
+           "targets": {k: {"value": v, "verdict": "PASS" if ok else "MISS" if ok is False else "not run"}
+                       for k, (v, ok) in verdicts.items()}}  # fmt: skip
+    print("JSON: " + json.dumps(out))
+
+
+def _verdicts(rows: dict[int, dict[str, dict[str, Any]]], sizes: list[int]) -> dict[str, tuple[Any, bool | None]]:
+    names = list(TARGETS)
+    big = rows.get(1_000_000)
+    verdicts: dict[str, tuple[Any, bool | None]] = {}
+    if big:
+        planned = big["groups"]["seconds"] + big["plan"]["seconds"]
+        peak = max(big["groups"]["peak_rss_mb"], big["plan"]["peak_rss_mb"])
+        verdicts[names[0]] = (f"{planned:.1f} s", planned < TARGETS[names[0]])
+        verdicts[names[1]] = (f"{peak:.0f} MB", peak < TARGETS[names[1]])
+    else:
+        verdicts[names[0]] = verdicts[names[1]] = ("1M not run", None)
+    share = max(r["groups"]["part_share_x_n"] for r in rows.values())
+    verdicts[names[2]] = (f"{share:.3f}", share <= TARGETS[names[2]])
+    startup = max(r["startup"]["seconds_100k_shards"] for r in rows.values())
+    verdicts[names[3]] = (f"{startup:.2f} s", startup < TARGETS[names[3]])
+    per_slide = [rows[n]["state"]["bytes_per_slide"] for n in sizes] + [rows[n]["manifest"]["bytes_per_slide"]
+                                                                          for n in sizes]  # fmt: skip
+    dev = max(_growth([rows[n]["state"]["bytes_per_slide"] for n in sizes]),
+              _growth([rows[n]["manifest"]["bytes_per_slide"] for n in sizes]))  # fmt: skip
+    verdicts[names[4]] = (f"{dev:.1%} (bytes/slide {[round(b) for b in per_slide]})",
+                          dev <= TARGETS[names[4]] if len(sizes) > 1 else None)  # fmt: skip
+    return verdicts
+
+
+if __name__ == "__main__":
+    main()

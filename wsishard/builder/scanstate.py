@@ -1,0 +1,83 @@
+"""Scan results saved one slide at a time, as each arrives, under ``OUT/.wsishard/scan/`` (local or object storage).
+
+    scan/0000042.npz    slide 42's scan: its record (JSON bytes under ``meta``), its candidate arrays
+                        (``col``, ``row``, ``tissue``), never pickled; written atomically
+
+A build interrupted while scanning keeps every slide scanned before: the next run scans only the others. The main
+process writes each result as it arrives and keeps none of them: extraction loads one group's scans at a time
+(:meth:`ScanStore.load`), so it never holds the candidates of every slide at once. The file of a slide is named
+by its index in the sorted input list, which the build's fingerprint fixes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from collections.abc import Iterable
+
+import numpy as np
+
+from wsishard import format as fmt
+from wsishard.builder.grid import Candidates, blocks
+from wsishard.builder.scan import ScanResult
+from wsishard.storage.output import Destination
+
+SCAN_DIR = "scan"
+_SUFFIX = ".npz"
+
+
+def scan_file(index: int) -> str:
+    """The file name of slide ``index``'s scan: ``0000042.npz``."""
+    return f"{index:07d}{_SUFFIX}"
+
+
+def _parse(name: str) -> int | None:
+    stem = name.removesuffix(_SUFFIX)
+    return int(stem) if name.endswith(_SUFFIX) and stem.isdigit() else None
+
+
+def encode_scan(scan: ScanResult) -> bytes:
+    """A scan result as the bytes of an ``.npz`` file (:func:`decode_scan`'s inverse)."""
+    cands, geometry, arrays = scan.cands, None, {}
+    if cands is not None:
+        geometry = dict(l0_per_o=cands.l0_per_o, stride=cands.stride, patch=cands.patch, total=cands.total)
+        arrays = {"col": cands.col, "row": cands.row, "tissue": cands.tissue}
+    meta = dict(record=dataclasses.asdict(scan.record), cands=geometry, bytes=scan.bytes_per_patch)
+    buf = io.BytesIO()
+    np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)  # type: ignore[arg-type]
+    return buf.getvalue()
+
+
+def decode_scan(data: bytes, block_patches: int) -> ScanResult:
+    """A scan result from :func:`encode_scan`'s bytes, its blocks laid out with ``block_patches``."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+        meta = json.loads(arrays["meta"].tobytes())
+        record = fmt.SlideRecord(**meta["record"])
+        if meta["cands"] is None:
+            return ScanResult(record)
+        cands = Candidates(col=arrays["col"], row=arrays["row"], tissue=arrays["tissue"], **meta["cands"])
+    return ScanResult(record, cands, blocks(cands, block_patches), meta["bytes"])
+
+
+class ScanStore:
+    """The per-slide scan results of one build output, in its state folder ``state_dir``."""
+
+    def __init__(self, dest: Destination, state_dir: str) -> None:
+        self.dest, self.folder = dest, f"{state_dir}/{SCAN_DIR}"
+
+    def scanned(self) -> set[int]:
+        """The slides whose scan is saved (one listing; files still being written are not counted)."""
+        return {i for name in self.dest.listdir(self.folder) if (i := _parse(name)) is not None}
+
+    def save(self, index: int, scan: ScanResult) -> None:
+        self.dest.write_bytes(f"{self.folder}/{scan_file(index)}", encode_scan(scan))
+
+    def load(self, index: int, block_patches: int) -> ScanResult | None:
+        """Slide ``index``'s saved scan, or None when it has none."""
+        data = self.dest.read_bytes(f"{self.folder}/{scan_file(index)}")
+        return None if data is None else decode_scan(data, block_patches)
+
+    def load_many(self, indices: Iterable[int], block_patches: int) -> dict[int, ScanResult]:
+        """The saved scans of ``indices`` (slides without one are left out)."""
+        return {i: scan for i in indices if (scan := self.load(i, block_patches)) is not None}
