@@ -226,6 +226,7 @@ class SlideRecord:
     candidates: int = 0
     patches: int = 0
     label: int | None = None
+    bytes_read: int = 0  # bytes of the slide file downloaded (scan and extraction); 0: a local file
 
 
 @dataclass(frozen=True, kw_only=True)

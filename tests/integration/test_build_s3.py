@@ -155,9 +155,18 @@ def test_slides_read_from_a_bucket_through_bounded_scratch(
     out = tmp_path / "out"
     manifest = build([f"s3://{s3_bucket}/cohort/slides/"], str(out), opts, storage_options=s3.storage_options,
                      scratch=str(scratch))  # fmt: skip
-    assert live == [0, 1]  # one slide on local disk at a time, and none left
-    assert not [p for p in scratch.rglob("*") if p.is_file()]  # copies and staged patches removed
+    assert live == [0, 0]  # SVS and TIFF slides are read in place: no copy
+    assert not [p for p in scratch.rglob("*") if p.is_file()]  # tile files and staged patches removed
     local_manifest, _ = read_output(str(cohort_build))
     assert manifest.shards == local_manifest.shards  # byte-identical shards from the same slides
+    sizes = {p.name: p.stat().st_size for p in cohort.iterdir()}
+    for record in manifest.slides:  # directories, the low-resolution level and the kept patches' tiles only
+        assert 0 < record.bytes_read < sizes[Path(record.file).name], record
+    assert not any(s.bytes_read for s in local_manifest.slides)  # local files: nothing downloaded
+    opts = dataclasses.replace(opts, fast_path=False)  # read through OpenSlide: copied, for the scan and again to stage
+    manifest = build([f"s3://{s3_bucket}/cohort/slides/"], str(tmp_path / "copied"), opts,
+                     storage_options=s3.storage_options, scratch=str(scratch))  # fmt: skip
+    assert live == [0, 1]  # one slide on local disk at a time, and none left
+    assert all(s.bytes_read == 2 * sizes[Path(s.file).name] for s in manifest.slides if s.status == "ok")
     assert [s.file for s in manifest.slides] == [f"s3://{s3_bucket}/cohort/slides/{Path(s.file).name}"
                                                  for s in local_manifest.slides]  # fmt: skip

@@ -113,3 +113,33 @@ def test_shards_never_exceed_the_sample_cap() -> None:
             plan = make_plan(sizes, samples_per_shard=cap, group_slides=4, seed=seed)
             assert max(sp.patches for sp in plan.shards) <= cap
             assert sum(sp.patches for sp in plan.shards) == sum(map(sum, sizes))
+
+
+def test_each_slide_is_dealt_evenly_over_its_groups_shards() -> None:
+    """A slide's block counts per shard differ by at most one: with at least as many blocks as shards it is in
+    every shard of its group."""
+    rng = np.random.default_rng(11)
+    for trial in range(20):
+        sizes = [rng.integers(1, 17, size=int(rng.integers(1, 60))).tolist() for _ in range(32)]
+        shards = plan_group(trial, dict(enumerate(sizes)), samples_per_shard=int(rng.integers(200, 2000)), seed=trial)
+        per = np.zeros((32, len(shards)), dtype=int)
+        for k, sp in enumerate(shards):
+            for s, _ in sp.blocks:
+                per[s, k] += 1
+        assert (per.max(axis=1) - per.min(axis=1) <= 1).all()
+        assert all((per[s] > 0).all() for s in range(32) if len(sizes[s]) >= len(shards))
+
+
+def test_shard_patch_counts_balance_to_within_two_blocks() -> None:
+    """Full-ish 16-patch blocks of 32 slides of very different sizes: the fewest shards the cap allows, and shard
+    patch counts within two blocks of each other."""
+    rng = np.random.default_rng(12)
+    for trial in range(20):
+        sizes = {s: np.minimum(16, rng.integers(1, 30, size=int(rng.lognormal(4.5, 1.0)) + 1)).tolist()
+                 for s in range(32)}  # fmt: skip
+        total = sum(map(sum, sizes.values()))
+        cap = max(64, total // int(rng.integers(1, 12)) + 64)
+        shards = plan_group(trial, sizes, samples_per_shard=cap, seed=trial)
+        patches = [sp.patches for sp in shards]
+        assert len(shards) == -(-total // cap)
+        assert max(patches) - min(patches) <= 32

@@ -8,6 +8,7 @@ and in what order, so extraction can run shards in any order, in any process, an
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -56,80 +57,126 @@ def make_groups(n_slides: int, group_slides: int, seed: int) -> list[list[int]]:
     return [sorted(chunk.tolist()) for chunk in np.array_split(order, n_groups)]
 
 
-def assign_blocks(
-    block_sizes: Mapping[int, Sequence[int]], n_shards: int, rng: np.random.Generator
-) -> list[list[tuple[int, int]]]:
-    """Deal a group's blocks to ``n_shards`` shards: each slide spread evenly, shard patch counts balanced.
+def _flatten(block_sizes: Mapping[int, Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A group's blocks as flat arrays, slides in index order, each (n_blocks,): the slide's position among the
+    group's slides, the block's index in its slide, its patches; and the slide indices, (n_slides,)."""
+    ids = sorted(block_sizes)
+    counts = np.array([len(block_sizes[s]) for s in ids], dtype=np.int64)
+    sizes = np.fromiter(itertools.chain.from_iterable(block_sizes[s] for s in ids), np.int64, int(counts.sum()))
+    col = np.repeat(np.arange(len(ids)), counts)
+    block = np.arange(len(sizes)) - np.repeat(np.cumsum(counts) - counts, counts)
+    return col, block, sizes, np.array(ids, dtype=np.int64)
 
-    Slides are visited in a random order and each slide's blocks in a random order; a block goes to the shard
-    holding the fewest blocks of its slide so far, then the fewest patches, then a random one. So every slide
-    with at least ``n_shards`` blocks lands in every shard of its group.
+
+def _small_sort(keys: np.ndarray, top: int) -> np.ndarray:
+    """Stable argsort of non-negative integer keys below ``top`` (a radix sort when they fit in 16 bits)."""
+    return np.argsort(keys.astype(np.int16 if top < 1 << 15 else np.int64), kind="stable")
+
+
+def _deal(col: np.ndarray, sizes: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """The shard (0..n-1) of each block (arrays as :func:`_flatten` makes them).
+
+    Each slide's blocks, largest first (equal sizes in random order), are dealt in rounds of ``n`` to ``n``
+    distinct shards, alternately forwards and backwards (a snake: it evens out sizes within the slide), so a
+    slide's block counts per shard differ by at most one and a slide with at least ``n`` blocks lands in every
+    shard. Then each slide's deal is turned (its shards shifted cyclically): slides visited in a random order, each
+    takes the turn that puts its heaviest shards on the lightest so far (the least sum of squared shard patch
+    counts; ties at random), which balances shard patch counts to within about a block. Above 64 shards a slide's
+    turn is where the previous slide's deal stopped instead (block counts balanced).
     """
-    shards: list[list[tuple[int, int]]] = [[] for _ in range(n_shards)]
-    load = [0] * n_shards
-    slides = sorted(block_sizes)
-    for s in (slides[i] for i in rng.permutation(len(slides))):
-        mine = [0] * n_shards
-        order = rng.permutation(len(block_sizes[s])).tolist()
-        ties = rng.random((len(order), n_shards)).tolist()  # the draws one per block would give, at once
-        for b, tie in zip(order, ties, strict=True):
-            k = min(range(n_shards), key=lambda k: (mine[k], load[k], tie[k]))
-            shards[k].append((s, b))
-            load[k] += int(block_sizes[s][b])
-            mine[k] += 1
-    return shards
+    n_slides, top = int(col[-1]) + 1, int(sizes.max()) + 1
+    perm = rng.permutation(len(sizes))
+    order = perm[_small_sort((col * top + top - 1 - sizes)[perm], n_slides * top)]  # by slide, largest first
+    counts = np.bincount(col, minlength=n_slides)
+    rnd, pos = np.divmod(np.arange(len(sizes)) - np.repeat(np.cumsum(counts) - counts, counts), n)
+    base = np.where(rnd % 2 == 0, pos, n - 1 - pos)  # (n_blocks,) shard before the turn, in sorted order
+    if n > 64:
+        turn = np.cumsum(counts) - counts
+    else:
+        per = np.bincount(col * n + base, weights=sizes[order], minlength=n_slides * n).reshape(n_slides, n)
+        shifted = per[:, (np.arange(n)[None, :] - np.arange(n)[:, None]) % n]  # (slides, turn, shard) patches
+        ties = rng.random((n_slides, n))
+        load, turn = np.zeros(n), np.zeros(n_slides, dtype=np.int64)
+        for i in rng.permutation(n_slides).tolist():
+            t = int(np.argmin(shifted[i] @ load + ties[i]))  # least sum of squares after it (integers + ties)
+            turn[i] = t
+            load += shifted[i, t]
+    shard = np.empty(len(sizes), dtype=np.int64)
+    shard[order] = (base + turn[col]) % n
+    return shard
 
 
 def interleave(blocks: list[tuple[int, int]], rng: np.random.Generator) -> list[tuple[int, int]]:
-    """Order a shard's blocks so that consecutive blocks come from different slides wherever possible.
+    """Order one shard's blocks by the rule of :func:`_interleave`."""
+    ids, col = np.unique(np.array([s for s, _ in blocks], dtype=np.int64), return_inverse=True)
+    order = _interleave(np.zeros(len(blocks), dtype=np.int64), col, 1, len(ids), rng)
+    return [blocks[i] for i in order.tolist()]
 
-    Each step picks a slide at random (weighted by its remaining blocks) among those other than the previous
-    one, except that a slide holding more than half of what remains must go now: that keeps an order with no
-    two neighbours from one slide possible whenever one exists.
+
+def _interleave(shard: np.ndarray, col: np.ndarray, n: int, n_slides: int, rng: np.random.Generator) -> np.ndarray:
+    """The write order of a group's blocks (a permutation, by shard), given each block's shard and slide position.
+
+    In its shard, a slide with ``c`` blocks there takes the places ``(j + u) / c``, ``j = 0 .. c-1`` (its blocks
+    in random order, ``u`` uniform per slide and shard), and blocks are written by place: every slide spread evenly
+    over the shard. Between two blocks of a slide then comes a block of every slide with at least as many blocks,
+    so only a shard's largest slide, when no other has as many, can have neighbours: then its blocks are put into
+    distinct gaps between the others' (first the gaps between two blocks of one slide, then gaps spread evenly; all
+    gaps, as evenly as they go, when it holds more than half). No two consecutive blocks come from one slide
+    whenever such an order exists, and otherwise the fewest do.
     """
-    queues: dict[int, list[tuple[int, int]]] = {}
-    for blk in (blocks[i] for i in rng.permutation(len(blocks))):
-        queues.setdefault(blk[0], []).append(blk)
-    stacks = [queues[s] for s in sorted(queues)]
-    counts = [len(q) for q in stacks]
-    slides = range(len(stacks))
-    order: list[tuple[int, int]] = []
-    prev, remaining, live = -1, len(blocks), len(stacks)
-    for u in rng.random(len(blocks)).tolist():  # plain Python per block: numpy's per-call cost dominated here
-        big = max(slides, key=counts.__getitem__)  # the first of the largest, as argmax
-        if (2 * counts[big] > remaining and big != prev) or live == 1:
-            pick = big
-        else:
-            pick, target = -1, u * (remaining - (counts[prev] if prev >= 0 else 0))
-            for i in slides:
-                if i != prev and counts[i]:
-                    pick, target = i, target - counts[i]
-                    if target < 0:
-                        break
-        order.append(stacks[pick].pop())
-        counts[pick] -= 1
-        live -= counts[pick] == 0
-        prev, remaining = pick, remaining - 1
-    return order
+    cell = shard * n_slides + col
+    counts = np.bincount(cell, minlength=n * n_slides)
+    perm = rng.permutation(len(cell))
+    grouped = perm[_small_sort(cell[perm], n * n_slides)]  # blocks by cell, random order within each
+    rank = np.empty(len(cell), dtype=np.int64)
+    rank[grouped] = np.arange(len(cell)) - (np.cumsum(counts) - counts)[cell[grouped]]
+    place = 2.0 * shard + (rank + rng.random(len(counts))[cell]) / counts[cell]  # each shard its own [2k, 2k + 1)
+    order = np.argsort(place)  # places never tie: ranks differ within a cell, and u across cells
+    bad = (col[order][1:] == col[order][:-1]) & (shard[order][1:] == shard[order][:-1])
+    if not bad.any():
+        return order
+    cuts = np.cumsum(np.bincount(shard, minlength=n))[:-1]
+    parts = np.split(order, cuts)
+    for k in np.unique(shard[order][1:][bad]).tolist():
+        parts[k] = _separate(parts[k], col, rng)
+    return np.concatenate(parts)
 
 
-def _deal_within_cap(block_sizes: Mapping[int, Sequence[int]], total: int, cap: int, seed: int,
-                     group: int) -> list[list[tuple[int, int]]]:  # fmt: skip
-    """Deal blocks to as few shards as keep every shard at or under ``cap`` patches (when blocks allow it)."""
-    n_blocks = sum(len(b) for b in block_sizes.values())
-    n_shards = max(1, math.ceil(total / cap))
+def _separate(order: np.ndarray, col: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One shard's spread order with its largest slide's blocks moved into distinct gaps between the others'."""
+    slides = col[order]
+    big = int(np.argmax(np.bincount(slides)))
+    mine, rest = order[slides == big], order[slides != big]
+    gaps, c = len(rest) + 1, len(mine)  # gaps: before, between and after the others
+    if c >= gaps:
+        at = (np.arange(c) * gaps) // c  # every gap, the extra blocks spread
+    else:
+        need = np.flatnonzero(np.r_[False, col[rest][1:] == col[rest][:-1], False])
+        free = np.setdiff1d(np.arange(gaps), need)
+        more = c - len(need)
+        at = np.sort(np.r_[need, free[((np.arange(more) + rng.random()) * len(free) / more).astype(np.int64)]])
+    return np.insert(rest, at, mine)
+
+
+def _deal_within_cap(col: np.ndarray, sizes: np.ndarray, cap: int, seed: int, group: int) -> tuple[np.ndarray, int]:
+    """Each block's shard and the shard count: as few shards as keep every shard at or under ``cap`` patches
+    (from ``ceil(total / cap)`` up, one more at a time; one block per shard at the last)."""
+    n_shards = max(1, math.ceil(int(sizes.sum()) / cap))
     while True:
         rng = np.random.default_rng((seed, 0x6A02, group, n_shards))
-        shards = assign_blocks(block_sizes, n_shards, rng)
-        heaviest = max(sum(block_sizes[s][b] for s, b in shard) for shard in shards)
-        if heaviest <= cap or n_shards >= n_blocks:
-            return shards
+        if n_shards >= len(sizes):
+            return rng.permutation(len(sizes)), len(sizes)
+        shard = _deal(col, sizes, n_shards, rng)
+        if np.bincount(shard, weights=sizes, minlength=n_shards).max() <= cap:
+            return shard, n_shards
         n_shards += 1
 
 
 def plan_group(group: int, block_sizes: Mapping[int, Sequence[int]], *, samples_per_shard: int,
                seed: int) -> list[ShardPlan]:  # fmt: skip
     """Plan one group's shards from its own slides alone (so any part plans it the same way).
+
+    Blocks are dealt to shards by :func:`_deal` and ordered in each shard by :func:`_interleave`.
 
     Args:
         group: the group's index (:func:`make_groups`); its shards are named from it (:func:`shard_index`).
@@ -140,15 +187,14 @@ def plan_group(group: int, block_sizes: Mapping[int, Sequence[int]], *, samples_
     sizes = {s: b for s, b in block_sizes.items() if len(b)}
     if not sizes:
         return []
-    rng = np.random.default_rng((seed, 0x6A03, group))
-    total = sum(int(sum(b)) for b in sizes.values())
-    shards: list[ShardPlan] = []
-    for blocks in _deal_within_cap(sizes, total, samples_per_shard, seed, group):
-        if blocks:
-            ordered = tuple(interleave(blocks, rng))
-            patches = sum(sizes[s][b] for s, b in ordered)
-            shards.append(ShardPlan(shard_index(group, len(shards)), group, ordered, patches))
-    return shards
+    col, block, patches, ids = _flatten(sizes)
+    shard, n = _deal_within_cap(col, patches, samples_per_shard, seed, group)
+    order = _interleave(shard, col, n, len(ids), np.random.default_rng((seed, 0x6A03, group)))
+    pairs = list(zip(ids[col[order]].tolist(), block[order].tolist(), strict=True))
+    ends = np.cumsum(np.bincount(shard, minlength=n)).tolist()
+    totals = np.bincount(shard, weights=patches, minlength=n).astype(np.int64).tolist()
+    return [ShardPlan(shard_index(group, k), group, tuple(pairs[a:b]), total)
+            for k, (a, b, total) in enumerate(zip([0, *ends[:-1]], ends, totals, strict=True))]  # fmt: skip
 
 
 def make_plan(block_sizes: Sequence[Sequence[int]], *, samples_per_shard: int, group_slides: int, seed: int) -> Plan:

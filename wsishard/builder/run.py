@@ -192,7 +192,10 @@ def _extract_groups(pool: WorkerPool, groups: list[tuple[int, list[int]]], dest:
             for slide, n in (outcome.patches_by_slide or {}).items():
                 patches[slide] = patches.get(slide, 0) + n
         shards += [o.record for _, o in sorted(outcomes.items()) if o.record is not None]
-        slides.update({s: _final_record(scans[s].record, failed.get(s), patches.get(s, 0)) for s in members})
+        for s in members:
+            record = _final_record(scans[s].record, failed.get(s), patches.get(s, 0))
+            got = staged[s].bytes_read if s in staged else 0
+            slides[s] = dataclasses.replace(record, bytes_read=record.bytes_read + got) if got else record
     return slides, shards
 
 

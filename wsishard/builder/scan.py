@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import io
 import logging
+import os
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -30,6 +31,7 @@ from wsishard.builder.tissue import TissueOptions, detect_tissue
 from wsishard.errors import OutputError, SlideError, SlideFailure
 from wsishard.format import SlideRecord
 from wsishard.slide import SlideReader, open_slide, read_lowres, resolve_mpp
+from wsishard.slide.remote_tiff import RemoteTiffReader, reads_in_place
 from wsishard.storage.output import Destination
 from wsishard.storage.urls import StorageOptions, is_url
 
@@ -87,8 +89,14 @@ def scan_slide(task: ScanTask) -> ScanResult:
         try:
             if not is_url(task.path):
                 return _scan_path(task, task.path, record)
+            remote = _in_place(task)
+            if remote is not None:
+                with remote:
+                    result = _scan_open(task, remote, record)
+                return replace(result, record=replace(result.record, bytes_read=remote.bytes_read))
             with local_copy(task.path, task.scratch, task.storage_options) as local:
-                return _scan_path(task, local, record)
+                result = _scan_path(task, local, record)
+            return replace(result, record=replace(result.record, bytes_read=os.path.getsize(local)))
         except OutputError as exc:
             stop = exc
         except OSError as exc:
@@ -105,6 +113,17 @@ def crashed_scan(task: ScanTask) -> ScanResult:
     reason = "the worker process scanning it died twice (killed: out of memory?)"
     return ScanResult(SlideRecord(slide_id=task.slide_id, file=task.path, status="failed", label=task.label,
                                   reason=reason))  # fmt: skip
+
+
+def _in_place(task: ScanTask) -> RemoteTiffReader | None:
+    """A URL slide read by range (SVS, pyramidal TIFF), or None when it needs a local copy."""
+    if not (task.encode.fast_path and reads_in_place(task.path)):
+        return None
+    try:
+        return RemoteTiffReader(task.path, task.scratch, task.storage_options)
+    except SlideError as exc:
+        logger.debug("%s is copied: %s", task.path, exc.reason)
+        return None
 
 
 def _scan_path(task: ScanTask, path: str, record: SlideRecord) -> ScanResult:

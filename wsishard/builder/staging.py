@@ -1,6 +1,7 @@
 """Slides in object storage: bounded local scratch copies, and per-slide staging of encoded patches.
 
-OpenSlide needs local files, so a slide given as a URL is copied into the scratch folder right before it is used
+SVS and pyramidal TIFF slides given as URLs are read in place, by range (:mod:`wsishard.slide.remote_tiff`).
+OpenSlide needs local files, so any other slide given as a URL is copied into the scratch folder right before it is used
 and deleted right after: a worker holds one slide copy at a time, so scratch holds at most ``jobs`` slides.
 Shards mix every slide of a group, which would need the whole group on disk at once; instead each slide is read
 once into a staging file of encoded patches (about a tenth of the slide's size), and the group's shards are then
@@ -23,6 +24,7 @@ import fsspec
 from wsishard.builder.patches import EncodeOptions, Samples, SlideWork, block_samples
 from wsishard.errors import SlideError, SlideFailure
 from wsishard.slide import SlideReader, open_slide
+from wsishard.slide.remote_tiff import RemoteTiffReader, reads_in_place
 from wsishard.storage.urls import StorageOptions
 
 _LEN = struct.Struct("<I")
@@ -55,6 +57,7 @@ class StagedSlide:
 
     path: str
     blocks: tuple[tuple[int, int], ...]
+    bytes_read: int = 0  # bytes of the slide file downloaded to stage it
 
     def read(self, block: int) -> Samples:
         offset, length = self.blocks[block]
@@ -88,14 +91,30 @@ def stage_slide(task: StageTask) -> StageOutcome:
     out_path = os.path.join(task.scratch, "staging", f"{task.index:07d}-{uuid.uuid4().hex[:8]}.bin")
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
     with SlideFailure(task.url) as failure:
+        remote = _in_place(task)
+        if remote is not None:  # tiles read by range
+            with remote:
+                spans = _write_blocks(remote, replace(task.work, file_name=task.work.name), task.encode, out_path)
+            return StageOutcome(task.index, StagedSlide(out_path, tuple(spans), remote.bytes_read))
         with local_copy(task.url, task.scratch, task.storage_options) as local:
             work = replace(task.work, path=local, file_name=task.work.name)  # samples name the slide, not the copy
             with open_slide(local, fast=task.encode.fast_path) as reader:
                 spans = _write_blocks(reader, work, task.encode, out_path)
-        return StageOutcome(task.index, StagedSlide(out_path, tuple(spans)))
+            copied = os.path.getsize(local)
+        return StageOutcome(task.index, StagedSlide(out_path, tuple(spans), copied))
     if os.path.exists(out_path):
         os.remove(out_path)
     return StageOutcome(task.index, reason=failure.reason or "")
+
+
+def _in_place(task: StageTask) -> RemoteTiffReader | None:
+    """The slide read by range (SVS, pyramidal TIFF), or None when it needs a local copy."""
+    if not (task.encode.fast_path and reads_in_place(task.url)):
+        return None
+    try:
+        return RemoteTiffReader(task.url, task.scratch, task.storage_options)
+    except SlideError:
+        return None
 
 
 def crashed_stage(task: StageTask) -> StageOutcome:

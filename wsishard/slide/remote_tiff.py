@@ -1,0 +1,133 @@
+"""SVS and pyramidal TIFF slides read in place from object storage: range reads, never a whole-file copy.
+
+The TIFF header and directories are read through an fsspec file object (small blocks); the levels, their
+downsamples and the resolution come from the TIFF pages themselves, as OpenSlide would report them, so a slide
+read here plans and extracts exactly as its local copy would through :class:`~wsishard.slide.tiff.TiffTileReader`.
+Tile bytes are fetched by range as the direct-tile reader asks for them and kept in a sparse scratch file at their
+own offsets (holes take no disk), which the direct-tile reader's decoding reads unchanged. ``bytes_read`` counts
+every byte fetched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import fsspec
+import tifffile
+
+from wsishard.errors import SlideError
+from wsishard.slide.reader import one_line
+from wsishard.slide.tiff import TiffTileReader, _TiledLevel
+from wsishard.storage.urls import StorageOptions
+
+REMOTE_SUFFIXES = (".svs", ".tif", ".tiff")
+_BLOCK_BYTES = 256 * 1024  # fsspec block size for the header and directories
+_APERIO_MPP = re.compile(r"\|\s*MPP\s*=\s*([0-9.eE+-]+)")
+
+
+class RemoteTiffReader(TiffTileReader):
+    """A direct-tile reader over range reads of a URL (see the module docstring).
+
+    Raises:
+        SlideError: the object cannot be opened, or is not a tiled 8-bit RGB pyramid the direct-tile path reads;
+            callers then fall back to a local copy read through :func:`~wsishard.slide.open_slide`.
+    """
+
+    backend = "tifffile-remote"
+
+    def __init__(self, url: str, scratch: str, storage_options: StorageOptions | None = None) -> None:
+        self.path = url
+        self._fetched: set[int] = set()  # offsets of the tiles already in the sparse file
+        try:
+            fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+            self._file: Any = fs.open(path, "rb", block_size=_BLOCK_BYTES, cache_type="readahead")
+        except (OSError, ValueError) as exc:
+            raise SlideError(url, f"cannot be opened ({type(exc).__name__})") from exc
+        try:
+            self._tif = tifffile.TiffFile(self._file)
+            pages = _level_pages(self._tif)
+            w0, h0 = pages[0].imagewidth, pages[0].imagelength
+            self.level_dimensions = tuple((p.imagewidth, p.imagelength) for p in pages)
+            self.level_downsamples = tuple((w0 / w + h0 / h) / 2 for w, h in self.level_dimensions)
+            self.properties = _properties(self._tif)
+            self._levels = [self._match_level(w, h) for w, h in self.level_dimensions]
+        except SlideError:
+            self._close_remote()
+            raise
+        except Exception as exc:  # tifffile raises many types on foreign files
+            self._close_remote()
+            raise SlideError(url, f"tifffile cannot read it in place ({one_line(exc)})") from exc
+        os.makedirs(scratch, exist_ok=True)
+        self._sparse = os.path.join(scratch, f"{uuid.uuid4().hex[:12]}.tiles")
+        self._fd = os.open(self._sparse, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self._decoders = {}
+        self._tile_bytes = 0
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes fetched from the object so far: directories and tiles."""
+        cache = getattr(self._file, "cache", None)
+        return int(getattr(cache, "total_requested_bytes", 0)) + self._tile_bytes
+
+    def _tile(self, level: _TiledLevel, index: int, factor: int = 1) -> Any:
+        offset, count = level.offsets[index], level.bytecounts[index]
+        if count and offset not in self._fetched:
+            try:
+                data = self._file.fs.cat_file(self._file.path, start=offset, end=offset + count)
+            except (OSError, ValueError) as exc:
+                raise SlideError(self.path, f"tile {index} cannot be read ({type(exc).__name__})") from exc
+            self._tile_bytes += len(data)
+            os.pwrite(self._fd, data, offset)
+            self._fetched.add(offset)
+        return super()._tile(level, index, factor)
+
+    def _close_remote(self) -> None:
+        with contextlib.suppress(AttributeError):
+            self._tif.close()
+        self._file.close()
+
+    def close(self) -> None:
+        os.close(self._fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self._sparse)
+        self._close_remote()
+
+
+def _level_pages(tif: tifffile.TiffFile) -> list[tifffile.TiffPage]:
+    """The pyramid's levels as OpenSlide reads SVS and generic TIFF: the tiled pages, largest first.
+
+    Raises:
+        SlideError: no tiled page.
+    """
+    pages = [p for p in tif.pages if isinstance(p, tifffile.TiffPage) and p.is_tiled]
+    if not pages:
+        raise SlideError(tif.filehandle.name, "no tiled page: read through OpenSlide")
+    return sorted(pages, key=lambda p: -p.imagewidth)
+
+
+def _properties(tif: tifffile.TiffFile) -> Mapping[str, str]:
+    """OpenSlide's resolution properties where the file states them: Aperio's ``MPP`` in the first page's
+    ImageDescription, else the TIFF resolution tags in centimetres."""
+    page = tif.pages.first
+    found = _APERIO_MPP.search(page.description or "")
+    if found:
+        return {"openslide.mpp-x": found.group(1), "openslide.mpp-y": found.group(1)}
+    tags = page.tags
+    unit, xres, yres = tags.get("ResolutionUnit"), tags.get("XResolution"), tags.get("YResolution")
+    if unit is None or int(unit.value) != 3 or xres is None or yres is None:
+        return {}
+    return {
+        f"openslide.mpp-{axis}": repr(10_000 * tag.value[1] / tag.value[0])
+        for axis, tag in (("x", xres), ("y", yres))
+        if tag.value[0]
+    }
+
+
+def reads_in_place(url: str) -> bool:
+    """Whether a URL's suffix makes it worth trying :class:`RemoteTiffReader` before a local copy."""
+    return url.lower().endswith(REMOTE_SUFFIXES)
