@@ -68,6 +68,7 @@ _non_negative = _number(float, lambda v: v >= 0, "must be >= 0")
 _non_negative_int = _number(int, lambda v: v >= 0, "must be >= 0")
 _int = _number(int, lambda v: True, "")
 _fraction = _number(float, lambda v: 0.0 <= v <= 1.0, "must be between 0 and 1")
+_degrees = _number(float, lambda v: 0.0 <= v < 360.0, "must be >= 0 and < 360")
 
 
 def _labels(path: str) -> tuple[dict[str, int], tuple[str, ...]]:
@@ -87,6 +88,7 @@ def format_size(n: int) -> str:
 _PARSE: dict[str, Callable[[str], Any]] = {
     "str": str, "int": _int, "positive_int": _positive(int), "positive_float": _positive(float),
     "non_negative": _non_negative, "non_negative_int": _non_negative_int, "fraction": _fraction, "size": parse_size,
+    "degrees": _degrees,
     "mpp_table": mpp_table, "label_table": _labels,
 }  # fmt: skip
 _SHOW: dict[str, Callable[[Any], str]] = {"size": format_size}  # how a default is shown, by "parse" (else str)

@@ -31,6 +31,8 @@ class PatchOptions:
             used as it is (the nominal-magnification convention; hs2p's default is 0.05), and the patches' actual
             mpp is recorded.
         block_patches: patches per side of a read block (a block is one region read).
+        max_artefact: drop patches more than this fraction ink or dark artefact (as tissue detection found them;
+            1 keeps them all).
 
     A field's ``metadata`` describes its ``wsishard build`` flag as plain data (read by :mod:`wsishard.cli`).
     """
@@ -53,6 +55,9 @@ class PatchOptions:
         "help": "0: patches at exactly --mpp; above 0: an integer reduction of a pyramid level within this fraction "
                 "of --mpp is used as it is (actual mpp recorded; 0.05 is hs2p's default)"})  # fmt: skip
     block_patches: int = 4
+    max_artefact: float = field(default=0.2, metadata={
+        "metavar": "FRAC", "parse": "fraction",
+        "help": "drop patches more than this fraction marker ink or dark artefact"})  # fmt: skip
 
     def __post_init__(self) -> None:
         """Validate every field; the message names the field, the bad value and what is needed."""
@@ -64,6 +69,7 @@ class PatchOptions:
                self.max_patches_per_slide, ">= 1")  # fmt: skip
         _check(0.0 <= self.mpp_tolerance < 0.5, "mpp_tolerance", self.mpp_tolerance, "0 <= FRAC < 0.5")
         _check(1 <= self.block_patches <= 64, "block_patches", self.block_patches, "1..64")
+        _check(0.0 <= self.max_artefact <= 1.0, "max_artefact", self.max_artefact, "0 <= FRAC <= 1")
 
     @property
     def stride(self) -> int:
@@ -118,6 +124,7 @@ class Candidates:
     stride: int  # output px between grid cells
     patch: int  # output px per patch side
     total: int  # candidate cells with any tissue before the min_tissue cut
+    dropped_artefact: int = 0  # cells with enough tissue dropped for holding more than max_artefact artefacts
 
     def __len__(self) -> int:
         return int(self.col.shape[0])
@@ -163,7 +170,8 @@ def tissue_fractions(mask: np.ndarray, m_x0: np.ndarray, m_y0: np.ndarray, m_siz
 
 
 def candidates(l0_dims: tuple[int, int], mpp0: float, mask: np.ndarray, l0_per_m: float, options: PatchOptions,
-               seed: int = 0, *, level_downsample: float = 1.0) -> Candidates:  # fmt: skip
+               seed: int = 0, *, level_downsample: float = 1.0,
+               artefact: np.ndarray | None = None) -> Candidates:  # fmt: skip
     """The slide's patches with at least ``min_tissue`` tissue (and the seeded subset if capped).
 
     Args:
@@ -173,6 +181,8 @@ def candidates(l0_dims: tuple[int, int], mpp0: float, mask: np.ndarray, l0_per_m
         l0_per_m: level-0 px per mask px.
         seed: seeds the subset when ``max_patches_per_slide`` caps the count.
         level_downsample: downsample of the level the patches are read from (for ``mpp_tolerance`` snapping).
+        artefact: (h, w) bool ink and dark artefacts, the mask's frame: cells more than ``max_artefact`` of them
+            are dropped (counted in ``dropped_artefact``).
     """
     l0_per_o = output_scale(mpp0, level_downsample, options)
     patch, stride = options.patch_size_px, options.stride
@@ -182,12 +192,17 @@ def candidates(l0_dims: tuple[int, int], mpp0: float, mask: np.ndarray, l0_per_m
     frac = tissue_fractions(mask, col * stride * m_per_o, row * stride * m_per_o, patch * m_per_o)
     total = int(np.count_nonzero(frac > 0))
     keep = frac >= options.min_tissue if options.min_tissue > 0 else np.ones_like(frac, dtype=bool)
+    dropped = 0
+    if artefact is not None and artefact.any() and options.max_artefact < 1.0:
+        dirty = tissue_fractions(artefact, col * stride * m_per_o, row * stride * m_per_o, patch * m_per_o)
+        dropped = int(np.count_nonzero(keep & (dirty > options.max_artefact)))
+        keep &= dirty <= options.max_artefact
     idx = np.flatnonzero(keep)
     cap = options.max_patches_per_slide
     if cap is not None and idx.size > cap:
         idx = np.sort(np.random.default_rng((seed, 0x5A3D)).choice(idx, size=cap, replace=False))
     return Candidates(col=col[idx], row=row[idx], tissue=frac[idx], l0_per_o=l0_per_o, stride=stride,
-                      patch=patch, total=total)  # fmt: skip
+                      patch=patch, total=total, dropped_artefact=dropped)  # fmt: skip
 
 
 @dataclass(frozen=True)
