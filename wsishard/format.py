@@ -187,8 +187,12 @@ class SlideRecord:
     level: int | None = None
     downsample: float | None = None
     tissue_fraction: float = 0.0
+    tissue_mm2: float = 0.0  # tissue area found (after ink and artefacts were removed)
+    ink_mm2: float = 0.0  # area removed as marker ink
+    artefact_mm2: float = 0.0  # area removed as dark artefacts (scanner edges, dots, bubble rims), ink aside
     candidates: int = 0
     patches: int = 0
+    filtered: dict[str, int] = field(default_factory=dict)  # patches with enough tissue left out, per reason
     label: int | None = None
 
 

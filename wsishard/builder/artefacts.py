@@ -65,7 +65,7 @@ def in_hue_band(hue: np.ndarray, start_deg: float, end_deg: float) -> np.ndarray
 
 def find_artefacts(rgb: np.ndarray, mpp: float, *, ink: bool = True, dark: bool = True,
                    ink_min_saturation: float = 0.15, he_hues_deg: tuple[float, float] = (235.0, 20.0),
-                   dark_max_value: float = 0.25, margin_um: float = 16.0) -> ArtefactMasks:  # fmt: skip
+                   dark_max_value: float = 0.25, margin_um: float = 8.0) -> ArtefactMasks:  # fmt: skip
     """Ink and dark-artefact masks of a low-resolution view.
 
     Args:

@@ -10,6 +10,7 @@ import errno
 import io
 import logging
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from wsishard.builder.grid import (
 from wsishard.builder.patches import EncodeOptions, SlideWork, block_samples
 from wsishard.builder.qc import qc_picture
 from wsishard.builder.staging import local_copy
-from wsishard.builder.tissue import TissueOptions, detect_tissue
+from wsishard.builder.tissue import TissueOptions, TissueResult, find_tissue
 from wsishard.errors import OutputError, SlideError, SlideFailure
 from wsishard.format import SlideRecord
 from wsishard.slide import SlideReader, open_slide, read_lowres, resolve_mpp
@@ -126,15 +127,16 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
         return ScanResult(replace(record, reason=reason))
     l0_per_t = max(task.tissue.thumb_mpp / mpp0, max(l0_w, l0_h) / task.tissue.max_thumb_px, 1.0)
     thumb, l0_per_t = read_lowres(reader, l0_per_t)
-    mask = detect_tissue(thumb, l0_per_t * mpp0, task.tissue)
+    found = find_tissue(thumb, l0_per_t * mpp0, task.tissue)
+    mask = found.mask
     cands = candidates((l0_w, l0_h), mpp0, mask, l0_per_t, patch, seed=_slide_seed(task),
-                       level_downsample=float(record.downsample or 1))  # fmt: skip
+                       level_downsample=float(record.downsample or 1), artefact=found.ink | found.dark)  # fmt: skip
     if task.qc_name is not None:
         picture = qc_picture(thumb, mask, l0_per_t, cands.l0_x, cands.l0_y, cands.l0_extent)
         buf = io.BytesIO()
         picture.save(buf, "PNG")
         _write_qc(task.dest, task.qc_name, buf.getvalue())
-    record = replace(record, tissue_fraction=round(float(mask.mean()), 4), candidates=cands.total)
+    record = replace(record, **_tissue_report(found, l0_per_t * mpp0, cands))
     if len(cands) == 0:
         reason = "no tissue found" if not mask.any() else f"no patch with >= {patch.min_tissue:.0%} tissue"
         return ScanResult(replace(record, reason=reason))
@@ -143,6 +145,16 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
                      cands=cands, blocks=block_list, label=task.label)  # fmt: skip
     measured = _bytes_per_patch(task, reader, work) if task.measure else None
     return ScanResult(replace(record, status="ok"), cands, block_list, measured)
+
+
+def _tissue_report(found: TissueResult, t_mpp: float, cands: Candidates) -> dict[str, Any]:
+    """The slide record's tissue fields: fraction, areas in mm^2 (``t_mpp``: microns per view px), candidates and
+    the patches the scan left out per reason."""
+    mm2 = (t_mpp / 1000.0) ** 2  # per view px
+    filtered = {"artefact": cands.dropped_artefact} if cands.dropped_artefact else {}
+    return dict(tissue_fraction=round(float(found.mask.mean()), 4), candidates=cands.total,
+                tissue_mm2=round(int(found.mask.sum()) * mm2, 4), ink_mm2=round(int(found.ink.sum()) * mm2, 4),
+                artefact_mm2=round(int((found.dark & ~found.ink).sum()) * mm2, 4), filtered=filtered)  # fmt: skip
 
 
 def _write_qc(dest: Destination, name: str, png: bytes) -> None:

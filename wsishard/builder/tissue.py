@@ -100,7 +100,7 @@ class TissueOptions:
     dark_max_value: float = field(default=0.25, metadata={
         "metavar": "V", "parse": "fraction",
         "help": "brightness (0..1) below which a pixel is a dark artefact"})  # fmt: skip
-    artefact_margin_um: float = field(default=16.0, metadata={
+    artefact_margin_um: float = field(default=8.0, metadata={
         "metavar": "UM", "parse": "non_negative", "help": "ink and dark artefacts are grown by this much"})  # fmt: skip
 
     def __post_init__(self) -> None:
@@ -178,9 +178,9 @@ def find_tissue(rgb: np.ndarray, mpp: float, options: TissueOptions | None = Non
                            ink_min_saturation=opts.ink_min_saturation,
                            he_hues_deg=(opts.he_hue_from_deg, opts.he_hue_to_deg),
                            dark_max_value=opts.dark_max_value, margin_um=opts.artefact_margin_um)  # fmt: skip
-    planes = (_detect(small, mpp * factor, opts, found.any), found.ink, found.dark)
+    planes = [_detect(small, mpp * factor, opts, found.any), found.ink, found.dark]
     if factor > 1:
-        planes = tuple(np.repeat(np.repeat(p, factor, axis=0), factor, axis=1)[:h, :w] for p in planes)
+        planes = [np.repeat(np.repeat(p, factor, axis=0), factor, axis=1)[:h, :w] for p in planes]
     return TissueResult(*planes)
 
 

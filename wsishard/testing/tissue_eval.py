@@ -27,7 +27,8 @@ class SlideScore:
 
     kept: int  # patches kept
     dirty: int  # kept patches more than DIRTY_FRACTION ink or artefact (true mask)
-    clean_coverage: float  # fraction of the true clean tissue's area inside kept patches, 0..1
+    clean_coverage: float  # fraction of the clean-tissue cells kept, 0..1 (see score_slide)
+    clean_area_coverage: float  # fraction of the true clean tissue's area inside kept patches, 0..1
 
     @property
     def dirty_fraction(self) -> float:
@@ -35,7 +36,12 @@ class SlideScore:
 
 
 def score_slide(slide: SyntheticSlide, tissue: TissueOptions, patch: PatchOptions) -> SlideScore:
-    """Scan ``slide`` as the build does (level-0 mpp from the slide) and score the kept patches."""
+    """Scan ``slide`` as the build does (level-0 mpp from the slide) and score the kept patches.
+
+    Clean-tissue cells are the grid cells a perfect detector keeps: at least ``min_tissue`` true clean tissue and at
+    most :data:`DIRTY_FRACTION` true artefact. ``clean_coverage`` is the fraction of them kept; the area figure
+    also counts the clean tissue inside patches that are mostly ink, which no filter can keep without the ink.
+    """
     with open_slide(slide.path) as reader:
         l0_w, l0_h = reader.level_dimensions[0]
         l0_per_t = max(tissue.thumb_mpp / slide.mpp, max(l0_w, l0_h) / tissue.max_thumb_px, 1.0)
@@ -50,5 +56,9 @@ def score_slide(slide: SyntheticSlide, tissue: TissueOptions, patch: PatchOption
     for x, y in zip(cands.l0_x.tolist(), cands.l0_y.tolist(), strict=True):
         covered[round(y / d) : round(y / d) + side, round(x / d) : round(x / d) + side] = True
     clean = slide.mask  # the true tissue mask already excludes the artefacts
-    coverage = float((covered & clean).sum()) / max(int(clean.sum()), 1)
-    return SlideScore(len(cands), int(dirty.sum()), coverage)
+    area = float((covered & clean).sum()) / max(int(clean.sum()), 1)
+    ideal = candidates((l0_w, l0_h), slide.mpp, clean, d, patch)
+    ok = patch_fractions(artefact, d, ideal.l0_x, ideal.l0_y, ideal.l0_extent) <= DIRTY_FRACTION
+    wanted = set(zip(ideal.col[ok].tolist(), ideal.row[ok].tolist(), strict=True))
+    kept = set(zip(cands.col.tolist(), cands.row.tolist(), strict=True))
+    return SlideScore(len(cands), int(dirty.sum()), len(wanted & kept) / max(len(wanted), 1), area)
