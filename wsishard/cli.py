@@ -19,6 +19,7 @@ from wsishard import __version__
 from wsishard.builder.inputs import check_output, label_table, mpp_table
 from wsishard.builder.merge import merge
 from wsishard.builder.options import BuildOptions, BuildProgress
+from wsishard.builder.roi import parse_names
 from wsishard.builder.run import build
 from wsishard.errors import OptionError, WsiShardError
 from wsishard.report import details, summary
@@ -88,7 +89,7 @@ def format_size(n: int) -> str:
 _PARSE: dict[str, Callable[[str], Any]] = {
     "str": str, "int": _int, "positive_int": _positive(int), "positive_float": _positive(float),
     "non_negative": _non_negative, "non_negative_int": _non_negative_int, "fraction": _fraction, "size": parse_size,
-    "degrees": _degrees,
+    "degrees": _degrees, "names": parse_names,
     "mpp_table": mpp_table, "label_table": _labels,
 }  # fmt: skip
 _SHOW: dict[str, Callable[[Any], str]] = {"size": format_size}  # how a default is shown, by "parse" (else str)
@@ -96,6 +97,7 @@ _GROUPS = {  # "group" in the metadata -> help section, in the order shown
     "patches": "patches",
     "resolution": "resolution",
     "tissue": "tissue detection (Otsu on a low-resolution view; lengths in microns)",
+    "roi": "annotation regions (GeoJSON polygons in level-0 px, as QuPath exports them)",
     "output": "output",
     "run": "run",
 }

@@ -64,6 +64,7 @@ class PatchMeta(TypedDict, total=False):
     patch_size: int  # px, width = height of the written image
     tissue: float  # fraction of the patch inside the tissue mask, 0..1
     label: int  # only when the build had labels
+    label_name: str  # the label's class name, when labels came from annotation classes (--roi-labels)
 
 
 def sanitize_slide_id(name: str) -> str:
@@ -193,6 +194,7 @@ class SlideRecord:
     candidates: int = 0
     patches: int = 0
     filtered: dict[str, int] = field(default_factory=dict)  # patches with enough tissue left out, per reason
+    roi: str = ""  # with --roi: "annotated: <file>", "missing: skipped" or "missing: built whole"
     label: int | None = None
 
 

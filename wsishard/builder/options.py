@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from wsishard.builder.grid import PatchOptions
 from wsishard.builder.patches import EncodeOptions
+from wsishard.builder.roi import RoiOptions
 from wsishard.builder.tissue import TissueOptions
 from wsishard.errors import OptionError
 from wsishard.format import IMAGE_FORMATS
@@ -37,6 +38,7 @@ class BuildOptions:
     Attributes:
         patch: grid, resolution and selection of patches.
         tissue: tissue detection.
+        roi: annotation regions (GeoJSON) patches are restricted to, and their classes as labels.
         image_format: ``jpg`` (lossy, ``quality``), ``png`` or ``webp`` (lossless).
         quality: JPEG quality 1..100.
         shard_size_bytes: shards are planned to hold at most about this many bytes (None: no byte limit).
@@ -63,6 +65,7 @@ class BuildOptions:
 
     patch: PatchOptions = field(default_factory=PatchOptions, metadata={"group": "patches"})
     tissue: TissueOptions = field(default_factory=TissueOptions, metadata={"group": "tissue"})
+    roi: RoiOptions = field(default_factory=RoiOptions, metadata={"group": "roi"})
     image_format: str = field(default="jpg", metadata={
         "flag": "--format", "group": "output", "choices": IMAGE_FORMATS,
         "help": "jpg (lossy) or png/webp (lossless)"})  # fmt: skip
@@ -121,10 +124,19 @@ class BuildOptions:
         for slide, mpp in self.mpp_overrides.items():
             if not valid_mpp(mpp):
                 raise OptionError(f"invalid mpp_overrides: mpp of {slide!r} is {mpp!r}: need {MPP_RULE}")
+        if self.labels and self.roi.labels:
+            raise OptionError("invalid labels: give slide labels (--labels) or annotation-class labels "
+                              "(--roi-labels), not both")  # fmt: skip
         for slide, label in self.labels.items():
             if not valid_label(label):
                 raise OptionError(f"invalid labels: label of {slide!r} is {label!r}: need an integer in 0..2**63-1 "
                                   "(-1 marks unlabelled samples)")  # fmt: skip
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        """Names of the integer labels: the slide label table's, or the annotation classes (``--roi-labels``, which
+        label nothing without ``--roi``)."""
+        return self.label_names or (self.roi.labels if self.roi.path is not None else ())
 
     @property
     def encode(self) -> EncodeOptions:

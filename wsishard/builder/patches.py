@@ -194,9 +194,12 @@ def block_samples(reader: SlideReader, work: SlideWork, block: Block, encode: En
             "tissue": round(float(cands.tissue[i]), 4),
         }  # fmt: skip
         members = {encode.image_format: encode_image(patch, encode.image_format, encode.quality)}
-        if work.label is not None:
-            meta["label"] = work.label
-            members["cls"] = str(work.label).encode()
+        label = work.label if cands.label is None else int(cands.label[i])
+        if label is not None:
+            meta["label"] = label
+            members["cls"] = str(label).encode()
+        if cands.label is not None and label is not None:
+            meta["label_name"] = cands.label_names[label]
         members["json"] = json.dumps(meta, sort_keys=True).encode()
         out.append((sample_key(work.slide_id, x, y), members))
     return out

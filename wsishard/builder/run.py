@@ -35,6 +35,7 @@ from wsishard.builder.options import BuildOptions, BuildProgress
 from wsishard.builder.patches import SlideWork
 from wsishard.builder.plan import Plan, ShardPlan, assign_parts, make_plan
 from wsishard.builder.pool import WorkerPool
+from wsishard.builder.roi import match_annotations
 from wsishard.builder.scan import ScanResult, ScanTask, crashed_scan, scan_slide
 from wsishard.builder.staging import StagedSlide, StageTask, crashed_stage, remove_staging, stage_slide
 from wsishard.builder.state import BuildState, fingerprint, input_stamps
@@ -150,6 +151,7 @@ def _scratch_for(paths: list[str], scratch: str | None, storage_options: Storage
 def _scan_all(pool: WorkerPool, paths: list[str], dest: Destination, options: BuildOptions,
               progress: ProgressCallback[BuildProgress], remote: _Scratch) -> list[ScanResult]:  # fmt: skip
     ids = unique_slide_ids(paths)
+    annotations = match_annotations(options.roi.path, paths)
     if options.qc:
         dest.makedirs("qc")
     tasks = [
@@ -157,7 +159,7 @@ def _scan_all(pool: WorkerPool, paths: list[str], dest: Destination, options: Bu
                  measure=options.shard_size_bytes is not None, mpp_override=lookup(options.mpp_overrides, p),
                  default_mpp=options.default_mpp, label=lookup(options.labels, p), seed=options.seed, dest=dest,
                  qc_name=f"qc/{sid}.png" if options.qc else None, scratch=remote.scratch,
-                 storage_options=remote.storage_options)
+                 storage_options=remote.storage_options, roi=options.roi, roi_file=annotations[i])
         for i, (p, sid) in enumerate(zip(paths, ids, strict=True))
     ]  # fmt: skip
     scans = []
@@ -171,7 +173,7 @@ def _samples_per_shard(options: BuildOptions, scans: list[ScanResult]) -> int:
     limits = [options.shard_samples] if options.shard_samples else []
     measured = [s.bytes_per_patch for s in scans if s.bytes_per_patch]
     if options.shard_size_bytes and measured:
-        members = 3 if options.labels else 2
+        members = 3 if options.class_names else 2
         per_sample = sum(measured) / len(measured) + members * _TAR_BYTES_PER_MEMBER
         limits.append(max(options.patch.block_patches**2, int(options.shard_size_bytes // per_sample)))
     return min(limits) if limits else 2**31
@@ -323,8 +325,8 @@ def _manifest(inputs: Sequence[str], options: BuildOptions, scans: list[ScanResu
         slides.append(record)
     shards: list[ShardRecord] = [o.record for _, o in sorted(outcomes.items()) if o.record is not None]
     extra: dict[str, Any] = {"fingerprint": digest}
-    if options.label_names:
-        extra["label_names"] = list(options.label_names)
+    if options.class_names:
+        extra["label_names"] = list(options.class_names)
     if part is not None:
         extra.update(part=list(part), slide_indices=slide_indices, slides_total=len(scans))
     return Manifest(

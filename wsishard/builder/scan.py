@@ -26,6 +26,7 @@ from wsishard.builder.grid import (
 )
 from wsishard.builder.patches import EncodeOptions, SlideWork, block_samples
 from wsishard.builder.qc import qc_picture
+from wsishard.builder.roi import RoiOptions, label_patches, roi_status, slide_roi
 from wsishard.builder.staging import local_copy
 from wsishard.builder.tissue import TissueOptions, TissueResult, find_tissue
 from wsishard.errors import OutputError, SlideError, SlideFailure
@@ -56,6 +57,8 @@ class ScanTask:
     label: int | None
     seed: int
     dest: Destination  # the build output (QC pictures go there)
+    roi: RoiOptions = field(default_factory=RoiOptions)
+    roi_file: str | None = None  # the slide's annotation file (None: none; see roi.missing when roi.path is set)
     qc_name: str | None  # the QC picture's name in the output (None: no picture)
     scratch: str = ""  # local folder for a copy of a slide given as a URL
     storage_options: StorageOptions = field(default_factory=dict)
@@ -125,12 +128,21 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
     if cols == 0 or rows == 0:
         reason = f"smaller than one {patch.patch_size_px} px patch at {patch.target_mpp} mpp ({l0_w}x{l0_h})"
         return ScanResult(replace(record, reason=reason))
+    record = replace(record, roi=roi_status(task.roi, task.roi_file))
+    if task.roi.path is not None and task.roi_file is None and task.roi.missing == "skip":
+        return ScanResult(replace(record, reason="no annotation file in --roi (skipped: --roi-missing whole builds "
+                                                 "it whole)"))  # fmt: skip
     l0_per_t = max(task.tissue.thumb_mpp / mpp0, max(l0_w, l0_h) / task.tissue.max_thumb_px, 1.0)
     thumb, l0_per_t = read_lowres(reader, l0_per_t)
     found = find_tissue(thumb, l0_per_t * mpp0, task.tissue)
     mask = found.mask
-    cands = candidates((l0_w, l0_h), mpp0, mask, l0_per_t, patch, seed=_slide_seed(task),
-                       level_downsample=float(record.downsample or 1), artefact=found.ink | found.dark)  # fmt: skip
+    roi = slide_roi(task.roi, task.roi_file, mask.shape, l0_per_t)
+    cands = candidates((l0_w, l0_h), mpp0, mask, l0_per_t, patch,
+                       seed=_slide_seed(task), level_downsample=float(record.downsample or 1),
+                       artefact=found.ink | found.dark, roi=None if roi is None else roi.mask,
+                       min_roi_coverage=task.roi.min_roi_coverage)  # fmt: skip
+    if roi is not None and task.roi.labels:
+        cands = label_patches(cands, roi, task.roi.labels, l0_per_t)
     if task.qc_name is not None:
         picture = qc_picture(thumb, mask, l0_per_t, cands.l0_x, cands.l0_y, cands.l0_extent)
         buf = io.BytesIO()
@@ -151,7 +163,8 @@ def _tissue_report(found: TissueResult, t_mpp: float, cands: Candidates) -> dict
     """The slide record's tissue fields: fraction, areas in mm^2 (``t_mpp``: microns per view px), candidates and
     the patches the scan left out per reason."""
     mm2 = (t_mpp / 1000.0) ** 2  # per view px
-    filtered = {"artefact": cands.dropped_artefact} if cands.dropped_artefact else {}
+    counts = {"artefact": cands.dropped_artefact, "roi": cands.dropped_roi, "roi_class": cands.dropped_class}
+    filtered = {reason: n for reason, n in counts.items() if n}
     return dict(tissue_fraction=round(float(found.mask.mean()), 4), candidates=cands.total,
                 tissue_mm2=round(int(found.mask.sum()) * mm2, 4), ink_mm2=round(int(found.ink.sum()) * mm2, 4),
                 artefact_mm2=round(int((found.dark & ~found.ink).sum()) * mm2, 4), filtered=filtered)  # fmt: skip

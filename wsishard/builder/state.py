@@ -306,7 +306,7 @@ class BuildState:
             cands, geometry = scan.cands, None
             if cands is not None:
                 geometry = dict(l0_per_o=cands.l0_per_o, stride=cands.stride, patch=cands.patch, total=cands.total)
-                arrays.update({f"col{i}": cands.col, f"row{i}": cands.row, f"tissue{i}": cands.tissue})
+                arrays.update({f"{name}{i}": array for name, array in cands.arrays().items()})
             entries.append(dict(record=dataclasses.asdict(scan.record), cands=geometry, bytes=scan.bytes_per_patch))
         buf = io.BytesIO()
         np.savez(buf, **arrays)  # type: ignore[arg-type]
@@ -326,7 +326,8 @@ class BuildState:
             if geometry is None:
                 scans.append(ScanResult(record))
                 continue
-            cands = Candidates(col=arrays[f"col{i}"], row=arrays[f"row{i}"], tissue=arrays[f"tissue{i}"], **geometry)
+            mine = {name: arrays[f"{name}{i}"] for name in Candidates.ARRAYS if f"{name}{i}" in arrays.files}
+            cands = Candidates.from_arrays(mine, **geometry)
             scans.append(ScanResult(record, cands, blocks(cands, block_patches), entry["bytes"]))
         return scans
 
