@@ -19,6 +19,7 @@ from wsishard import __version__
 from wsishard.builder.inputs import check_output, label_table, mpp_table
 from wsishard.builder.merge import merge
 from wsishard.builder.options import BuildOptions, BuildProgress
+from wsishard.builder.qc_html import qc_index
 from wsishard.builder.roi import parse_names
 from wsishard.builder.run import build
 from wsishard.errors import OptionError, WsiShardError
@@ -26,6 +27,7 @@ from wsishard.report import details, summary
 from wsishard.shards.verify import VerifyProgress, format_report, verify
 from wsishard.storage.opener import load_manifest
 from wsishard.storage.secrets import redact
+from wsishard.storage.urls import is_url
 
 logger = logging.getLogger("wsishard")
 
@@ -316,8 +318,16 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    manifest, _root = load_manifest(args.output, dict(args.storage_option))
-    print(details(manifest, max_rows=args.rows))
+    manifest, root = load_manifest(args.output, dict(args.storage_option))
+    if args.html is None:
+        print(details(manifest, max_rows=args.rows))
+        return EXIT_OK
+    qc = root.rstrip("/") + "/qc/"
+    if not is_url(root):  # pictures linked relative to the page, so the pair can be moved together
+        qc = os.path.relpath(os.path.join(root, "qc"), os.path.dirname(os.path.abspath(args.html))) + "/"
+    with open(args.html, "w", encoding="utf-8") as fh:
+        fh.write(qc_index(manifest, qc.replace(os.sep, "/")))
+    print(f"{args.html}: {len(manifest.slides)} slides, failed first")
     return EXIT_OK
 
 
@@ -349,6 +359,8 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="print a readable summary of a build output's manifest")
     p.add_argument("output", help="build output folder, manifest.json path, or URL prefix")
     p.add_argument("--rows", type=_positive(int), default=50, help="rows of the slide and shard tables")
+    p.add_argument("--html", metavar="FILE", help="write a page of every slide's QC picture and numbers, failed "
+                   "slides first (the build writes one as OUT/qc/index.html)")  # fmt: skip
     _add_storage_option(p)
     p.set_defaults(func=_cmd_inspect)
     p = sub.add_parser("verify", help="re-read every shard and check sizes, sha256 and sample counts")

@@ -47,7 +47,8 @@ class BuildOptions:
         group_slides: slides per group; every shard mixes the slides of its group.
         seed: seeds every random choice of the build (>= 0).
         jobs: worker processes (None: all cores).
-        qc: write ``qc/<slide>.png`` pictures.
+        qc: write ``qc/<slide>.png`` pictures (and ``qc/index.html``).
+        qc_size_px: the QC pictures' longest side, px (64..16384).
         fast_path: decode TIFF-family tiles directly instead of through OpenSlide.
         default_mpp: level-0 mpp for slides that report none.
         mpp_overrides: slide (path, file name or stem) -> level-0 mpp; wins over the slide's own value.
@@ -87,6 +88,9 @@ class BuildOptions:
         "group": "run", "parse": "positive_int", "metavar": "N",
         "help": "worker processes (default: all cores)"})  # fmt: skip
     qc: bool = field(default=True, metadata={"group": "output", "help": "skip the qc/<slide>.png pictures"})
+    qc_size_px: int = field(default=2000, metadata={
+        "flag": "--qc-size", "group": "output", "parse": "positive_int", "metavar": "PX",
+        "help": "longest side of the QC pictures"})  # fmt: skip
     fast_path: bool = field(default=True, metadata={"group": "run", "help": "read every slide through OpenSlide"})
     default_mpp: float | None = field(default=None, metadata={
         "group": "resolution", "parse": "positive_float", "metavar": "UM",
@@ -116,6 +120,7 @@ class BuildOptions:
             "group_slides": (self.group_slides >= 1, ">= 1"),
             "seed": (self.seed >= 0, ">= 0"),
             "jobs": (self.jobs is None or self.jobs >= 1, ">= 1"),
+            "qc_size_px": (64 <= self.qc_size_px <= 16384, "64..16384"),
             "default_mpp": (self.default_mpp is None or valid_mpp(self.default_mpp), f"0 < UM < {MAX_MPP:g}"),
         }
         for name, (ok, rule) in checks.items():

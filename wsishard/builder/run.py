@@ -35,6 +35,7 @@ from wsishard.builder.options import BuildOptions, BuildProgress
 from wsishard.builder.patches import SlideWork
 from wsishard.builder.plan import Plan, ShardPlan, assign_parts, make_plan
 from wsishard.builder.pool import WorkerPool
+from wsishard.builder.qc_html import INDEX_NAME, qc_index
 from wsishard.builder.roi import match_annotations
 from wsishard.builder.scan import ScanResult, ScanTask, crashed_scan, scan_slide
 from wsishard.builder.staging import StagedSlide, StageTask, crashed_stage, remove_staging, stage_slide
@@ -108,6 +109,8 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
         slides = _slides_of_part(plan, groups, len(scans), part)
         manifest = _manifest(inputs, options, scans, outcomes, failed, state.digest, slides, part)
         dest.write_bytes(manifest_name(part), manifest.to_json().encode())
+        if options.qc and part is None:  # a cluster build's parts would overwrite each other's: inspect --html
+            dest.write_bytes(INDEX_NAME, qc_index(manifest).encode())
     return manifest
 
 
@@ -158,7 +161,7 @@ def _scan_all(pool: WorkerPool, paths: list[str], dest: Destination, options: Bu
         ScanTask(index=i, path=p, slide_id=sid, patch=options.patch, tissue=options.tissue, encode=options.encode,
                  measure=options.shard_size_bytes is not None, mpp_override=lookup(options.mpp_overrides, p),
                  default_mpp=options.default_mpp, label=lookup(options.labels, p), seed=options.seed, dest=dest,
-                 qc_name=f"qc/{sid}.png" if options.qc else None, scratch=remote.scratch,
+                 qc_name=f"qc/{sid}.png" if options.qc else None, qc_size_px=options.qc_size_px, scratch=remote.scratch,
                  storage_options=remote.storage_options, roi=options.roi, roi_file=annotations[i])
         for i, (p, sid) in enumerate(zip(paths, ids, strict=True))
     ]  # fmt: skip

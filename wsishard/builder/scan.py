@@ -25,7 +25,7 @@ from wsishard.builder.grid import (
     output_scale,
 )
 from wsishard.builder.patches import EncodeOptions, SlideWork, block_samples
-from wsishard.builder.qc import qc_picture
+from wsishard.builder.qc import QcLayers, legend_lines, qc_picture
 from wsishard.builder.roi import RoiOptions, label_patches, roi_status, slide_roi
 from wsishard.builder.staging import local_copy
 from wsishard.builder.tissue import TissueOptions, TissueResult, find_tissue
@@ -60,6 +60,7 @@ class ScanTask:
     roi: RoiOptions = field(default_factory=RoiOptions)
     roi_file: str | None = None  # the slide's annotation file (None: none; see roi.missing when roi.path is set)
     qc_name: str | None  # the QC picture's name in the output (None: no picture)
+    qc_size_px: int = 2000  # the QC picture's longest side (at most; a small slide's is smaller)
     scratch: str = ""  # local folder for a copy of a slide given as a URL
     storage_options: StorageOptions = field(default_factory=dict)
 
@@ -143,15 +144,14 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
                        min_roi_coverage=task.roi.min_roi_coverage)  # fmt: skip
     if roi is not None and task.roi.labels:
         cands = label_patches(cands, roi, task.roi.labels, l0_per_t)
-    if task.qc_name is not None:
-        picture = qc_picture(thumb, mask, l0_per_t, cands.l0_x, cands.l0_y, cands.l0_extent)
-        buf = io.BytesIO()
-        picture.save(buf, "PNG")
-        _write_qc(task.dest, task.qc_name, buf.getvalue())
     record = replace(record, **_tissue_report(found, l0_per_t * mpp0, cands))
+    if task.qc_name is not None:
+        layers = QcLayers(mask, l0_per_t, found.ink, found.dark, None if roi is None else roi.mask)
+        _write_qc(task, reader, (thumb, l0_per_t), layers, cands, record)
     if len(cands) == 0:
         reason = "no tissue found" if not mask.any() else f"no patch with >= {patch.min_tissue:.0%} tissue"
-        return ScanResult(replace(record, reason=reason))
+        left_out = ", ".join(f"{k} {n}" for k, n in sorted(record.filtered.items()))
+        return ScanResult(replace(record, reason=reason + (f" (left out: {left_out})" if left_out else "")))
     block_list = blocks(cands, patch.block_patches)
     work = SlideWork(path=task.path, slide_id=task.slide_id, level=record.level or 0, mpp=record.patch_mpp or 0,
                      cands=cands, blocks=block_list, label=task.label)  # fmt: skip
@@ -170,16 +170,29 @@ def _tissue_report(found: TissueResult, t_mpp: float, cands: Candidates) -> dict
                 artefact_mm2=round(int((found.dark & ~found.ink).sum()) * mm2, 4), filtered=filtered)  # fmt: skip
 
 
-def _write_qc(dest: Destination, name: str, png: bytes) -> None:
-    """Write a QC picture into the output.
+def _write_qc(task: ScanTask, reader: SlideReader, thumb: tuple[np.ndarray, float], layers: QcLayers,
+              cands: Candidates, record: SlideRecord) -> None:  # fmt: skip
+    """Draw the slide's QC picture on a view of about ``task.qc_size_px`` (the detection view when it is as large)
+    and write it into the output.
 
     Raises:
         OutputError: it cannot be written (a permission, a full disk, a read-only store).
     """
+    view, l0_per_v = thumb
+    if max(view.shape[:2]) < task.qc_size_px:
+        l0_w, l0_h = reader.level_dimensions[0]
+        view, l0_per_v = read_lowres(reader, max(1.0, max(l0_w, l0_h) / task.qc_size_px))
+    legend = legend_lines(tissue_mm2=record.tissue_mm2, ink_mm2=record.ink_mm2, artefact_mm2=record.artefact_mm2,
+                          kept=len(cands), filtered=record.filtered, roi=record.roi)  # fmt: skip
+    picture = qc_picture(view, l0_per_v, layers, cands.l0_x, cands.l0_y, cands.l0_extent, legend=legend,
+                         max_side_px=task.qc_size_px)  # fmt: skip
+    buf = io.BytesIO()
+    picture.quantize(256).save(buf, "PNG")  # a 256-colour palette: 1.2 MB instead of 3 at 2000 px
+    name = task.qc_name or ""
     try:
-        dest.write_bytes(name, png)
+        task.dest.write_bytes(name, buf.getvalue())
     except OSError as exc:
-        raise OutputError(dest.path(name), exc.strerror or str(exc)) from exc
+        raise OutputError(task.dest.path(name), exc.strerror or str(exc)) from exc
 
 
 def _resolution(task: ScanTask, reader: SlideReader, record: SlideRecord) -> SlideRecord:
