@@ -19,7 +19,7 @@ from wsishard import __version__
 from wsishard.builder.inputs import check_output, label_table, mpp_table
 from wsishard.builder.merge import merge
 from wsishard.builder.options import BuildOptions, BuildProgress
-from wsishard.builder.qc_html import qc_index
+from wsishard.builder.qc_html import write_qc_page
 from wsishard.builder.roi import parse_names
 from wsishard.builder.run import build
 from wsishard.errors import OptionError, WsiShardError
@@ -27,7 +27,6 @@ from wsishard.report import details, summary
 from wsishard.shards.verify import VerifyProgress, format_report, verify
 from wsishard.storage.opener import load_manifest
 from wsishard.storage.secrets import redact
-from wsishard.storage.urls import is_url
 
 logger = logging.getLogger("wsishard")
 
@@ -91,8 +90,7 @@ def format_size(n: int) -> str:
 _PARSE: dict[str, Callable[[str], Any]] = {
     "str": str, "int": _int, "positive_int": _positive(int), "positive_float": _positive(float),
     "non_negative": _non_negative, "non_negative_int": _non_negative_int, "fraction": _fraction, "size": parse_size,
-    "degrees": _degrees, "names": parse_names,
-    "mpp_table": mpp_table, "label_table": _labels,
+    "degrees": _degrees, "names": parse_names, "mpp_table": mpp_table, "label_table": _labels,
 }  # fmt: skip
 _SHOW: dict[str, Callable[[Any], str]] = {"size": format_size}  # how a default is shown, by "parse" (else str)
 _GROUPS = {  # "group" in the metadata -> help section, in the order shown
@@ -319,15 +317,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     manifest, root = load_manifest(args.output, dict(args.storage_option))
-    if args.html is None:
-        print(details(manifest, max_rows=args.rows))
-        return EXIT_OK
-    qc = root.rstrip("/") + "/qc/"
-    if not is_url(root):  # pictures linked relative to the page, so the pair can be moved together
-        qc = os.path.relpath(os.path.join(root, "qc"), os.path.dirname(os.path.abspath(args.html))) + "/"
-    with open(args.html, "w", encoding="utf-8") as fh:
-        fh.write(qc_index(manifest, qc.replace(os.sep, "/")))
-    print(f"{args.html}: {len(manifest.slides)} slides, failed first")
+    if args.html is not None:
+        write_qc_page(manifest, root, args.html)
+    print(details(manifest, max_rows=args.rows) if args.html is None else f"{args.html}: {len(manifest.slides)} "
+          "slides, failed first")  # fmt: skip
     return EXIT_OK
 
 

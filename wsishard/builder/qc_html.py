@@ -8,6 +8,7 @@ import html
 import os
 
 from wsishard.format import Manifest, SlideRecord
+from wsishard.storage.urls import is_url
 
 INDEX_NAME = "qc/index.html"
 
@@ -36,6 +37,16 @@ def qc_index(manifest: Manifest, picture_prefix: str = "") -> str:
     parts += [_card(s, picture_prefix) for s in slides]
     parts.append("</body></html>\n")
     return "\n".join(parts)
+
+
+def write_qc_page(manifest: Manifest, root: str, path: str) -> None:
+    """Write :func:`qc_index` to the local file ``path``, linking the pictures of the build at ``root`` (a folder:
+    relative to the page, so the two can be moved together; a URL: by URL)."""
+    qc = root.rstrip("/") + "/qc/"
+    if not is_url(root):
+        qc = os.path.relpath(os.path.join(root, "qc"), os.path.dirname(os.path.abspath(path))) + "/"
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(qc_index(manifest, qc.replace(os.sep, "/")))
 
 
 def _card(s: SlideRecord, prefix: str) -> str:
