@@ -63,6 +63,9 @@ class PatchMeta(TypedDict, total=False):
     level: int  # pyramid level the pixels were read from
     patch_size: int  # px, width = height of the written image
     tissue: float  # fraction of the patch inside the tissue mask, 0..1
+    background: float  # fraction of the patch that looks like glass, 0..1 (builder/quality.py)
+    dark: float  # fraction of the patch that is very dark, 0..1
+    sharpness: float  # variance of the Laplacian of the grey patch (reduced to 64 px): low is blurred
     label: int  # only when the build had labels
     label_name: str  # the label's class name, when labels came from annotation classes (--roi-labels)
 

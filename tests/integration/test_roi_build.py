@@ -100,3 +100,21 @@ def test_tissue_report_in_the_manifest(slides: Path, tmp_path: Path) -> None:
         assert record.tissue_mm2 == pytest.approx(record.tissue_fraction * area_mm2, rel=0.02)
         assert record.ink_mm2 < 0.01 * area_mm2 and record.artefact_mm2 < 0.03 * area_mm2  # the dust specks
         assert record.patches > 0 and record.patches + sum(record.filtered.values()) <= record.candidates
+
+
+def test_quality_scores_recorded_and_filters_leave_patches_out(slides: Path, tmp_path: Path) -> None:
+    from wsishard.builder.quality import QualityOptions
+
+    plain = build([str(slides)], str(tmp_path / "a"), BuildOptions(patch=PATCH, jobs=1, qc=False))
+    _, all_samples = read_output(str(tmp_path / "a"))
+    assert all({"background", "dark", "sharpness"} <= set(s.meta) for s in all_samples)
+    backgrounds = sorted(s.meta["background"] for s in all_samples)
+    cut = backgrounds[len(backgrounds) // 2]  # about half the patches are more background than this
+    options = BuildOptions(patch=PATCH, jobs=1, qc=False, patch_quality=QualityOptions(max_background=cut))
+    filtered = build([str(slides)], str(tmp_path / "b"), options)
+    _, kept = read_output(str(tmp_path / "b"))
+    assert kept and all(s.meta["background"] <= cut for s in kept)
+    assert len(kept) == sum(1 for b in backgrounds if b <= cut)  # exactly those: the scores are deterministic
+    for before, after in zip(plain.slides, filtered.slides, strict=True):
+        assert after.patches + after.filtered.get("quality", 0) == before.patches
+    assert sum(s.filtered.get("quality", 0) for s in filtered.slides) == len(all_samples) - len(kept) > 0

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from wsishard.builder.grid import PatchOptions
 from wsishard.builder.patches import EncodeOptions
+from wsishard.builder.quality import QualityOptions
 from wsishard.builder.roi import RoiOptions
 from wsishard.builder.tissue import TissueOptions
 from wsishard.errors import OptionError
@@ -39,6 +40,7 @@ class BuildOptions:
         patch: grid, resolution and selection of patches.
         tissue: tissue detection.
         roi: annotation regions (GeoJSON) patches are restricted to, and their classes as labels.
+        patch_quality: per-patch quality filters (background, dark, sharpness) applied while extracting.
         image_format: ``jpg`` (lossy, ``quality``), ``png`` or ``webp`` (lossless).
         quality: JPEG quality 1..100.
         shard_size_bytes: shards are planned to hold at most about this many bytes (None: no byte limit).
@@ -67,6 +69,7 @@ class BuildOptions:
     patch: PatchOptions = field(default_factory=PatchOptions, metadata={"group": "patches"})
     tissue: TissueOptions = field(default_factory=TissueOptions, metadata={"group": "tissue"})
     roi: RoiOptions = field(default_factory=RoiOptions, metadata={"group": "roi"})
+    patch_quality: QualityOptions = field(default_factory=QualityOptions, metadata={"group": "patches"})
     image_format: str = field(default="jpg", metadata={
         "flag": "--format", "group": "output", "choices": IMAGE_FORMATS,
         "help": "jpg (lossy) or png/webp (lossless)"})  # fmt: skip
@@ -147,7 +150,7 @@ class BuildOptions:
     def encode(self) -> EncodeOptions:
         """How patches are resampled and encoded."""
         return EncodeOptions(target_mpp=self.patch.target_mpp, image_format=self.image_format, quality=self.quality,
-                             fast_path=self.fast_path)  # fmt: skip
+                             fast_path=self.fast_path, filters=self.patch_quality)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -323,8 +323,10 @@ def _manifest(inputs: Sequence[str], options: BuildOptions, scans: list[ScanResu
         record = scans[i].record
         if i in failed:
             record = dataclasses.replace(record, status="failed", reason=f"extraction: {failed[i]}", patches=0)
-        elif record.status == "ok":
-            record = dataclasses.replace(record, patches=patches.get(i, 0))
+        elif record.status == "ok":  # planned patches not written were left out by the quality filters
+            quality = len(scans[i].cands or ()) - patches.get(i, 0)
+            filtered = {**record.filtered, **({"quality": quality} if quality > 0 else {})}
+            record = dataclasses.replace(record, patches=patches.get(i, 0), filtered=filtered)
         slides.append(record)
     shards: list[ShardRecord] = [o.record for _, o in sorted(outcomes.items()) if o.record is not None]
     extra: dict[str, Any] = {"fingerprint": digest}

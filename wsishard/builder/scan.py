@@ -212,7 +212,7 @@ def _slide_seed(task: ScanTask) -> int:
     return int.from_bytes(task.slide_id.encode()[:8].ljust(8, b"\0"), "little") ^ task.seed
 
 
-def _bytes_per_patch(task: ScanTask, reader: SlideReader, work: SlideWork) -> float:
+def _bytes_per_patch(task: ScanTask, reader: SlideReader, work: SlideWork) -> float | None:
     """Mean encoded bytes of a sample, measured on a few seeded patches of the slide (read one by one)."""
     cands = work.cands
     rng = np.random.default_rng((task.seed, task.index, 0x5CA9))
@@ -223,4 +223,4 @@ def _bytes_per_patch(task: ScanTask, reader: SlideReader, work: SlideWork) -> fl
         one = Block(patches=np.array([i]), o_x=ox, o_y=oy, o_w=cands.patch, o_h=cands.patch)
         samples = block_samples(reader, work, one, task.encode)
         sizes.extend(sum(len(v) for v in members.values()) for _, members in samples)
-    return float(np.mean(sizes))
+    return float(np.mean(sizes)) if sizes else None  # None: every patch measured was left out by a quality filter
