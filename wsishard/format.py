@@ -33,6 +33,7 @@ from wsishard.errors import ManifestError
 FORMAT_NAME = "wsishard"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+QC_INDEX_NAME = "qc/index.html"  # the QC review page (beside the qc/<slide_id>.png pictures)
 SHARD_PREFIX = "shard-"
 SHARD_SUFFIX = ".tar"
 IMAGE_FORMATS: tuple[str, ...] = ("jpg", "png", "webp")

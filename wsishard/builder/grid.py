@@ -144,11 +144,13 @@ class Candidates:
         return out
 
     @classmethod
-    def from_arrays(cls, arrays: Mapping[str, np.ndarray], **geometry: Any) -> Candidates:
-        """The candidates :meth:`arrays` saved, with the scalar fields in ``geometry``."""
-        names = tuple(str(n) for n in arrays["label_names"]) if "label_names" in arrays else ()
-        return cls(col=arrays["col"], row=arrays["row"], tissue=arrays["tissue"], label=arrays.get("label"),
-                   label_names=names, **geometry)  # fmt: skip
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray], suffix: str = "", **geometry: Any) -> Candidates:
+        """The candidates :meth:`arrays` saved (each name followed by ``suffix``), with the scalar fields in
+        ``geometry``."""
+        got = {name: arrays[name + suffix] for name in cls.ARRAYS if name + suffix in arrays}
+        names = tuple(str(n) for n in got["label_names"]) if "label_names" in got else ()
+        return cls(col=got["col"], row=got["row"], tissue=got["tissue"], label=got.get("label"), label_names=names,
+                   **geometry)  # fmt: skip
 
     @property
     def l0_x(self) -> np.ndarray:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import html
 import os
 
-from wsishard.format import Manifest, SlideRecord
+from wsishard.format import QC_INDEX_NAME, Manifest, SlideRecord
 from wsishard.storage.urls import is_url
 
-INDEX_NAME = "qc/index.html"
+INDEX_NAME = QC_INDEX_NAME
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1em auto; max-width: 1100px; color: #222; }

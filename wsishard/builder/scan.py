@@ -37,6 +37,7 @@ from wsishard.storage.urls import StorageOptions, is_url
 
 logger = logging.getLogger(__name__)
 
+QC_FINEST_UM = 2.0  # QC pictures are read no finer than this many microns per px (a small slide's is small)
 _MEASURED_PATCHES = 6  # patches per slide encoded while scanning to size shards in bytes
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # writing failed for want of room or rights: not the slide's
 
@@ -179,9 +180,13 @@ def _write_qc(task: ScanTask, reader: SlideReader, thumb: tuple[np.ndarray, floa
         OutputError: it cannot be written (a permission, a full disk, a read-only store).
     """
     view, l0_per_v = thumb
-    if max(view.shape[:2]) < task.qc_size_px:
-        l0_w, l0_h = reader.level_dimensions[0]
-        view, l0_per_v = read_lowres(reader, max(1.0, max(l0_w, l0_h) / task.qc_size_px))
+    l0_w, l0_h = reader.level_dimensions[0]
+    wanted = max(1.0, max(l0_w, l0_h) / task.qc_size_px, QC_FINEST_UM / float(record.mpp or 1))
+    if wanted < l0_per_v * 0.9:
+        try:
+            view, l0_per_v = read_lowres(reader, wanted)
+        except SlideError as exc:  # a tile no kept patch needs may be corrupt: the slide is not failed for it
+            logger.debug("%s: QC view unreadable (%s); the detection view is used", task.path, exc.reason)
     legend = legend_lines(tissue_mm2=record.tissue_mm2, ink_mm2=record.ink_mm2, artefact_mm2=record.artefact_mm2,
                           kept=len(cands), filtered=record.filtered, roi=record.roi)  # fmt: skip
     picture = qc_picture(view, l0_per_v, layers, cands.l0_x, cands.l0_y, cands.l0_extent, legend=legend,

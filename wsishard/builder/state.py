@@ -146,7 +146,7 @@ class BuildState:
             raise OptionError(f"{where} holds {len(foreign)} files that are not a wsishard build ({_names(foreign)}); "
                               "choose an empty or new folder, or pass --overwrite to build beside them (they are "
                               "kept)")  # fmt: skip
-        pictures = {f"qc/{i}.png" for i in fmt.unique_slide_ids(list(stamps or {}))}
+        pictures = {f"qc/{i}.png" for i in fmt.unique_slide_ids(list(stamps or {}))} | {fmt.QC_INDEX_NAME}
         clash = [n for n in foreign if _untemp(n) in pictures or _build_name(_untemp(n))]
         if clash:
             raise OptionError(f"{where} holds files that are not a wsishard build's but bear names a build writes "
@@ -158,7 +158,7 @@ class BuildState:
         shards, unlisted = sum(map(fmt.is_shard_name, files)), [n for n in survey.foreign if fmt.is_shard_name(n)]
         logger.info("replacing the build in %s: removing %d shards, %d manifests, %d QC pictures and its resume "
                     "state; keeping %d other files", self.dest.location, shards, sum(map(_build_name, files)) - shards,
-                    sum(n.startswith("qc/") and n == _untemp(n) for n in files), len(survey.foreign))  # fmt: skip
+                    sum(n.endswith(".png") and n == _untemp(n) for n in files), len(survey.foreign))  # fmt: skip
         if unlisted:
             logger.warning("%s: keeping %d files named like shards that no manifest or done record lists (%s): "
                            "remove them if they are leftovers", self.dest.location, len(unlisted),
@@ -179,7 +179,8 @@ class BuildState:
         listed = {s.get("name") for m in manifests.values() for s in m.get("shards", [])}
         listed |= {n.removesuffix(".json") for n in self.dest.listdir(self._name(_DONE))}
         ids = {s.get("slide_id") for m in manifests.values() for s in m.get("slides", [])}
-        pictures = {f"qc/{i}.png" for i in ids | {e["record"]["slide_id"] for e in self._json(_SCAN) or []}}
+        ids |= {e["record"]["slide_id"] for e in self._json(_SCAN) or []}
+        pictures = {f"qc/{i}.png" for i in ids} | {fmt.QC_INDEX_NAME}  # and the page showing them
 
         def owned(name: str) -> bool:
             if (target := _untemp(name)) != name:  # being written, or left by a killed build, under a temporary name
@@ -326,8 +327,7 @@ class BuildState:
             if geometry is None:
                 scans.append(ScanResult(record))
                 continue
-            mine = {name: arrays[f"{name}{i}"] for name in Candidates.ARRAYS if f"{name}{i}" in arrays.files}
-            cands = Candidates.from_arrays(mine, **geometry)
+            cands = Candidates.from_arrays(arrays, str(i), **geometry)
             scans.append(ScanResult(record, cands, blocks(cands, block_patches), entry["bytes"]))
         return scans
 
