@@ -21,6 +21,8 @@ from wsishard.builder.merge import merge
 from wsishard.builder.options import BuildOptions, BuildProgress
 from wsishard.builder.parts import array_part
 from wsishard.builder.parts import slurm_part as slurm_part  # re-exported: its old home
+from wsishard.builder.qc_html import write_qc_page
+from wsishard.builder.roi import parse_names
 from wsishard.builder.run import build
 from wsishard.errors import OptionError, WsiShardError
 from wsishard.report import details, summary
@@ -70,6 +72,7 @@ _non_negative = _number(float, lambda v: v >= 0, "must be >= 0")
 _non_negative_int = _number(int, lambda v: v >= 0, "must be >= 0")
 _int = _number(int, lambda v: True, "")
 _fraction = _number(float, lambda v: 0.0 <= v <= 1.0, "must be between 0 and 1")
+_degrees = _number(float, lambda v: 0.0 <= v < 360.0, "must be >= 0 and < 360")
 
 
 def _labels(path: str) -> tuple[dict[str, int], tuple[str, ...]]:
@@ -89,13 +92,14 @@ def format_size(n: int) -> str:
 _PARSE: dict[str, Callable[[str], Any]] = {
     "str": str, "int": _int, "positive_int": _positive(int), "positive_float": _positive(float),
     "non_negative": _non_negative, "non_negative_int": _non_negative_int, "fraction": _fraction, "size": parse_size,
-    "mpp_table": mpp_table, "label_table": _labels,
+    "degrees": _degrees, "names": parse_names, "mpp_table": mpp_table, "label_table": _labels,
 }  # fmt: skip
 _SHOW: dict[str, Callable[[Any], str]] = {"size": format_size}  # how a default is shown, by "parse" (else str)
 _GROUPS = {  # "group" in the metadata -> help section, in the order shown
     "patches": "patches",
     "resolution": "resolution",
     "tissue": "tissue detection (Otsu on a low-resolution view; lengths in microns)",
+    "roi": "annotation regions (GeoJSON polygons in level-0 px, as QuPath exports them)",
     "output": "output",
     "run": "run",
 }
@@ -308,8 +312,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    manifest, _root = load_manifest(args.output, dict(args.storage_option))
-    print(details(manifest, max_rows=args.rows))
+    manifest, root = load_manifest(args.output, dict(args.storage_option))
+    if args.html is not None:
+        write_qc_page(manifest, root, args.html)
+    print(details(manifest, max_rows=args.rows) if args.html is None else f"{args.html}: {len(manifest.slides)} "
+          "slides, failed first")  # fmt: skip
     return EXIT_OK
 
 
@@ -341,6 +348,8 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="print a readable summary of a build output's manifest")
     p.add_argument("output", help="build output folder, manifest.json path, or URL prefix")
     p.add_argument("--rows", type=_positive(int), default=50, help="rows of the slide and shard tables")
+    p.add_argument("--html", metavar="FILE", help="write a page of every slide's QC picture and numbers, failed "
+                   "slides first (the build writes one as OUT/qc/index.html)")  # fmt: skip
     _add_storage_option(p)
     p.set_defaults(func=_cmd_inspect)
     p = sub.add_parser("verify", help="re-read every shard and check sizes, sha256 and sample counts")

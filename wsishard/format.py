@@ -1,11 +1,9 @@
 """The shard and manifest format: one description shared by the writer and the reader.
 
-A build output is a folder (or object-store prefix) holding WebDataset tar shards named
-``shard-<group>-<k>.tar`` (``shard-000000-0000.tar``, ``shard-000000-0001.tar``, ``shard-000001-0000.tar``, ...:
-the k-th shard of a slide group, so that each part of a cluster build names its shards alone), the slide records
-``slides.jsonl`` (one JSON object per line) and a ``manifest.json`` written last: the options, the totals and the
-shard index (name, samples, bytes, sha256 of every shard), all a reader needs at start-up. Version 1 outputs
-(``shard-000000.tar`` names, slide records inside ``manifest.json``) are read as before.
+A build output is a folder (or object-store prefix) holding WebDataset tar shards ``shard-<group>-<k>.tar`` (the
+k-th shard of a slide group: each part of a cluster build names its shards alone), the slide records
+``slides.jsonl`` (a JSON object per line) and ``manifest.json``, written last: the options, the totals and the shard
+index (name, samples, bytes, sha256), all a reader needs at start-up. Version 1 outputs are read as before.
 
 Each sample is one tissue patch with the members::
 
@@ -17,10 +15,9 @@ The key grammar is ``<slide_id>_x<l0_x>_y<l0_y>``: ``slide_id`` is sanitized to 
 never holds a dot (webdataset splits member names at the first dot) or a path separator, and the
 coordinates are the patch's top-left corner in level-0 pixels.
 
-What a manifest or a shard says is data, never trusted as a path or a size: shard names must be
-:func:`shard_name` s (checked whenever a manifest is read), sample keys must follow the key grammar
-(:func:`is_sample_key`), and an image's size is read from its header (:func:`image_header`) and held to the
-manifest's patch size (:func:`expected_patch_size`) before it is decoded.
+What a manifest or a shard says is data, never trusted as a path or a size: shard names must be :func:`shard_name` s,
+keys must follow the key grammar, and an image's size is read from its header and held to the manifest's patch size
+(:func:`expected_patch_size`) before it is decoded.
 """
 
 from __future__ import annotations
@@ -32,6 +29,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, TypedDict
 
 from wsishard.errors import ManifestError
+from wsishard.imageheader import expected_patch_size as expected_patch_size
 from wsishard.imageheader import image_header as image_header
 
 FORMAT_NAME = "wsishard"
@@ -39,6 +37,7 @@ FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 SLIDES_NAME = "slides.jsonl"
+QC_INDEX_NAME = "qc/index.html"  # the QC review page (beside the qc/<slide_id>.png pictures)
 SHARD_PREFIX = "shard-"
 SHARD_SUFFIX = ".tar"
 IMAGE_FORMATS: tuple[str, ...] = ("jpg", "png", "webp")
@@ -71,7 +70,11 @@ class PatchMeta(TypedDict, total=False):
     level: int  # pyramid level the pixels were read from
     patch_size: int  # px, width = height of the written image
     tissue: float  # fraction of the patch inside the tissue mask, 0..1
+    background: float  # fraction of the patch that looks like glass, 0..1 (builder/quality.py)
+    dark: float  # fraction of the patch that is very dark, 0..1
+    sharpness: float  # variance of the Laplacian of the grey patch (reduced to 64 px): low is blurred
     label: int  # only when the build had labels
+    label_name: str  # the label's class name, when labels came from annotation classes (--roi-labels)
 
 
 def sanitize_slide_id(name: str) -> str:
@@ -223,8 +226,13 @@ class SlideRecord:
     level: int | None = None
     downsample: float | None = None
     tissue_fraction: float = 0.0
+    tissue_mm2: float = 0.0  # tissue area found (after ink and artefacts were removed)
+    ink_mm2: float = 0.0  # area removed as marker ink
+    artefact_mm2: float = 0.0  # area removed as dark artefacts (scanner edges, dots, bubble rims), ink aside
     candidates: int = 0
     patches: int = 0
+    filtered: dict[str, int] = field(default_factory=dict)  # patches with enough tissue left out, per reason
+    roi: str = ""  # with --roi: "annotated: <file>", "missing: skipped" or "missing: built whole"
     label: int | None = None
     bytes_read: int = 0  # bytes of the slide file downloaded (scan and extraction); 0: a local file
 
@@ -356,9 +364,6 @@ def _known(klass: type, data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k in names}
 
 
-# ---- validation of what a manifest or a shard says: data, never trusted as paths or sizes --------------------
-
-
 def check_shard_records(shards: list[ShardRecord], location: str) -> None:
     """Every shard name is a :func:`shard_name` (a file directly in the output: never a folder, an absolute path
     or an URL) and every count a count. :meth:`Manifest.from_dict` calls it, so a stream or ``verify`` never
@@ -383,18 +388,3 @@ def _shown(value: object) -> str:
 
     text = redact(value) if isinstance(value, str) else value
     return repr(text if not isinstance(text, str) or len(text) <= 120 else text[:120] + "...")
-
-
-def expected_patch_size(manifest: Manifest, location: str = "<manifest>") -> int:
-    """Width = height, px, of every image of a build: ``options["patch"]["patch_size_px"]`` as the build records
-    it. The stream and ``verify`` hold every sample to it (never to the first sample's size).
-
-    Raises:
-        ManifestError: the options do not hold a positive integer there.
-    """
-    patch = manifest.options.get("patch") if isinstance(manifest.options, dict) else None
-    size = patch.get("patch_size_px") if isinstance(patch, dict) else None
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ManifestError(location, f"options.patch.patch_size_px is {size!r}, not a patch size in px "
-                                      "(a manifest not written by wsishard build?)")  # fmt: skip
-    return size

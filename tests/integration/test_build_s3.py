@@ -53,7 +53,8 @@ def test_build_to_s3_equals_the_local_build_and_streams_back(s3: S3Server, s3_bu
     s3_manifest, _ = read_output(str(copy))
     assert s3_manifest.shards == local_manifest.shards  # same names, counts, bytes, sha256
     assert s3_manifest.slides == local_manifest.slides
-    assert len(s3.fs().ls(f"{url}/qc", detail=False)) == len(os.listdir(cohort)) == 8
+    qc = [p.rsplit("/", 1)[-1] for p in s3.fs().ls(f"{url}/qc", detail=False)]
+    assert len(qc) == len(os.listdir(cohort)) + 1 == 9 and "index.html" in qc  # 8 pictures and the review page
     ds = stream(url, batch_size=16, resampled=False, shuffle=0, drop_last=False, storage_options=s3.storage_options)
     keys = [k for batch in ds for k in batch["key"]]
     assert sorted(keys) == sorted(s.key for s in local_samples)

@@ -74,7 +74,8 @@ def test_overwrite_into_a_folder_without_a_build_deletes_nothing(slides: Path, t
     assert {k: v for k, v in _files(out).items() if k in FOREIGN} == FOREIGN
     assert len(manifest.slides) == 2 and not manifest.failed_slides
     assert sorted(p.name for p in out.glob("shard-*.tar")) == [s.name for s in manifest.shards]
-    assert sorted(p.name for p in (out / "qc").iterdir()) == ["notes.txt", "slide-000.png", "slide-001.png"]
+    assert sorted(p.name for p in (out / "qc").iterdir()) == ["index.html", "notes.txt", "slide-000.png",
+                                                               "slide-001.png"]  # fmt: skip
 
 
 def test_a_folder_of_other_files_is_refused_and_left_as_it_was(slides: Path, tmp_path: Path) -> None:
@@ -115,8 +116,8 @@ def test_overwriting_a_previous_build_removes_its_files_and_nothing_else(
     assert len(second.shards) < len(first.shards)
     assert {k: v for k, v in _files(out).items() if k in mine} == mine
     assert sorted(p.name for p in out.glob("shard-*.tar")) == [s.name for s in second.shards]
-    assert sorted(p.name for p in (out / "qc").iterdir()) == ["annotated.png", "notes.txt", "slide-000.png",
-                                                               "slide-001.png"]  # fmt: skip
+    assert sorted(p.name for p in (out / "qc").iterdir()) == ["annotated.png", "index.html", "notes.txt",
+                                                               "slide-000.png", "slide-001.png"]  # fmt: skip
     removing = [r.getMessage() for r in caplog.records if "removing" in r.getMessage()]
     assert len(removing) == 1 and f"{len(first.shards)} shards" in removing[0] and "2 QC pictures" in removing[0]
 
@@ -312,7 +313,7 @@ def test_a_qc_write_error_stops_the_build_and_is_not_cached(slides: Path, tmp_pa
     assert _locks(out) == []
     manifest = build([str(slides)], str(out), WITH_QC)  # the permission is back: both slides are built
     assert [s.status for s in manifest.slides] == ["ok", "ok"]
-    assert sorted(p.name for p in (out / "qc").iterdir()) == ["slide-000.png", "slide-001.png"]
+    assert sorted(p.name for p in (out / "qc").iterdir()) == ["index.html", "slide-000.png", "slide-001.png"]
 
 
 def _read_only_binds() -> bool:

@@ -35,6 +35,13 @@ def _non_default(f: dataclasses.Field[Any], tmp_path: Path) -> tuple[list[str], 
         value = 0.25 if not default else default * 2
     elif kind == "fraction":
         value = 0.25 if default != 0.25 else 0.75
+    elif kind == "degrees":
+        value = (default + 90.0) % 360.0
+    elif kind == "str":
+        (tmp_path / "roi").mkdir(exist_ok=True)
+        return [str(tmp_path / "roi")], {f.name: str(tmp_path / "roi")}
+    elif kind == "names":
+        return ["Tumor, Stroma"], {f.name: ("Tumor", "Stroma")}
     elif kind == "size":
         return ["512MB"], {f.name: 512_000_000}
     elif kind == "mpp_table":

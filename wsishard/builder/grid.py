@@ -7,8 +7,9 @@ resampled to the target mpp, in which patches are exactly ``patch_size_px`` wide
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -31,6 +32,8 @@ class PatchOptions:
             used as it is (the nominal-magnification convention; hs2p's default is 0.05), and the patches' actual
             mpp is recorded.
         block_patches: patches per side of a read block (a block is one region read).
+        max_artefact: drop patches more than this fraction ink or dark artefact (as tissue detection found them;
+            1 keeps them all).
 
     A field's ``metadata`` describes its ``wsishard build`` flag as plain data (read by :mod:`wsishard.cli`).
     """
@@ -53,6 +56,9 @@ class PatchOptions:
         "help": "0: patches at exactly --mpp; above 0: an integer reduction of a pyramid level within this fraction "
                 "of --mpp is used as it is (actual mpp recorded; 0.05 is hs2p's default)"})  # fmt: skip
     block_patches: int = 4
+    max_artefact: float = field(default=0.2, metadata={
+        "metavar": "FRAC", "parse": "fraction",
+        "help": "drop patches more than this fraction marker ink or dark artefact"})  # fmt: skip
 
     def __post_init__(self) -> None:
         """Validate every field; the message names the field, the bad value and what is needed."""
@@ -64,6 +70,7 @@ class PatchOptions:
                self.max_patches_per_slide, ">= 1")  # fmt: skip
         _check(0.0 <= self.mpp_tolerance < 0.5, "mpp_tolerance", self.mpp_tolerance, "0 <= FRAC < 0.5")
         _check(1 <= self.block_patches <= 64, "block_patches", self.block_patches, "1..64")
+        _check(0.0 <= self.max_artefact <= 1.0, "max_artefact", self.max_artefact, "0 <= FRAC <= 1")
 
     @property
     def stride(self) -> int:
@@ -118,9 +125,32 @@ class Candidates:
     stride: int  # output px between grid cells
     patch: int  # output px per patch side
     total: int  # candidate cells with any tissue before the min_tissue cut
+    dropped_artefact: int = 0  # cells with enough tissue dropped for holding more than max_artefact artefacts
+    dropped_roi: int = 0  # cells with enough tissue dropped for lying less than min_roi_coverage in the regions
+    dropped_class: int = 0  # cells dropped for lying mostly in an annotation class not among the labels
+    label: np.ndarray | None = None  # (n,) int64 per-patch label (annotation classes), None: the slide's label
+    label_names: tuple[str, ...] = ()  # the names of the per-patch labels
+
+    ARRAYS: ClassVar[tuple[str, ...]] = ("col", "row", "tissue", "label", "label_names")  # what arrays() gives
 
     def __len__(self) -> int:
         return int(self.col.shape[0])
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The per-patch arrays (and the label names) to save; :meth:`from_arrays` reads them back."""
+        out = {"col": self.col, "row": self.row, "tissue": self.tissue}
+        if self.label is not None:
+            out.update(label=self.label, label_names=np.array(self.label_names, dtype=str))
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray], suffix: str = "", **geometry: Any) -> Candidates:
+        """The candidates :meth:`arrays` saved (each name followed by ``suffix``), with the scalar fields in
+        ``geometry``."""
+        got = {name: arrays[name + suffix] for name in cls.ARRAYS if name + suffix in arrays}
+        names = tuple(str(n) for n in got["label_names"]) if "label_names" in got else ()
+        return cls(col=got["col"], row=got["row"], tissue=got["tissue"], label=got.get("label"), label_names=names,
+                   **geometry)  # fmt: skip
 
     @property
     def l0_x(self) -> np.ndarray:
@@ -163,7 +193,8 @@ def tissue_fractions(mask: np.ndarray, m_x0: np.ndarray, m_y0: np.ndarray, m_siz
 
 
 def candidates(l0_dims: tuple[int, int], mpp0: float, mask: np.ndarray, l0_per_m: float, options: PatchOptions,
-               seed: int = 0, *, level_downsample: float = 1.0) -> Candidates:  # fmt: skip
+               seed: int = 0, *, level_downsample: float = 1.0, artefact: np.ndarray | None = None,
+               roi: np.ndarray | None = None, min_roi_coverage: float = 0.5) -> Candidates:  # fmt: skip
     """The slide's patches with at least ``min_tissue`` tissue (and the seeded subset if capped).
 
     Args:
@@ -173,21 +204,39 @@ def candidates(l0_dims: tuple[int, int], mpp0: float, mask: np.ndarray, l0_per_m
         l0_per_m: level-0 px per mask px.
         seed: seeds the subset when ``max_patches_per_slide`` caps the count.
         level_downsample: downsample of the level the patches are read from (for ``mpp_tolerance`` snapping).
+        artefact: (h, w) bool ink and dark artefacts, the mask's frame: cells more than ``max_artefact`` of them
+            are dropped (counted in ``dropped_artefact``).
+        roi: (h, w) bool annotated regions, the mask's frame: only tissue inside them counts, and cells less than
+            ``min_roi_coverage`` inside them are dropped (those with enough tissue counted in ``dropped_roi``).
     """
     l0_per_o = output_scale(mpp0, level_downsample, options)
     patch, stride = options.patch_size_px, options.stride
     cols, rows = grid_shape(l0_dims, l0_per_o, patch, stride)
     row, col = np.divmod(np.arange(cols * rows, dtype=np.int64), max(cols, 1))
     m_per_o = l0_per_o / l0_per_m
-    frac = tissue_fractions(mask, col * stride * m_per_o, row * stride * m_per_o, patch * m_per_o)
+
+    def fractions(layer: np.ndarray) -> np.ndarray:
+        return tissue_fractions(layer, col * stride * m_per_o, row * stride * m_per_o, patch * m_per_o)
+
+    frac = fractions(mask)
     total = int(np.count_nonzero(frac > 0))
     keep = frac >= options.min_tissue if options.min_tissue > 0 else np.ones_like(frac, dtype=bool)
+    dropped = [0, 0]
+    if artefact is not None and artefact.any():
+        good = fractions(artefact) <= options.max_artefact
+        dropped[0] = int(np.count_nonzero(keep & ~good))
+        keep &= good
+    if roi is not None:  # tissue counts only inside the regions
+        frac = fractions(mask & roi)
+        good = (frac >= options.min_tissue) & (fractions(roi) >= min_roi_coverage)
+        dropped[1] = int(np.count_nonzero(keep & ~good))
+        keep &= good
     idx = np.flatnonzero(keep)
     cap = options.max_patches_per_slide
     if cap is not None and idx.size > cap:
         idx = np.sort(np.random.default_rng((seed, 0x5A3D)).choice(idx, size=cap, replace=False))
     return Candidates(col=col[idx], row=row[idx], tissue=frac[idx], l0_per_o=l0_per_o, stride=stride,
-                      patch=patch, total=total)  # fmt: skip
+                      patch=patch, total=total, dropped_artefact=dropped[0], dropped_roi=dropped[1])  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from wsishard.builder.grid import PatchOptions
 from wsishard.builder.patches import EncodeOptions
+from wsishard.builder.quality import QualityOptions
+from wsishard.builder.roi import RoiOptions
 from wsishard.builder.tissue import TissueOptions
 from wsishard.errors import OptionError
 from wsishard.format import IMAGE_FORMATS
@@ -37,6 +39,8 @@ class BuildOptions:
     Attributes:
         patch: grid, resolution and selection of patches.
         tissue: tissue detection.
+        roi: annotation regions (GeoJSON) patches are restricted to, and their classes as labels.
+        patch_quality: per-patch quality filters (background, dark, sharpness) applied while extracting.
         image_format: ``jpg`` (lossy, ``quality``), ``png`` or ``webp`` (lossless).
         quality: JPEG quality 1..100.
         shard_size_bytes: shards are planned to hold at most about this many bytes (None: no byte limit).
@@ -45,7 +49,8 @@ class BuildOptions:
         group_slides: slides per group; every shard mixes the slides of its group.
         seed: seeds every random choice of the build (>= 0).
         jobs: worker processes (None: all cores).
-        qc: write ``qc/<slide>.png`` pictures.
+        qc: write ``qc/<slide>.png`` pictures (and ``qc/index.html``).
+        qc_size_px: the QC pictures' longest side, px (64..16384).
         fast_path: decode TIFF-family tiles directly instead of through OpenSlide.
         default_mpp: level-0 mpp for slides that report none.
         mpp_overrides: slide (path, file name or stem) -> level-0 mpp; wins over the slide's own value.
@@ -63,6 +68,8 @@ class BuildOptions:
 
     patch: PatchOptions = field(default_factory=PatchOptions, metadata={"group": "patches"})
     tissue: TissueOptions = field(default_factory=TissueOptions, metadata={"group": "tissue"})
+    roi: RoiOptions = field(default_factory=RoiOptions, metadata={"group": "roi"})
+    patch_quality: QualityOptions = field(default_factory=QualityOptions, metadata={"group": "patches"})
     image_format: str = field(default="jpg", metadata={
         "flag": "--format", "group": "output", "choices": IMAGE_FORMATS,
         "help": "jpg (lossy) or png/webp (lossless)"})  # fmt: skip
@@ -84,6 +91,9 @@ class BuildOptions:
         "group": "run", "parse": "positive_int", "metavar": "N",
         "help": "worker processes (default: all cores)"})  # fmt: skip
     qc: bool = field(default=True, metadata={"group": "output", "help": "skip the qc/<slide>.png pictures"})
+    qc_size_px: int = field(default=2000, metadata={
+        "flag": "--qc-size", "group": "output", "parse": "positive_int", "metavar": "PX",
+        "help": "longest side of the QC pictures"})  # fmt: skip
     fast_path: bool = field(default=True, metadata={"group": "run", "help": "read every slide through OpenSlide"})
     default_mpp: float | None = field(default=None, metadata={
         "group": "resolution", "parse": "positive_float", "metavar": "UM",
@@ -113,6 +123,7 @@ class BuildOptions:
             "group_slides": (self.group_slides >= 1, ">= 1"),
             "seed": (self.seed >= 0, ">= 0"),
             "jobs": (self.jobs is None or self.jobs >= 1, ">= 1"),
+            "qc_size_px": (64 <= self.qc_size_px <= 16384, "64..16384"),
             "default_mpp": (self.default_mpp is None or valid_mpp(self.default_mpp), f"0 < UM < {MAX_MPP:g}"),
         }
         for name, (ok, rule) in checks.items():
@@ -121,16 +132,25 @@ class BuildOptions:
         for slide, mpp in self.mpp_overrides.items():
             if not valid_mpp(mpp):
                 raise OptionError(f"invalid mpp_overrides: mpp of {slide!r} is {mpp!r}: need {MPP_RULE}")
+        if self.labels and self.roi.labels:
+            raise OptionError("invalid labels: give slide labels (--labels) or annotation-class labels "
+                              "(--roi-labels), not both")  # fmt: skip
         for slide, label in self.labels.items():
             if not valid_label(label):
                 raise OptionError(f"invalid labels: label of {slide!r} is {label!r}: need an integer in 0..2**63-1 "
                                   "(-1 marks unlabelled samples)")  # fmt: skip
 
     @property
+    def class_names(self) -> tuple[str, ...]:
+        """Names of the integer labels: the slide label table's, or the annotation classes (``--roi-labels``, which
+        label nothing without ``--roi``)."""
+        return self.label_names or (self.roi.labels if self.roi.path is not None else ())
+
+    @property
     def encode(self) -> EncodeOptions:
         """How patches are resampled and encoded."""
         return EncodeOptions(target_mpp=self.patch.target_mpp, image_format=self.image_format, quality=self.quality,
-                             fast_path=self.fast_path)  # fmt: skip
+                             fast_path=self.fast_path, filters=self.patch_quality)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,12 @@ import io
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from PIL import Image
 
 from wsishard.builder.grid import Block, Candidates
+from wsishard.builder.quality import QualityOptions, quality_scores
 from wsishard.errors import OptionError
 from wsishard.format import IMAGE_FORMATS, PatchMeta, sample_key
 from wsishard.slide import SlideReader
@@ -40,6 +41,7 @@ class EncodeOptions:
         image_format: ``jpg`` (lossy, ``quality``), ``png`` or ``webp`` (lossless).
         quality: JPEG quality 1..100.
         fast_path: decode TIFF-family tiles directly instead of through OpenSlide.
+        filters: per-patch quality filters (the scores are written into every ``.json`` either way).
 
     Raises:
         OptionError: (a ``ValueError``) naming the field and the bad value.
@@ -49,6 +51,7 @@ class EncodeOptions:
     image_format: str = "jpg"
     quality: int = 90
     fast_path: bool = True
+    filters: QualityOptions = field(default_factory=QualityOptions)
 
     def __post_init__(self) -> None:
         if self.image_format not in IMAGE_FORMATS:
@@ -187,16 +190,22 @@ def block_samples(reader: SlideReader, work: SlideWork, block: Block, encode: En
     size, extent = cands.patch, cands.l0_extent
     out = []
     for i, patch in zip(block.patches.tolist(), patch_images(reader, block, cands, work.level), strict=True):
+        scores = quality_scores(patch)  # the one place patch pixels are scored
+        if encode.filters.rejects(scores) is not None:
+            continue
         x, y = int(l0_x[i]), int(l0_y[i])
         meta: PatchMeta = {
             "slide_id": work.slide_id, "file": work.name, "x": x, "y": y, "extent": extent,
             "mpp": work.mpp, "level": work.level, "patch_size": size,
-            "tissue": round(float(cands.tissue[i]), 4),
+            "tissue": round(float(cands.tissue[i]), 4), **scores,  # type: ignore[typeddict-item]
         }  # fmt: skip
         members = {encode.image_format: encode_image(patch, encode.image_format, encode.quality)}
-        if work.label is not None:
-            meta["label"] = work.label
-            members["cls"] = str(work.label).encode()
+        label = work.label if cands.label is None else int(cands.label[i])
+        if label is not None:
+            meta["label"] = label
+            members["cls"] = str(label).encode()
+        if cands.label is not None and label is not None:
+            meta["label_name"] = cands.label_names[label]
         members["json"] = json.dumps(meta, sort_keys=True).encode()
         out.append((sample_key(work.slide_id, x, y), members))
     return out

@@ -1,37 +1,135 @@
-"""Quality-control pictures: the slide's thumbnail with the tissue contour and the kept patches drawn."""
+"""Quality-control pictures: the slide at about ``--qc-size`` px with what the build saw and kept.
+
+Drawn over a low-resolution view of the slide: removed ink (magenta) and dark artefacts (orange) as translucent
+fills, the kept patches as a translucent blue fill (the tissue under them stays visible), the tissue contour
+(green), the annotation regions' outlines (yellow), and a legend band under the picture with the counts.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFont
+from scipy import ndimage as ndi
 from skimage.segmentation import find_boundaries
 
-_CONTOUR_RGB = (0, 170, 0)
-_PATCH_RGB = (30, 60, 230)
+CONTOUR_RGB = (0, 170, 0)
+PATCH_RGB = (30, 60, 230)
+INK_RGB = (230, 0, 200)
+DARK_RGB = (255, 140, 0)
+ROI_RGB = (255, 215, 0)
+FILL_ALPHA = 0.35  # kept patches
+ARTEFACT_ALPHA = 0.5  # removed ink and dark artefacts
+DEFAULT_SIZE_PX = 2000
 
 
-def qc_picture(thumb: np.ndarray, mask: np.ndarray, l0_per_t: float, l0_x: np.ndarray, l0_y: np.ndarray,
-               l0_extent: int, *, max_side_px: int = 1200) -> Image.Image:  # fmt: skip
-    """Draw the tissue contour and the kept patches over the thumbnail.
+@dataclass(frozen=True)
+class QcLayers:
+    """What a QC picture shows, each (h, w) bool on the tissue mask's grid (``l0_per_m`` level-0 px per px).
+
+    ``ink``, ``dark`` and ``roi`` may be None (nothing of the kind)."""
+
+    tissue: np.ndarray
+    l0_per_m: float
+    ink: np.ndarray | None = None
+    dark: np.ndarray | None = None
+    roi: np.ndarray | None = None
+
+
+def qc_picture(view: np.ndarray, l0_per_v: float, layers: QcLayers, l0_x: np.ndarray, l0_y: np.ndarray,
+               l0_extent: int, *, legend: list[str] | None = None,
+               max_side_px: int = DEFAULT_SIZE_PX) -> Image.Image:  # fmt: skip
+    """Draw the picture.
 
     Args:
-        thumb: (h, w, 3) uint8 thumbnail; ``mask`` is (h, w) bool at the same resolution.
-        l0_per_t: level-0 px per thumbnail px.
-        l0_x, l0_y: (n,) level-0 top-left corners of the kept patches.
-        l0_extent: level-0 side of a patch.
-        max_side_px: the picture is scaled down to at most this side.
+        view: (h, w, 3) uint8 low-resolution view of the slide at ``l0_per_v`` level-0 px per px; scaled down to at
+            most ``max_side_px`` (never up).
+        layers: the tissue mask and what was removed, on their own grid (resized to the picture's).
+        l0_x, l0_y: (n,) level-0 top-left corners of the kept patches; ``l0_extent`` their level-0 side.
+        legend: lines of counts written under the picture with the colour key (None: no legend band).
     """
-    rgb = np.array(thumb)  # (h, w, 3) uint8
-    edge = find_boundaries(mask, mode="inner")
-    rgb[edge] = _CONTOUR_RGB
-    image = Image.fromarray(rgb)
+    image = Image.fromarray(view)
     scale = min(1.0, max_side_px / max(image.size))
     if scale < 1.0:
-        image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))))
-    draw = ImageDraw.Draw(image)
-    t_per_l0 = scale / l0_per_t  # picture px per level-0 px
-    side = max(1.0, l0_extent * t_per_l0)
+        image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
+                             Image.Resampling.BOX)  # fmt: skip
+    rgb = np.asarray(image).astype(np.float32)  # (H, W, 3)
+    size = (image.width, image.height)
+    for layer, color in ((layers.ink, INK_RGB), (layers.dark, DARK_RGB)):
+        if layer is not None and layer.any():
+            _blend(rgb, _resized(layer, size), color, ARTEFACT_ALPHA)
+    t_per_l0 = scale / l0_per_v  # picture px per level-0 px
+    _blend(rgb, _patch_area(size, l0_x, l0_y, l0_extent, t_per_l0), PATCH_RGB, FILL_ALPHA)
+    width = 2 if max(size) >= 1000 else 1
+    out = np.clip(rgb + 0.5, 0, 255).astype(np.uint8)
+    out[_outline(_resized(layers.tissue, size), width)] = CONTOUR_RGB
+    if layers.roi is not None:
+        out[_outline(_resized(layers.roi, size), width)] = ROI_RGB
+    picture = Image.fromarray(out)
+    return picture if legend is None else _with_legend(picture, legend)
+
+
+def _resized(mask: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """(H, W) bool: ``mask`` resized (nearest) to ``size`` (W, H)."""
+    if (mask.shape[1], mask.shape[0]) == size:
+        return mask
+    return np.asarray(Image.fromarray(mask).resize(size, Image.Resampling.NEAREST))
+
+
+def _blend(rgb: np.ndarray, where: np.ndarray, color: tuple[int, int, int], alpha: float) -> None:
+    rgb[where] = rgb[where] * (1 - alpha) + np.array(color, dtype=np.float32) * alpha
+
+
+def _patch_area(size: tuple[int, int], l0_x: np.ndarray, l0_y: np.ndarray, l0_extent: int,
+                t_per_l0: float) -> np.ndarray:  # fmt: skip
+    """(H, W) bool: the picture px the kept patches cover (each at least one px)."""
+    area = np.zeros((size[1], size[0]), dtype=bool)
+    side = max(1, round(l0_extent * t_per_l0))
     for x, y in zip(l0_x.tolist(), l0_y.tolist(), strict=True):
-        px, py = x * t_per_l0, y * t_per_l0
-        draw.rectangle((px, py, px + side - 1, py + side - 1), outline=_PATCH_RGB)
-    return image
+        px, py = round(x * t_per_l0), round(y * t_per_l0)
+        area[py : py + side, px : px + side] = True
+    return area
+
+
+def _outline(mask: np.ndarray, width: int) -> np.ndarray:
+    edge = find_boundaries(mask, mode="inner")
+    return ndi.binary_dilation(edge, iterations=width - 1) & mask if width > 1 else edge
+
+
+def legend_lines(*, tissue_mm2: float, ink_mm2: float, artefact_mm2: float, kept: int,
+                 filtered: dict[str, int], roi: str = "") -> list[str]:  # fmt: skip
+    """The legend's lines: the colour key with each layer's figure, then the patches left out per reason."""
+    key = (f"tissue contour (green): {tissue_mm2:.2f} mm2 | kept patches (blue): {kept:,} | "
+           f"ink removed (magenta): {ink_mm2:.2f} mm2 | "
+           f"dark artefacts removed (orange): {artefact_mm2:.2f} mm2")  # fmt: skip
+    lines = [key + (f" | annotations (yellow): {roi}" if roi else "")]
+    if filtered:
+        lines.append("left out: " + ", ".join(f"{reason} {n:,}" for reason, n in sorted(filtered.items())))
+    return lines
+
+
+def _with_legend(picture: Image.Image, lines: list[str]) -> Image.Image:
+    """The picture with a white band under it holding ``lines`` (font sized to the picture, wrapped to fit)."""
+    font_px = max(10, min(22, picture.width // 60))
+    font = ImageFont.load_default(size=font_px)
+    wrapped = [part for line in lines for part in _wrap(line, font, picture.width - 2 * font_px)]
+    band = Image.new("RGB", (picture.width, (len(wrapped) + 1) * int(font_px * 1.4)), "white")
+    draw = ImageDraw.Draw(band)
+    for i, text in enumerate(wrapped):
+        draw.text((font_px, int(font_px * (0.6 + 1.4 * i))), text, fill=(20, 20, 20), font=font)
+    out = Image.new("RGB", (picture.width, picture.height + band.height), "white")
+    out.paste(picture, (0, 0))
+    out.paste(band, (0, picture.height))
+    return out
+
+
+def _wrap(text: str, font: ImageFont.FreeTypeFont | ImageFont.ImageFont, width: float) -> list[str]:
+    """``text`` cut at spaces into lines at most ``width`` px wide (a word longer than that stays whole)."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and font.getlength(lines[-1] + " " + word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines

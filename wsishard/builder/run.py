@@ -35,6 +35,8 @@ from wsishard.builder.options import BuildOptions, BuildProgress
 from wsishard.builder.patches import SlideWork
 from wsishard.builder.plan import ShardPlan, make_groups, part_groups, plan_group
 from wsishard.builder.pool import WorkerPool
+from wsishard.builder.qc_html import INDEX_NAME, qc_index
+from wsishard.builder.roi import match_annotations
 from wsishard.builder.scan import ScanResult, ScanTask, crashed_scan, scan_slide
 from wsishard.builder.staging import StagedSlide, StageTask, crashed_stage, remove_staging, stage_slide
 from wsishard.builder.state import BuildState, fingerprint, input_stamps
@@ -115,6 +117,8 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
         manifest = _manifest(inputs, options, slides, shards, state.digest, part, len(paths))
         for name, data in manifest_files(manifest, part):
             dest.write_bytes(name, data)
+        if options.qc and part is None:  # a cluster build's parts would overwrite each other's: inspect --html
+            dest.write_bytes(INDEX_NAME, qc_index(manifest).encode())
     return manifest
 
 
@@ -143,6 +147,7 @@ def _scan_all(pool: WorkerPool, paths: list[str], indices: list[int], dest: Dest
               progress: ProgressCallback[BuildProgress], remote: _Scratch, state: BuildState) -> None:  # fmt: skip
     """Scan the slides ``indices`` not scanned yet; each result is saved as it arrives, and none is kept here."""
     ids = unique_slide_ids(paths)
+    annotations = match_annotations(options.roi.path, paths)
     if options.qc:
         dest.makedirs("qc")
     store = state.scans
@@ -153,8 +158,9 @@ def _scan_all(pool: WorkerPool, paths: list[str], indices: list[int], dest: Dest
                  encode=options.encode, measure=options.shard_size_bytes is not None,
                  mpp_override=lookup(options.mpp_overrides, paths[i]), default_mpp=options.default_mpp,
                  label=lookup(options.labels, paths[i]), seed=options.seed, dest=dest,
-                 qc_name=f"qc/{ids[i]}.png" if options.qc else None, scratch=remote.scratch,
-                 storage_options=remote.storage_options)
+                 qc_name=f"qc/{ids[i]}.png" if options.qc else None, qc_size_px=options.qc_size_px,
+                 scratch=remote.scratch, storage_options=remote.storage_options, roi=options.roi,
+                 roi_file=annotations[i])
         for i in todo
     )  # fmt: skip
     done = len(indices) - len(todo)
@@ -193,24 +199,29 @@ def _extract_groups(pool: WorkerPool, groups: list[tuple[int, list[int]]], dest:
                 patches[slide] = patches.get(slide, 0) + n
         shards += [o.record for _, o in sorted(outcomes.items()) if o.record is not None]
         for s in members:
-            record = _final_record(scans[s].record, failed.get(s), patches.get(s, 0))
+            record = _final_record(scans[s], failed.get(s), patches.get(s, 0))
             got = staged[s].bytes_read if s in staged else 0
             slides[s] = dataclasses.replace(record, bytes_read=record.bytes_read + got) if got else record
     return slides, shards
 
 
-def _final_record(record: SlideRecord, failure: str | None, patches: int) -> SlideRecord:
+def _final_record(scan: ScanResult, failure: str | None, patches: int) -> SlideRecord:
     """A slide's manifest record: its scan's, with the patches written or the reason extraction failed."""
+    record = scan.record
     if failure is not None:
         return dataclasses.replace(record, status="failed", reason=f"extraction: {failure}", patches=0)
-    return dataclasses.replace(record, patches=patches) if record.status == "ok" else record
+    if record.status != "ok":
+        return record
+    quality = len(scan.cands or ()) - patches  # planned patches not written: left out by the quality filters
+    filtered = {**record.filtered, **({"quality": quality} if quality > 0 else {})}
+    return dataclasses.replace(record, patches=patches, filtered=filtered)
 
 
 def _samples_per_shard(options: BuildOptions, scans: list[ScanResult]) -> int:
     limits = [options.shard_samples] if options.shard_samples else []
     measured = [s.bytes_per_patch for s in scans if s.bytes_per_patch]
     if options.shard_size_bytes and measured:
-        members = 3 if options.labels else 2
+        members = 3 if options.class_names else 2
         per_sample = sum(measured) / len(measured) + members * _TAR_BYTES_PER_MEMBER
         limits.append(max(options.patch.block_patches**2, int(options.shard_size_bytes // per_sample)))
     return min(limits) if limits else 2**31
@@ -351,8 +362,8 @@ def _manifest(inputs: Sequence[str], options: BuildOptions, slides: dict[int, Sl
               n_slides: int) -> Manifest:  # fmt: skip
     """The manifest of the build (or of a part: its slides' records, with their indices among all slides)."""
     extra: dict[str, Any] = {"fingerprint": digest}
-    if options.label_names:
-        extra["label_names"] = list(options.label_names)
+    if options.class_names:
+        extra["label_names"] = list(options.class_names)
     indices = sorted(slides)
     if part is not None:
         extra.update(part=list(part), slide_indices=indices, slides_total=n_slides)

@@ -11,6 +11,7 @@ import io
 import logging
 import os
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -25,9 +26,10 @@ from wsishard.builder.grid import (
     output_scale,
 )
 from wsishard.builder.patches import EncodeOptions, SlideWork, block_samples
-from wsishard.builder.qc import qc_picture
+from wsishard.builder.qc import QcLayers, legend_lines, qc_picture
+from wsishard.builder.roi import RoiOptions, label_patches, roi_status, slide_roi
 from wsishard.builder.staging import local_copy
-from wsishard.builder.tissue import TissueOptions, detect_tissue
+from wsishard.builder.tissue import TissueOptions, TissueResult, find_tissue
 from wsishard.errors import OutputError, SlideError, SlideFailure
 from wsishard.format import SlideRecord
 from wsishard.slide import SlideReader, open_slide, read_lowres, resolve_mpp
@@ -37,6 +39,7 @@ from wsishard.storage.urls import StorageOptions, is_url
 
 logger = logging.getLogger(__name__)
 
+QC_FINEST_UM = 2.0  # QC pictures are read no finer than this many microns per px (a small slide's is small)
 _MEASURED_PATCHES = 6  # patches per slide encoded while scanning to size shards in bytes
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # writing failed for want of room or rights: not the slide's
 
@@ -57,7 +60,10 @@ class ScanTask:
     label: int | None
     seed: int
     dest: Destination  # the build output (QC pictures go there)
+    roi: RoiOptions = field(default_factory=RoiOptions)
+    roi_file: str | None = None  # the slide's annotation file (None: none; see roi.missing when roi.path is set)
     qc_name: str | None  # the QC picture's name in the output (None: no picture)
+    qc_size_px: int = 2000  # the QC picture's longest side (at most; a small slide's is smaller)
     scratch: str = ""  # local folder for a copy of a slide given as a URL
     storage_options: StorageOptions = field(default_factory=dict)
 
@@ -143,20 +149,29 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
     if cols == 0 or rows == 0:
         reason = f"smaller than one {patch.patch_size_px} px patch at {patch.target_mpp} mpp ({l0_w}x{l0_h})"
         return ScanResult(replace(record, reason=reason))
+    record = replace(record, roi=roi_status(task.roi, task.roi_file))
+    if task.roi.path is not None and task.roi_file is None and task.roi.missing == "skip":
+        return ScanResult(replace(record, reason="no annotation file in --roi (skipped: --roi-missing whole builds "
+                                                 "it whole)"))  # fmt: skip
     l0_per_t = max(task.tissue.thumb_mpp / mpp0, max(l0_w, l0_h) / task.tissue.max_thumb_px, 1.0)
     thumb, l0_per_t = read_lowres(reader, l0_per_t)
-    mask = detect_tissue(thumb, l0_per_t * mpp0, task.tissue)
-    cands = candidates((l0_w, l0_h), mpp0, mask, l0_per_t, patch, seed=_slide_seed(task),
-                       level_downsample=float(record.downsample or 1))  # fmt: skip
+    found = find_tissue(thumb, l0_per_t * mpp0, task.tissue)
+    mask = found.mask
+    roi = slide_roi(task.roi, task.roi_file, mask.shape, l0_per_t)
+    cands = candidates((l0_w, l0_h), mpp0, mask, l0_per_t, patch,
+                       seed=_slide_seed(task), level_downsample=float(record.downsample or 1),
+                       artefact=found.ink | found.dark, roi=None if roi is None else roi.mask,
+                       min_roi_coverage=task.roi.min_roi_coverage)  # fmt: skip
+    if roi is not None and task.roi.labels:
+        cands = label_patches(cands, roi, task.roi.labels, l0_per_t)
+    record = replace(record, **_tissue_report(found, l0_per_t * mpp0, cands))
     if task.qc_name is not None:
-        picture = qc_picture(thumb, mask, l0_per_t, cands.l0_x, cands.l0_y, cands.l0_extent)
-        buf = io.BytesIO()
-        picture.save(buf, "PNG")
-        _write_qc(task.dest, task.qc_name, buf.getvalue())
-    record = replace(record, tissue_fraction=round(float(mask.mean()), 4), candidates=cands.total)
+        layers = QcLayers(mask, l0_per_t, found.ink, found.dark, None if roi is None else roi.mask)
+        _write_qc(task, reader, (thumb, l0_per_t), layers, cands, record)
     if len(cands) == 0:
         reason = "no tissue found" if not mask.any() else f"no patch with >= {patch.min_tissue:.0%} tissue"
-        return ScanResult(replace(record, reason=reason))
+        left_out = ", ".join(f"{k} {n}" for k, n in sorted(record.filtered.items()))
+        return ScanResult(replace(record, reason=reason + (f" (left out: {left_out})" if left_out else "")))
     block_list = blocks(cands, patch.block_patches)
     work = SlideWork(path=task.path, slide_id=task.slide_id, level=record.level or 0, mpp=record.patch_mpp or 0,
                      cands=cands, blocks=block_list, label=task.label)  # fmt: skip
@@ -164,16 +179,44 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
     return ScanResult(replace(record, status="ok"), cands, block_list, measured)
 
 
-def _write_qc(dest: Destination, name: str, png: bytes) -> None:
-    """Write a QC picture into the output.
+def _tissue_report(found: TissueResult, t_mpp: float, cands: Candidates) -> dict[str, Any]:
+    """The slide record's tissue fields: fraction, areas in mm^2 (``t_mpp``: microns per view px), candidates and
+    the patches the scan left out per reason."""
+    mm2 = (t_mpp / 1000.0) ** 2  # per view px
+    counts = {"artefact": cands.dropped_artefact, "roi": cands.dropped_roi, "roi_class": cands.dropped_class}
+    filtered = {reason: n for reason, n in counts.items() if n}
+    return dict(tissue_fraction=round(float(found.mask.mean()), 4), candidates=cands.total,
+                tissue_mm2=round(int(found.mask.sum()) * mm2, 4), ink_mm2=round(int(found.ink.sum()) * mm2, 4),
+                artefact_mm2=round(int((found.dark & ~found.ink).sum()) * mm2, 4), filtered=filtered)  # fmt: skip
+
+
+def _write_qc(task: ScanTask, reader: SlideReader, thumb: tuple[np.ndarray, float], layers: QcLayers,
+              cands: Candidates, record: SlideRecord) -> None:  # fmt: skip
+    """Draw the slide's QC picture on a view of about ``task.qc_size_px`` (the detection view when it is as large)
+    and write it into the output.
 
     Raises:
         OutputError: it cannot be written (a permission, a full disk, a read-only store).
     """
+    view, l0_per_v = thumb
+    l0_w, l0_h = reader.level_dimensions[0]
+    wanted = max(1.0, max(l0_w, l0_h) / task.qc_size_px, QC_FINEST_UM / float(record.mpp or 1))
+    if wanted < l0_per_v * 0.9:
+        try:
+            view, l0_per_v = read_lowres(reader, wanted)
+        except SlideError as exc:  # a tile no kept patch needs may be corrupt: the slide is not failed for it
+            logger.debug("%s: QC view unreadable (%s); the detection view is used", task.path, exc.reason)
+    legend = legend_lines(tissue_mm2=record.tissue_mm2, ink_mm2=record.ink_mm2, artefact_mm2=record.artefact_mm2,
+                          kept=len(cands), filtered=record.filtered, roi=record.roi)  # fmt: skip
+    picture = qc_picture(view, l0_per_v, layers, cands.l0_x, cands.l0_y, cands.l0_extent, legend=legend,
+                         max_side_px=task.qc_size_px)  # fmt: skip
+    buf = io.BytesIO()
+    picture.quantize(256).save(buf, "PNG")  # a 256-colour palette: 1.2 MB instead of 3 at 2000 px
+    name = task.qc_name or ""
     try:
-        dest.write_bytes(name, png)
+        task.dest.write_bytes(name, buf.getvalue())
     except OSError as exc:
-        raise OutputError(dest.path(name), exc.strerror or str(exc)) from exc
+        raise OutputError(task.dest.path(name), exc.strerror or str(exc)) from exc
 
 
 def _resolution(task: ScanTask, reader: SlideReader, record: SlideRecord) -> SlideRecord:
@@ -193,7 +236,7 @@ def _slide_seed(task: ScanTask) -> int:
     return int.from_bytes(task.slide_id.encode()[:8].ljust(8, b"\0"), "little") ^ task.seed
 
 
-def _bytes_per_patch(task: ScanTask, reader: SlideReader, work: SlideWork) -> float:
+def _bytes_per_patch(task: ScanTask, reader: SlideReader, work: SlideWork) -> float | None:
     """Mean encoded bytes of a sample, measured on a few seeded patches of the slide (read one by one)."""
     cands = work.cands
     rng = np.random.default_rng((task.seed, task.index, 0x5CA9))
@@ -204,4 +247,4 @@ def _bytes_per_patch(task: ScanTask, reader: SlideReader, work: SlideWork) -> fl
         one = Block(patches=np.array([i]), o_x=ox, o_y=oy, o_w=cands.patch, o_h=cands.patch)
         samples = block_samples(reader, work, one, task.encode)
         sizes.extend(sum(len(v) for v in members.values()) for _, members in samples)
-    return float(np.mean(sizes))
+    return float(np.mean(sizes)) if sizes else None  # None: every patch measured was left out by a quality filter

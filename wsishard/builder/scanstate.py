@@ -42,7 +42,7 @@ def encode_scan(scan: ScanResult) -> bytes:
     cands, geometry, arrays = scan.cands, None, {}
     if cands is not None:
         geometry = dict(l0_per_o=cands.l0_per_o, stride=cands.stride, patch=cands.patch, total=cands.total)
-        arrays = {"col": cands.col, "row": cands.row, "tissue": cands.tissue}
+        arrays = cands.arrays()
     meta = dict(record=dataclasses.asdict(scan.record), cands=geometry, bytes=scan.bytes_per_patch)
     buf = io.BytesIO()
     np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)  # type: ignore[arg-type]
@@ -56,7 +56,7 @@ def decode_scan(data: bytes, block_patches: int) -> ScanResult:
         record = fmt.SlideRecord(**meta["record"])
         if meta["cands"] is None:
             return ScanResult(record)
-        cands = Candidates(col=arrays["col"], row=arrays["row"], tissue=arrays["tissue"], **meta["cands"])
+        cands = Candidates.from_arrays(arrays, **meta["cands"])
     return ScanResult(record, cands, blocks(cands, block_patches), meta["bytes"])
 
 

@@ -143,7 +143,7 @@ class BuildState:
             raise OptionError(f"{where} holds {len(foreign)} files that are not a wsishard build ({_names(foreign)}); "
                               "choose an empty or new folder, or pass --overwrite to build beside them (they are "
                               "kept)")  # fmt: skip
-        pictures = {f"qc/{i}.png" for i in fmt.unique_slide_ids(list(stamps or {}))}
+        pictures = {f"qc/{i}.png" for i in fmt.unique_slide_ids(list(stamps or {}))} | {fmt.QC_INDEX_NAME}
         clash = [n for n in foreign if _untemp(n) in pictures or _build_name(_untemp(n))]
         if clash:
             raise OptionError(f"{where} holds files that are not a wsishard build's but bear names a build writes "
@@ -155,7 +155,7 @@ class BuildState:
         shards, unlisted = sum(map(fmt.is_shard_name, files)), [n for n in survey.foreign if fmt.is_shard_name(n)]
         logger.info("replacing the build in %s: removing %d shards, %d manifests, %d QC pictures and its resume "
                     "state; keeping %d other files", self.dest.location, shards, sum(map(_build_name, files)) - shards,
-                    sum(n.startswith("qc/") and n == _untemp(n) for n in files), len(survey.foreign))  # fmt: skip
+                    sum(n.endswith(".png") and n == _untemp(n) for n in files), len(survey.foreign))  # fmt: skip
         if unlisted:
             logger.warning("%s: keeping %d files named like shards that no manifest or done record lists (%s): "
                            "remove them if they are leftovers", self.dest.location, len(unlisted),
@@ -177,7 +177,7 @@ class BuildState:
         listed |= {n.removesuffix(".json") for n in self.dest.listdir(self._name(_DONE))}
         ids = {s.get("slide_id") for m in manifests.values() for s in m.get("slides", [])}
         ids |= set(fmt.unique_slide_ids(sorted(build.get("inputs") or {})) if build else self._slide_ids(names))
-        pictures = {f"qc/{i}.png" for i in ids}
+        pictures = {f"qc/{i}.png" for i in ids} | {fmt.QC_INDEX_NAME}  # and the page showing them
 
         def owned(name: str) -> bool:
             if (target := _untemp(name)) != name:  # being written, or left by a killed build, under a temporary name

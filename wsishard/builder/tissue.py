@@ -2,6 +2,9 @@
 
 The method is the one CLAM, Trident and hs2p use, with every size given in microns:
 
+0. marker ink and dark artefacts (scanner edges, black dots, pen strokes, bubble rims) are found by colour
+   (:mod:`wsishard.builder.artefacts`) and left out of everything that follows: they count as glass for the blur,
+   are not in Otsu's histogram, and are cut out of the final mask;
 1. a per-pixel "stain" feature: HSV saturation, optionally maxed with darkness, where darkness is measured
    against the glass (``1 - value / glass_value``, the glass value being the most common bright value, pure
    white excluded) rather than against white, so a dim scan's background is not read as tissue while dark
@@ -27,7 +30,9 @@ from skimage.filters import threshold_otsu
 from skimage.filters.rank import median as rank_median
 from skimage.morphology import disk
 
+from wsishard.builder.artefacts import find_artefacts
 from wsishard.errors import OptionError
+from wsishard.slide.reader import composite_on_white
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +53,12 @@ class TissueOptions:
         min_hole_um2: holes at most this large inside tissue are filled.
         min_threshold: floor (0..1) on Otsu's threshold, so a blank slide yields no tissue.
         fixed_threshold: if set (0..1), used instead of Otsu's threshold and its floor.
+        ink_filter: remove marker ink (saturated colours outside the H&E hue band).
+        ink_min_saturation: HSV saturation (0..1) from which a colour outside the H&E band counts as ink.
+        he_hue_from_deg, he_hue_to_deg: the H&E hue band, degrees, going up from ``from`` (it may wrap past 360).
+        dark_filter: remove dark artefacts (HSV value below ``dark_max_value``, or dark and grey).
+        dark_max_value: HSV value (0..1) below which a pixel is a dark artefact whatever its colour.
+        artefact_margin_um: ink and dark artefacts are grown by this much before they are removed.
 
     A field's ``metadata`` describes its ``wsishard build`` flag as plain data (read by :mod:`wsishard.cli`).
 
@@ -74,6 +85,23 @@ class TissueOptions:
     fixed_threshold: float | None = field(default=None, metadata={
         "flag": "--tissue-threshold", "metavar": "T", "parse": "fraction",
         "help": "fixed threshold (0..1) on the stain feature instead of Otsu's"})  # fmt: skip
+    ink_filter: bool = field(default=True, metadata={
+        "help": "keep marker ink (by default blue, green, black and other non-H&E colours are removed)"})  # fmt: skip
+    ink_min_saturation: float = field(default=0.15, metadata={
+        "metavar": "S", "parse": "fraction",
+        "help": "saturation (0..1) from which a non-H&E colour is ink"})  # fmt: skip
+    he_hue_from_deg: float = field(default=235.0, metadata={
+        "flag": "--he-hue-from", "metavar": "DEG", "parse": "degrees",
+        "help": "H&E hue band start, degrees (the band goes up from here, through 360)"})  # fmt: skip
+    he_hue_to_deg: float = field(default=20.0, metadata={
+        "flag": "--he-hue-to", "metavar": "DEG", "parse": "degrees", "help": "H&E hue band end, degrees"})  # fmt: skip
+    dark_filter: bool = field(default=True, metadata={
+        "help": "keep dark artefacts (by default scanner edges, black dots and bubble rims are removed)"})  # fmt: skip
+    dark_max_value: float = field(default=0.25, metadata={
+        "metavar": "V", "parse": "fraction",
+        "help": "brightness (0..1) below which a pixel is a dark artefact"})  # fmt: skip
+    artefact_margin_um: float = field(default=8.0, metadata={
+        "metavar": "UM", "parse": "non_negative", "help": "ink and dark artefacts are grown by this much"})  # fmt: skip
 
     def __post_init__(self) -> None:
         """Validate every field; the message names the field, the bad value and what is needed."""
@@ -87,6 +115,14 @@ class TissueOptions:
         _check(0.0 <= self.min_threshold < 1.0, "min_threshold", self.min_threshold, "0 <= T < 1")
         fixed = self.fixed_threshold
         _check(fixed is None or 0.0 <= fixed < 1.0, "fixed_threshold", fixed, "0 <= T < 1")
+        for name in ("ink_filter", "dark_filter"):
+            _check(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
+        for name in ("ink_min_saturation", "dark_max_value"):
+            _check(0.0 <= getattr(self, name) <= 1.0, name, getattr(self, name), "0..1")
+        for name in ("he_hue_from_deg", "he_hue_to_deg"):
+            _check(0.0 <= getattr(self, name) < 360.0, name, getattr(self, name), "0 <= DEG < 360")
+        margin = self.artefact_margin_um
+        _check(math.isfinite(margin) and margin >= 0, "artefact_margin_um", margin, "a finite number >= 0")
 
 
 def _check(ok: bool, name: str, value: object, rule: str) -> None:
@@ -94,16 +130,34 @@ def _check(ok: bool, name: str, value: object, rule: str) -> None:
         raise OptionError(f"invalid {name}: {value!r} (need {rule})")
 
 
+@dataclass(frozen=True)
+class TissueResult:
+    """A view's tissue mask and the artefacts removed from it; (H, W) bool each, the input's size."""
+
+    mask: np.ndarray  # tissue
+    ink: np.ndarray  # marker ink removed (empty when the ink filter is off)
+    dark: np.ndarray  # dark artefacts removed (empty when the dark filter is off)
+
+
 def detect_tissue(rgb: np.ndarray, mpp: float, options: TissueOptions | None = None) -> np.ndarray:
-    """Detect tissue on a low-resolution view of a slide.
+    """Detect tissue on a low-resolution view of a slide: :func:`find_tissue`'s mask.
 
     Args:
-        rgb: (H, W, 3) uint8 RGB (or (H, W, 4) RGBA, where fully transparent pixels count as glass).
+        rgb: (H, W, 3) uint8 RGB (or (H, W, 4) RGBA, composited on white: transparent areas are glass).
         mpp: microns per px of ``rgb``.
         options: detection options (defaults if None).
 
     Returns:
         (H, W) bool mask, True on tissue. A uniform or blank image gives an all-False mask.
+
+    Raises:
+        ValueError: ``rgb`` is not (H, W, 3|4) uint8, or ``mpp`` is not a positive number.
+    """
+    return find_tissue(rgb, mpp, options).mask
+
+
+def find_tissue(rgb: np.ndarray, mpp: float, options: TissueOptions | None = None) -> TissueResult:
+    """Detect tissue and the artefacts left out of it (see :func:`detect_tissue` for the arguments).
 
     Raises:
         ValueError: ``rgb`` is not (H, W, 3|4) uint8, or ``mpp`` is not a positive number.
@@ -115,14 +169,19 @@ def detect_tissue(rgb: np.ndarray, mpp: float, options: TissueOptions | None = N
         raise ValueError(f"mpp must be a positive number, got {mpp!r}")
     h, w = rgb.shape[:2]
     if h == 0 or w == 0:
-        return np.zeros((h, w), dtype=bool)
-    rgb = _opaque(rgb)
+        empty = np.zeros((h, w), dtype=bool)
+        return TissueResult(empty, empty, empty)
+    rgb = composite_on_white(rgb)
     factor = max(1, int(opts.thumb_mpp / mpp + 1e-6), math.ceil(max(h, w) / opts.max_thumb_px))
     small = _block_mean(rgb, factor) if factor > 1 else rgb
-    mask = _detect(small, mpp * factor, opts)
+    found = find_artefacts(small, mpp * factor, ink=opts.ink_filter, dark=opts.dark_filter,
+                           ink_min_saturation=opts.ink_min_saturation,
+                           he_hues_deg=(opts.he_hue_from_deg, opts.he_hue_to_deg),
+                           dark_max_value=opts.dark_max_value, margin_um=opts.artefact_margin_um)  # fmt: skip
+    planes = [_detect(small, mpp * factor, opts, found.any), found.ink, found.dark]
     if factor > 1:
-        mask = np.repeat(np.repeat(mask, factor, axis=0), factor, axis=1)[:h, :w]
-    return mask
+        planes = [np.repeat(np.repeat(p, factor, axis=0), factor, axis=1)[:h, :w] for p in planes]
+    return TissueResult(*planes)
 
 
 def tissue_fraction(mask: np.ndarray) -> float:
@@ -130,23 +189,27 @@ def tissue_fraction(mask: np.ndarray) -> float:
     return float(np.count_nonzero(mask)) / mask.size if mask.size else 0.0
 
 
-def _detect(rgb: np.ndarray, mpp: float, opts: TissueOptions) -> np.ndarray:
-    """The detection steps on (h, w, 3) uint8 at ``mpp`` um/px."""
+def _detect(rgb: np.ndarray, mpp: float, opts: TissueOptions, removed: np.ndarray) -> np.ndarray:
+    """The detection steps on (h, w, 3) uint8 at ``mpp`` um/px; ``removed`` (h, w) bool artefacts count as glass."""
     feature = stain_feature(rgb, use_darkness=opts.use_darkness)  # (h, w) uint8, 0..255
+    cut = bool(removed.any())
+    if cut:
+        feature[removed] = 0
     radius = round(opts.median_um / mpp)
     if radius >= 1 and min(feature.shape) > 1:
         feature = rank_median(feature, disk(radius))
-    threshold = _threshold(feature, opts)
+    threshold = _threshold(feature[~removed] if cut else feature, opts)
     if threshold is None:
         return np.zeros(feature.shape, dtype=bool)
     mask = feature > threshold
     mask = _close(mask, round(opts.close_um / mpp))
     mask = _drop_small_objects(mask, opts.min_object_um2 / mpp**2)
-    return _fill_small_holes(mask, opts.min_hole_um2 / mpp**2)
+    mask = _fill_small_holes(mask, opts.min_hole_um2 / mpp**2)
+    return _drop_small_objects(mask & ~removed, opts.min_object_um2 / mpp**2) if cut else mask
 
 
 def stain_feature(rgb: np.ndarray, *, use_darkness: bool = True) -> np.ndarray:
-    """Per-pixel stain strength, 0..255: HSV saturation, maxed with darkness against the glass if asked.
+    """Per-pixel stain strength, 0..255 (a fresh array): HSV saturation, maxed with darkness against the glass.
 
     Args:
         rgb: (h, w, 3) uint8.
@@ -212,15 +275,6 @@ def _fill_small_holes(mask: np.ndarray, max_px: float) -> np.ndarray:
     border = np.concatenate([labels[0], labels[-1], labels[:, 0], labels[:, -1]])
     fill[border] = False
     return mask | fill[labels]
-
-
-def _opaque(rgb: np.ndarray) -> np.ndarray:
-    """Drop an alpha channel, painting fully transparent pixels (outside the scan) white, as glass."""
-    if rgb.shape[2] == 3:
-        return rgb
-    out = rgb[..., :3].copy()
-    out[rgb[..., 3] == 0] = 255
-    return out
 
 
 def _block_mean(rgb: np.ndarray, factor: int) -> np.ndarray:

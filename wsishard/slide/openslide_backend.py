@@ -8,11 +8,11 @@ import numpy as np
 import openslide
 
 from wsishard.errors import SlideError
-from wsishard.slide.reader import BACKGROUND, Rect, SlideReader, one_line
+from wsishard.slide.reader import Rect, SlideReader, composite_on_white, one_line
 
 
 class OpenSlideReader(SlideReader):
-    """Any format OpenSlide opens. Transparent pixels (outside scanned areas) read as white."""
+    """Any format OpenSlide opens. Transparent pixels (outside scanned areas) read as white (composited on it)."""
 
     backend = "openslide"
 
@@ -36,9 +36,7 @@ class OpenSlideReader(SlideReader):
             rgba = np.asarray(self._slide.read_region(l0_xy, level, (width, height)))
         except openslide.OpenSlideError as exc:
             raise SlideError(self.path, f"read failed at level {level} ({one_line(exc)})") from exc
-        rgb = np.array(rgba[..., :3])  # (h, w, 3) uint8, writable copy
-        rgb[rgba[..., 3] == 0] = BACKGROUND
-        return rgb
+        return composite_on_white(rgba)  # (h, w, 3) uint8: transparent (unscanned) areas white, edges blended
 
     def close(self) -> None:
         self._slide.close()

@@ -85,6 +85,16 @@ def read_lowres(reader: SlideReader, l0_per_px: float, *, chunk_px: int = 512) -
     return out, l0_w / out_w
 
 
+def composite_on_white(rgba: np.ndarray) -> np.ndarray:
+    """(h, w, 3) uint8: (h, w, 4) RGBA (straight alpha, as OpenSlide gives it) composited on white, so what lies
+    outside the scanned area reads as glass, never black; (h, w, 3) RGB comes back as it is."""
+    if rgba.shape[2] == 3:
+        return rgba
+    alpha = rgba[..., 3:4].astype(np.uint16)
+    out = (rgba[..., :3].astype(np.uint16) * alpha + BACKGROUND * (255 - alpha) + 127) // 255
+    return out.astype(np.uint8)
+
+
 def touches(rects: Sequence[Rect], x0: int, y0: int, x1: int, y1: int) -> bool:
     return any(rx0 < x1 and x0 < rx1 and ry0 < y1 and y0 < ry1 for rx0, ry0, rx1, ry1 in rects)
 

@@ -58,6 +58,7 @@ class Scene:
     glass_f: np.ndarray  # the same as float32 plus 0.5
     specks: tuple[_Speck, ...]
     tile_px: int
+    overlay: np.ndarray | None = None  # (rows, cols, 3) float32 artefacts' pixel factor (padded), None: none
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -139,9 +140,16 @@ def _speck(rng: np.random.Generator, d: float, l0_cy: float, l0_cx: float) -> _S
 
 
 def make_scene(
-    rng: np.random.Generator, field: np.ndarray, shape: tuple[int, int], mpp: float, tile_px: int, dust: bool
+    rng: np.random.Generator,
+    field: np.ndarray,
+    shape: tuple[int, int],
+    mpp: float,
+    tile_px: int,
+    dust: bool,
+    overlay: np.ndarray | None = None,
 ) -> Scene:
-    """Pad the fields for tile rendering and make the textures and dust."""
+    """Pad the fields for tile rendering and make the textures and dust; ``overlay`` is the artefacts' (rows, cols,
+    3) pixel factor at mask resolution (:attr:`wsishard.testing.artefacts.Artefacts.factor`)."""
     k = tile_px // MASK_DOWNSAMPLE
     need = (math.ceil(shape[0] / tile_px) * k + 2, math.ceil(shape[1] / tile_px) * k + 2)
     pad = ((1, need[0] - field.shape[0] - 1), (1, need[1] - field.shape[1] - 1))
@@ -160,6 +168,7 @@ def make_scene(
         glass_f=glass.astype(np.float32) + np.float32(0.5),
         specks=_dust_specks(rng, field, shape, mpp) if dust else (),
         tile_px=tile_px,
+        overlay=None if overlay is None else np.pad(overlay, (*pad, (0, 0)), mode="edge").astype(np.float32),
     )
 
 
@@ -194,7 +203,21 @@ def render_tile(sc: Scene, ty: int, tx: int) -> np.ndarray:
         a = s.alpha[a0y : min(h, t - sy0), a0x : min(w, t - sx0)][..., None]
         region = out[sy0 + a0y : sy0 + a0y + a.shape[0], sx0 + a0x : sx0 + a0x + a.shape[1]]
         region[...] = np.clip(region * (1 - a) + s.color * a + 0.5, 0, 255).astype(np.uint8)
-    return out
+    return _overlaid(sc, ty, tx, out)
+
+
+def _overlaid(sc: Scene, ty: int, tx: int, out: np.ndarray) -> np.ndarray:
+    """The tile multiplied by the artefacts' factor (bilinear from mask resolution), where there are any."""
+    if sc.overlay is None:
+        return out
+    k = sc.tile_px // MASK_DOWNSAMPLE
+    patch = sc.overlay[ty * k : ty * k + k + 2, tx * k : tx * k + k + 2]  # (k + 2, k + 2, 3)
+    if patch.min() >= 1.0:
+        return out
+    painted = out.astype(np.float32)
+    for c in range(3):
+        painted[..., c] *= _bilinear(sc, np.ascontiguousarray(patch[..., c]))
+    return np.clip(painted + 0.5, 0, 255).astype(np.uint8)
 
 
 def _tissue_tile(sc: Scene, ty: int, tx: int) -> np.ndarray | None:

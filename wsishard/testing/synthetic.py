@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +29,7 @@ import numpy as np
 import tifffile
 from PIL import Image
 
+from wsishard.testing.artefacts import Artefacts, make_artefacts
 from wsishard.testing.scene import MASK_DOWNSAMPLE, Scene, make_scene, render_tile
 from wsishard.testing.tissue_field import tissue_field
 
@@ -52,6 +53,8 @@ class SyntheticSlide:
         mpp: level-0 microns per px (the true value, also when the file does not record it).
         mask: (H_m, W_m) bool true tissue mask; dust is not tissue.
         mask_downsample: level-0 px per mask px (mask px ``(i, j)`` covers level-0 rows ``i*d..(i+1)*d``).
+        artefacts: the artefact layers at mask resolution (None when the slide has none); ``mask`` excludes
+            where they dominate (``artefacts.mask``).
     """
 
     path: str
@@ -60,6 +63,7 @@ class SyntheticSlide:
     mpp: float
     mask: np.ndarray
     mask_downsample: float
+    artefacts: Artefacts | None = None
 
 
 def make_slide(
@@ -77,6 +81,7 @@ def make_slide(
     quality: int = 90,
     tile_px: int = 256,
     codec: Codec = "jpeg",
+    artefacts: Sequence[str] = (),
 ) -> SyntheticSlide:
     """Write one synthetic slide and return it with its true tissue mask.
 
@@ -94,6 +99,8 @@ def make_slide(
         tile_px: tile side in px, a multiple of 16.
         codec: ``"jpeg"``, or ``"jp2k"`` for an Aperio JPEG 2000 svs (compression 33005, RGB; lossy at about
             ``quality / 2`` dB PSNR, as older TCGA slides are); tiff is always JPEG.
+        artefacts: kinds of artefacts to add (:data:`~wsishard.testing.artefacts.ARTEFACT_KINDS`: ``ink``,
+            ``dots``, ``edge``, ``bubbles``); none by default (the slide is then the same as without them).
 
     Raises:
         ValueError: a bad argument (the message names it and its value).
@@ -105,13 +112,16 @@ def make_slide(
     mask_shape = (math.ceil(height / MASK_DOWNSAMPLE), math.ceil(width / MASK_DOWNSAMPLE))
     frac = tissue_fraction if tissue else 0.0
     field = tissue_field(np.random.default_rng((seed, 1)), mask_shape, px_um, frac)
-    scene = make_scene(np.random.default_rng((seed, 2)), field, (height, width), mpp, tile_px, dust)
+    arts = make_artefacts(np.random.default_rng((seed, 3)), field, px_um, artefacts) if artefacts else None
+    overlay = None if arts is None else arts.factor
+    scene = make_scene(np.random.default_rng((seed, 2)), field, (height, width), mpp, tile_px, dust, overlay)
     if kind == "svs":
         _write_svs(str(path), scene, (height, width), mpp, include_mpp, quality, codec)
     else:
         _write_tiff(str(path), scene, (height, width), mpp, include_mpp, quality)
     logger.debug("wrote %s (%s, %dx%d, seed %d)", path, kind, width, height, seed)
-    return SyntheticSlide(str(path), width, height, mpp, field > 0, float(MASK_DOWNSAMPLE))
+    mask = (field > 0) if arts is None else (field > 0) & ~arts.mask
+    return SyntheticSlide(str(path), width, height, mpp, mask, float(MASK_DOWNSAMPLE), arts)
 
 
 def make_slides(

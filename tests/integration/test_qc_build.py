@@ -1,0 +1,45 @@
+"""QC output of a build: pictures at ``--qc-size``, ``qc/index.html`` written by the build, ``inspect --html``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from wsishard.cli import main
+from wsishard.testing.synthetic import make_slide
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("qc-slides")
+    make_slide(folder / "inked.svs", width=4096, height=4096, mpp=1.0, seed=3, artefacts=("ink", "dots", "edge"))
+    make_slide(folder / "blank.tif", width=1024, height=1024, tissue=False)
+    out = folder.parent / (folder.name + "-out")
+    code = main(["build", str(folder), "-o", str(out), "--mpp", "1", "--patch-size", "128", "--qc-size", "800",
+                 "--jobs", "1", "-q"])  # fmt: skip
+    assert code == 1  # the blank slide has no tissue
+    return out
+
+
+def test_pictures_are_at_the_qc_size_with_a_legend(built: Path) -> None:
+    with Image.open(built / "qc" / "inked.png") as picture:
+        assert picture.width == 800 and picture.height > 800  # 4096 px square slide, plus the legend band
+
+
+def test_the_build_writes_the_qc_page_failed_first(built: Path) -> None:
+    page = (built / "qc" / "index.html").read_text()
+    assert page.index('id="blank"') < page.index('id="inked"')
+    assert "no tissue found" in page and 'src="inked.png"' in page
+
+
+def test_inspect_html_links_pictures_from_the_page(built: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    page_path = tmp_path / "review" / "qc.html"
+    page_path.parent.mkdir()
+    assert main(["inspect", str(built), "--html", str(page_path)]) == 0
+    assert "2 slides, failed first" in capsys.readouterr().out
+    page = page_path.read_text()
+    src = page.split('src="', 2)[2].split('"', 1)[0]  # the second slide's picture (the first has none)
+    assert src.endswith("inked.png") and (page_path.parent / src).resolve() == (built / "qc" / "inked.png").resolve()

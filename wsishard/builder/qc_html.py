@@ -1,0 +1,73 @@
+"""``qc/index.html``: every slide's QC picture with its numbers on one page, failed slides first, so a person can
+review a thousand slides by scrolling. Written by the build (``qc/index.html``) and by ``wsishard inspect OUT
+--html FILE``. Everything from the manifest is HTML-escaped (file names and reasons are data, never markup)."""
+
+from __future__ import annotations
+
+import html
+import os
+
+from wsishard.format import QC_INDEX_NAME, Manifest, SlideRecord
+from wsishard.storage.urls import is_url
+
+INDEX_NAME = QC_INDEX_NAME
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1em auto; max-width: 1100px; color: #222; }
+.slide { border-top: 1px solid #ccc; padding: 1em 0; }
+.failed h2 { color: #b00; }
+h2 { font-size: 1.1em; margin: 0 0 .3em; }
+.reason { color: #b00; font-weight: bold; }
+table { border-collapse: collapse; margin: .3em 0 .6em; font-size: .9em; }
+td { padding: .1em .8em .1em 0; }
+img { max-width: 100%; height: auto; display: block; border: 1px solid #ddd; }
+"""
+
+
+def qc_index(manifest: Manifest, picture_prefix: str = "") -> str:
+    """The page for ``manifest``'s slides; a slide's picture is ``<picture_prefix><slide_id>.png``."""
+    slides = sorted(manifest.slides, key=lambda s: (s.status == "ok", s.slide_id))
+    failed = len(manifest.failed_slides)
+    head = (f"{len(manifest.slides)} slides ({len(manifest.slides) - failed} ok, {failed} failed), "
+            f"{manifest.total_samples:,} patches in {len(manifest.shards)} shards")  # fmt: skip
+    parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>wsishard QC: {html.escape(head)}</title><style>{_STYLE}</style></head><body>",
+             f"<h1>wsishard QC</h1><p>{html.escape(head)}. Failed slides first. Colours: tissue contour green, kept "
+             "patches blue, ink removed magenta, dark artefacts removed orange, annotations yellow.</p>"]  # fmt: skip
+    parts += [_card(s, picture_prefix) for s in slides]
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def write_qc_page(manifest: Manifest, root: str, path: str) -> None:
+    """Write :func:`qc_index` to the local file ``path``, linking the pictures of the build at ``root`` (a folder:
+    relative to the page, so the two can be moved together; a URL: by URL)."""
+    qc = root.rstrip("/") + "/qc/"
+    if not is_url(root):
+        qc = os.path.relpath(os.path.join(root, "qc"), os.path.dirname(os.path.abspath(path))) + "/"
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(qc_index(manifest, qc.replace(os.sep, "/")))
+
+
+def _card(s: SlideRecord, prefix: str) -> str:
+    at = f" at {s.mpp:.4f} mpp ({s.mpp_source})" if s.mpp else ""
+    rows = [
+        ("file", os.path.basename(s.file)),
+        ("size", f"{s.width} x {s.height} px{at}"),
+        ("tissue", f"{s.tissue_mm2:.2f} mm2 ({s.tissue_fraction:.1%} of the slide)"),
+        ("removed", f"ink {s.ink_mm2:.2f} mm2, dark artefacts {s.artefact_mm2:.2f} mm2"),
+        ("patches", f"{s.patches:,} kept of {s.candidates:,} cells with tissue"),
+    ]  # fmt: skip
+    if s.filtered:
+        rows.append(("left out", ", ".join(f"{k} {n:,}" for k, n in sorted(s.filtered.items()))))
+    if s.roi:
+        rows.append(("annotations", s.roi))
+    if s.label is not None:
+        rows.append(("label", str(s.label)))
+    table = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    reason = f'<p class="reason">{html.escape(s.reason)}</p>' if s.reason else ""
+    src = html.escape(prefix + s.slide_id + ".png", quote=True)
+    name = html.escape(s.slide_id)
+    return (f'<div class="slide {html.escape(s.status)}" id="{name}"><h2>{name}: {html.escape(s.status)}</h2>'
+            f'{reason}<table>{table}</table><a href="{src}"><img src="{src}" loading="lazy" '
+            f'alt="no QC picture for {name}"></a></div>')  # fmt: skip
