@@ -323,7 +323,7 @@ def _v(ok: bool) -> str:
 def _floor_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """The decode floors, each decoder's libjpeg-turbo named, and which one the targets use."""
     f1, f2 = r["floor1"], r["floor2"]
-    pil, turbo = f1["pil"]["libjpeg_turbo"], f1["turbo"]["libjpeg_turbo"]
+    pil, turbo = f1["pil"]["libjpeg_turbo"], f1["turbo"]["libjpeg_turbo"].removeprefix("libjpeg_turbo ")
     return [(f"decode floor: libjpeg-turbo {turbo} via imagecodecs (the loader's decode) into one slot",
              f"{f1['turbo']['samples_per_s']:,.0f}/s 1 worker; {f2['turbo']['samples_per_s']:,.0f}/s per worker of 2",
              "", "target's"),
@@ -361,7 +361,8 @@ def _loader_rows(r: dict[str, Any], w: int) -> list[tuple[str, str, str, str]]:
 def _stage_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """A worker's CPU per sample by stage: each cut's increment, then the hand-off (what the loader's worker spends
     beyond the whole in-worker pipeline: pickling, passing buffers, the DataLoader's queues)."""
-    st, cuts = r["stages"], list(r["stages"])
+    st = r["stages"]
+    cuts = [cut for cut in st if cut != "step_s"]
     parts = [f"{cut.lstrip('+ ')} {1e6 * (st[cut] - (st[cuts[i - 1]] if i else 0)):.0f}" for i, cut in enumerate(cuts)]
     handoff = 1e6 * (1 / r["w1_loader"]["cpu_per_worker"] - st[cuts[-1]])
     parts.append(f"hand-off {handoff:.0f}")

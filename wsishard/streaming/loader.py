@@ -43,6 +43,11 @@ class ShardLoader(wds.WebLoader):
     same numbers), but a later ``set_epoch`` no longer reaches them. Errors from workers come back as
     :class:`~wsishard.errors.ShardError` (DataLoader itself would turn them into ``RuntimeError``).
 
+    Each worker's batch images are buffers of its ring (:mod:`wsishard.streaming.ring`): at every step the loader
+    hands back the buffers nothing in this process refers to any more, and the worker fills them again. A batch
+    the loop keeps (or a view, or a numpy array of its image) is never refilled; hand a copy, not the tensor, to
+    another process.
+
     :meth:`state_dict` says where the batches the training loop has taken stand (plain JSON data, no pickle);
     :meth:`load_state_dict` on a new loader of the same stream and topology makes its batches from there on the
     same as an uninterrupted run's (without skipped shards: ``on_error="skip"`` can shift them).
