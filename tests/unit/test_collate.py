@@ -130,3 +130,29 @@ def test_cuda_matches_cpu() -> None:
     out = GpuCollate("cuda", mean=MEAN, std=STD)(batch)
     assert out["image"].device.type == "cuda"
     torch.testing.assert_close(out["image"].cpu(), _reference(batch["image"]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_cpu_augment_is_dihedral_of_the_reference_with_the_drawn_codes(dtype: torch.dtype, channels_last: bool) -> None:
+    batch = _batch(b=24, h=6, w=6, seed=5)
+    out = GpuCollate("cpu", mean=MEAN, std=STD, augment=True, seed=9, dtype=dtype, channels_last=channels_last)
+    codes = GpuCollate("cpu", augment=True, seed=9).codes(24)  # the same generator, the same draw
+    expected = dihedral(_reference(batch["image"]), codes).to(dtype)
+    assert torch.equal(out.images(batch["image"]), expected)
+
+
+def test_cpu_output_buffers_are_reused_only_once_let_go() -> None:
+    collate = GpuCollate("cpu", mean=MEAN, std=STD)
+    a, b = _batch(seed=1)["image"], _batch(seed=2)["image"]
+    first = collate.images(a)
+    view = first[3:]
+    address = first.untyped_storage().data_ptr()
+    del first
+    second = collate.images(b)  # the first output is still seen through a view: a buffer of its own
+    assert second.untyped_storage().data_ptr() != address
+    assert torch.equal(view, _reference(a)[3:]) and torch.equal(second, _reference(b))
+    del view
+    third = collate.images(a)
+    assert third.untyped_storage().data_ptr() == address  # let go: filled again
+    assert torch.equal(third, _reference(a)) and torch.equal(second, _reference(b))

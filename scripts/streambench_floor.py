@@ -1,0 +1,159 @@
+"""The decode floor and a worker's per-stage costs for ``bench_stream.py`` (kept apart so that script stays readable).
+
+Both run inside DataLoader worker processes started exactly as the loader's are (same start method, same parent
+process state: a worker inherits the main process's heap, which decides whether PIL's per-image allocations
+fault in fresh pages), on the same bytes the loader decodes (the build's own shards, read by its own reader).
+
+:func:`decode_floor` decodes every JPEG of the build in a tight loop, per worker, with ``workers`` workers running at
+once (the loader's conditions with that many workers): with PIL (``Image.open(...).convert("RGB")`` as a numpy
+array) and with libjpeg-turbo through imagecodecs straight into one reused ``(h, w, 3)`` slot in huge-page memory
+(the loader's own decode call, nothing else, into the fastest memory it has: on this project's VM libjpeg-turbo
+decodes about 25% slower into memory of 4 KiB pages), alternating in rounds so that both see the same machine.
+Each decoder's libjpeg-turbo version is reported.
+
+:func:`stage_costs` runs a worker's pipeline over the build cut after each stage, CPU time per sample: reading the
+tar members into samples, + the shuffle buffer, + the ``.json``/label, + the decode into a reused slot (header
+check included), + batching into the reader's buffers (the main process's hand-back played in the worker). The
+difference to a whole loader's worker CPU per sample is the DataLoader's hand-off.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+ROUNDS = 4  # floor rounds per decoder, interleaved
+
+
+def _blobs(shards_dir: str) -> list[bytes]:
+    """Every sample's image bytes, in shard order, read by the stream's own reader."""
+    from wsishard.streaming.dataset import stream
+    from wsishard.streaming.stages import read_shard
+
+    ds = stream(shards_dir, batch_size=1, resampled=False, seed=0)
+    return [raw["image"] for ref in ds.shards for raw in read_shard(ref, ds.opener)]
+
+
+class _FloorProbe(torch.utils.data.IterableDataset[dict[str, Any]]):
+    """In each worker: ``n`` decodes per decoder, ``ROUNDS`` interleaved rounds; yields one dict of timings."""
+
+    def __init__(self, shards_dir: str, n: int) -> None:
+        super().__init__()
+        self.shards_dir, self.n = shards_dir, n
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        import imagecodecs
+        from PIL import Image
+
+        from wsishard.streaming.decode import huge_page_slot
+
+        blobs = _blobs(self.shards_dir)
+        slot = huge_page_slot((*np.asarray(Image.open(io.BytesIO(blobs[0]))).shape[:2], 3))  # (h, w, 3) uint8
+
+        def pil(data: bytes) -> None:
+            np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))  # (h, w, 3) uint8
+
+        def turbo(data: bytes) -> None:
+            imagecodecs.jpeg8_decode(data, out=slot)
+
+        decoders: dict[str, Callable[[bytes], None]] = {"pil": pil, "turbo": turbo}
+        per_round = max(self.n // ROUNDS, 1)
+        for fn in decoders.values():
+            for data in blobs[:50]:  # warm-up
+                fn(data)
+        wall = dict.fromkeys(decoders, 0.0)
+        cpu = dict.fromkeys(decoders, 0.0)
+        for r in range(ROUNDS):  # every image decoded once a round or more (n >= the build's samples)
+            work = [blobs[(r * per_round + i) % len(blobs)] for i in range(per_round)]
+            for name, fn in decoders.items():
+                t0, c0 = time.perf_counter(), time.process_time()
+                for data in work:
+                    fn(data)
+                wall[name] += time.perf_counter() - t0
+                cpu[name] += time.process_time() - c0
+        done = per_round * ROUNDS
+        yield {name: {"samples_per_s": done / wall[name], "cpu_samples_per_s": done / cpu[name]} for name in decoders}
+
+
+def decode_floor(shards_dir: str, workers: int, n: int) -> dict[str, Any]:
+    """Per-worker decode rates with ``workers`` decoding at once: mean over workers, for PIL and libjpeg-turbo."""
+    import imagecodecs
+    from PIL import features
+
+    dl = torch.utils.data.DataLoader(_FloorProbe(shards_dir, n), batch_size=None, num_workers=workers)
+    results = list(dl)
+    out: dict[str, Any] = {"workers": workers, "decodes_per_worker": n}
+    for name in ("pil", "turbo"):
+        out[name] = {key: float(np.mean([r[name][key] for r in results])) for key in results[0][name]}
+    out["pil"]["libjpeg_turbo"] = features.version("libjpeg_turbo") or "not libjpeg-turbo"
+    out["turbo"]["libjpeg_turbo"] = imagecodecs.jpeg8_version()
+    return out
+
+
+class _StageProbe(torch.utils.data.IterableDataset[dict[str, float]]):
+    """In one worker: the pipeline over every shard, cut after each stage; yields CPU seconds per sample."""
+
+    def __init__(self, shards_dir: str, batch: int, shuffle: int) -> None:
+        super().__init__()
+        self.shards_dir, self.batch, self.shuffle = shards_dir, batch, shuffle
+
+    def __iter__(self) -> Iterator[dict[str, float]]:
+        from wsishard.streaming.dataset import stream
+        from wsishard.streaming.decode import DecodeIntoBatches, _fields, decode_into, huge_page_slot
+        from wsishard.streaming.stages import read_shard, shuffled
+
+        ds = stream(self.shards_dir, batch_size=self.batch, resampled=False, seed=0)
+        n = int(ds.counts.sum())
+        hw = ds.image_hw
+        slot = huge_page_slot((*hw, 3))  # (h, w, 3) uint8, as the floor's
+
+        def samples() -> Iterator[Any]:
+            for i, ref in enumerate(ds.shards):
+                yield from shuffled(read_shard(ref, ds.opener), self.shuffle, (0, i))
+
+        def read() -> None:
+            for ref in ds.shards:
+                for _ in read_shard(ref, ds.opener):
+                    pass
+
+        def shuffle() -> None:
+            for _ in samples():
+                pass
+
+        def fields() -> None:
+            for raw in samples():
+                _fields(raw)
+
+        def decode() -> None:
+            for raw in samples():
+                _fields(raw)
+                decode_into(raw, slot)
+
+        def batches() -> None:
+            for batch in DecodeIntoBatches(self.batch, hw, drop_last=False)(samples()):
+                ticket = batch.pop("buffer", None)  # type: ignore[misc]
+                del batch
+                if ticket is not None:  # handed back at once, as the main process does once a batch is let go
+                    ticket.flags[ticket.slot] = 0
+                del ticket
+
+        cuts: dict[str, Callable[[], None]] = {"read": read, "+ shuffle": shuffle, "+ json/label": fields,
+                                               "+ decode into slot": decode, "+ batches": batches}  # fmt: skip
+        best = dict.fromkeys(cuts, float("inf"))
+        for _ in range(2):  # the better of two passes: the first also warms the page cache
+            for name, fn in cuts.items():
+                c0 = time.process_time()
+                fn()
+                best[name] = min(best[name], (time.process_time() - c0) / n)
+        yield best
+
+
+def stage_costs(shards_dir: str, batch: int, shuffle: int = 1000) -> dict[str, float]:
+    """CPU seconds per sample of a worker's pipeline cut after each stage (cumulative), in one DataLoader worker."""
+    dl = torch.utils.data.DataLoader(_StageProbe(shards_dir, batch, shuffle), batch_size=None, num_workers=1)
+    return next(iter(dl))

@@ -1,0 +1,85 @@
+"""The ring of batch buffers: a buffer is filled again only once nothing refers to it, in the process that uses the
+batches (use counts) and across the worker boundary (tickets handed back by the main process)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from wsishard.streaming.ring import BatchBuffers, Lent, Returns
+
+SHAPE = (2, 4, 4, 3)  # (b, h, w, 3)
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def test_in_process_a_buffer_comes_back_once_the_batch_is_let_go() -> None:
+    ring = BatchBuffers(SHAPE, shared=False)
+    first, ticket = ring.take()
+    assert ticket is None and first.shape == SHAPE and first.dtype == torch.uint8
+    first.fill_(7)
+    second, _ = ring.take()
+    assert _ptr(second) != _ptr(first)  # the first is still held: a second buffer
+    address = _ptr(first)
+    del first
+    third, _ = ring.take()
+    assert _ptr(third) == address  # the let-go buffer, filled again
+    assert ring.fresh == 0
+
+
+HOLDERS = {
+    "view": lambda t: t[1:],
+    "numpy": lambda t: t.numpy(),
+    "storage": lambda t: t.untyped_storage(),
+    "permuted": lambda t: t.permute(0, 3, 1, 2),
+    "list": lambda t: [t],
+}
+
+
+@pytest.mark.parametrize("holder", HOLDERS.values(), ids=HOLDERS.keys())
+def test_anything_that_can_still_see_a_buffer_keeps_it(holder: Callable[[torch.Tensor], Any]) -> None:
+    ring = BatchBuffers(SHAPE, shared=False, slots=2)
+    batch, _ = ring.take()
+    batch.fill_(3)
+    kept = holder(batch)
+    address = _ptr(batch)
+    del batch
+    others = [ring.take()[0] for _ in range(3)]  # the other slot, then fresh batches: never the kept buffer
+    assert address not in {_ptr(t) for t in others}
+    assert ring.fresh == 2
+    assert torch.all(torch.as_tensor(kept[0] if isinstance(kept, list) else kept).view(torch.uint8) == 3)
+    del kept, others
+    assert _ptr(ring.take()[0]) == address  # nothing refers to it any more: filled again
+
+
+def test_in_a_worker_buffers_are_lent_until_handed_back() -> None:
+    ring = BatchBuffers(SHAPE, shared=True, slots=2)
+    a, lent_a = ring.take()
+    b, lent_b = ring.take()
+    assert a.is_shared() and lent_a is not None and lent_b is not None and lent_a.image is a
+    assert lent_a.slot != lent_b.slot and ring.flags.tolist() == [1, 1]
+    c, lent_c = ring.take()  # both lent: a fresh shared batch, no ticket
+    assert lent_c is None and c.is_shared() and ring.fresh == 1
+    del a, b, c  # the worker letting go changes nothing: the main process holds lent buffers
+    assert ring.take()[1] is None
+    ring.flags[lent_b.slot] = 0  # handed back
+    d, lent_d = ring.take()
+    assert lent_d is not None and lent_d.slot == lent_b.slot and _ptr(d) == _ptr(lent_b.image)
+
+
+def test_returns_hand_a_buffer_back_only_once_nothing_refers_to_it() -> None:
+    flags = torch.tensor([1, 1], dtype=torch.uint8)
+    image = torch.empty(SHAPE, dtype=torch.uint8)  # as the main process receives it
+    returns = Returns()
+    returns.add(Lent(flags, 1, image))
+    view = image[0]
+    del image
+    assert returns.sweep() == 0 and flags.tolist() == [1, 1] and len(returns) == 1
+    del view
+    assert returns.sweep() == 1 and flags.tolist() == [1, 0] and len(returns) == 0
+    assert returns.sweep() == 0  # handed back once

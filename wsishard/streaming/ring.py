@@ -1,0 +1,145 @@
+"""Batch buffers reused instead of allocated anew for every batch.
+
+A fresh ``(256, 256, 256, 3)`` uint8 batch is 50 MB of new pages: in shared memory (a DataLoader worker) the first
+write to each of its 12,288 pages faults, about 0.14 ms a sample, half of a JPEG's decode. A reader therefore
+keeps a few buffers and fills one again once nothing uses it any more:
+
+- In the process that consumes the batches (no worker), a buffer is free again when no tensor, view, numpy
+  array or Python name refers to its storage but the ring's own.
+- In a DataLoader worker, the worker cannot see what the main process holds: each batch it lends carries a
+  :class:`Lent` ticket (the buffer, a slot, and a small shared flag array). The main process keeps the tickets
+  (:class:`Returns`, kept by :class:`~wsishard.streaming.loader.ShardLoader`) and clears a slot's flag once
+  nothing in the main process refers to the buffer any more; the worker fills only buffers whose flag is clear.
+
+A buffer is never filled while anything that can see it may still read it. When every buffer is in use (a
+consumer that keeps its batches, or one that never hands buffers back, such as a plain DataLoader over the
+stream), the reader allocates a fresh batch as before: slower, never blocked. The use count of a storage is
+read through ``torch._C._storage_Use_Count``; without it (another torch) nothing is ever reused.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["BatchBuffers", "Lent", "Returns", "unused"]
+
+_use_count: Any = getattr(torch._C, "_storage_Use_Count", None)
+RING_SLOTS = 8  # buffers a reader keeps at most: 1 being filled, prefetched ones, the ones the loop still holds
+
+
+def _refs(holder: Any, key: Any) -> int:
+    storage = holder[key]
+    return sys.getrefcount(storage)
+
+
+_ALONE = _refs([torch.UntypedStorage(1)], 0)  # what _refs counts for a storage its holder alone refers to
+
+
+def unused(holder: Any, key: Any) -> bool:
+    """True when nothing refers to the storage ``holder[key]`` but ``holder``: no tensor or view of it (a numpy
+    array of a tensor holds the tensor) and no other Python name for the storage object itself."""
+    if _use_count is None:
+        return False
+    return bool(_use_count(holder[key]._cdata) == 1) and _refs(holder, key) == _ALONE
+
+
+def _new_storage(nbytes: int, shared: bool) -> torch.UntypedStorage:
+    """``nbytes`` uninitialised bytes: in shared memory (a worker: handing it to the main process then passes a
+    file descriptor, no copy), or numpy's allocation (which asks for transparent huge pages: a fresh 50 MB batch
+    takes far fewer page faults than with torch's allocator)."""
+    if shared:
+        return torch.UntypedStorage._new_shared(nbytes)
+    return torch.from_numpy(np.empty(nbytes, dtype=np.uint8)).untyped_storage()
+
+
+def _view(storage: torch.UntypedStorage, shape: tuple[int, ...]) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+
+
+@dataclass(frozen=True)
+class Lent:
+    """A worker's buffer lent to the main process, which hands it back by clearing ``flags[slot]``.
+
+    ``image`` is the batch's own image tensor (pickled once with it), so the main process sees the buffer even
+    after a pin-memory thread replaced the batch's image by a pinned copy.
+    """
+
+    flags: torch.Tensor  # (slots,) uint8 in shared memory: 1 while the main process may use the buffer
+    slot: int
+    image: torch.Tensor  # (b, h, w, 3) uint8, the buffer
+
+
+class BatchBuffers:
+    """Up to :data:`RING_SLOTS` uint8 buffers of ``shape`` (``(b, h, w, 3)``), taken in turn by one reader.
+
+    Args:
+        shape: every buffer's shape.
+        shared: in a DataLoader worker: buffers in shared memory, lent with a :class:`Lent` ticket.
+    """
+
+    def __init__(self, shape: tuple[int, ...], shared: bool, slots: int = RING_SLOTS) -> None:
+        self.shape = shape
+        self.shared = shared
+        self.slots = slots
+        self.storages: list[torch.UntypedStorage] = []
+        self.fresh = 0  # batches allocated outside the ring because every buffer was in use
+        self.flags = torch.zeros(slots, dtype=torch.uint8).share_memory_() if shared else torch.zeros(0)
+        self._flags = self.flags.numpy()
+
+    def take(self) -> tuple[torch.Tensor, Lent | None]:
+        """A buffer to fill: a free one of the ring, a new one while the ring has room, else a fresh batch (no
+        ticket). In a worker the buffer counts as lent from here on, until the main process hands it back."""
+        for slot in range(len(self.storages)):
+            if (not self._flags[slot]) if self.shared else unused(self.storages, slot):
+                return self._lend(slot)
+        nbytes = math.prod(self.shape)
+        if len(self.storages) < self.slots and _use_count is not None:
+            self.storages.append(_new_storage(nbytes, self.shared))
+            return self._lend(len(self.storages) - 1)
+        self.fresh += 1
+        return _view(_new_storage(nbytes, self.shared), self.shape), None
+
+    def _lend(self, slot: int) -> tuple[torch.Tensor, Lent | None]:
+        image = _view(self.storages[slot], self.shape)
+        if not self.shared:
+            return image, None
+        self._flags[slot] = 1
+        return image, Lent(self.flags, slot, image)
+
+
+class Returns:
+    """In the main process: the buffers workers lent, each handed back once nothing here refers to it.
+
+    The storages stay referenced here while the loader runs (no memory of their own: they are the workers'
+    shared memory), so a buffer that comes back is the same mapping and costs the main process no page faults.
+    """
+
+    def __init__(self) -> None:
+        self._storages: dict[tuple[int, int], torch.UntypedStorage] = {}  # (ring, slot) -> the buffer
+        self._rings: dict[int, tuple[torch.Tensor, np.ndarray]] = {}  # ring -> its flags, and their numpy view
+        self._lent: set[tuple[int, int]] = set()
+
+    def add(self, ticket: Lent) -> None:
+        """Take a batch's ticket (its image tensor is left to the batch)."""
+        ring = ticket.flags.untyped_storage().data_ptr()
+        if ring not in self._rings:
+            self._rings[ring] = (ticket.flags, ticket.flags.numpy())
+        self._storages[ring, ticket.slot] = ticket.image.untyped_storage()
+        self._lent.add((ring, ticket.slot))
+
+    def sweep(self) -> int:
+        """Hand back every lent buffer nothing refers to any more; the number handed back."""
+        back = [key for key in self._lent if unused(self._storages, key)]
+        for ring, slot in back:
+            self._rings[ring][1][slot] = 0
+            self._lent.discard((ring, slot))
+        return len(back)
+
+    def __len__(self) -> int:
+        return len(self._lent)
