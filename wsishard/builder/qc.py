@@ -54,15 +54,14 @@ def qc_picture(view: np.ndarray, l0_per_v: float, layers: QcLayers, l0_x: np.nda
     if scale < 1.0:
         image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
                              Image.Resampling.BOX)  # fmt: skip
-    rgb = np.asarray(image).astype(np.float32)  # (H, W, 3)
     size = (image.width, image.height)
     for layer, color in ((layers.ink, INK_RGB), (layers.dark, DARK_RGB)):
         if layer is not None and layer.any():
-            _blend(rgb, _resized(layer, size), color, ARTEFACT_ALPHA)
+            image = _blend(image, _resized(layer, size), color, ARTEFACT_ALPHA)
     t_per_l0 = scale / l0_per_v  # picture px per level-0 px
-    _blend(rgb, _patch_area(size, l0_x, l0_y, l0_extent, t_per_l0), PATCH_RGB, FILL_ALPHA)
+    image = _blend(image, _patch_area(size, l0_x, l0_y, l0_extent, t_per_l0), PATCH_RGB, FILL_ALPHA)
     width = 2 if max(size) >= 1000 else 1
-    out = np.clip(rgb + 0.5, 0, 255).astype(np.uint8)
+    out = np.array(image)  # (H, W, 3) uint8
     out[_outline(_resized(layers.tissue, size), width)] = CONTOUR_RGB
     if layers.roi is not None:
         out[_outline(_resized(layers.roi, size), width)] = ROI_RGB
@@ -77,8 +76,11 @@ def _resized(mask: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return np.asarray(Image.fromarray(mask).resize(size, Image.Resampling.NEAREST))
 
 
-def _blend(rgb: np.ndarray, where: np.ndarray, color: tuple[int, int, int], alpha: float) -> None:
-    rgb[where] = rgb[where] * (1 - alpha) + np.array(color, dtype=np.float32) * alpha
+def _blend(image: Image.Image, where: np.ndarray, color: tuple[int, int, int], alpha: float) -> Image.Image:
+    """``color`` laid over ``image`` at opacity ``alpha`` where ``where`` (H, W) is True: in PIL, on 8-bit planes
+    (a float copy of a 2000 px picture and its fancy-indexed temporaries took over 100 MB of a worker's memory)."""
+    mask = Image.fromarray(where.astype(np.uint8) * round(alpha * 255))  # (H, W) "L"
+    return Image.composite(Image.new("RGB", image.size, color), image, mask)
 
 
 def _patch_area(size: tuple[int, int], l0_x: np.ndarray, l0_y: np.ndarray, l0_extent: int,

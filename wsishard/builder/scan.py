@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from wsishard.builder.grid import (
     Block,
@@ -211,7 +212,8 @@ def _write_qc(task: ScanTask, reader: SlideReader, thumb: tuple[np.ndarray, floa
     picture = qc_picture(view, l0_per_v, layers, cands.l0_x, cands.l0_y, cands.l0_extent, legend=legend,
                          max_side_px=task.qc_size_px)  # fmt: skip
     buf = io.BytesIO()
-    picture.quantize(256).save(buf, "PNG")  # a 256-colour palette: 1.2 MB instead of 3 at 2000 px
+    # a 256-colour palette (1.2 MB instead of 3 at 2000 px); the octree is 4x as fast as median cut, and lighter
+    picture.quantize(256, method=Image.Quantize.FASTOCTREE).save(buf, "PNG")
     name = task.qc_name or ""
     try:
         task.dest.write_bytes(name, buf.getvalue())
