@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from wsishard.format import Manifest
+from wsishard.storage.urls import is_url
 
 
 def human_bytes(n: float) -> str:
@@ -17,8 +18,8 @@ def human_bytes(n: float) -> str:
 
 
 def summary(manifest: Manifest, location: str = "") -> str:
-    """A few lines: slides ok/failed, samples, shards, bytes, the slides a labelled build left without a label,
-    and one line per failed slide."""
+    """A few lines: slides ok/failed, samples, shards, bytes, the bytes of slides in object storage read (when some
+    are), the slides a labelled build left without a label, and one line per failed slide."""
     ok = len(manifest.slides) - len(manifest.failed_slides)
     where = f" -> {location}" if location else ""
     lines = [
@@ -30,6 +31,11 @@ def summary(manifest: Manifest, location: str = "") -> str:
         counts = [s.samples for s in manifest.shards]
         mixing = [s.slides for s in manifest.shards]
         lines.append(f"  samples per shard {min(counts)}..{max(counts)}, slides per shard {min(mixing)}..{max(mixing)}")
+    remote = [s.bytes_read for s in manifest.slides if is_url(s.file)]
+    if remote:
+        total, mean = human_bytes(sum(remote)), human_bytes(sum(remote) / len(remote))
+        lines.append(f"  read from object storage: {total} of slide files, {mean} per slide on average "
+                     f"({len(remote)} slides)")  # fmt: skip
     if manifest.options.get("labels"):
         unlabelled = [os.path.basename(s.file) for s in manifest.slides if s.status == "ok" and s.label is None]
         if unlabelled:

@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from buildtools import SMALL_BUILD, SMALL_BUILD_ARGS, read_output
@@ -21,7 +21,7 @@ from wsishard.storage.output import Destination
 from wsishard.streaming.dataset import stream
 
 if TYPE_CHECKING:
-    from servers import S3Server
+    from servers import HttpServer, S3Server
 
 pytest_plugins = ("servers",)
 pytestmark = pytest.mark.timeout(300)
@@ -137,11 +137,13 @@ def test_slides_read_from_a_bucket_through_bounded_scratch(
     s3.fs().mkdir(f"{s3_bucket}/cohort/slides")
     s3.upload(str(cohort), f"s3://{s3_bucket}/cohort/slides")
     live: list[int] = [0, 0]  # copies on disk now, most at once
+    copied: list[str] = []  # the URL of every copy made
     original = wsishard.builder.staging.local_copy
 
     @contextlib.contextmanager
     def spy(*args: object, **kwargs: object) -> Iterator[str]:
         with original(*args, **kwargs) as path:  # type: ignore[arg-type]
+            copied.append(str(args[0]))
             live[0] += 1
             live[1] = max(live)
             try:
@@ -161,13 +163,69 @@ def test_slides_read_from_a_bucket_through_bounded_scratch(
     local_manifest, _ = read_output(str(cohort_build))
     assert manifest.shards == local_manifest.shards  # byte-identical shards from the same slides
     sizes = {p.name: p.stat().st_size for p in cohort.iterdir()}
-    for record in manifest.slides:  # directories, the low-resolution level and the kept patches' tiles only
-        assert 0 < record.bytes_read < sizes[Path(record.file).name], record
+    assert all(record.bytes_read > 0 for record in manifest.slides)
+    # directories (by the scan and again to stage), the low-resolution level and the kept patches' tiles only: these
+    # small slides are read at level 0, so that is most of each file, but less in all than whole copies
+    assert sum(s.bytes_read for s in manifest.slides) < sum(sizes.values())
     assert not any(s.bytes_read for s in local_manifest.slides)  # local files: nothing downloaded
-    opts = dataclasses.replace(opts, fast_path=False)  # read through OpenSlide: copied, for the scan and again to stage
+    assert not copied
+    opts = dataclasses.replace(opts, fast_path=False)  # read through OpenSlide: copied once, staged from that copy
     manifest = build([f"s3://{s3_bucket}/cohort/slides/"], str(tmp_path / "copied"), opts,
                      storage_options=s3.storage_options, scratch=str(scratch))  # fmt: skip
     assert live == [0, 1]  # one slide on local disk at a time, and none left
-    assert all(s.bytes_read == 2 * sizes[Path(s.file).name] for s in manifest.slides if s.status == "ok")
+    assert not [p for p in scratch.rglob("*") if p.is_file()]
+    assert sorted(copied) == sorted(s.file for s in manifest.slides)  # each slide downloaded exactly once
+    assert [s.status for s in manifest.slides] == [s.status for s in local_manifest.slides]
+    assert sum(s.patches for s in manifest.slides) == sum(s.patches for s in local_manifest.slides)
+    assert all(s.bytes_read == sizes[Path(s.file).name] for s in manifest.slides)
     assert [s.file for s in manifest.slides] == [f"s3://{s3_bucket}/cohort/slides/{Path(s.file).name}"
                                                  for s in local_manifest.slides]  # fmt: skip
+
+
+def test_a_copied_slide_is_downloaded_again_only_by_a_resumed_build(
+    s3: S3Server, s3_bucket: str, cohort: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import wsishard.builder.run
+
+    s3.fs().mkdir(f"{s3_bucket}/resumed/slides")
+    s3.upload(str(cohort), f"s3://{s3_bucket}/resumed/slides")
+    slides = [f"s3://{s3_bucket}/resumed/slides/"]
+    opts = dataclasses.replace(OPTS, jobs=1, fast_path=False)  # through OpenSlide: copied to scratch
+    whole = build(slides, str(tmp_path / "whole"), opts, storage_options=s3.storage_options)
+    sizes = {p.name: p.stat().st_size for p in cohort.iterdir()}
+    assert all(s.bytes_read == sizes[Path(s.file).name] for s in whole.slides)
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt  # after every scan was saved, before any shard
+
+    with monkeypatch.context() as patch:
+        patch.setattr(wsishard.builder.run, "_extract_groups", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            build(slides, str(tmp_path / "resumed"), opts, storage_options=s3.storage_options)
+    resumed = build(slides, str(tmp_path / "resumed"), opts, storage_options=s3.storage_options)
+    assert resumed.shards == whole.shards
+    assert [s.patches for s in resumed.slides] == [s.patches for s in whole.slides]
+    # the patches staged while scanning went with the first run: each slide with patches is copied again
+    assert all(s.bytes_read == (2 if s.patches else 1) * sizes[Path(s.file).name] for s in resumed.slides)
+
+
+def test_bytes_read_is_every_byte_the_server_sent_for_the_slide_and_stays_once_closed(
+    http_serve: Any, cohort: Path, tmp_path: Path
+) -> None:
+    from wsishard.slide import read_lowres
+    from wsishard.slide.remote_tiff import RemoteTiffReader
+
+    server: HttpServer = http_serve(str(cohort))
+    name = next(p.name for p in sorted(cohort.iterdir()) if p.suffix == ".svs")
+    size = (cohort / name).stat().st_size
+    with RemoteTiffReader(f"{server.url}/{name}", str(tmp_path)) as reader:
+        read_lowres(reader, 16.0)  # directories and the low-resolution level
+        reader.read_level(0, 1024, 1024, 512, 512)  # and a few level-0 tiles
+        during = reader.bytes_read
+    sent = 0
+    for method, _, header in server.requests_to(name):
+        if method == "GET":
+            first, _, last = (header or "bytes=0-").removeprefix("bytes=").partition("-")
+            sent += min(size, int(last) + 1 if last else size) - int(first)
+    assert reader.bytes_read == during == sent  # the directories' bytes too, after the file closed
+    assert 0 < sent < size

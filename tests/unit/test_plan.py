@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import itertools
+import pickle
 
 import numpy as np
 
-from wsishard.builder.plan import assign_parts, interleave, make_groups, make_plan, part_groups, plan_group
+from wsishard.builder.plan import BlockList, assign_parts, interleave, make_groups, make_plan, part_groups, plan_group
 from wsishard.format import shard_index, shard_name, shard_order
 
 
 def _sizes(n_slides: int, blocks: int, seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [rng.integers(1, 17, size=blocks).tolist() for _ in range(n_slides)]
+
+
+def test_a_block_list_is_the_sequence_of_its_slide_and_block_pairs() -> None:
+    pairs = [(7, 0), (3, 2), (7, 1), (5, 0)]
+    blocks = BlockList(np.array([s for s, _ in pairs]), np.array([b for _, b in pairs]))
+    assert list(blocks) == pairs and len(blocks) == 4 and blocks[1] == (3, 2) and blocks[-1] == (5, 0)
+    assert all(type(v) is int for pair in blocks for v in pair)  # plain ints, as tuples of them would hold
+    assert blocks[1:3] == pairs[1:3] and isinstance(blocks[1:3], BlockList)
+    assert blocks == tuple(pairs) and blocks != pairs[:3] and blocks != [(7, 0), (3, 2), (7, 1), (5, 1)]
+    assert pickle.loads(pickle.dumps(blocks)) == blocks
 
 
 def test_every_block_planned_exactly_once() -> None:

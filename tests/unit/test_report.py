@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from wsishard.format import Manifest, ShardRecord, SlideRecord
@@ -43,6 +45,15 @@ def test_summary_counts_slides_samples_shards_and_bytes() -> None:
     assert lines[0] == "4 slides (2 ok, 2 failed): 2,400 patches in 3 shards (4.0 MB, png) -> s3://bucket/out"
     assert lines[1] == "  samples per shard 400..1200, slides per shard 1..2"
     assert lines[2:] == ["  FAILED bad2.svs: no tissue found", "  FAILED bad3.svs: cannot open: bad header"]
+
+
+def test_summary_totals_the_bytes_read_of_slides_in_object_storage_only_when_there_are_some() -> None:
+    slides = [dataclasses.replace(_slide(i), file=f"s3://b/in/s{i}.svs", bytes_read=n)
+              for i, n in enumerate([3_000_000, 1_000_000, 0])]  # fmt: skip
+    slides.append(_slide(3))  # a local file: not among them
+    lines = summary(_manifest(slides, [_shard(0, 3206, 4, 9_000_000)])).splitlines()
+    assert lines[2] == "  read from object storage: 4.0 MB of slide files, 1.3 MB per slide on average (3 slides)"
+    assert not any("object storage" in line for line in summary(_manifest([_slide(0)], [])).splitlines())
 
 
 def test_summary_of_a_build_without_shards_has_no_shard_line() -> None:

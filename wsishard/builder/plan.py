@@ -8,14 +8,52 @@ and in what order, so extraction can run shards in any order, in any process, an
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 
 from wsishard.format import shard_index
+
+
+class BlockList(Sequence[tuple[int, int]]):
+    """A shard's planned blocks, ``(slide, block)`` in write order, kept as two integer arrays (a group's plan
+    makes thousands of blocks: pairs are made only when iterated)."""
+
+    __slots__ = ("block_ids", "slides")
+
+    def __init__(self, slides: np.ndarray, block_ids: np.ndarray) -> None:
+        self.slides = slides  # (n,) int64 slide indices
+        self.block_ids = block_ids  # (n,) int64 block indices in their slides' block lists
+
+    def __len__(self) -> int:
+        return len(self.slides)
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[int, int]: ...
+    @overload
+    def __getitem__(self, i: slice) -> BlockList: ...
+    def __getitem__(self, i: int | slice) -> tuple[int, int] | BlockList:
+        if isinstance(i, slice):
+            return BlockList(self.slides[i], self.block_ids[i])
+        return int(self.slides[i]), int(self.block_ids[i])
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return zip(self.slides.tolist(), self.block_ids.tolist(), strict=True)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BlockList):
+            return np.array_equal(self.slides, other.slides) and np.array_equal(self.block_ids, other.block_ids)
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"BlockList({list(self)!r})"
 
 
 @dataclass(frozen=True)
@@ -24,14 +62,14 @@ class ShardPlan:
     group, and its blocks in write order.
 
     Attributes:
-        blocks: ((slide, block), ...) with ``slide`` an index into the planned slides and ``block`` an index into
-            that slide's block list.
+        blocks: ``(slide, block)`` pairs (a :class:`BlockList` from the planner) with ``slide`` an index into the
+            planned slides and ``block`` an index into that slide's block list.
         patches: planned patch count (before any slide fails during extraction).
     """
 
     index: int
     group: int
-    blocks: tuple[tuple[int, int], ...]
+    blocks: Sequence[tuple[int, int]]
     patches: int
 
 
@@ -131,7 +169,9 @@ def _interleave(shard: np.ndarray, col: np.ndarray, n: int, n_slides: int, rng: 
     rank = np.empty(len(cell), dtype=np.int64)
     rank[grouped] = np.arange(len(cell)) - (np.cumsum(counts) - counts)[cell[grouped]]
     place = 2.0 * shard + (rank + rng.random(len(counts))[cell]) / counts[cell]  # each shard its own [2k, 2k + 1)
-    order = np.argsort(place)  # places never tie: ranks differ within a cell, and u across cells
+    # places never tie (ranks differ within a cell, and u across cells), so any sort gives this order; by cell, places
+    # are runs already in order, which a stable (merge) sort takes far faster than a sort of them shuffled
+    order = grouped[np.argsort(place[grouped], kind="stable")]
     bad = (col[order][1:] == col[order][:-1]) & (shard[order][1:] == shard[order][:-1])
     if not bad.any():
         return order
@@ -151,10 +191,12 @@ def _separate(order: np.ndarray, col: np.ndarray, rng: np.random.Generator) -> n
     if c >= gaps:
         at = (np.arange(c) * gaps) // c  # every gap, the extra blocks spread
     else:
-        need = np.flatnonzero(np.r_[False, col[rest][1:] == col[rest][:-1], False])
-        free = np.setdiff1d(np.arange(gaps), need)
+        same = col[rest][1:] == col[rest][:-1]
+        need = np.flatnonzero(same) + 1  # gaps between two blocks of one slide
+        free = np.flatnonzero(np.concatenate(([True], ~same, [True])))  # the other gaps, in order
         more = c - len(need)
-        at = np.sort(np.r_[need, free[((np.arange(more) + rng.random()) * len(free) / more).astype(np.int64)]])
+        spread = free[((np.arange(more) + rng.random()) * len(free) / more).astype(np.int64)]
+        at = np.sort(np.concatenate((need, spread)))
     return np.insert(rest, at, mine)
 
 
@@ -190,10 +232,10 @@ def plan_group(group: int, block_sizes: Mapping[int, Sequence[int]], *, samples_
     col, block, patches, ids = _flatten(sizes)
     shard, n = _deal_within_cap(col, patches, samples_per_shard, seed, group)
     order = _interleave(shard, col, n, len(ids), np.random.default_rng((seed, 0x6A03, group)))
-    pairs = list(zip(ids[col[order]].tolist(), block[order].tolist(), strict=True))
+    slides, block_ids = ids[col[order]], block[order]  # (n_blocks,) each, in write order
     ends = np.cumsum(np.bincount(shard, minlength=n)).tolist()
     totals = np.bincount(shard, weights=patches, minlength=n).astype(np.int64).tolist()
-    return [ShardPlan(shard_index(group, k), group, tuple(pairs[a:b]), total)
+    return [ShardPlan(shard_index(group, k), group, BlockList(slides[a:b], block_ids[a:b]), total)
             for k, (a, b, total) in enumerate(zip([0, *ends[:-1]], ends, totals, strict=True))]  # fmt: skip
 
 
@@ -219,12 +261,13 @@ def assign_parts(group_weights: Sequence[int], n_parts: int) -> list[int]:
     Deterministic: every machine of a cluster build computes the same assignment without talking to the others;
     it shares out the work and never changes the output.
     """
-    load = [0] * n_parts
-    part = [0] * len(group_weights)
-    for g in sorted(range(len(group_weights)), key=lambda g: (-group_weights[g], g)):
-        p = min(range(n_parts), key=lambda p: (load[p], p))
+    weights = np.asarray(group_weights, dtype=np.int64).reshape(-1)  # (n_groups,)
+    lightest = [(0, p) for p in range(n_parts)]  # (load, part): a heap, its least the lightest part (lowest index)
+    part = [0] * len(weights)
+    for g, w in zip(np.argsort(-weights, kind="stable").tolist(), (-np.sort(-weights)).tolist(), strict=True):
+        load, p = heapq.heappop(lightest)
         part[g] = p
-        load[p] += group_weights[g]
+        heapq.heappush(lightest, (load + w, p))
     return part
 
 
@@ -236,7 +279,10 @@ def part_groups(groups: Sequence[Sequence[int]], sizes: Sequence[int], part: tup
     """
     if part is None:
         return list(range(len(groups)))
-    weights = [sum(sizes[s] for s in g) for g in groups]
-    if not any(weights):
-        weights = [len(g) for g in groups]
-    return [g for g, p in enumerate(assign_parts(weights, part[1])) if p == part[0] - 1]
+    lengths = np.fromiter(map(len, groups), np.int64, len(groups))  # (n_groups,)
+    members = np.fromiter(itertools.chain.from_iterable(groups), np.int64, int(lengths.sum()))
+    ends = np.cumsum(np.r_[0, np.asarray(sizes, dtype=np.int64)[members]])[np.cumsum(lengths)]
+    weights = ends - np.r_[0, ends[:-1]]  # (n_groups,) bytes of each group's slide files
+    if not weights.any():
+        weights = lengths
+    return [g for g, p in enumerate(assign_parts(weights.tolist(), part[1])) if p == part[0] - 1]

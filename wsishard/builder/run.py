@@ -86,7 +86,7 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
         overwrite: replace a build with other inputs or options (or slides changed since) found in ``output``
             instead of refusing; only that build's own files are removed, never anything else there.
         scratch: local folder for copies of slides given as URLs (default: a temporary folder); it holds at most
-            one slide per worker, plus one group's staged patches.
+            one slide per worker, plus the staged (encoded) patches of slides copied and not yet extracted.
 
     Raises:
         OptionError: bad inputs (nothing found, a missing path), a bad ``part``, or ``output`` holding another
@@ -110,10 +110,10 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
         mine = part_groups(groups, [int(stamps[p].get("size") or 0) for p in paths], part)
         _remove_leftovers(dest, set(mine))
         with _scratch_for(paths, scratch, storage_options) as remote, WorkerPool(jobs) as pool:
-            _scan_all(pool, paths, sorted(s for g in mine for s in groups[g]), dest, options,
-                      state.refreshing(progress), remote, state)  # fmt: skip
+            early = _scan_all(pool, paths, sorted(s for g in mine for s in groups[g]), dest, options,
+                              state.refreshing(progress), remote, state)  # fmt: skip
             slides, shards = _extract_groups(pool, [(g, groups[g]) for g in mine], dest, options, state, progress,
-                                             remote)  # fmt: skip
+                                             remote, early)  # fmt: skip
         manifest = _manifest(inputs, options, slides, shards, state.digest, part, len(paths))
         for name, data in manifest_files(manifest, part):
             dest.write_bytes(name, data)
@@ -144,8 +144,10 @@ def _scratch_for(paths: list[str], scratch: str | None, storage_options: Storage
 
 
 def _scan_all(pool: WorkerPool, paths: list[str], indices: list[int], dest: Destination, options: BuildOptions,
-              progress: ProgressCallback[BuildProgress], remote: _Scratch, state: BuildState) -> None:  # fmt: skip
-    """Scan the slides ``indices`` not scanned yet; each result is saved as it arrives, and none is kept here."""
+              progress: ProgressCallback[BuildProgress], remote: _Scratch,
+              state: BuildState) -> dict[int, StagedSlide]:  # fmt: skip
+    """Scan the slides ``indices`` not scanned yet; each result is saved as it arrives, and none is kept here but
+    the staged patches of slides copied from object storage to be scanned (by slide index)."""
     ids = unique_slide_ids(paths)
     annotations = match_annotations(options.roi.path, paths)
     if options.qc:
@@ -165,17 +167,23 @@ def _scan_all(pool: WorkerPool, paths: list[str], indices: list[int], dest: Dest
     )  # fmt: skip
     done = len(indices) - len(todo)
     progress(BuildProgress("scan", done, len(indices)))
+    staged: dict[int, StagedSlide] = {}
     for i, result in zip(todo, pool.imap(scan_slide, tasks, on_crash=crashed_scan), strict=True):
         store.save(i, result)
+        if result.staged is not None:
+            staged[i] = result.staged
         done += 1
         progress(BuildProgress("scan", done, len(indices)))
+    return staged
 
 
 def _extract_groups(pool: WorkerPool, groups: list[tuple[int, list[int]]], dest: Destination, options: BuildOptions,
                     state: BuildState, progress: ProgressCallback[BuildProgress],
-                    remote: _Scratch) -> tuple[dict[int, SlideRecord], list[ShardRecord]]:  # fmt: skip
+                    remote: _Scratch, early: dict[int, StagedSlide]) -> tuple[dict[int, SlideRecord],
+                                                                              list[ShardRecord]]:  # fmt: skip
     """Plan and write each group's shards, one group's scans in memory at a time; the final slide records (by slide
-    index) and shard records (in shard order) of these groups."""
+    index) and shard records (in shard order) of these groups. ``early``: slides staged while scanning (their
+    files are removed as their group is done)."""
     previous, failed = state.load_done(), state.load_failed()
     tally = _Tally(progress, 0, 0)
     slides: dict[int, SlideRecord] = {}
@@ -187,12 +195,11 @@ def _extract_groups(pool: WorkerPool, groups: list[tuple[int, list[int]]], dest:
         per_shard = _samples_per_shard(options, list(scans.values()))
         plan = plan_group(g, {s: scans[s].block_sizes for s in members}, samples_per_shard=per_shard, seed=options.seed)
         tally.grow(len(plan), sum(sp.patches for sp in plan))
-        staged: dict[int, StagedSlide] = {}
+        staged = {s: early.pop(s) for s in members if s in early}
         if remote.from_urls:
-            staged = _stage_group(pool, plan, scans, options, remote, previous, failed, state)
+            staged.update(_stage_group(pool, plan, scans, options, remote, previous, failed, state, set(staged)))
         outcomes = _extract_all(pool, plan, scans, dest, options, tally, state, previous, failed, staged)
-        if remote.from_urls:
-            remove_staging(remote.scratch)
+        remove_staging(remote.scratch, staged.values())
         patches: dict[int, int] = {}
         for outcome in outcomes.values():
             for slide, n in (outcome.patches_by_slide or {}).items():
@@ -202,6 +209,8 @@ def _extract_groups(pool: WorkerPool, groups: list[tuple[int, list[int]]], dest:
             record = _final_record(scans[s], failed.get(s), patches.get(s, 0))
             got = staged[s].bytes_read if s in staged else 0
             slides[s] = dataclasses.replace(record, bytes_read=record.bytes_read + got) if got else record
+    if remote.from_urls:
+        remove_staging(remote.scratch)  # and what an interrupted run left there
     return slides, shards
 
 
@@ -266,10 +275,11 @@ def _work(scan: ScanResult) -> SlideWork | None:
 
 def _stage_group(pool: WorkerPool, shards: list[ShardPlan], scans: Mapping[int, ScanResult], options: BuildOptions,
                  remote: _Scratch, previous: Done, failed: dict[int, str],
-                 state: BuildState) -> dict[int, StagedSlide]:  # fmt: skip
-    """Slides in object storage: stage the patches of each slide a group's unfinished shards need, once."""
+                 state: BuildState, have: set[int]) -> dict[int, StagedSlide]:  # fmt: skip
+    """Slides in object storage: stage the patches of each slide a group's unfinished shards need and ``have`` has
+    not (those staged while scanning), once."""
     todo = [sp for sp in shards if sp.index not in _still_valid(previous, shards, failed)]
-    wanted = sorted({s for sp in todo for s, _ in sp.blocks} - set(failed))
+    wanted = sorted({s for sp in todo for s, _ in sp.blocks} - set(failed) - have)
     tasks = [StageTask(index=s, url=scans[s].record.file, work=work, scratch=remote.scratch,
                        storage_options=remote.storage_options, encode=options.encode)
              for s in wanted if (work := _work(scans[s])) is not None]  # fmt: skip

@@ -29,7 +29,7 @@ from wsishard.builder.grid import (
 from wsishard.builder.patches import EncodeOptions, SlideWork, block_samples
 from wsishard.builder.qc import QcLayers, legend_lines, qc_picture
 from wsishard.builder.roi import RoiOptions, label_patches, roi_status, slide_roi
-from wsishard.builder.staging import local_copy
+from wsishard.builder.staging import StagedSlide, local_copy, stage_copy, staging_path
 from wsishard.builder.tissue import TissueOptions, TissueResult, find_tissue
 from wsishard.errors import OutputError, SlideError, SlideFailure
 from wsishard.format import SlideRecord
@@ -77,6 +77,7 @@ class ScanResult:
     cands: Candidates | None = None
     blocks: list[Block] = field(default_factory=list)
     bytes_per_patch: float | None = None
+    staged: StagedSlide | None = None  # a slide copied from object storage: its patches, encoded from that copy
 
     @property
     def block_sizes(self) -> list[int]:
@@ -103,7 +104,9 @@ def scan_slide(task: ScanTask) -> ScanResult:
                 return replace(result, record=replace(result.record, bytes_read=remote.bytes_read))
             with local_copy(task.path, task.scratch, task.storage_options) as local:
                 result = _scan_path(task, local, record)
-            return replace(result, record=replace(result.record, bytes_read=os.path.getsize(local)))
+                copied = os.path.getsize(local)
+                result = replace(result, staged=_stage_from_copy(task, local, result))
+            return replace(result, record=replace(result.record, bytes_read=copied))
         except OutputError as exc:
             stop = exc
         except OSError as exc:
@@ -131,6 +134,23 @@ def _in_place(task: ScanTask) -> RemoteTiffReader | None:
     except SlideError as exc:
         logger.debug("%s is copied: %s", task.path, exc.reason)
         return None
+
+
+def _stage_from_copy(task: ScanTask, local: str, result: ScanResult) -> StagedSlide | None:
+    """A scanned slide's patches, every block encoded from the copy the scan read (so it is copied once per build);
+    None when it has none or staging failed (extraction then stages it again from a new copy, and fails it there)."""
+    if result.cands is None:
+        return None
+    record = result.record
+    work = SlideWork(path=task.path, slide_id=task.slide_id, level=record.level or 0, mpp=record.patch_mpp or 0,
+                     cands=result.cands, blocks=result.blocks, label=task.label)  # fmt: skip
+    out_path = staging_path(task.scratch, task.index)
+    with SlideFailure(task.path) as failure:
+        return stage_copy(local, work, task.encode, out_path)
+    logger.debug("%s not staged while scanning: %s", task.path, failure.reason)
+    if os.path.exists(out_path):
+        os.remove(out_path)
+    return None
 
 
 def _scan_path(task: ScanTask, path: str, record: SlideRecord) -> ScanResult:

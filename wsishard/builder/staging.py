@@ -1,11 +1,14 @@
 """Slides in object storage: bounded local scratch copies, and per-slide staging of encoded patches.
 
 SVS and pyramidal TIFF slides given as URLs are read in place, by range (:mod:`wsishard.slide.remote_tiff`).
-OpenSlide needs local files, so any other slide given as a URL is copied into the scratch folder right before it is used
-and deleted right after: a worker holds one slide copy at a time, so scratch holds at most ``jobs`` slides.
-Shards mix every slide of a group, which would need the whole group on disk at once; instead each slide is read
-once into a staging file of encoded patches (about a tenth of the slide's size), and the group's shards are then
-assembled from the staging files, which are deleted when the group is done.
+OpenSlide needs local files, so any other slide given as a URL is copied into the scratch folder by the worker that
+scans it, and deleted right after: a worker holds one slide copy at a time, so scratch holds at most ``jobs`` slides.
+Shards mix every slide of a group, which would need the whole group on disk at once; instead, while the copy is
+there, each block the scan laid out is read and encoded into a staging file of the slide's patches (about a tenth of
+the slide's size), so the slide is downloaded once per build. A group's shards are assembled from its staging files,
+which are deleted when the group is done; until then scratch keeps the staging files of the copied slides scanned.
+A resumed build has lost them (and a slide whose staging failed has none): such slides are staged again when their
+group is extracted, from a new copy.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import os
 import shutil
 import struct
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 import fsspec
@@ -87,9 +90,8 @@ class StageOutcome:
 
 
 def stage_slide(task: StageTask) -> StageOutcome:
-    """Copy one slide to scratch, encode every planned block into a staging file, delete the copy."""
-    out_path = os.path.join(task.scratch, "staging", f"{task.index:07d}-{uuid.uuid4().hex[:8]}.bin")
-    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    """Encode every planned block of one slide into a staging file: read in place, or from a copy deleted after."""
+    out_path = staging_path(task.scratch, task.index)
     with SlideFailure(task.url) as failure:
         remote = _in_place(task)
         if remote is not None:  # tiles read by range
@@ -97,14 +99,30 @@ def stage_slide(task: StageTask) -> StageOutcome:
                 spans = _write_blocks(remote, replace(task.work, file_name=task.work.name), task.encode, out_path)
             return StageOutcome(task.index, StagedSlide(out_path, tuple(spans), remote.bytes_read))
         with local_copy(task.url, task.scratch, task.storage_options) as local:
-            work = replace(task.work, path=local, file_name=task.work.name)  # samples name the slide, not the copy
-            with open_slide(local, fast=task.encode.fast_path) as reader:
-                spans = _write_blocks(reader, work, task.encode, out_path)
+            staged = stage_copy(local, task.work, task.encode, out_path)
             copied = os.path.getsize(local)
-        return StageOutcome(task.index, StagedSlide(out_path, tuple(spans), copied))
+        return StageOutcome(task.index, replace(staged, bytes_read=copied))
     if os.path.exists(out_path):
         os.remove(out_path)
     return StageOutcome(task.index, reason=failure.reason or "")
+
+
+def staging_path(scratch: str, index: int) -> str:
+    """A new staging file's path for slide ``index`` (its folder made)."""
+    out_path = os.path.join(scratch, "staging", f"{index:07d}-{uuid.uuid4().hex[:8]}.bin")
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    return out_path
+
+
+def stage_copy(local: str, work: SlideWork, encode: EncodeOptions, out_path: str) -> StagedSlide:
+    """Encode every block of ``work`` from ``local``, a copy of the slide, into the staging file ``out_path``.
+
+    Raises:
+        SlideError: (and others) the copy cannot be read; the staging file may be left behind.
+    """
+    work = replace(work, path=local, file_name=work.name)  # samples name the slide, not the copy
+    with open_slide(local, fast=encode.fast_path) as reader:
+        return StagedSlide(out_path, tuple(_write_blocks(reader, work, encode, out_path)))
 
 
 def _in_place(task: StageTask) -> RemoteTiffReader | None:
@@ -132,8 +150,14 @@ def _write_blocks(reader: SlideReader, work: SlideWork, encode: EncodeOptions, o
     return spans
 
 
-def remove_staging(scratch: str) -> None:
-    shutil.rmtree(os.path.join(scratch, "staging"), ignore_errors=True)
+def remove_staging(scratch: str, staged: Iterable[StagedSlide] | None = None) -> None:
+    """Remove the staging files ``staged``, or the whole staging folder (leftovers of earlier runs too)."""
+    if staged is None:
+        shutil.rmtree(os.path.join(scratch, "staging"), ignore_errors=True)
+        return
+    for one in staged:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(one.path)
 
 
 def _frame(samples: Samples) -> bytes:

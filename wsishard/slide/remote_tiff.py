@@ -26,7 +26,7 @@ from wsishard.slide.tiff import TiffTileReader, _TiledLevel
 from wsishard.storage.urls import StorageOptions
 
 REMOTE_SUFFIXES = (".svs", ".tif", ".tiff")
-_BLOCK_BYTES = 256 * 1024  # fsspec block size for the header and directories
+_BLOCK_BYTES = 64 * 1024  # fsspec block size for the header and directories
 _APERIO_MPP = re.compile(r"\|\s*MPP\s*=\s*([0-9.eE+-]+)")
 
 
@@ -42,6 +42,8 @@ class RemoteTiffReader(TiffTileReader):
 
     def __init__(self, url: str, scratch: str, storage_options: StorageOptions | None = None) -> None:
         self.path = url
+        self._closed_bytes: int | None = None  # directory bytes fetched, kept when the file closes (its cache goes)
+        self._tile_bytes = 0
         self._fetched: set[int] = set()  # offsets of the tiles already in the sparse file
         try:
             fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
@@ -66,13 +68,15 @@ class RemoteTiffReader(TiffTileReader):
         self._sparse = os.path.join(scratch, f"{uuid.uuid4().hex[:12]}.tiles")
         self._fd = os.open(self._sparse, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         self._decoders = {}
-        self._tile_bytes = 0
 
     @property
     def bytes_read(self) -> int:
-        """Bytes fetched from the object so far: directories and tiles."""
+        """Bytes fetched from the object so far (also once closed): directories and tiles."""
+        return (self._directory_bytes() if self._closed_bytes is None else self._closed_bytes) + self._tile_bytes
+
+    def _directory_bytes(self) -> int:
         cache = getattr(self._file, "cache", None)
-        return int(getattr(cache, "total_requested_bytes", 0)) + self._tile_bytes
+        return int(getattr(cache, "total_requested_bytes", 0))
 
     def _tile(self, level: _TiledLevel, index: int, factor: int = 1) -> Any:
         offset, count = level.offsets[index], level.bytecounts[index]
@@ -87,6 +91,8 @@ class RemoteTiffReader(TiffTileReader):
         return super()._tile(level, index, factor)
 
     def _close_remote(self) -> None:
+        if self._closed_bytes is None:
+            self._closed_bytes = self._directory_bytes()
         with contextlib.suppress(AttributeError):
             self._tif.close()
         self._file.close()
