@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from wsishard.builder.patches import EncodeOptions, Samples, SlideWork, block_samples
 from wsishard.builder.plan import ShardPlan
+from wsishard.builder.pool import WorkerPool
 from wsishard.builder.staging import StagedSlide
 from wsishard.errors import SlideFailure
 from wsishard.format import ShardRecord, shard_name
@@ -183,3 +184,20 @@ def _read_block(source: SlideSource, block_index: int, encode: EncodeOptions) ->
         return source.staged.read(block_index)
     work = source.work
     return block_samples(READERS.get(work.path, encode.fast_path), work, work.blocks[block_index], encode)
+
+
+def crash_culprits(pool: WorkerPool, sp: ShardPlan, sources: dict[int, SlideSource], excluded: frozenset[int],
+                   encode: EncodeOptions) -> dict[int, str]:  # fmt: skip
+    """The slides of a shard whose reading kills a worker process, found by reading each one's blocks alone."""
+    slides = sorted({s for s, _ in sp.blocks} - excluded)
+    probes = [
+        SegmentTask(shard=sp.index, segment=0, last=True, blocks=tuple(b for b in sp.blocks if b[0] == s),
+                    slides={s: sources[s]}, excluded=excluded, encode=encode)
+        for s in slides
+    ]  # fmt: skip
+    outcomes = pool.imap(extract_segment, probes, on_crash=crashed_segment, window=1)
+    crashed = [s for s, outcome in zip(slides, outcomes, strict=True) if outcome.crashed]
+    reason = "the worker process reading it died twice (killed: out of memory?)"
+    if not crashed:  # no single slide kills a worker: rather than retry for ever, none of them is kept
+        reason = f"a worker process died twice writing shard {sp.index} and no single slide of it could be blamed"
+    return dict.fromkeys(crashed or slides, reason)

@@ -21,10 +21,10 @@ from typing import Any
 
 from wsishard import __version__
 from wsishard.builder.extract import (
-    SegmentTask,
     ShardOutcome,
     SlideSource,
     assemble_shards,
+    crash_culprits,
     crashed_segment,
     extract_segment,
     segment_size,
@@ -321,7 +321,7 @@ def _extract_all(pool: WorkerPool, shards: list[ShardPlan], scans: Mapping[int, 
             elif outcome.failed_slide >= 0:
                 new_failed.setdefault(outcome.failed_slide, outcome.reason)
             else:
-                new_failed.update(_crash_culprits(pool, by_index[outcome.index], sources, excluded, options))
+                new_failed.update(crash_culprits(pool, by_index[outcome.index], sources, excluded, options.encode))
         failed.update(new_failed)
         if new_failed:
             state.save_failed(failed)
@@ -334,23 +334,6 @@ def _extract_all(pool: WorkerPool, shards: list[ShardPlan], scans: Mapping[int, 
         if done[sp.index].record is None:
             dest.remove(shard_name(sp.index))  # a shard left empty: no file (an earlier run may have written one)
     return done
-
-
-def _crash_culprits(pool: WorkerPool, sp: ShardPlan, sources: dict[int, SlideSource], excluded: frozenset[int],
-                    options: BuildOptions) -> dict[int, str]:  # fmt: skip
-    """The slides of a shard whose reading kills a worker process, found by reading each one's blocks alone."""
-    slides = sorted({s for s, _ in sp.blocks} - excluded)
-    probes = [
-        SegmentTask(shard=sp.index, segment=0, last=True, blocks=tuple(b for b in sp.blocks if b[0] == s),
-                    slides={s: sources[s]}, excluded=excluded, encode=options.encode)
-        for s in slides
-    ]  # fmt: skip
-    outcomes = pool.imap(extract_segment, probes, on_crash=crashed_segment, window=1)
-    crashed = [s for s, outcome in zip(slides, outcomes, strict=True) if outcome.crashed]
-    reason = "the worker process reading it died twice (killed: out of memory?)"
-    if not crashed:  # no single slide kills a worker: rather than retry for ever, none of them is kept
-        reason = f"a worker process died twice writing shard {sp.index} and no single slide of it could be blamed"
-    return dict.fromkeys(crashed or slides, reason)
 
 
 def _excluded(sp: ShardPlan, failed: Mapping[int, str]) -> frozenset[int]:

@@ -37,15 +37,18 @@ def _parse(name: str) -> int | None:
     return int(stem) if name.endswith(_SUFFIX) and stem.isdigit() else None
 
 
+_GRID = ("col", "row")  # int64 in memory, saved as int32 (a grid of 2**31 cells a side is no slide)
+
+
 def encode_scan(scan: ScanResult) -> bytes:
-    """A scan result as the bytes of an ``.npz`` file (:func:`decode_scan`'s inverse)."""
+    """A scan result as the bytes of a compressed ``.npz`` file (:func:`decode_scan`'s inverse)."""
     cands, geometry, arrays = scan.cands, None, {}
     if cands is not None:
         geometry = dict(l0_per_o=cands.l0_per_o, stride=cands.stride, patch=cands.patch, total=cands.total)
-        arrays = cands.arrays()
+        arrays = {k: v.astype(np.int32) if k in _GRID else v for k, v in cands.arrays().items()}  # grid indices
     meta = dict(record=dataclasses.asdict(scan.record), cands=geometry, bytes=scan.bytes_per_patch)
     buf = io.BytesIO()
-    np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)  # type: ignore[arg-type]
+    np.savez_compressed(buf, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)  # type: ignore[arg-type]
     return buf.getvalue()
 
 
@@ -56,7 +59,8 @@ def decode_scan(data: bytes, block_patches: int) -> ScanResult:
         record = fmt.SlideRecord(**meta["record"])
         if meta["cands"] is None:
             return ScanResult(record)
-        cands = Candidates.from_arrays(arrays, **meta["cands"])
+        got = {k: arrays[k].astype(np.int64) if k in _GRID else arrays[k] for k in arrays.files}
+        cands = Candidates.from_arrays(got, **meta["cands"])
     return ScanResult(record, cands, blocks(cands, block_patches), meta["bytes"])
 
 
