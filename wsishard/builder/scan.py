@@ -34,7 +34,7 @@ from wsishard.builder.tissue import TissueOptions, TissueResult, find_tissue
 from wsishard.errors import OutputError, SlideError, SlideFailure
 from wsishard.format import SlideRecord
 from wsishard.slide import SlideReader, open_slide, read_lowres, resolve_mpp
-from wsishard.slide.remote_tiff import RemoteTiffReader, reads_in_place
+from wsishard.slide.remote_tiff import open_in_place
 from wsishard.storage.output import Destination
 from wsishard.storage.urls import StorageOptions, is_url
 
@@ -97,7 +97,7 @@ def scan_slide(task: ScanTask) -> ScanResult:
         try:
             if not is_url(task.path):
                 return _scan_path(task, task.path, record)
-            remote = _in_place(task)
+            remote = open_in_place(task.path, task.scratch, task.storage_options, fast=task.encode.fast_path)
             if remote is not None:
                 with remote:
                     result = _scan_open(task, remote, record)
@@ -123,17 +123,6 @@ def crashed_scan(task: ScanTask) -> ScanResult:
     reason = "the worker process scanning it died twice (killed: out of memory?)"
     return ScanResult(SlideRecord(slide_id=task.slide_id, file=task.path, status="failed", label=task.label,
                                   reason=reason))  # fmt: skip
-
-
-def _in_place(task: ScanTask) -> RemoteTiffReader | None:
-    """A URL slide read by range (SVS, pyramidal TIFF), or None when it needs a local copy."""
-    if not (task.encode.fast_path and reads_in_place(task.path)):
-        return None
-    try:
-        return RemoteTiffReader(task.path, task.scratch, task.storage_options)
-    except SlideError as exc:
-        logger.debug("%s is copied: %s", task.path, exc.reason)
-        return None
 
 
 def _stage_from_copy(task: ScanTask, local: str, result: ScanResult) -> StagedSlide | None:

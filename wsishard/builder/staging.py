@@ -27,7 +27,7 @@ import fsspec
 from wsishard.builder.patches import EncodeOptions, Samples, SlideWork, block_samples
 from wsishard.errors import SlideError, SlideFailure
 from wsishard.slide import SlideReader, open_slide
-from wsishard.slide.remote_tiff import RemoteTiffReader, reads_in_place
+from wsishard.slide.remote_tiff import open_in_place
 from wsishard.storage.urls import StorageOptions
 
 _LEN = struct.Struct("<I")
@@ -93,7 +93,7 @@ def stage_slide(task: StageTask) -> StageOutcome:
     """Encode every planned block of one slide into a staging file: read in place, or from a copy deleted after."""
     out_path = staging_path(task.scratch, task.index)
     with SlideFailure(task.url) as failure:
-        remote = _in_place(task)
+        remote = open_in_place(task.url, task.scratch, task.storage_options, fast=task.encode.fast_path)
         if remote is not None:  # tiles read by range
             with remote:
                 spans = _write_blocks(remote, replace(task.work, file_name=task.work.name), task.encode, out_path)
@@ -123,16 +123,6 @@ def stage_copy(local: str, work: SlideWork, encode: EncodeOptions, out_path: str
     work = replace(work, path=local, file_name=work.name)  # samples name the slide, not the copy
     with open_slide(local, fast=encode.fast_path) as reader:
         return StagedSlide(out_path, tuple(_write_blocks(reader, work, encode, out_path)))
-
-
-def _in_place(task: StageTask) -> RemoteTiffReader | None:
-    """The slide read by range (SVS, pyramidal TIFF), or None when it needs a local copy."""
-    if not (task.encode.fast_path and reads_in_place(task.url)):
-        return None
-    try:
-        return RemoteTiffReader(task.url, task.scratch, task.storage_options)
-    except SlideError:
-        return None
 
 
 def crashed_stage(task: StageTask) -> StageOutcome:

@@ -11,6 +11,7 @@ every byte fetched.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import uuid
@@ -24,6 +25,8 @@ from wsishard.errors import SlideError
 from wsishard.slide.reader import one_line
 from wsishard.slide.tiff import TiffTileReader, _TiledLevel
 from wsishard.storage.urls import StorageOptions
+
+logger = logging.getLogger(__name__)
 
 REMOTE_SUFFIXES = (".svs", ".tif", ".tiff")
 _BLOCK_BYTES = 64 * 1024  # fsspec block size for the header and directories
@@ -134,6 +137,14 @@ def _properties(tif: tifffile.TiffFile) -> Mapping[str, str]:
     }
 
 
-def reads_in_place(url: str) -> bool:
-    """Whether a URL's suffix makes it worth trying :class:`RemoteTiffReader` before a local copy."""
-    return url.lower().endswith(REMOTE_SUFFIXES)
+def open_in_place(url: str, scratch: str, storage_options: StorageOptions | None, *,
+                  fast: bool) -> RemoteTiffReader | None:  # fmt: skip
+    """A URL slide read by range (SVS, pyramidal TIFF), or None when it needs a local copy: the direct-tile path
+    is off (``fast`` False), its suffix is another format's, or :class:`RemoteTiffReader` cannot read it."""
+    if not (fast and url.lower().endswith(REMOTE_SUFFIXES)):
+        return None
+    try:
+        return RemoteTiffReader(url, scratch, storage_options)
+    except SlideError as exc:
+        logger.debug("%s is copied: %s", url, exc.reason)
+        return None
