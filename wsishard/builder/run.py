@@ -32,7 +32,6 @@ from wsishard.builder.extract import (
 )
 from wsishard.builder.inputs import check_tables, find_slides, lookup
 from wsishard.builder.options import BuildOptions, BuildProgress
-from wsishard.builder.patches import SlideWork
 from wsishard.builder.plan import ShardPlan, make_groups, part_groups, plan_group
 from wsishard.builder.pool import WorkerPool
 from wsishard.builder.qc_html import INDEX_NAME, qc_index
@@ -265,24 +264,17 @@ class _Tally:
         self.progress(BuildProgress("extract", self.shards, self.shards_total, self.patches, self.patches_total))
 
 
-def _work(scan: ScanResult) -> SlideWork | None:
-    record = scan.record
-    if scan.cands is None:
-        return None
-    return SlideWork(path=record.file, slide_id=record.slide_id, level=record.level or 0, mpp=record.patch_mpp or 0,
-                     cands=scan.cands, blocks=scan.blocks, label=record.label)  # fmt: skip
-
-
 def _stage_group(pool: WorkerPool, shards: list[ShardPlan], scans: Mapping[int, ScanResult], options: BuildOptions,
                  remote: _Scratch, previous: Done, failed: dict[int, str],
                  state: BuildState, have: set[int]) -> dict[int, StagedSlide]:  # fmt: skip
     """Slides in object storage: stage the patches of each slide a group's unfinished shards need and ``have`` has
     not (those staged while scanning), once."""
-    todo = [sp for sp in shards if sp.index not in _still_valid(previous, shards, failed)]
+    done = _still_valid(previous, shards, failed)
+    todo = [sp for sp in shards if sp.index not in done]
     wanted = sorted({s for sp in todo for s, _ in sp.blocks} - set(failed) - have)
     tasks = [StageTask(index=s, url=scans[s].record.file, work=work, scratch=remote.scratch,
                        storage_options=remote.storage_options, encode=options.encode)
-             for s in wanted if (work := _work(scans[s])) is not None]  # fmt: skip
+             for s in wanted if (work := scans[s].work) is not None]  # fmt: skip
     staged: dict[int, StagedSlide] = {}
     before = len(failed)
     for result in pool.imap(stage_slide, tasks, on_crash=crashed_stage):
@@ -301,7 +293,7 @@ def _extract_all(pool: WorkerPool, shards: list[ShardPlan], scans: Mapping[int, 
     """Write the shards not already done; a slide failing mid-way is excluded and the shards it touched redone.
 
     ``failed`` (slide -> reason) is updated in place and saved whenever a slide fails."""
-    sources = {i: SlideSource(work, staged.get(i)) for i, s in scans.items() if (work := _work(s))}
+    sources = {i: SlideSource(work, staged.get(i)) for i, s in scans.items() if (work := s.work)}
     done = _still_valid(previous, shards, failed)
     for outcome in done.values():
         tally.finished(outcome, with_samples=True)

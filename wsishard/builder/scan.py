@@ -83,6 +83,16 @@ class ScanResult:
     def block_sizes(self) -> list[int]:
         return [len(b.patches) for b in self.blocks]
 
+    @property
+    def work(self) -> SlideWork | None:
+        """What reading the slide's patches needs (None: it has none)."""
+        return None if self.cands is None else _slide_work(self.record, self.cands, self.blocks)
+
+
+def _slide_work(record: SlideRecord, cands: Candidates, block_list: list[Block]) -> SlideWork:
+    return SlideWork(path=record.file, slide_id=record.slide_id, level=record.level or 0, mpp=record.patch_mpp or 0,
+                     cands=cands, blocks=block_list, label=record.label)  # fmt: skip
+
 
 def scan_slide(task: ScanTask) -> ScanResult:
     """Scan one slide. Never raises for a bad slide: failures come back as a failed record with a reason.
@@ -128,11 +138,9 @@ def crashed_scan(task: ScanTask) -> ScanResult:
 def _stage_from_copy(task: ScanTask, local: str, result: ScanResult) -> StagedSlide | None:
     """A scanned slide's patches, every block encoded from the copy the scan read (so it is copied once per build);
     None when it has none or staging failed (extraction then stages it again from a new copy, and fails it there)."""
-    if result.cands is None:
+    work = result.work
+    if work is None:
         return None
-    record = result.record
-    work = SlideWork(path=task.path, slide_id=task.slide_id, level=record.level or 0, mpp=record.patch_mpp or 0,
-                     cands=result.cands, blocks=result.blocks, label=task.label)  # fmt: skip
     out_path = staging_path(task.scratch, task.index)
     with SlideFailure(task.path) as failure:
         return stage_copy(local, work, task.encode, out_path)
@@ -183,9 +191,7 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
         left_out = ", ".join(f"{k} {n}" for k, n in sorted(record.filtered.items()))
         return ScanResult(replace(record, reason=reason + (f" (left out: {left_out})" if left_out else "")))
     block_list = blocks(cands, patch.block_patches)
-    work = SlideWork(path=task.path, slide_id=task.slide_id, level=record.level or 0, mpp=record.patch_mpp or 0,
-                     cands=cands, blocks=block_list, label=task.label)  # fmt: skip
-    measured = _bytes_per_patch(task, reader, work) if task.measure else None
+    measured = _bytes_per_patch(task, reader, _slide_work(record, cands, block_list)) if task.measure else None
     return ScanResult(replace(record, status="ok"), cands, block_list, measured)
 
 
