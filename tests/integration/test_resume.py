@@ -112,6 +112,17 @@ def test_merge_names_missing_parts(cohort: Path, tmp_path: Path) -> None:
         merge(str(out))
 
 
+def test_merge_names_a_part_whose_slide_records_are_missing(cohort: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    opts = dataclasses.replace(SMALL_BUILD, jobs=1, qc=False)
+    for i in (1, 2):
+        build([str(cohort)], str(out), opts, part=(i, 2))
+    (out / "slides.part-0002-of-0002.jsonl").unlink()  # lost in a copy, say
+    with pytest.raises(ManifestError, match=r"slides\.part-0002-of-0002\.jsonl.*not found"):
+        merge(str(out))
+    assert not (out / "manifest.json").exists()  # nothing half-merged
+
+
 def test_slurm_array_environment_gives_the_part() -> None:
     from wsishard.cli import slurm_part
 

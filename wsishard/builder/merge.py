@@ -12,9 +12,9 @@ from wsishard.format import (
     SlideRecord,
     manifest_files,
     parse_part_manifest,
-    parse_slide_lines,
     shard_order,
 )
+from wsishard.storage.opener import load_manifest
 from wsishard.storage.output import Destination
 from wsishard.storage.urls import StorageOptions
 
@@ -41,22 +41,11 @@ def merge(output: str, storage_options: StorageOptions | None = None) -> Manifes
     missing = sorted(set(range(1, n + 1)) - set(found))
     if missing:
         raise ManifestError(dest.location, f"parts {', '.join(map(str, missing))} of {n} are not finished yet")
-    parts = [_read_part(dest, found[i][1]) for i in range(1, n + 1)]
+    parts = [load_manifest(dest.path(found[i][1]), storage_options)[0] for i in range(1, n + 1)]  # with slides
     manifest = _join(parts, dest.location)
     for name, data in manifest_files(manifest):
         dest.write_bytes(name, data)
     return manifest
-
-
-def _read_part(dest: Destination, name: str) -> Manifest:
-    """A part manifest with its slide records (inline in version 1, beside it since version 2)."""
-    part = Manifest.from_json((dest.read_bytes(name) or b"").decode(), dest.path(name))
-    if not part.slides_file:
-        return part
-    data = dest.read_bytes(part.slides_file)
-    if data is None:
-        raise ManifestError(dest.path(part.slides_file), f"missing (the slide records of {name})")
-    return dataclasses.replace(part, slides=parse_slide_lines(data.decode(), dest.path(part.slides_file)))
 
 
 def _join(parts: list[Manifest], location: str) -> Manifest:
