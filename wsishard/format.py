@@ -162,6 +162,11 @@ def shard_order(name: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2)) if match.group(2) is not None else -1
 
 
+def qc_picture_name(slide_id: str) -> str:
+    """A slide's QC picture in the output, ``qc/<slide_id>.png`` (beside :data:`QC_INDEX_NAME`)."""
+    return f"qc/{slide_id}.png"
+
+
 def temp_name(name: str, pid: int) -> str:
     """The temporary name a file is written under before it is renamed to ``name`` (a base name)."""
     return f".{name}{_TEMP_INFIX}{pid}"

@@ -46,6 +46,7 @@ from wsishard.format import (
     SlideRecord,
     is_shard_name,
     manifest_files,
+    qc_picture_name,
     shard_name,
     shard_order,
     slides_name,
@@ -159,7 +160,7 @@ def _scan_all(pool: WorkerPool, paths: list[str], indices: list[int], dest: Dest
                  encode=options.encode, measure=options.shard_size_bytes is not None,
                  mpp_override=lookup(options.mpp_overrides, paths[i]), default_mpp=options.default_mpp,
                  label=lookup(options.labels, paths[i]), seed=options.seed, dest=dest,
-                 qc_name=f"qc/{ids[i]}.png" if options.qc else None, qc_size_px=options.qc_size_px,
+                 qc_name=qc_picture_name(ids[i]) if options.qc else None, qc_size_px=options.qc_size_px,
                  scratch=remote.scratch, storage_options=remote.storage_options, roi=options.roi,
                  roi_file=annotations[i])
         for i in todo

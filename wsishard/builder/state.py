@@ -24,7 +24,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import fsspec
@@ -143,7 +143,7 @@ class BuildState:
             raise OptionError(f"{where} holds {len(foreign)} files that are not a wsishard build ({_names(foreign)}); "
                               "choose an empty or new folder, or pass --overwrite to build beside them (they are "
                               "kept)")  # fmt: skip
-        pictures = {f"qc/{i}.png" for i in fmt.unique_slide_ids(list(stamps or {}))} | {fmt.QC_INDEX_NAME}
+        pictures = _pictures(fmt.unique_slide_ids(list(stamps or {})))
         clash = [n for n in foreign if _untemp(n) in pictures or _build_name(_untemp(n))]
         if clash:
             raise OptionError(f"{where} holds files that are not a wsishard build's but bear names a build writes "
@@ -177,7 +177,7 @@ class BuildState:
         listed |= {n.removesuffix(".json") for n in self.dest.listdir(self._name(_DONE))}
         ids = {s.get("slide_id") for m in manifests.values() for s in m.get("slides", [])}
         ids |= set(fmt.unique_slide_ids(sorted(build.get("inputs") or {})) if build else self._slide_ids(names))
-        pictures = {f"qc/{i}.png" for i in ids} | {fmt.QC_INDEX_NAME}  # and the page showing them
+        pictures = _pictures(ids)
 
         def owned(name: str) -> bool:
             if (target := _untemp(name)) != name:  # being written, or left by a killed build, under a temporary name
@@ -350,6 +350,11 @@ def _untemp(name: str) -> str:
     """The name a temporary file (:func:`wsishard.format.temp_name`) stands for; ``name`` when it is none."""
     folder, slash, base = name.rpartition("/")
     return folder + slash + (fmt.temp_target(base) or base)
+
+
+def _pictures(slide_ids: Iterable[str]) -> set[str]:
+    """The QC files a build of these slides writes: their pictures and the page showing them."""
+    return {fmt.qc_picture_name(i) for i in slide_ids} | {fmt.QC_INDEX_NAME}
 
 
 def _build_name(name: str) -> bool:
