@@ -17,16 +17,18 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+def headline(manifest: Manifest) -> str:
+    """One line: slides ok/failed, patches, shards, bytes and image format."""
+    ok = len(manifest.slides) - len(manifest.failed_slides)
+    return (f"{len(manifest.slides)} slides ({ok} ok, {len(manifest.failed_slides)} failed): "
+            f"{manifest.total_samples:,} patches in {len(manifest.shards)} shards "
+            f"({human_bytes(manifest.total_bytes)}, {manifest.image_format})")  # fmt: skip
+
+
 def summary(manifest: Manifest, location: str = "") -> str:
     """A few lines: slides ok/failed, samples, shards, bytes, the bytes of slides in object storage read (when some
     are), the slides a labelled build left without a label, and one line per failed slide."""
-    ok = len(manifest.slides) - len(manifest.failed_slides)
-    where = f" -> {location}" if location else ""
-    lines = [
-        f"{len(manifest.slides)} slides ({ok} ok, {len(manifest.failed_slides)} failed): "
-        f"{manifest.total_samples:,} patches in {len(manifest.shards)} shards "
-        f"({human_bytes(manifest.total_bytes)}, {manifest.image_format}){where}"
-    ]
+    lines = [headline(manifest) + (f" -> {location}" if location else "")]
     if manifest.shards:
         counts = [s.samples for s in manifest.shards]
         mixing = [s.slides for s in manifest.shards]

@@ -8,6 +8,7 @@ import html
 import os
 
 from wsishard.format import QC_INDEX_NAME, Manifest, SlideRecord
+from wsishard.report import headline
 from wsishard.storage.urls import is_url
 
 INDEX_NAME = QC_INDEX_NAME
@@ -27,9 +28,7 @@ img { max-width: 100%; height: auto; display: block; border: 1px solid #ddd; }
 def qc_index(manifest: Manifest, picture_prefix: str = "") -> str:
     """The page for ``manifest``'s slides; a slide's picture is ``<picture_prefix><slide_id>.png``."""
     slides = sorted(manifest.slides, key=lambda s: (s.status == "ok", s.slide_id))
-    failed = len(manifest.failed_slides)
-    head = (f"{len(manifest.slides)} slides ({len(manifest.slides) - failed} ok, {failed} failed), "
-            f"{manifest.total_samples:,} patches in {len(manifest.shards)} shards")  # fmt: skip
+    head = headline(manifest)
     parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>wsishard QC: {html.escape(head)}</title><style>{_STYLE}</style></head><body>",
              f"<h1>wsishard QC</h1><p>{html.escape(head)}. Failed slides first. Colours: tissue contour green, kept "
