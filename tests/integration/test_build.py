@@ -15,6 +15,7 @@ from buildtools import read_output
 
 from wsishard.builder.grid import PatchOptions
 from wsishard.builder.options import BuildOptions
+from wsishard.builder.roi import RoiOptions
 from wsishard.builder.run import build
 from wsishard.errors import OptionError
 from wsishard.testing.synthetic import make_slide, make_slides
@@ -181,6 +182,13 @@ def test_empty_folder_and_missing_input_are_clear_errors(tmp_path: Path) -> None
         build([str(tmp_path / "empty")], str(tmp_path / "out"))
     with pytest.raises(OptionError, match="no such file or folder"):
         build([str(tmp_path / "nope")], str(tmp_path / "out"))
+
+
+def test_a_missing_roi_path_is_refused_before_the_output_is_touched(many_slides: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(OptionError, match=r"--roi: no such file or folder: .*nope"):
+        build([str(many_slides)], str(out), BuildOptions(roi=RoiOptions(path=str(tmp_path / "nope"))))
+    assert not out.exists()  # nothing claimed: the same command with the right --roi is not refused as another build
 
 
 def test_slide_list_file(many_slides: Path, tmp_path: Path) -> None:

@@ -99,6 +99,7 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
         raise OptionError(f"invalid part {part[0]}/{part[1]}: need 1 <= i <= n")
     paths = find_slides(inputs, storage_options)
     check_tables(paths, options)  # warnings logged; an OptionError before anything is written
+    annotations = match_annotations(options.roi.path, paths)  # likewise: a bad --roi never claims the output
     dest = Destination(output, storage_options)
     dest.makedirs()
     state = BuildState(dest, fingerprint(paths, _options_dict(options, for_fingerprint=True)), part)
@@ -110,7 +111,7 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
         mine = part_groups(groups, [int(stamps[p].get("size") or 0) for p in paths], part)
         _remove_leftovers(dest, set(mine))
         with _scratch_for(paths, scratch, storage_options) as remote, WorkerPool(jobs) as pool:
-            early = _scan_all(pool, paths, sorted(s for g in mine for s in groups[g]), dest, options,
+            early = _scan_all(pool, paths, annotations, sorted(s for g in mine for s in groups[g]), dest, options,
                               state.refreshing(progress), remote, state)  # fmt: skip
             slides, shards = _extract_groups(pool, [(g, groups[g]) for g in mine], dest, options, state, progress,
                                              remote, early)  # fmt: skip
@@ -143,13 +144,13 @@ def _scratch_for(paths: list[str], scratch: str | None, storage_options: Storage
             shutil.rmtree(made, ignore_errors=True)
 
 
-def _scan_all(pool: WorkerPool, paths: list[str], indices: list[int], dest: Destination, options: BuildOptions,
+def _scan_all(pool: WorkerPool, paths: list[str], annotations: list[str | None], indices: list[int],
+              dest: Destination, options: BuildOptions,
               progress: ProgressCallback[BuildProgress], remote: _Scratch,
               state: BuildState) -> dict[int, StagedSlide]:  # fmt: skip
     """Scan the slides ``indices`` not scanned yet; each result is saved as it arrives, and none is kept here but
     the staged patches of slides copied from object storage to be scanned (by slide index)."""
     ids = unique_slide_ids(paths)
-    annotations = match_annotations(options.roi.path, paths)
     if options.qc:
         dest.makedirs("qc")
     store = state.scans
