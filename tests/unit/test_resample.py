@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import io
+import json
 import math
 
 import numpy as np
@@ -10,7 +12,7 @@ import pytest
 from PIL import Image
 
 from wsishard.builder.grid import PatchOptions, blocks, candidates
-from wsishard.builder.patches import read_block_image
+from wsishard.builder.patches import EncodeOptions, SlideWork, block_samples, patch_images
 from wsishard.builder.tissue import detect_tissue
 from wsishard.slide import OpenSlideReader, TiffTileReader, open_slide, read_lowres
 from wsishard.testing.synthetic import make_slide
@@ -30,51 +32,67 @@ def _psnr(a: np.ndarray, b: np.ndarray) -> float:
     return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
 
 
-def _reference(ref: OpenSlideReader, o_x: int, o_y: int, size: int, scale: float) -> np.ndarray:
-    """The patch at output px (o_x, o_y): a level-0 read resized once by Lanczos at full resolution."""
-    pad = 16
-    x0, y0 = math.floor(o_x * scale) - pad, math.floor(o_y * scale) - pad
-    w = h = math.ceil(size * scale) + 2 * pad + 2
-    region = Image.fromarray(ref.read_level(0, x0, y0, w, h))
-    box = (o_x * scale - x0, o_y * scale - y0, o_x * scale - x0 + size * scale, o_y * scale - y0 + size * scale)
-    return np.asarray(region.resize((size, size), Image.Resampling.LANCZOS, box=box))
+def _cands(reader, mpp0: float):  # type: ignore[no-untyped-def]
+    opts = PatchOptions(target_mpp=0.5, patch_size_px=128, min_tissue=0.5)
+    thumb, l0_per_t = read_lowres(reader, 32.0)
+    return candidates(reader.level_dimensions[0], mpp0, detect_tissue(thumb, l0_per_t * mpp0), l0_per_t, opts)
 
 
 @pytest.mark.parametrize("mpp0", SCANNER_MPP)
 def test_patches_at_scanner_mpp_are_within_40_db_of_full_resolution_lanczos(slide: str, mpp0: float) -> None:
-    opts = PatchOptions(target_mpp=0.5, patch_size_px=128, min_tissue=0.5)
+    """Each written patch (lossless, so only the resampling is measured) against a Lanczos resize of the level-0
+    region its ``.json`` names: the recorded corner, ``patch * scale`` level-0 px a side."""
     with open_slide(slide) as reader:
-        thumb, l0_per_t = read_lowres(reader, 32.0)
-        cands = candidates(reader.level_dimensions[0], mpp0, detect_tissue(thumb, l0_per_t * mpp0), l0_per_t, opts)
+        cands = _cands(reader, mpp0)
     scale = cands.l0_per_o
     assert abs(scale - round(scale)) > 1e-3  # a non-integer reduction: the case the fast path used to skip
+    work = SlideWork(path=slide, slide_id="s", level=0, mpp=0.5, cands=cands, blocks=[], label=None)
     with open_slide(slide) as fast, OpenSlideReader(slide) as ref:
         assert isinstance(fast, TiffTileReader)
         worst, checked = math.inf, 0
         for blk in blocks(cands, 4)[::3][:8]:
-            image = read_block_image(fast, blk, cands, 0)
-            for i in blk.patches.tolist()[::2]:
-                o_x, o_y = int(cands.col[i]) * cands.stride, int(cands.row[i]) * cands.stride
-                ours = np.asarray(image.crop((o_x - blk.o_x, o_y - blk.o_y, o_x - blk.o_x + 128, o_y - blk.o_y + 128)))
-                worst = min(worst, _psnr(ours, _reference(ref, o_x, o_y, 128, scale)))
+            for _, members in block_samples(fast, work, blk, EncodeOptions(image_format="png"))[::2]:
+                meta = json.loads(members["json"])
+                ours = np.asarray(Image.open(io.BytesIO(members["png"])))
+                worst = min(worst, _psnr(ours, _reference(ref, meta["x"], meta["y"], 128, scale)))
                 checked += 1
     assert checked >= 8
     assert worst >= 40.0, f"{mpp0}: worst patch {worst:.1f} dB"
 
 
+@pytest.mark.parametrize("mpp0", [0.2520, 0.2265, 0.25])
+def test_a_patch_starts_on_the_reduced_pixel_nearest_its_grid_position(slide: str, mpp0: float) -> None:
+    with open_slide(slide) as reader:
+        cands = _cands(reader, mpp0)
+        blk = max(blocks(cands, 4), key=lambda b: len(b.patches))
+        for (image, l_x, l_y), i in zip(patch_images(reader, blk, cands, 0), blk.patches.tolist(), strict=True):
+            assert image.size == (128, 128)
+            nominal_x, nominal_y = cands.col[i] * cands.stride * cands.l0_per_o, cands.row[i] * 128 * cands.l0_per_o
+            assert l_x % 2 == 0 and l_y % 2 == 0  # k = 2: a whole pixel of the tiles' 1/2-scale decode
+            assert abs(l_x - nominal_x) <= 1.0 and abs(l_y - nominal_y) <= 1.0
+
+
+def _reference(ref: OpenSlideReader, l0_x: int, l0_y: int, size: int, scale: float) -> np.ndarray:
+    """``size`` px at ``scale`` level-0 px each from level-0 px (l0_x, l0_y): a level-0 read resized once by
+    Lanczos at full resolution (its filter reads past the region's edges, as the build's does)."""
+    pad = 16
+    region = Image.fromarray(ref.read_level(0, l0_x - pad, l0_y - pad, math.ceil(size * scale) + 2 * pad,
+                                            math.ceil(size * scale) + 2 * pad))  # fmt: skip
+    box = (pad, pad, pad + size * scale, pad + size * scale)
+    return np.asarray(region.resize((size, size), Image.Resampling.LANCZOS, box=box))
+
+
 def test_patches_on_a_block_border_equal_the_same_patch_read_alone(slide: str) -> None:
     """The read covers the filter's reach past the block: a patch's pixels do not depend on its neighbours."""
-    opts = PatchOptions(target_mpp=0.5, patch_size_px=128, min_tissue=0.5)
-    mpp0 = 0.2631
     with open_slide(slide) as reader:
-        thumb, l0_per_t = read_lowres(reader, 32.0)
-        cands = candidates(reader.level_dimensions[0], mpp0, detect_tissue(thumb, l0_per_t * mpp0), l0_per_t, opts)
+        cands = _cands(reader, 0.2631)
         blk = max(blocks(cands, 4), key=lambda b: len(b.patches))
-        image = read_block_image(reader, blk, cands, 0)
-        for i in blk.patches.tolist()[:4]:
+        in_block = patch_images(reader, blk, cands, 0)
+        for k, i in enumerate(blk.patches.tolist()[:4]):
             one = dataclasses.replace(cands, col=cands.col[i : i + 1], row=cands.row[i : i + 1],
                                       tissue=cands.tissue[i : i + 1], total=1)  # fmt: skip
-            single = np.asarray(read_block_image(reader, blocks(one, 4)[0], one, 0), dtype=np.int16)
-            o_x, o_y = int(cands.col[i]) * cands.stride - blk.o_x, int(cands.row[i]) * cands.stride - blk.o_y
-            in_block = np.asarray(image.crop((o_x, o_y, o_x + 128, o_y + 128)), dtype=np.int16)
-            assert np.abs(in_block - single).max() <= 2  # JPEG DCT-scaled decode may differ by rounding only
+            [(single, s_x, s_y)] = patch_images(reader, blocks(one, 4)[0], one, 0)
+            image, l_x, l_y = in_block[k]
+            assert (s_x, s_y) == (l_x, l_y)
+            diff = np.abs(np.asarray(image, dtype=np.int16) - np.asarray(single, dtype=np.int16))
+            assert diff.max() <= 2  # JPEG DCT-scaled decode may differ by rounding only

@@ -12,6 +12,8 @@ import math
 import os
 from dataclasses import dataclass, field
 
+import cv2
+import numpy as np
 from PIL import Image
 
 from wsishard.builder.grid import Block, Candidates
@@ -25,10 +27,6 @@ _PIL_FORMAT = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}
 # costs less than decoding at full size, and stays above 45 dB PSNR against a full-resolution Lanczos (measured on
 # synthetic H&E at 0.2520 and 0.2631 mpp to 0.5 mpp).
 _REST_SLACK = 0.06
-# Stage 2's filter and its support (px, before scaling): bilinear (antialiased: PIL widens it when reducing) costs
-# 0.6 ms per 256 px patch where Lanczos costs 1.4; against a full-resolution Lanczos it gives 46-48 dB PSNR on
-# synthetic H&E at scanner mpps (Lanczos: 50-52 dB). tests/unit/test_resample.py holds every scanner mpp >= 40 dB.
-_REST_FILTER, _REST_SUPPORT = Image.Resampling.BILINEAR, 1
 Samples = list[tuple[str, dict[str, bytes]]]  # (key, {ext: encoded bytes}) per sample, in write order
 
 
@@ -97,79 +95,95 @@ def read_block_image(reader: SlideReader, block: Block, cands: Candidates, level
 
     1. reduce by ``k``: JPEG tiles decoded at 1/k by libjpeg's DCT scaling where the reader can (k = 2, 4, 8),
        else a full-resolution read reduced by an exact k x k box filter;
-    2. resample the small ``rest`` with an antialiasing filter (bilinear) at the reduced size (nothing to do for an
-       integer scale).
+    2. resample the small ``rest`` by bilinear interpolation at the reduced size, at exactly ``rest`` reduced px
+       per output px (nothing to do for an integer scale).
 
-    Real scanners' mpp (0.2520, 0.2631, 0.2265...) give non-integer scales; stage 2 then costs a filter over
-    the reduced patches instead of a filter over the full-resolution block. The read covers the filter's reach past
-    the block's edges, so a patch on a block's border gets the same pixels as one inside it. Source tiles that
+    Stage 2 starts on a reduced pixel: the region's top-left is the block's nominal corner moved to the nearest
+    multiple of ``k`` level px (at most half a reduced pixel); :func:`patch_images` does the same per patch and
+    reports where each patch starts. The read covers the filter's reach past the block's edges. Source tiles that
     no kept patch of the block (nor that reach) touches are not decoded: they stay white and are never cut into a
     patch.
     """
-    reduced = _stage_one(reader, block, cands, level)
-    return reduced.resample(0, 0, block.o_w, block.o_h)
+    pixels, _, _ = _stage_one(reader, block, cands, level).cut(block.o_x, block.o_y, block.o_w, block.o_h)
+    return Image.fromarray(pixels)
 
 
-def patch_images(reader: SlideReader, block: Block, cands: Candidates, level: int) -> list[Image.Image]:
-    """The block's kept patches at the output resolution, in the block's order: one read for the block, stage 2
-    (:func:`read_block_image`) for each patch alone, so a block's empty cells cost nothing."""
+def patch_images(reader: SlideReader, block: Block, cands: Candidates,
+                 level: int) -> list[tuple[Image.Image, int, int]]:  # fmt: skip
+    """The block's kept patches at the output resolution, in the block's order, each with the level px of its
+    top-left: one read for the block, stage 2 (:func:`read_block_image`) for each patch alone, so a block's empty
+    cells cost nothing. A patch starts on the reduced pixel nearest its grid position (at most half a reduced
+    pixel away), so its level-0 corner is exact; patches keep exactly the target resolution."""
     reduced = _stage_one(reader, block, cands, level)
-    size = cands.patch
-    return [reduced.resample(int(cands.col[i]) * cands.stride - block.o_x, int(cands.row[i]) * cands.stride - block.o_y,
-                             size, size) for i in block.patches.tolist()]  # fmt: skip
+    size, stride = cands.patch, cands.stride
+    out = []
+    for col, row in zip(cands.col[block.patches].tolist(), cands.row[block.patches].tolist(), strict=True):
+        pixels, l_x, l_y = reduced.cut(col * stride, row * stride, size, size)
+        out.append((Image.fromarray(pixels), l_x, l_y))
+    return out
 
 
 @dataclass(frozen=True)
 class _Reduced:
-    """A block's region after stage 1: the image reduced ``k`` times, the block's corner in it, the rest scale."""
+    """A block's region after stage 1: level px ``[x0, x0 + w * k) x [y0, y0 + h * k)`` reduced ``k`` times."""
 
-    image: Image.Image
-    bx: float  # the block's top-left, reduced px
-    by: float
-    rest: float  # reduced px per output px
-    exact: bool  # rest is 1: a crop does
+    image: np.ndarray  # (h, w, 3) uint8
+    x0: int  # level px of image[0, 0]; multiples of k
+    y0: int
+    k: int
+    scale: float  # level px per output px
 
-    def resample(self, ox: int, oy: int, width: int, height: int) -> Image.Image:
-        """Output px ``[ox, ox + width) x [oy, oy + height)`` of the block (stage 2)."""
-        x, y = self.bx + ox * self.rest, self.by + oy * self.rest
-        if self.exact:
-            return self.image.crop((round(x), round(y), round(x) + width, round(y) + height))
-        box = (x, y, x + width * self.rest, y + height * self.rest)
-        return self.image.resize((width, height), _REST_FILTER, box=box)
+    def cut(self, o_x: int, o_y: int, width: int, height: int) -> tuple[np.ndarray, int, int]:
+        """Output px ``[o_x, o_x + width) x [o_y, o_y + height)`` (stage 2) and the level px of its top-left."""
+        k, rest = self.k, self.scale / self.k
+        l_x, l_y = k * math.floor(o_x * self.scale / k + 0.5), k * math.floor(o_y * self.scale / k + 0.5)
+        r_x, r_y = (l_x - self.x0) // k, (l_y - self.y0) // k
+        if abs(rest - 1.0) < 1e-9:
+            return self.image[r_y : r_y + height, r_x : r_x + width], l_x, l_y
+        crop = self.image[r_y : r_y + math.ceil(height * rest) + 1, r_x : r_x + math.ceil(width * rest) + 1]
+        # fx given (no dsize): OpenCV maps output px j to source px (j + 0.5) * rest - 0.5, exactly this rest
+        pixels = cv2.resize(crop, None, fx=1 / rest, fy=1 / rest, interpolation=cv2.INTER_LINEAR)[:height, :width]
+        if pixels.shape[:2] != (height, width):
+            raise AssertionError(f"stage 2 read too little: {crop.shape} gave {pixels.shape}")
+        return pixels, l_x, l_y
 
 
 def _stage_one(reader: SlideReader, block: Block, cands: Candidates, level: int) -> _Reduced:
     scale = cands.l0_per_o / reader.level_downsamples[level]  # level px per output px
     k = max(1, math.floor(scale * (1 + _REST_SLACK) + 1e-9))
-    rest = scale / k  # in [1/1.06, 2); lower when the whole scale is an upsampling
-    exact = abs(rest - 1.0) < 1e-9
-    reach = 0 if exact else (math.ceil(_REST_SUPPORT * max(rest, 1.0)) + 1) * k  # filter's reach past an edge
+    exact = abs(scale / k - 1.0) < 1e-9
+    reach = 0 if exact else (math.ceil(max(scale / k, 1.0)) + 3) * k  # the snap, the crop's margin, the filter
+    # what stage 2 reads of a patch: from its corner moved up to k/2 back, to its far edge + k/2 + 1.5 reduced px
+    margins = (0, 0) if exact else (k, 2 * k)
     x0, y0 = _floor_to(math.floor(block.o_x * scale) - reach, k), _floor_to(math.floor(block.o_y * scale) - reach, k)
     x1 = _ceil_to(math.ceil((block.o_x + block.o_w) * scale) + reach, k)
     y1 = _ceil_to(math.ceil((block.o_y + block.o_h) * scale) + reach, k)
-    needed = _needed_rects(block, cands, scale, reach)
-    image = _reduced_read(reader, level, (x0, y0, x1 - x0, y1 - y0), k, needed)  # ((y1-y0)/k, (x1-x0)/k)
-    return _Reduced(image, (block.o_x * scale - x0) / k, (block.o_y * scale - y0) / k, rest, exact)
+    needed = _needed_rects(block, cands, scale, margins)
+    image = _reduced_read(reader, level, (x0, y0, x1 - x0, y1 - y0), k, needed)  # ((y1-y0)/k, (x1-x0)/k, 3)
+    return _Reduced(image, x0, y0, k, scale)
 
 
 def _reduced_read(reader: SlideReader, level: int, rect: tuple[int, int, int, int], k: int,
-                  needed: list[tuple[int, int, int, int]]) -> Image.Image:  # fmt: skip
+                  needed: list[tuple[int, int, int, int]]) -> np.ndarray:  # fmt: skip
     """The level-px ``rect`` (x, y, w, h; multiples of ``k``) reduced ``k`` times: DCT-scaled where possible."""
     reduced = getattr(reader, "read_level_reduced", None)
     if k > 1 and reduced is not None:
         pixels = reduced(level, *rect, k, needed=needed)  # (h / k, w / k, 3), None where it does not apply
         if pixels is not None:
-            return Image.fromarray(pixels)
-    image = Image.fromarray(reader.read_level(level, *rect, needed=needed))  # (h, w, 3)
-    return image.reduce(k) if k > 1 else image  # each pixel the exact mean of its own k x k source pixels
+            return pixels
+    pixels = reader.read_level(level, *rect, needed=needed)  # (h, w, 3)
+    if k == 1:
+        return pixels
+    return np.asarray(Image.fromarray(pixels).reduce(k))  # each pixel the exact mean of its own k x k source pixels
 
 
-def _needed_rects(block: Block, cands: Candidates, scale: float, reach: int) -> list[tuple[int, int, int, int]]:
-    """Level-px rectangles the block's kept patches (and the filter's ``reach`` around them) use."""
-    size = cands.patch
+def _needed_rects(block: Block, cands: Candidates, scale: float,
+                  margins: tuple[int, int]) -> list[tuple[int, int, int, int]]:  # fmt: skip
+    """Level-px rectangles the block's kept patches use: their level extent, ``margins`` (before, after) wider."""
+    size, (lo, hi) = cands.patch, margins
     return [
-        (math.floor(ox * scale) - reach, math.floor(oy * scale) - reach,
-         math.ceil((ox + size) * scale) + reach, math.ceil((oy + size) * scale) + reach)
+        (math.floor(ox * scale) - lo, math.floor(oy * scale) - lo,
+         math.ceil((ox + size) * scale) + hi, math.ceil((oy + size) * scale) + hi)
         for ox, oy in zip((cands.col[block.patches] * cands.stride).tolist(),
                           (cands.row[block.patches] * cands.stride).tolist(), strict=True)
     ]  # fmt: skip
@@ -186,14 +200,14 @@ def _ceil_to(value: int, k: int) -> int:
 def block_samples(reader: SlideReader, work: SlideWork, block: Block, encode: EncodeOptions) -> Samples:
     """Read one block of ``work``'s slide and return its patches as ``(key, members)`` in the block's order."""
     cands = work.cands
-    l0_x, l0_y = cands.l0_x, cands.l0_y
-    size, extent = cands.patch, cands.l0_extent
+    size, extent, down = cands.patch, cands.l0_extent, reader.level_downsamples[work.level]
     out = []
-    for i, patch in zip(block.patches.tolist(), patch_images(reader, block, cands, work.level), strict=True):
+    for i, (patch, l_x, l_y) in zip(block.patches.tolist(), patch_images(reader, block, cands, work.level),
+                                    strict=True):  # fmt: skip
         scores = quality_scores(patch)  # the one place patch pixels are scored
         if encode.filters.rejects(scores) is not None:
             continue
-        x, y = int(l0_x[i]), int(l0_y[i])
+        x, y = round(l_x * down), round(l_y * down)  # where the patch's pixels start, level 0
         meta: PatchMeta = {
             "slide_id": work.slide_id, "file": work.name, "x": x, "y": y, "extent": extent,
             "mpp": work.mpp, "level": work.level, "patch_size": size,

@@ -19,6 +19,8 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
+import cv2
+
 from wsishard.slide.cache import close_readers
 
 logger = logging.getLogger(__name__)
@@ -41,6 +43,9 @@ class WorkerPool:
     def __init__(self, jobs: int) -> None:
         self.jobs = jobs
         self._executor: ProcessPoolExecutor | None = _executor(jobs) if jobs > 1 else None
+        self._cv2_threads = cv2.getNumThreads()
+        if jobs == 1:
+            cv2.setNumThreads(1)  # one job is one core (restored on exit)
 
     def imap(self, fn: Callable[[T], R], items: Iterable[T], *, on_crash: Callable[[T], R] | None = None,
              window: int | None = None) -> Iterator[R]:  # fmt: skip
@@ -110,15 +115,16 @@ class WorkerPool:
     def __exit__(self, *exc: object) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=exc[0] is not None)
+        cv2.setNumThreads(self._cv2_threads)
         close_readers()
 
 
 def _executor(jobs: int) -> ProcessPoolExecutor:
     if _fork_is_safe():
-        return ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"))
+        return ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"), initializer=_start_worker)
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["wsishard.builder.scan", "wsishard.builder.extract"])
-    return ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_take_environment, initargs=(dict(os.environ),))
+    return ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_start_worker, initargs=(dict(os.environ),))
 
 
 def _fork_is_safe() -> bool:
@@ -126,6 +132,10 @@ def _fork_is_safe() -> bool:
     return sys.platform.startswith("linux") and threading.active_count() == 1
 
 
-def _take_environment(environ: dict[str, str]) -> None:
-    os.environ.clear()
-    os.environ.update(environ)
+def _start_worker(environ: dict[str, str] | None = None) -> None:
+    """A worker is one core: OpenCV's own threads would compete with the other workers. A forkserver's worker
+    takes on the caller's ``environ``."""
+    cv2.setNumThreads(1)
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
