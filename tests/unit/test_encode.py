@@ -149,3 +149,47 @@ def test_scaled_decode_of_abbreviated_tiles_with_shared_tables() -> None:
     expected = _decode_scaled(full, level, 2)
     spliced = _decode_scaled(abbreviated, dataclasses.replace(level, jpegtables=tables), 2)
     assert spliced.shape == (128, 128, 3) and np.array_equal(spliced, expected)
+
+
+@pytest.mark.parametrize("factor", [2, 4, 8])
+def test_direct_scaled_decode_gives_the_pixels_of_pillows_open_and_draft(slide: str, factor: int) -> None:
+    """The tile decoder drives Pillow's libjpeg decoder without Image.open: the same pixels as open + draft + load."""
+    import io
+    import os
+
+    from wsishard.slide.tiff import _decode_scaled
+
+    fast = open_slide(slide)
+    assert isinstance(fast, TiffTileReader)
+    level = fast._levels[0]
+    compared = 0
+    for index in range(0, len(level.offsets), 3):
+        data = os.pread(fast._fd, level.bytecounts[index], level.offsets[index])
+        with Image.open(io.BytesIO(data), formats=["JPEG"]) as image:
+            image.draft("RGB", (level.tile_w // factor, level.tile_h // factor))
+            expected = np.asarray(image.convert("RGB"))
+        assert np.array_equal(_decode_scaled(data, level, factor), expected)
+        compared += 1
+    assert compared >= 10
+    fast.close()
+
+
+@pytest.mark.parametrize("cut", [0.05, 0.5, 0.95])
+def test_a_truncated_tile_at_reduced_scale_is_a_slide_error_naming_the_tile(slide: str, cut: float) -> None:
+    """A tile's data cut short (a file truncated under the reader, a wrong byte count) fails the read, naming the
+    tile, instead of leaving the rest of the tile grey."""
+    import dataclasses
+
+    from wsishard.errors import SlideError
+
+    fast = open_slide(slide)
+    assert isinstance(fast, TiffTileReader)
+    level = fast._levels[0]
+    index = max(range(len(level.offsets)), key=lambda i: level.bytecounts[i])
+    assert fast._tile(level, index, 2) is not None  # intact, it decodes
+    counts = list(level.bytecounts)
+    counts[index] = int(counts[index] * cut)
+    short = dataclasses.replace(level, bytecounts=tuple(counts))
+    with pytest.raises(SlideError, match=f"tile {index} of page {level.page_index} is corrupt"):
+        fast._tile(short, index, 2)
+    fast.close()
