@@ -34,6 +34,10 @@ from wsishard.imageheader import image_header as image_header
 
 FORMAT_NAME = "wsishard"
 FORMAT_VERSION = 2
+# What a build makes of the same slides and options: bumped when the plan (which blocks go where, in what order)
+# or the patches' pixels change, so that an output begun by another revision is never resumed into a mix of both.
+# 2: patches start on the reduced pixel nearest their grid position; blocks in strips of two rows, kept in order.
+BUILD_REVISION = 2
 READABLE_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 SLIDES_NAME = "slides.jsonl"

@@ -193,3 +193,41 @@ def test_a_truncated_tile_at_reduced_scale_is_a_slide_error_naming_the_tile(slid
     with pytest.raises(SlideError, match=f"tile {index} of page {level.page_index} is corrupt"):
         fast._tile(short, index, 2)
     fast.close()
+
+
+def test_neighbouring_blocks_decode_their_shared_edge_tiles_once(slide: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the tile cache, the blocks' patches are the same and the tiles along shared block edges are decoded once."""
+    from wsishard.slide import tiff
+
+    cands = _cands(slide, 0.2265, PatchOptions(target_mpp=0.5, patch_size_px=128, min_tissue=0.5))
+    decoded: list[int] = []
+    decode = tiff.TiffTileReader._decode_tile
+    monkeypatch.setattr(tiff.TiffTileReader, "_decode_tile", lambda self, *a: decoded.append(a[1]) or decode(self, *a))
+    runs = []
+    for max_bytes in (0, 16 << 20):
+        monkeypatch.setattr(tiff, "TILES", tiff.TileCache(max_bytes))
+        decoded.clear()
+        with open_slide(slide) as fast:
+            patches = [np.asarray(p) for b in blocks(cands, 4) for p, _, _ in patch_images(fast, b, cands, 0)]
+        runs.append((patches, len(decoded), len(set(decoded)), tiff.TILES.hits))
+    (plain, n_plain, distinct, _), (cached, n_cached, _, hits) = runs
+    assert len(plain) == len(cached) == len(cands) and all(map(np.array_equal, plain, cached))
+    assert n_cached == n_plain - hits and hits > 0.1 * n_plain  # 0.2265: ~17% of decodes repeat a neighbour's tile
+    assert n_cached >= distinct
+
+
+def test_the_tile_cache_keeps_to_its_bytes_and_forgets_a_closed_reader() -> None:
+    from wsishard.slide.tiff import TileCache
+
+    cache = TileCache(3 * 1000)
+    a, b = cache.new_reader(), cache.new_reader()
+    for i in range(5):
+        cache.put((a, 0, i, 1), np.zeros(1000, dtype=np.uint8))
+    assert cache.get((a, 0, 0, 1)) is None and cache.get((a, 0, 4, 1)) is not None  # least recently used went first
+    cache.get((a, 0, 2, 1))
+    cache.put((b, 0, 0, 1), np.zeros(1000, dtype=np.uint8))  # drops tile 3, not tile 2 (used since)
+    assert cache.get((a, 0, 3, 1)) is None and cache.get((a, 0, 2, 1)) is not None
+    cache.put((b, 0, 1, 1), np.zeros(4000, dtype=np.uint8))  # larger than the whole cache: not kept
+    assert cache.get((b, 0, 1, 1)) is None
+    cache.drop_reader(a)
+    assert cache.get((a, 0, 2, 1)) is None and cache.get((b, 0, 0, 1)) is not None

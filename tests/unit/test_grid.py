@@ -104,6 +104,16 @@ def test_blocks_partition_patches_and_bound_their_cells() -> None:
         assert b.o_x == cols.min() * 32 and b.o_w == (cols.max() - cols.min() + 1) * 32
 
 
+def test_blocks_come_in_strips_of_two_block_rows_column_by_column() -> None:
+    """Neighbouring blocks follow each other closely, so the tiles along their shared edges are reused."""
+    opts = PatchOptions(target_mpp=0.5, patch_size_px=32, min_tissue=0.5, block_patches=4)
+    cands = candidates((2048, 1536), 0.25, np.ones((48, 64), dtype=bool), 32.0, opts)  # 8 x 6 blocks, all full
+    corners = [(b.o_y // 128, b.o_x // 128) for b in blocks(cands, 4)]  # (block row, block col)
+    assert corners[:6] == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)]
+    assert corners[16:18] == [(2, 0), (3, 0)] and corners[-2:] == [(4, 7), (5, 7)]
+    assert sorted(corners) == [(r, c) for r in range(6) for c in range(8)]
+
+
 @pytest.mark.parametrize("mpp0", [0.2520, 0.2527, 0.2631, 0.2265, 0.2280, 0.2425, 0.25])
 def test_output_scale_is_exact_by_default(mpp0: float) -> None:
     opts = PatchOptions(target_mpp=0.5)

@@ -117,6 +117,17 @@ def test_interleave_avoids_neighbours_whenever_possible() -> None:
             assert neighbours == 2 * counts.max() - n - 1
 
 
+def test_a_shard_keeps_each_slides_block_order() -> None:
+    """Within a shard a slide's blocks come in the slide's own order (neighbours close: tiles reused)."""
+    for seed in range(4):
+        plan = make_plan(_sizes(9, 40, seed), samples_per_shard=200, group_slides=9, seed=seed)
+        assert len(plan.shards) >= 3
+        for sp in plan.shards:
+            for slide in {s for s, _ in sp.blocks}:
+                mine = [b for s, b in sp.blocks if s == slide]
+                assert mine == sorted(mine)
+
+
 def test_shards_never_exceed_the_sample_cap() -> None:
     for seed in range(5):
         sizes = _sizes(13, 9, seed)

@@ -35,6 +35,17 @@ def test_fingerprint_depends_on_slides_and_options_only() -> None:
     assert fingerprint(slides, {**options, "seed": 2}) != DIGEST
 
 
+def test_fingerprint_changes_with_the_build_revision(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An output begun by a wsishard that plans or resamples differently is never resumed into a mix of both."""
+    import wsishard.format as fmt
+
+    slides, options = ["/slides/a.svs"], {"seed": 1}
+    BuildState(Destination(str(tmp_path)), fingerprint(slides, options)).claim(overwrite=False)
+    monkeypatch.setattr(fmt, "BUILD_REVISION", fmt.BUILD_REVISION + 1)
+    with pytest.raises(OptionError, match="plans or resamples differently"):
+        BuildState(Destination(str(tmp_path)), fingerprint(slides, options)).claim(overwrite=False)
+
+
 def test_claim_of_an_empty_folder_records_the_fingerprint(tmp_path: Path) -> None:
     out = tmp_path / "out"
     _state(out).claim(overwrite=False)

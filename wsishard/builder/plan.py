@@ -147,25 +147,29 @@ def _deal(col: np.ndarray, sizes: np.ndarray, n: int, rng: np.random.Generator) 
 def interleave(blocks: list[tuple[int, int]], rng: np.random.Generator) -> list[tuple[int, int]]:
     """Order one shard's blocks by the rule of :func:`_interleave`."""
     ids, col = np.unique(np.array([s for s, _ in blocks], dtype=np.int64), return_inverse=True)
-    order = _interleave(np.zeros(len(blocks), dtype=np.int64), col, 1, len(ids), rng)
+    block = np.array([b for _, b in blocks], dtype=np.int64)
+    order = _interleave(np.zeros(len(blocks), dtype=np.int64), col, block, 1, len(ids), rng)
     return [blocks[i] for i in order.tolist()]
 
 
-def _interleave(shard: np.ndarray, col: np.ndarray, n: int, n_slides: int, rng: np.random.Generator) -> np.ndarray:
+def _interleave(shard: np.ndarray, col: np.ndarray, block: np.ndarray, n: int, n_slides: int,
+                rng: np.random.Generator) -> np.ndarray:  # fmt: skip
     """The write order of a group's blocks (a permutation, by shard), given each block's shard and slide position.
 
     In its shard, a slide with ``c`` blocks there takes the places ``(j + u) / c``, ``j = 0 .. c-1`` (its blocks
-    in random order, ``u`` uniform per slide and shard), and blocks are written by place: every slide spread evenly
-    over the shard. Between two blocks of a slide then comes a block of every slide with at least as many blocks,
-    so only a shard's largest slide, when no other has as many, can have neighbours: then its blocks are put into
-    distinct gaps between the others' (first the gaps between two blocks of one slide, then gaps spread evenly; all
-    gaps, as evenly as they go, when it holds more than half). No two consecutive blocks come from one slide
-    whenever such an order exists, and otherwise the fewest do.
+    in the slide's own block order, ``u`` uniform per slide and shard), and blocks are written by place: every
+    slide spread evenly over the shard. That order (:func:`~wsishard.builder.grid.blocks`: neighbours close) lets
+    a worker reuse the tiles two neighbouring blocks share (:class:`~wsishard.slide.tiff.TileCache`); which blocks
+    a shard gets is the deal's, and the stream's shuffle buffer mixes the samples. Between two blocks of a slide
+    then comes a block of every slide with at least as many blocks, so only a shard's largest slide, when no other
+    has as many, can have neighbours: then its blocks are put into distinct gaps between the others' (first the
+    gaps between two blocks of one slide, then gaps spread evenly; all gaps, as evenly as they go, when it holds
+    more than half). No two consecutive blocks come from one slide whenever such an order exists, and otherwise
+    the fewest do.
     """
     cell = shard * n_slides + col
     counts = np.bincount(cell, minlength=n * n_slides)
-    perm = rng.permutation(len(cell))
-    grouped = perm[_small_sort(cell[perm], n * n_slides)]  # blocks by cell, random order within each
+    grouped = np.lexsort((block, cell))  # blocks by cell, in the slide's block order within each
     rank = np.empty(len(cell), dtype=np.int64)
     rank[grouped] = np.arange(len(cell)) - (np.cumsum(counts) - counts)[cell[grouped]]
     place = 2.0 * shard + (rank + rng.random(len(counts))[cell]) / counts[cell]  # each shard its own [2k, 2k + 1)
@@ -231,7 +235,7 @@ def plan_group(group: int, block_sizes: Mapping[int, Sequence[int]], *, samples_
         return []
     col, block, patches, ids = _flatten(sizes)
     shard, n = _deal_within_cap(col, patches, samples_per_shard, seed, group)
-    order = _interleave(shard, col, n, len(ids), np.random.default_rng((seed, 0x6A03, group)))
+    order = _interleave(shard, col, block, n, len(ids), np.random.default_rng((seed, 0x6A03, group)))
     slides, block_ids = ids[col[order]], block[order]  # (n_blocks,) each, in write order
     ends = np.cumsum(np.bincount(shard, minlength=n)).tolist()
     totals = np.bincount(shard, weights=patches, minlength=n).astype(np.int64).tolist()

@@ -48,8 +48,10 @@ Stamp = dict[str, Any]  # {"size", "mtime_ns"} of a file, {"size", "tag"} of an 
 
 
 def fingerprint(slides: Sequence[str], options: dict[str, Any]) -> str:
-    """A digest of what determines the output: the slide list, every option, the format version."""
-    text = json.dumps({"slides": list(slides), "options": options, "format": fmt.FORMAT_VERSION}, sort_keys=True)
+    """A digest of what determines the output: the slide list, every option, the format version and the build
+    revision."""
+    text = json.dumps({"slides": list(slides), "options": options, "format": fmt.FORMAT_VERSION,
+                       "revision": fmt.BUILD_REVISION}, sort_keys=True)  # fmt: skip
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -125,8 +127,9 @@ class BuildState:
         if not survey.found:
             self._beside(survey.foreign, overwrite, stamps)
         elif not same and not overwrite:
-            raise OptionError(f"{where} holds a build with other slides or options; re-run with the same ones to "
-                              "resume it, or pass --overwrite to replace it")  # fmt: skip
+            raise OptionError(f"{where} holds a build with other slides or options (or one begun by a wsishard that "
+                              "plans or resamples differently); re-run with the same ones to resume it, or pass "
+                              "--overwrite to replace it")  # fmt: skip
         elif changed and (not overwrite or self._siblings):
             running = f" wait for {_who(self._siblings[0], self.digest)} to end, then" if self._siblings else ""
             raise OptionError(f"{where}: slides changed since this build began ({_names(changed)}): "

@@ -23,7 +23,7 @@ import tifffile
 
 from wsishard.errors import SlideError
 from wsishard.slide.reader import one_line
-from wsishard.slide.tiff import TiffTileReader, _TiledLevel
+from wsishard.slide.tiff import TILES, TiffTileReader, _TiledLevel
 from wsishard.storage.urls import StorageOptions
 
 logger = logging.getLogger(__name__)
@@ -71,6 +71,7 @@ class RemoteTiffReader(TiffTileReader):
         self._sparse = os.path.join(scratch, f"{uuid.uuid4().hex[:12]}.tiles")
         self._fd = os.open(self._sparse, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         self._decoders = {}
+        self._number = TILES.new_reader()
 
     @property
     def bytes_read(self) -> int:
@@ -81,7 +82,7 @@ class RemoteTiffReader(TiffTileReader):
         cache = getattr(self._file, "cache", None)
         return int(getattr(cache, "total_requested_bytes", 0))
 
-    def _tile(self, level: _TiledLevel, index: int, factor: int = 1) -> Any:
+    def _tile(self, level: _TiledLevel, index: int, factor: int = 1, keep: bool = False) -> Any:
         offset, count = level.offsets[index], level.bytecounts[index]
         if count and offset not in self._fetched:
             try:
@@ -91,7 +92,7 @@ class RemoteTiffReader(TiffTileReader):
             self._tile_bytes += len(data)
             os.pwrite(self._fd, data, offset)
             self._fetched.add(offset)
-        return super()._tile(level, index, factor)
+        return super()._tile(level, index, factor, keep)
 
     def _close_remote(self) -> None:
         if self._closed_bytes is None:
@@ -101,6 +102,7 @@ class RemoteTiffReader(TiffTileReader):
         self._file.close()
 
     def close(self) -> None:
+        TILES.drop_reader(self._number)
         os.close(self._fd)
         with contextlib.suppress(FileNotFoundError):
             os.remove(self._sparse)
