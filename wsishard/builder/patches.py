@@ -95,8 +95,10 @@ def read_block_image(reader: SlideReader, block: Block, cands: Candidates, level
 
     1. reduce by ``k``: JPEG tiles decoded at 1/k by libjpeg's DCT scaling where the reader can (k = 2, 4, 8),
        else a full-resolution read reduced by an exact k x k box filter;
-    2. resample the small ``rest`` by bilinear interpolation at the reduced size, at exactly ``rest`` reduced px
-       per output px (nothing to do for an integer scale).
+    2. resample the small ``rest`` by bicubic interpolation (OpenCV's, 0.15 ms a 256 px patch) at the reduced size,
+       at exactly ``rest`` reduced px per output px (nothing to do for an integer scale). Bilinear (0.11 ms) blurs
+       sharp texture: on scikit-image's IHC image it gave 34 dB against a full-resolution Lanczos where bicubic
+       gives 38-40 and a Lanczos rest (1.7 ms) 39-40, the ceiling after a 2x reduction.
 
     Stage 2 starts on a reduced pixel: the region's top-left is the block's nominal corner moved to the nearest
     multiple of ``k`` level px (at most half a reduced pixel); :func:`patch_images` does the same per patch and
@@ -140,9 +142,9 @@ class _Reduced:
         r_x, r_y = (l_x - self.x0) // k, (l_y - self.y0) // k
         if abs(rest - 1.0) < 1e-9:
             return self.image[r_y : r_y + height, r_x : r_x + width], l_x, l_y
-        crop = self.image[r_y : r_y + math.ceil(height * rest) + 1, r_x : r_x + math.ceil(width * rest) + 1]
+        crop = self.image[r_y : r_y + math.ceil(height * rest) + 3, r_x : r_x + math.ceil(width * rest) + 3]
         # fx given (no dsize): OpenCV maps output px j to source px (j + 0.5) * rest - 0.5, exactly this rest
-        pixels = cv2.resize(crop, None, fx=1 / rest, fy=1 / rest, interpolation=cv2.INTER_LINEAR)[:height, :width]
+        pixels = cv2.resize(crop, None, fx=1 / rest, fy=1 / rest, interpolation=cv2.INTER_CUBIC)[:height, :width]
         if pixels.shape[:2] != (height, width):
             raise AssertionError(f"stage 2 read too little: {crop.shape} gave {pixels.shape}")
         return pixels, l_x, l_y
@@ -152,9 +154,9 @@ def _stage_one(reader: SlideReader, block: Block, cands: Candidates, level: int)
     scale = cands.l0_per_o / reader.level_downsamples[level]  # level px per output px
     k = max(1, math.floor(scale * (1 + _REST_SLACK) + 1e-9))
     exact = abs(scale / k - 1.0) < 1e-9
-    reach = 0 if exact else (math.ceil(max(scale / k, 1.0)) + 3) * k  # the snap, the crop's margin, the filter
-    # what stage 2 reads of a patch: from its corner moved up to k/2 back, to its far edge + k/2 + 1.5 reduced px
-    margins = (0, 0) if exact else (k, 2 * k)
+    reach = 0 if exact else (math.ceil(max(scale / k, 1.0)) + 4) * k  # the snap, the crop's margin, the filter
+    # what stage 2 reads of a patch: from its corner moved up to k/2 back, to its far edge + k/2 + 2.5 reduced px
+    margins = (0, 0) if exact else (k, 3 * k)
     x0, y0 = _floor_to(math.floor(block.o_x * scale) - reach, k), _floor_to(math.floor(block.o_y * scale) - reach, k)
     x1 = _ceil_to(math.ceil((block.o_x + block.o_w) * scale) + reach, k)
     y1 = _ceil_to(math.ceil((block.o_y + block.o_h) * scale) + reach, k)
