@@ -84,10 +84,11 @@ def _jpeg_scaled(data: bytes, width: int, height: int, factor: int) -> np.ndarra
 class TileCache:
     """Recently decoded tiles of this process, least recently used dropped first, up to ``max_bytes``.
 
-    Neighbouring blocks of a slide share the tiles along their common edge. The plan writes each slide's blocks in
-    raster order within a shard, so a segment reads runs of neighbouring blocks; with a non-integer scale the grid
-    does not line up with the tiles and 17-21% of tile decodes are such repeats (0.2265-0.2520 mpp). Keyed by the
-    reader (a number of its own, dropped when it closes), the page, the tile and the scale.
+    Neighbouring blocks of a slide share the tiles along their common edge; with a non-integer scale the grid does
+    not line up with the tiles, and 17-21% of tile decodes repeat such a tile (0.2265-0.2520 mpp). Readers keep
+    the tiles on the edge of each region they read; blocks come in strips of two block rows and the plan keeps
+    that order within a shard (:func:`~wsishard.builder.grid.blocks`), so a worker meets a block's neighbours soon
+    after it. Keyed by the reader (a number of its own, dropped when it closes), the page, the tile and the scale.
     """
 
     def __init__(self, max_bytes: int) -> None:
