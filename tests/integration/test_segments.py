@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import numpy as np
+
 from wsishard.builder.extract import SEGMENT_PATCHES, SlideSource, segment_tasks
 from wsishard.builder.grid import PatchOptions
 from wsishard.builder.options import BuildOptions
@@ -47,6 +49,14 @@ def test_segments_cover_a_shard_in_order_in_whole_blocks(cohort: Path, tmp_path:
         assert [b for t in tasks for b in t.blocks] == list(sp.blocks)  # every block once, in plan order
         sizes = [sum(len(sources[s].work.blocks[b].patches) for s, b in t.blocks) for t in tasks]
         assert all(SEGMENT_PATCHES <= n < SEGMENT_PATCHES + 16 for n in sizes[:-1])  # whole blocks of <= 16
+        tapered = segment_tasks(sp, sources, frozenset(), EncodeOptions(), 128, taper=200)  # the end 4x finer
+        assert [b for t in tapered for b in t.blocks] == list(sp.blocks) and tapered[-1].last
+        sizes = [sum(len(sources[s].work.blocks[b].patches) for s, b in t.blocks) for t in tapered]
+        ends = np.cumsum(sizes)
+        head = [n for n, end in zip(sizes, ends, strict=True) if sp.patches - (end - n) > 200]
+        tail = sizes[len(head) :]
+        assert all(128 <= n < 128 + 16 for n in head[:-1]) and all(n < 32 + 16 for n in tail[:-1])
+        assert sum(tail) >= 200 - (32 + 16) and len(tail) >= 3  # the zone starts at most one fine segment late
 
 
 def _work(scan: ScanResult) -> SlideWork:

@@ -89,20 +89,24 @@ def segment_size(pending_patches: int, jobs: int) -> int:
 
 
 def segment_tasks(sp: ShardPlan, sources: dict[int, SlideSource], excluded: frozenset[int], encode: EncodeOptions,
-                  patches: int | None = None) -> list[SegmentTask]:  # fmt: skip
-    """The shard's blocks cut into segments of whole blocks, about ``patches`` (:data:`SEGMENT_PATCHES`) each.
+                  patches: int | None = None, taper: int = 0) -> list[SegmentTask]:  # fmt: skip
+    """The shard's blocks cut into segments of whole blocks, about ``patches`` (:data:`SEGMENT_PATCHES`) each, and
+    the shard's last ``taper`` patches into segments a quarter that size (the work's end: the workers then finish
+    nearly together instead of one waiting for another's last full segment).
 
     The cut never changes the shard's bytes: only how its work is shared out.
     """
     cap = patches or SEGMENT_PATCHES
+    fine = max(SEGMENT_MIN_PATCHES, cap // 4)
     runs: list[list[tuple[int, int]]] = [[]]
-    size = 0
+    size, left = 0, sp.patches
     for slide, block in sp.blocks:
-        if size >= cap:
+        if size >= (fine if left <= taper else cap):
             runs.append([])
             size = 0
         runs[-1].append((slide, block))
-        size += len(sources[slide].work.blocks[block].patches)
+        n = len(sources[slide].work.blocks[block].patches)
+        size, left = size + n, left - n
     return [
         SegmentTask(shard=sp.index, segment=i, last=i == len(runs) - 1, blocks=tuple(run),
                     slides={s: sources[s] for s in {s for s, _ in run}}, excluded=excluded, encode=encode)
