@@ -104,7 +104,9 @@ def child_build(spec: dict[str, Any]) -> dict[str, Any]:
     def progress(event: BuildProgress) -> None:
         events.append((time.monotonic(), event.stage, event.patches_done))
 
-    rss0 = _rss_mb()
+    from wsishard.slide.tiff import TILES  # jobs 1 reads in this process: its tile decodes and cache hits
+
+    rss0, hits0, misses0 = _rss_mb(), TILES.hits, TILES.misses
     cpu0, t0 = time.process_time(), time.monotonic()
     manifest = build(spec["slides"], spec["output"], options, progress=progress)
     t1 = time.monotonic()
@@ -116,7 +118,8 @@ def child_build(spec: dict[str, Any]) -> dict[str, Any]:
     return {"patches": manifest.total_samples, "wall_s": t1 - t0, "cpu_s": time.process_time() - cpu0, "cpu0_s": cpu0,
             "shards": len(manifest.shards), "per_slide": per_slide, "failed": failed, "rss_before_mb": rss0,
             "t_start": t0, "t_scan_end": scan_end, "t_first_write": first_write,
-            "first_segment_patches": first_patches, "t_end": t1}  # fmt: skip
+            "first_segment_patches": first_patches, "t_end": t1, "tile_hits": TILES.hits - hits0,
+            "tile_decodes": TILES.misses - misses0}  # fmt: skip
 
 
 def child_naive(spec: dict[str, Any]) -> dict[str, Any]:
@@ -429,8 +432,17 @@ def details(mode: Mode, raw: dict[str, dict[str, Any]], env: dict[str, Any]) -> 
               f"loop: {raw[f'naive@{MANY_MPP:.4f}']['rss_before_mb']:.0f} MB",
               f"floor parts at {MANY_MPP:.4f}: decode {fl['decode_s']:.2f} s ({fl['tiles_needed']} tiles, "
               f"{1000 * fl['decode_s'] / max(fl['tiles_needed'], 1):.2f} ms/tile), encode {fl['encode_s']:.2f} s "
-              f"({1000 * fl['encode_s'] / max(fl['patches'], 1):.2f} ms/patch)", ""]  # fmt: skip
+              f"({1000 * fl['encode_s'] / max(fl['patches'], 1):.2f} ms/patch)",
+              "jobs 1 tile decodes per patch (tile cache hits; tiles the floor needs per patch): "
+              + ", ".join(_tile_line(m, raw) for m in sorted(SCANNERS)), ""]  # fmt: skip
     return lines
+
+
+def _tile_line(mpp: float, raw: dict[str, Any]) -> str:
+    b, floor = raw[f"build_j1@{mpp:.4f}"], raw[f"floor@{mpp:.4f}"]
+    decodes, hits, patches = b.get("tile_decodes", 0), b.get("tile_hits", 0), max(b["patches"], 1)
+    needed = floor["tiles_needed"] / patches
+    return f"{mpp:.4f} {decodes / patches:.2f} ({hits / max(hits + decodes, 1):.0%}; {needed:.2f})"
 
 
 def targets(checks: list[dict[str, Any]]) -> list[str]:
