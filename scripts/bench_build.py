@@ -106,7 +106,7 @@ def child_build(spec: dict[str, Any]) -> dict[str, Any]:
 
     from wsishard.slide.tiff import TILES  # jobs 1 reads in this process: its tile decodes and cache hits
 
-    rss0, hits0, misses0 = _rss_mb(), TILES.hits, TILES.misses
+    rss0, hits0, misses0 = _rss_mb(), TILES.hits_at[2], TILES.misses_at[2]  # 2: the patches' 1/2-scale tiles
     cpu0, t0 = time.process_time(), time.monotonic()
     manifest = build(spec["slides"], spec["output"], options, progress=progress)
     t1 = time.monotonic()
@@ -118,8 +118,8 @@ def child_build(spec: dict[str, Any]) -> dict[str, Any]:
     return {"patches": manifest.total_samples, "wall_s": t1 - t0, "cpu_s": time.process_time() - cpu0, "cpu0_s": cpu0,
             "shards": len(manifest.shards), "per_slide": per_slide, "failed": failed, "rss_before_mb": rss0,
             "t_start": t0, "t_scan_end": scan_end, "t_first_write": first_write,
-            "first_segment_patches": first_patches, "t_end": t1, "tile_hits": TILES.hits - hits0,
-            "tile_decodes": TILES.misses - misses0}  # fmt: skip
+            "first_segment_patches": first_patches, "t_end": t1, "tile_hits": TILES.hits_at[2] - hits0,
+            "tile_decodes": TILES.misses_at[2] - misses0}  # fmt: skip
 
 
 def child_naive(spec: dict[str, Any]) -> dict[str, Any]:
@@ -433,7 +433,7 @@ def details(mode: Mode, raw: dict[str, dict[str, Any]], env: dict[str, Any]) -> 
               f"floor parts at {MANY_MPP:.4f}: decode {fl['decode_s']:.2f} s ({fl['tiles_needed']} tiles, "
               f"{1000 * fl['decode_s'] / max(fl['tiles_needed'], 1):.2f} ms/tile), encode {fl['encode_s']:.2f} s "
               f"({1000 * fl['encode_s'] / max(fl['patches'], 1):.2f} ms/patch)",
-              "jobs 1 tile decodes per patch (tile cache hits; tiles the floor needs per patch): "
+              "jobs 1 tile decodes at 1/2 scale per patch (tile cache hits; tiles the floor needs per patch): "
               + ", ".join(_tile_line(m, raw) for m in sorted(SCANNERS)), ""]  # fmt: skip
     return lines
 

@@ -11,7 +11,7 @@ import io
 import itertools
 import math
 import os
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -94,6 +94,8 @@ class TileCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.hits = self.misses = 0
+        self.hits_at: Counter[int] = Counter()  # by scale factor
+        self.misses_at: Counter[int] = Counter()
         self._tiles: OrderedDict[tuple[int, int, int, int], np.ndarray] = OrderedDict()
         self._bytes = 0
         self._readers = itertools.count()
@@ -106,8 +108,10 @@ class TileCache:
         tile = self._tiles.get(key)
         if tile is None:
             self.misses += 1
+            self.misses_at[key[3]] += 1
             return None
         self.hits += 1
+        self.hits_at[key[3]] += 1
         self._tiles.move_to_end(key)
         return tile
 
