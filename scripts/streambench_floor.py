@@ -20,6 +20,7 @@ difference to a whole loader's worker CPU per sample is the DataLoader's hand-of
 from __future__ import annotations
 
 import io
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,6 +29,16 @@ import numpy as np
 import torch
 
 ROUNDS = 4  # floor rounds per decoder, interleaved
+
+
+def huge_page_slot(shape: tuple[int, ...]) -> np.ndarray:
+    """An uninitialised uint8 array of ``shape`` inside one 2 MiB-aligned stretch of a numpy allocation (numpy asks
+    for transparent huge pages on large ones): the fastest memory the floor's decoder can write into."""
+    nbytes = math.prod(shape)
+    huge = 2 << 20
+    base = np.empty(nbytes + 2 * huge, dtype=np.uint8)
+    start = -base.ctypes.data % huge
+    return base[start : start + nbytes].reshape(shape)
 
 
 def _blobs(shards_dir: str) -> list[bytes]:
@@ -49,8 +60,6 @@ class _FloorProbe(torch.utils.data.IterableDataset[dict[str, Any]]):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         import imagecodecs
         from PIL import Image
-
-        from wsishard.streaming.decode import huge_page_slot
 
         blobs = _blobs(self.shards_dir)
         slot = huge_page_slot((*np.asarray(Image.open(io.BytesIO(blobs[0]))).shape[:2], 3))  # (h, w, 3) uint8
@@ -104,7 +113,7 @@ class _StageProbe(torch.utils.data.IterableDataset[dict[str, float]]):
 
     def __iter__(self) -> Iterator[dict[str, float]]:
         from wsishard.streaming.dataset import stream
-        from wsishard.streaming.decode import DecodeIntoBatches, _fields, decode_into, huge_page_slot
+        from wsishard.streaming.decode import DecodeIntoBatches, _fields, decode_into
         from wsishard.streaming.stages import read_shard, shuffled
 
         ds = stream(self.shards_dir, batch_size=self.batch, resampled=False, seed=0)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TypedDict
@@ -131,18 +130,6 @@ def decode_into(raw: RawSample, slot: np.ndarray) -> None:
     slot[...] = image
 
 
-def huge_page_slot(shape: tuple[int, ...]) -> np.ndarray:
-    """An uninitialised uint8 array of ``shape`` inside one 2 MiB-aligned stretch of a numpy allocation (numpy asks
-    for transparent huge pages on large ones). libjpeg-turbo decodes into such a slot about 25% faster than into
-    memory of 4 KiB pages (measured on this project's VM: 191 against 247 us for a 256 px JPEG), shared memory among
-    them, so a worker decodes here and copies the pixels into its shared batch (about 24 us)."""
-    nbytes = math.prod(shape)
-    huge = 2 << 20
-    base = np.empty(nbytes + 2 * huge, dtype=np.uint8)
-    start = -base.ctypes.data % huge
-    return base[start : start + nbytes].reshape(shape)
-
-
 @dataclass(frozen=True)
 class DecodeIntoBatches:
     """Decode samples straight into uint8 batches of ``size``; a last incomplete one is kept unless ``drop_last``.
@@ -167,7 +154,6 @@ class DecodeIntoBatches:
     def __call__(self, src: Iterator[RawSample]) -> Iterator[Batch]:
         shared = torch.utils.data.get_worker_info() is not None
         buffers = BatchBuffers((self.size, *self.image_hw, 3), shared=shared)
-        scratch = huge_page_slot((*self.image_hw, 3)) if shared else None  # (h, w, 3) uint8
         image: torch.Tensor | None = None  # (size, h, w, 3) uint8 being filled; None between batches
         lent: Lent | None = None
         slots = np.empty((0, *self.image_hw, 3), dtype=np.uint8)  # image's numpy view
@@ -180,11 +166,7 @@ class DecodeIntoBatches:
                 if image is None:
                     image, lent = buffers.take()
                     slots = image.numpy()
-                if scratch is None:
-                    decode_into(raw, slots[len(keys)])
-                else:  # shared memory has 4 KiB pages: decoding into them costs ~25% more than decode and copy
-                    decode_into(raw, scratch)
-                    slots[len(keys)] = scratch
+                decode_into(raw, slots[len(keys)])
             except ShardError as exc:
                 if self.on_error == "raise":
                     raise
