@@ -7,8 +7,8 @@ fault in fresh pages), on the same bytes the loader decodes (the build's own sha
 :func:`decode_floor` decodes every JPEG of the build in a tight loop, per worker, with ``workers`` workers running at
 once (the loader's conditions with that many workers): with PIL (``Image.open(...).convert("RGB")`` as a numpy
 array) and with libjpeg-turbo through imagecodecs straight into one reused ``(h, w, 3)`` slot in huge-page memory
-(the loader's own decode call, nothing else, into the fastest memory it has: on this project's VM libjpeg-turbo
-decodes about 25% slower into memory of 4 KiB pages), alternating in rounds so that both see the same machine.
+(the loader's own decode call, nothing else, into the fastest memory it has: huge pages, rows 16 bytes past a 32-byte
+boundary as the loader's, see :func:`huge_page_slot`), alternating in rounds so that both see the same machine.
 Each decoder's libjpeg-turbo version is reported.
 
 :func:`stage_costs` runs a worker's pipeline over the build cut after each stage, CPU time per sample: reading the
@@ -33,11 +33,15 @@ ROUNDS = 4  # floor rounds per decoder, interleaved
 
 def huge_page_slot(shape: tuple[int, ...]) -> np.ndarray:
     """An uninitialised uint8 array of ``shape`` inside one 2 MiB-aligned stretch of a numpy allocation (numpy asks
-    for transparent huge pages on large ones): the fastest memory the floor's decoder can write into."""
+    for transparent huge pages on large ones), starting where the loader's batches start relative to a 32-byte
+    boundary (:data:`wsishard.streaming.ring.ROW_OFFSET`: a 32-byte aligned row makes libjpeg-turbo use slower
+    non-temporal stores here): the fastest memory the floor's decoder can write into."""
+    from wsishard.streaming.ring import ROW_OFFSET
+
     nbytes = math.prod(shape)
     huge = 2 << 20
     base = np.empty(nbytes + 2 * huge, dtype=np.uint8)
-    start = -base.ctypes.data % huge
+    start = -base.ctypes.data % huge + ROW_OFFSET
     return base[start : start + nbytes].reshape(shape)
 
 

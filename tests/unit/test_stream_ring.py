@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from wsishard.streaming.ring import BatchBuffers, Lent, Returns
+from wsishard.streaming.ring import ROW_OFFSET, BatchBuffers, Lent, Returns
 
 SHAPE = (2, 4, 4, 3)  # (b, h, w, 3)
 
@@ -47,13 +47,16 @@ def test_anything_that_can_still_see_a_buffer_keeps_it(holder: Callable[[torch.T
     batch, _ = ring.take()
     batch.fill_(3)
     kept = holder(batch)
-    address = _ptr(batch)
+    address, start, n = _ptr(batch), batch.storage_offset(), batch.numel()
     del batch
     others = [ring.take()[0] for _ in range(3)]  # the other slot, then fresh batches: never the kept buffer
     assert address not in {_ptr(t) for t in others}
     assert ring.fresh == 2
-    assert torch.all(torch.as_tensor(kept[0] if isinstance(kept, list) else kept).view(torch.uint8) == 3)
-    del kept, others
+    seen = kept[0] if isinstance(kept, list) else kept
+    if isinstance(seen, torch.UntypedStorage):  # the whole buffer: the batch is a stretch of it
+        seen = torch.empty(0, dtype=torch.uint8).set_(seen)[start : start + n]
+    assert torch.all(torch.as_tensor(seen).view(torch.uint8) == 3)
+    del kept, others, seen
     assert _ptr(ring.take()[0]) == address  # nothing refers to it any more: filled again
 
 
@@ -83,3 +86,14 @@ def test_returns_hand_a_buffer_back_only_once_nothing_refers_to_it() -> None:
     del view
     assert returns.sweep() == 1 and flags.tolist() == [1, 0] and len(returns) == 0
     assert returns.sweep() == 0  # handed back once
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["in-process", "worker"])
+def test_no_image_row_starts_on_a_32_byte_boundary(shared: bool) -> None:
+    """libjpeg-turbo writes 32-byte aligned rows with non-temporal stores (slower here): every row of every image of
+    a batch, from the ring or fresh, starts ROW_OFFSET bytes past a boundary."""
+    ring = BatchBuffers((3, 8, 32, 3), shared=shared, slots=1)
+    for image, _ in (ring.take(), ring.take()):  # the ring's buffer, then a fresh one
+        rows = image.numpy().reshape(-1, 32 * 3)  # (b * h, w * 3)
+        assert {rows[i].ctypes.data % 32 for i in range(len(rows))} == {ROW_OFFSET}
+        assert image.is_contiguous() and image.shape == (3, 8, 32, 3)
