@@ -79,7 +79,7 @@ def test_returns_hand_a_buffer_back_only_once_nothing_refers_to_it() -> None:
     flags = torch.tensor([1, 1], dtype=torch.uint8)
     image = torch.empty(SHAPE, dtype=torch.uint8)  # as the main process receives it
     returns = Returns()
-    returns.add(Lent(flags, 1, image))
+    assert returns.add(Lent((7, 0), 1, flags, image)) is None  # by tensor: the batch carries its image
     view = image[0]
     del image
     assert returns.sweep() == 0 and flags.tolist() == [1, 1] and len(returns) == 1
@@ -97,3 +97,51 @@ def test_no_image_row_starts_on_a_32_byte_boundary(shared: bool) -> None:
         rows = image.numpy().reshape(-1, 32 * 3)  # (b * h, w * 3)
         assert {rows[i].ctypes.data % 32 for i in range(len(rows))} == {ROW_OFFSET}
         assert image.is_contiguous() and image.shape == (3, 8, 32, 3)
+
+
+def test_by_reference_a_buffer_travels_with_its_first_batch_only() -> None:
+    ring = BatchBuffers(SHAPE, shared=True, slots=2, by_reference=True)
+    a, lent = ring.take()
+    assert lent is not None
+    sent, first = ring.hand_over(a, lent)
+    assert sent is None and first.image is a and first.flags is ring.flags
+    assert first.shape == SHAPE and first.start == a.storage_offset()
+    ring.flags[first.slot] = 0  # handed back by the main process
+    b, lent = ring.take()  # the same buffer again, for a short last batch
+    assert lent is not None and lent.slot == first.slot and _ptr(b) == _ptr(a)
+    sent, later = ring.hand_over(b[:1], lent)
+    assert sent is None and later.image is None and later.flags is None
+    assert later.shape == (1, *SHAPE[1:]) and later.start == first.start
+    c, lent = ring.take()  # the other buffer: its first batch carries it, not the ring's flags
+    assert lent is not None
+    _, other = ring.hand_over(c, lent)
+    assert other.image is c and other.flags is None
+
+
+def test_by_reference_the_main_process_gives_each_batch_its_buffer_and_hands_it_back() -> None:
+    flags = torch.tensor([1, 0], dtype=torch.uint8)
+    received = torch.zeros(2 * 48 * 3 + 32, dtype=torch.uint8)  # the buffer as its first batch brought it
+    received[16:].fill_(4)
+    returns = Returns()
+    got = returns.add(Lent((7, 0), 0, flags, received, SHAPE, 16))
+    assert got is not None and got.shape == SHAPE and _ptr(got) == _ptr(received) and torch.all(got == 4)
+    del received
+    assert returns.sweep() == 0 and flags.tolist() == [1, 0]  # the batch's image still sees the buffer
+    del got
+    assert returns.sweep() == 1 and flags.tolist() == [0, 0]
+    flags[0] = 1  # the worker fills it again and names it
+    got = returns.add(Lent((7, 0), 0, None, None, (1, *SHAPE[1:]), 16))
+    assert got is not None and got.shape == (1, *SHAPE[1:]) and torch.all(got == 4)
+    assert returns.sweep() == 0 and flags.tolist() == [1, 0]  # kept by the loop: never filled again
+    del got
+    assert returns.sweep() == 1 and flags.tolist() == [0, 0]
+
+
+def test_a_batch_naming_a_buffer_never_sent_is_refused() -> None:
+    ring = BatchBuffers(SHAPE, shared=True, slots=2, by_reference=True)
+    image, lent = ring.take()
+    assert lent is not None
+    ring.hand_over(image, lent)  # its first batch, never received
+    _, later = ring.hand_over(image, lent)
+    with pytest.raises(ValueError, match="never sent"):
+        Returns().add(later)

@@ -13,7 +13,7 @@ import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import imagecodecs
 import numpy as np
@@ -139,7 +139,10 @@ class DecodeIntoBatches:
     :class:`~wsishard.streaming.loader.ShardLoader` takes off and hands back once the batch is let go), and every
     image is decoded into its own slot of it (:func:`decode_into`): no per-sample array, no stack, no copy on the
     way to the main process, no fresh pages per batch. ``image_hw`` is every image's ``(h, w)``: the manifest's
-    patch size, never the first sample's.
+    patch size, never the first sample's. With ``by_reference`` (set by ``ShardLoader`` for its workers, which
+    complete the batch in the main process) a worker's batch names its buffer instead of carrying it
+    (:class:`~wsishard.streaming.ring.Lent`): no ``"image"``, and ``"label"`` as a numpy array (a tensor would
+    travel through a shared-memory file of its own).
 
     Error behaviour: a sample whose image or ``.json`` does not decode, or whose image header declares another
     size than ``image_hw``, raises :class:`~wsishard.errors.ShardError` with ``on_error="raise"`` and is dropped
@@ -150,10 +153,11 @@ class DecodeIntoBatches:
     image_hw: tuple[int, int]
     drop_last: bool = True
     on_error: ErrorMode = "raise"
+    by_reference: bool = False
 
     def __call__(self, src: Iterator[RawSample]) -> Iterator[Batch]:
         shared = torch.utils.data.get_worker_info() is not None
-        buffers = BatchBuffers((self.size, *self.image_hw, 3), shared=shared)
+        buffers = BatchBuffers((self.size, *self.image_hw, 3), shared=shared, by_reference=self.by_reference)
         image: torch.Tensor | None = None  # (size, h, w, 3) uint8 being filled; None between batches
         lent: Lent | None = None
         slots = np.empty((0, *self.image_hw, 3), dtype=np.uint8)  # image's numpy view
@@ -176,16 +180,20 @@ class DecodeIntoBatches:
             metas.append(meta)
             keys.append(raw["key"])
             if len(keys) == self.size:
-                yield _batch(image, labels, metas, keys, lent)
+                yield _batch(buffers, image, labels, metas, keys, lent)
                 image, lent, labels, metas, keys = None, None, [], [], []
         if keys and image is not None and not self.drop_last:
-            yield _batch(image[: len(keys)], labels, metas, keys, lent)
+            yield _batch(buffers, image[: len(keys)], labels, metas, keys, lent)
 
 
-def _batch(image: torch.Tensor, labels: list[int], metas: list[PatchMeta], keys: list[str],
+def _batch(buffers: BatchBuffers, image: torch.Tensor, labels: list[int], metas: list[PatchMeta], keys: list[str],
            lent: Lent | None) -> Batch:  # fmt: skip
-    label = torch.tensor(labels, dtype=torch.int64)  # (b,)
-    batch = Batch(image=image, label=label, meta=metas, key=keys)
-    if lent is not None:
-        batch["buffer"] = lent  # type: ignore[typeddict-unknown-key]  # taken off again by the loader
-    return batch
+    if lent is None:
+        return Batch(image=image, label=torch.tensor(labels, dtype=torch.int64), meta=metas, key=keys)
+    sent, lent = buffers.hand_over(image, lent)
+    # by reference (no image sent): the loader puts the image back and makes the labels (b,) a tensor
+    label = np.array(labels, dtype=np.int64) if sent is None else torch.tensor(labels, dtype=torch.int64)
+    batch: dict[str, Any] = {"label": label, "meta": metas, "key": keys, "buffer": lent}  # "buffer": for the loader
+    if sent is not None:
+        batch["image"] = sent
+    return batch  # type: ignore[return-value]
