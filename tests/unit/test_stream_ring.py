@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from wsishard.streaming.ring import ROW_OFFSET, BatchBuffers, Lent, Returns
+from wsishard.streaming.ring import ROW_OFFSET, BatchBuffers, Lending, Lent, Returns
 
 SHAPE = (2, 4, 4, 3)  # (b, h, w, 3)
 
@@ -100,7 +100,7 @@ def test_no_image_row_starts_on_a_32_byte_boundary(shared: bool) -> None:
 
 
 def test_by_reference_a_buffer_travels_with_its_first_batch_only() -> None:
-    ring = BatchBuffers(SHAPE, shared=True, slots=2, by_reference=True)
+    ring = BatchBuffers(SHAPE, shared=True, slots=2, lending=Lending(by_reference=True))
     a, lent = ring.take()
     assert lent is not None
     sent, first = ring.hand_over(a, lent)
@@ -138,10 +138,21 @@ def test_by_reference_the_main_process_gives_each_batch_its_buffer_and_hands_it_
 
 
 def test_a_batch_naming_a_buffer_never_sent_is_refused() -> None:
-    ring = BatchBuffers(SHAPE, shared=True, slots=2, by_reference=True)
+    ring = BatchBuffers(SHAPE, shared=True, slots=2, lending=Lending(by_reference=True))
     image, lent = ring.take()
     assert lent is not None
     ring.hand_over(image, lent)  # its first batch, never received
     _, later = ring.hand_over(image, lent)
     with pytest.raises(ValueError, match="never sent"):
         Returns().add(later)
+
+
+def test_a_worker_ring_makes_its_prefill_of_buffers_before_the_first_batch() -> None:
+    ring = BatchBuffers(SHAPE, shared=True, slots=4, lending=Lending(prefill=3))
+    made = [s.data_ptr() for s in ring.storages]
+    assert len(made) == 3 and all(s.is_shared() for s in ring.storages)
+    taken = [ring.take()[0] for _ in range(3)]
+    assert [_ptr(t) for t in taken] == made  # the prefilled buffers, in turn
+    assert _ptr(ring.take()[0]) not in made and len(ring.storages) == 4  # then the ring grows as before
+    assert len(BatchBuffers(SHAPE, shared=True, slots=2, lending=Lending(prefill=5)).storages) == 2
+    assert BatchBuffers(SHAPE, shared=False, lending=Lending(prefill=3)).storages == []  # in-process: as it goes

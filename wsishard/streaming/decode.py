@@ -12,7 +12,7 @@ import io
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 import imagecodecs
@@ -22,7 +22,7 @@ from PIL import Image
 
 from wsishard.errors import ShardError
 from wsishard.format import PatchMeta, image_header
-from wsishard.streaming.ring import BatchBuffers, Lent
+from wsishard.streaming.ring import BatchBuffers, Lending, Lent
 from wsishard.streaming.stages import ErrorMode, RawSample
 
 logger = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ class DecodeIntoBatches:
     :class:`~wsishard.streaming.loader.ShardLoader` takes off and hands back once the batch is let go), and every
     image is decoded into its own slot of it (:func:`decode_into`): no per-sample array, no stack, no copy on the
     way to the main process, no fresh pages per batch. ``image_hw`` is every image's ``(h, w)``: the manifest's
-    patch size, never the first sample's. With ``by_reference`` (set by ``ShardLoader`` for its workers, which
+    patch size, never the first sample's. With ``lending.by_reference`` (set by ``ShardLoader`` for its workers, which
     complete the batch in the main process) a worker's batch names its buffer instead of carrying it
     (:class:`~wsishard.streaming.ring.Lent`): no ``"image"``, and ``"label"`` as a numpy array (a tensor would
     travel through a shared-memory file of its own).
@@ -153,11 +153,11 @@ class DecodeIntoBatches:
     image_hw: tuple[int, int]
     drop_last: bool = True
     on_error: ErrorMode = "raise"
-    by_reference: bool = False
+    lending: Lending = field(default_factory=Lending)
 
     def __call__(self, src: Iterator[RawSample]) -> Iterator[Batch]:
         shared = torch.utils.data.get_worker_info() is not None
-        buffers = BatchBuffers((self.size, *self.image_hw, 3), shared=shared, by_reference=self.by_reference)
+        buffers = BatchBuffers((self.size, *self.image_hw, 3), shared=shared, lending=self.lending)
         image: torch.Tensor | None = None  # (size, h, w, 3) uint8 being filled; None between batches
         lent: Lent | None = None
         slots = np.empty((0, *self.image_hw, 3), dtype=np.uint8)  # image's numpy view
