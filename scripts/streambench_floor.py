@@ -7,19 +7,21 @@ fault in fresh pages), on the same bytes the loader decodes (the build's own sha
 :func:`decode_floor` decodes every JPEG of the build in a tight loop, per worker, with ``workers`` workers running at
 once (the loader's conditions with that many workers): with PIL (``Image.open(...).convert("RGB")`` as a numpy
 array) and with libjpeg-turbo through imagecodecs straight into one reused ``(h, w, 3)`` slot in huge-page memory
-(the loader's own decode call, nothing else, into the fastest memory it has: on this project's VM libjpeg-turbo
-decodes about 25% slower into memory of 4 KiB pages), alternating in rounds so that both see the same machine.
+(the loader's own decode call, nothing else, into the fastest memory it has: huge pages, rows 16 bytes past a 32-byte
+boundary as the loader's, see :func:`huge_page_slot`), alternating in rounds so that both see the same machine.
 Each decoder's libjpeg-turbo version is reported.
 
 :func:`stage_costs` runs a worker's pipeline over the build cut after each stage, CPU time per sample: reading the
 tar members into samples, + the shuffle buffer, + the ``.json``/label, + the decode into a reused slot (header
-check included), + batching into the reader's buffers (the main process's hand-back played in the worker). The
-difference to a whole loader's worker CPU per sample is the DataLoader's hand-off.
+check included), + batching into the reader's buffers (the main process's hand-back played in the worker; timed from
+the second batch on, as a loader's worker makes its buffers before its first batch). The difference to a whole
+loader's worker CPU per sample is the DataLoader's hand-off.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,6 +30,20 @@ import numpy as np
 import torch
 
 ROUNDS = 4  # floor rounds per decoder, interleaved
+
+
+def huge_page_slot(shape: tuple[int, ...]) -> np.ndarray:
+    """An uninitialised uint8 array of ``shape`` inside one 2 MiB-aligned stretch of a numpy allocation (numpy asks
+    for transparent huge pages on large ones), starting where the loader's batches start relative to a 32-byte
+    boundary (:data:`wsishard.streaming.ring.ROW_OFFSET`: a 32-byte aligned row makes libjpeg-turbo use slower
+    non-temporal stores here): the fastest memory the floor's decoder can write into."""
+    from wsishard.streaming.ring import ROW_OFFSET
+
+    nbytes = math.prod(shape)
+    huge = 2 << 20
+    base = np.empty(nbytes + 2 * huge, dtype=np.uint8)
+    start = -base.ctypes.data % huge + ROW_OFFSET
+    return base[start : start + nbytes].reshape(shape)
 
 
 def _blobs(shards_dir: str) -> list[bytes]:
@@ -49,8 +65,6 @@ class _FloorProbe(torch.utils.data.IterableDataset[dict[str, Any]]):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         import imagecodecs
         from PIL import Image
-
-        from wsishard.streaming.decode import huge_page_slot
 
         blobs = _blobs(self.shards_dir)
         slot = huge_page_slot((*np.asarray(Image.open(io.BytesIO(blobs[0]))).shape[:2], 3))  # (h, w, 3) uint8
@@ -104,7 +118,7 @@ class _StageProbe(torch.utils.data.IterableDataset[dict[str, float]]):
 
     def __iter__(self) -> Iterator[dict[str, float]]:
         from wsishard.streaming.dataset import stream
-        from wsishard.streaming.decode import DecodeIntoBatches, _fields, decode_into, huge_page_slot
+        from wsishard.streaming.decode import DecodeIntoBatches, _fields, decode_into
         from wsishard.streaming.stages import read_shard, shuffled
 
         ds = stream(self.shards_dir, batch_size=self.batch, resampled=False, seed=0)
@@ -134,23 +148,34 @@ class _StageProbe(torch.utils.data.IterableDataset[dict[str, float]]):
                 _fields(raw)
                 decode_into(raw, slot)
 
-        def batches() -> None:
-            for batch in DecodeIntoBatches(self.batch, hw, drop_last=False)(samples()):
-                ticket = batch.pop("buffer", None)  # type: ignore[misc]
-                del batch
-                if ticket is not None:  # handed back at once, as the main process does once a batch is let go
-                    ticket.flags[ticket.slot] = 0
-                del ticket
+        def batches() -> tuple[float, int]:
+            """Timed from the second batch on: the ring's buffer is made (its pages faulted in) with the first, as a
+            loader's worker makes its buffers before its first batch."""
+            made = DecodeIntoBatches(self.batch, hw, drop_last=False)(samples())
+            _hand_back(next(made))
+            c0, done = time.process_time(), 0
+            for batch in made:
+                done += len(batch["key"])
+                _hand_back(batch)
+            return time.process_time() - c0, done
 
-        cuts: dict[str, Callable[[], None]] = {"read": read, "+ shuffle": shuffle, "+ json/label": fields,
-                                               "+ decode into slot": decode, "+ batches": batches}  # fmt: skip
+        cuts: dict[str, Callable[[], tuple[float, int] | None]] = {"read": read, "+ shuffle": shuffle,
+            "+ json/label": fields, "+ decode into slot": decode, "+ batches": batches}  # fmt: skip
         best = dict.fromkeys(cuts, float("inf"))
         for _ in range(2):  # the better of two passes: the first also warms the page cache
             for name, fn in cuts.items():
                 c0 = time.process_time()
-                fn()
-                best[name] = min(best[name], (time.process_time() - c0) / n)
+                timed = fn()
+                cpu, done = timed if timed is not None else (time.process_time() - c0, n)
+                best[name] = min(best[name], cpu / done)
         yield best
+
+
+def _hand_back(batch: Any) -> None:
+    """Hand a batch's buffer back at once, as the main process does once a batch is let go."""
+    ticket = batch.pop("buffer", None)
+    if ticket is not None:
+        ticket.flags[ticket.slot] = 0
 
 
 def stage_costs(shards_dir: str, batch: int, shuffle: int = 1000) -> dict[str, float]:

@@ -71,7 +71,7 @@ def time_resume(source: str, *, workers: int, batch: int, seed: int, steps: tupl
 def one_shard_copy(shards_dir: Path, out_dir: Path) -> Path:
     """``out_dir``: the samples of the build output ``shards_dir``, in manifest and tar order, in ONE shard, with
     the source's manifest but that one shard record. Reused while the source's manifest is unchanged."""
-    from wsishard.format import MANIFEST_NAME, shard_name, split_member
+    from wsishard.format import MANIFEST_NAME, SLIDES_NAME, shard_name, split_member
     from wsishard.shards.writer import ShardWriter
     from wsishard.storage.opener import load_manifest
     from wsishard.storage.output import Destination
@@ -100,6 +100,8 @@ def one_shard_copy(shards_dir: Path, out_dir: Path) -> Path:
     record = writer.commit()
     if record.samples != manifest.total_samples:
         raise SystemExit(f"one-shard copy holds {record.samples} samples, the source {manifest.total_samples}")
+    if (shards_dir / SLIDES_NAME).exists():  # a version-2 manifest: its slide records beside it, written first
+        dest.write_bytes(SLIDES_NAME, (shards_dir / SLIDES_NAME).read_bytes())
     dest.write_bytes(MANIFEST_NAME, dataclasses.replace(manifest, shards=[record]).to_json().encode())
     stamp.write_text(digest)
     return out_dir

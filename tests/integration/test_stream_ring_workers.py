@@ -3,13 +3,18 @@ the loop lets go of come back (the same shared memory, filled again) with the ri
 
 from __future__ import annotations
 
+from multiprocessing import resource_sharer
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 import shardmaker as sm
+import torch
 
 from wsishard.streaming.dataset import stream
 from wsishard.streaming.loader import loader
+from wsishard.streaming.ring import RING_SLOTS
 
 
 def _check(batch: dict, out: sm.Output) -> None:
@@ -17,11 +22,14 @@ def _check(batch: dict, out: sm.Output) -> None:
         assert np.array_equal(image.numpy(), out.images[key]), key
 
 
-def test_batches_kept_by_the_loop_stay_intact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_batches_kept_by_the_loop_stay_intact(tmp_path: Path, drop_last: bool) -> None:
     png = sm.make_output(str(tmp_path / "png"), (9, 7, 8, 6, 9, 7), image_format="png")
-    dl = loader(stream(png.root, batch_size=2, resampled=False, seed=0, shuffle=4), num_workers=2)
+    ds = stream(png.root, batch_size=4, resampled=False, seed=0, shuffle=4, drop_last=drop_last)
+    dl = loader(ds, num_workers=2)
     kept = list(dl)  # every batch still held when the later ones are made
-    assert len(kept) == dl.dataset.batches_per_rank(num_workers=2) > 10
+    assert len(kept) == dl.dataset.batches_per_rank(num_workers=2) > 8
+    assert drop_last == all(len(b["key"]) == 4 for b in kept)  # without drop_last: a short last batch per worker
     assert len({b["image"].untyped_storage().data_ptr() for b in kept}) == len(kept)  # no buffer lent twice
     for batch in kept:
         _check(batch, png)
@@ -39,3 +47,39 @@ def test_buffers_the_loop_lets_go_of_are_filled_again(tmp_path: Path) -> None:
             break
     # each worker's ring: a handful of buffers (one filled, the prefetched ones, the loop's), 40 batches
     assert len(set(addresses)) <= 2 * 5
+
+
+def test_under_the_loader_a_buffer_crosses_to_this_process_once(tmp_path: Path, monkeypatch: Any) -> None:
+    """Batches after a buffer's first only name it: few file descriptors come over, however many batches."""
+    received: list[int] = []
+    detach = resource_sharer.DupFd.detach
+
+    def counted(self: Any) -> int:  # a file descriptor received from a worker
+        received.append(1)
+        return detach(self)
+
+    monkeypatch.setattr(resource_sharer.DupFd, "detach", counted)
+    png = sm.make_output(str(tmp_path / "png"), (9, 7, 8, 6, 9, 7), image_format="png")
+    dl = loader(stream(png.root, batch_size=2, resampled=True, seed=0, shuffle=4), num_workers=2, pin_memory=False)
+    for step, batch in enumerate(dl):
+        _check(batch, png)
+        assert batch["label"].dtype == torch.int64 and batch["label"].shape == (2,)
+        if step == 60:
+            break
+    assert 2 <= len(received) <= 2 * (RING_SLOTS + 1)  # each worker: its buffers and its ring's flags, once
+
+
+def _in_the_worker(batch: dict) -> dict:
+    """A collate_fn of the user's: it needs the batch's image tensor, in the worker."""
+    batch["seen"] = int(batch["image"].shape[0])
+    return batch
+
+
+def test_a_collate_fn_of_the_users_gets_the_image_tensor(tmp_path: Path) -> None:
+    png = sm.make_output(str(tmp_path / "png"), (9, 7, 8, 6, 9, 7), image_format="png")
+    ds = stream(png.root, batch_size=2, resampled=True, seed=0, shuffle=4)
+    for step, batch in enumerate(loader(ds, num_workers=2, collate_fn=_in_the_worker)):
+        _check(batch, png)
+        assert batch["seen"] == 2
+        if step == 20:
+            break

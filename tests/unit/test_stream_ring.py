@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from wsishard.streaming.ring import BatchBuffers, Lent, Returns
+from wsishard.streaming.ring import ROW_OFFSET, BatchBuffers, Lending, Lent, Returns
 
 SHAPE = (2, 4, 4, 3)  # (b, h, w, 3)
 
@@ -47,13 +47,16 @@ def test_anything_that_can_still_see_a_buffer_keeps_it(holder: Callable[[torch.T
     batch, _ = ring.take()
     batch.fill_(3)
     kept = holder(batch)
-    address = _ptr(batch)
+    address, start, n = _ptr(batch), batch.storage_offset(), batch.numel()
     del batch
     others = [ring.take()[0] for _ in range(3)]  # the other slot, then fresh batches: never the kept buffer
     assert address not in {_ptr(t) for t in others}
     assert ring.fresh == 2
-    assert torch.all(torch.as_tensor(kept[0] if isinstance(kept, list) else kept).view(torch.uint8) == 3)
-    del kept, others
+    seen = kept[0] if isinstance(kept, list) else kept
+    if isinstance(seen, torch.UntypedStorage):  # the whole buffer: the batch is a stretch of it
+        seen = torch.empty(0, dtype=torch.uint8).set_(seen)[start : start + n]
+    assert torch.all(torch.as_tensor(seen).view(torch.uint8) == 3)
+    del kept, others, seen
     assert _ptr(ring.take()[0]) == address  # nothing refers to it any more: filled again
 
 
@@ -76,10 +79,80 @@ def test_returns_hand_a_buffer_back_only_once_nothing_refers_to_it() -> None:
     flags = torch.tensor([1, 1], dtype=torch.uint8)
     image = torch.empty(SHAPE, dtype=torch.uint8)  # as the main process receives it
     returns = Returns()
-    returns.add(Lent(flags, 1, image))
+    assert returns.add(Lent((7, 0), 1, flags, image)) is None  # by tensor: the batch carries its image
     view = image[0]
     del image
     assert returns.sweep() == 0 and flags.tolist() == [1, 1] and len(returns) == 1
     del view
     assert returns.sweep() == 1 and flags.tolist() == [1, 0] and len(returns) == 0
     assert returns.sweep() == 0  # handed back once
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["in-process", "worker"])
+def test_no_image_row_starts_on_a_32_byte_boundary(shared: bool) -> None:
+    """libjpeg-turbo writes 32-byte aligned rows with non-temporal stores (slower here): every row of every image of
+    a batch, from the ring or fresh, starts ROW_OFFSET bytes past a boundary."""
+    ring = BatchBuffers((3, 8, 32, 3), shared=shared, slots=1)
+    for image, _ in (ring.take(), ring.take()):  # the ring's buffer, then a fresh one
+        rows = image.numpy().reshape(-1, 32 * 3)  # (b * h, w * 3)
+        assert {rows[i].ctypes.data % 32 for i in range(len(rows))} == {ROW_OFFSET}
+        assert image.is_contiguous() and image.shape == (3, 8, 32, 3)
+
+
+def test_by_reference_a_buffer_travels_with_its_first_batch_only() -> None:
+    ring = BatchBuffers(SHAPE, shared=True, slots=2, lending=Lending(by_reference=True))
+    a, lent = ring.take()
+    assert lent is not None
+    sent, first = ring.hand_over(a, lent)
+    assert sent is None and first.image is a and first.flags is ring.flags
+    assert first.shape == SHAPE and first.start == a.storage_offset()
+    ring.flags[first.slot] = 0  # handed back by the main process
+    b, lent = ring.take()  # the same buffer again, for a short last batch
+    assert lent is not None and lent.slot == first.slot and _ptr(b) == _ptr(a)
+    sent, later = ring.hand_over(b[:1], lent)
+    assert sent is None and later.image is None and later.flags is None
+    assert later.shape == (1, *SHAPE[1:]) and later.start == first.start
+    c, lent = ring.take()  # the other buffer: its first batch carries it, not the ring's flags
+    assert lent is not None
+    _, other = ring.hand_over(c, lent)
+    assert other.image is c and other.flags is None
+
+
+def test_by_reference_the_main_process_gives_each_batch_its_buffer_and_hands_it_back() -> None:
+    flags = torch.tensor([1, 0], dtype=torch.uint8)
+    received = torch.zeros(2 * 48 * 3 + 32, dtype=torch.uint8)  # the buffer as its first batch brought it
+    received[16:].fill_(4)
+    returns = Returns()
+    got = returns.add(Lent((7, 0), 0, flags, received, SHAPE, 16))
+    assert got is not None and got.shape == SHAPE and _ptr(got) == _ptr(received) and torch.all(got == 4)
+    del received
+    assert returns.sweep() == 0 and flags.tolist() == [1, 0]  # the batch's image still sees the buffer
+    del got
+    assert returns.sweep() == 1 and flags.tolist() == [0, 0]
+    flags[0] = 1  # the worker fills it again and names it
+    got = returns.add(Lent((7, 0), 0, None, None, (1, *SHAPE[1:]), 16))
+    assert got is not None and got.shape == (1, *SHAPE[1:]) and torch.all(got == 4)
+    assert returns.sweep() == 0 and flags.tolist() == [1, 0]  # kept by the loop: never filled again
+    del got
+    assert returns.sweep() == 1 and flags.tolist() == [0, 0]
+
+
+def test_a_batch_naming_a_buffer_never_sent_is_refused() -> None:
+    ring = BatchBuffers(SHAPE, shared=True, slots=2, lending=Lending(by_reference=True))
+    image, lent = ring.take()
+    assert lent is not None
+    ring.hand_over(image, lent)  # its first batch, never received
+    _, later = ring.hand_over(image, lent)
+    with pytest.raises(ValueError, match="never sent"):
+        Returns().add(later)
+
+
+def test_a_worker_ring_makes_its_prefill_of_buffers_before_the_first_batch() -> None:
+    ring = BatchBuffers(SHAPE, shared=True, slots=4, lending=Lending(prefill=3))
+    made = [s.data_ptr() for s in ring.storages]
+    assert len(made) == 3 and all(s.is_shared() for s in ring.storages)
+    taken = [ring.take()[0] for _ in range(3)]
+    assert [_ptr(t) for t in taken] == made  # the prefilled buffers, in turn
+    assert _ptr(ring.take()[0]) not in made and len(ring.storages) == 4  # then the ring grows as before
+    assert len(BatchBuffers(SHAPE, shared=True, slots=2, lending=Lending(prefill=5)).storages) == 2
+    assert BatchBuffers(SHAPE, shared=False, lending=Lending(prefill=3)).storages == []  # in-process: as it goes

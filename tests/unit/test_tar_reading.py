@@ -6,12 +6,13 @@ import io
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import shardmaker as sm
 from streamtools import COUNTS
 
 from wsishard.errors import ShardError
-from wsishard.shards.reader import tar_members
+from wsishard.shards.reader import _byte_sum, tar_members
 from wsishard.storage.opener import StreamOpener
 from wsishard.streaming.stages import ShardRef, read_shard
 
@@ -95,3 +96,11 @@ def test_read_shard_names_a_missing_shard(tmp_path: Path) -> None:
     task = ShardRef(url=str(tmp_path / "nope.tar"), samples=1)
     with pytest.raises(ShardError, match=r"nope\.tar"):
         list(read_shard(task, StreamOpener()))
+
+
+@pytest.mark.parametrize("n", [0, 1, 148, 512, 4096, 65520])
+def test_the_header_byte_sum_is_sums(n: int) -> None:
+    """The checksum's byte sum (from two residues) is exactly sum(): random bytes, and the largest sums."""
+    rng = np.random.default_rng(n)
+    for block in [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for _ in range(50)] + [b"\xff" * n, bytes(n)]:
+        assert _byte_sum(block) == sum(block)

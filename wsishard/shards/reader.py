@@ -9,6 +9,7 @@ pax long names are still honoured, so any ordinary uncompressed tar reads correc
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, TypeVar
 
@@ -97,13 +98,26 @@ _EXTENSIONS = frozenset((b"L", b"K", b"x", b"g"))  # headers about the next memb
 def _header(block: bytes, at: int) -> tuple[str, int, bytes]:
     """``(name, size, type flag)`` of a USTAR/GNU/v7 header block at byte ``at``."""
     stored = _number(block[148:156])
-    unsigned = sum(block) - sum(block[148:156]) + 8 * 32  # the checksum field counts as spaces
+    unsigned = _byte_sum(block) - sum(block[148:156]) + 8 * 32  # the checksum field counts as spaces
     if stored != unsigned and stored != unsigned - 256 * sum(1 for b in block[:148] + block[156:] if b > 127):
         raise ValueError(f"tar header at byte {at} fails its checksum (not a tar, or corrupt)")
     name = block[:100].split(b"\0", 1)[0]
     if block[257:263] == b"ustar\0" and block[345]:  # POSIX: a long name is split into prefix / name
         name = block[345:500].split(b"\0", 1)[0] + b"/" + name
     return name.decode("utf-8", "surrogateescape"), _number(block[124:136]), block[156:157]
+
+
+_ADLER = 65521  # zlib.adler32's modulus
+_ADLER_INVERSE = pow(_ADLER, -1, 255)
+
+
+def _byte_sum(block: bytes) -> int:
+    """``sum(block)`` for a block of at most 65,520 bytes (the sum then stays below 65521 * 255), in a quarter of
+    sum()'s time: zlib.adler32 gives the sum mod 65521, the block read as a base-256 number gives it mod 255 (each
+    digit counts once: 256 = 1 mod 255), and the two residues fix the sum (Chinese remainder theorem)."""
+    by_adler = ((zlib.adler32(block) & 0xFFFF) - 1) % _ADLER  # its low 16 bits: 1 + the sum, mod 65521
+    by_255 = int.from_bytes(block, "little") % 255
+    return by_adler + _ADLER * ((by_255 - by_adler) * _ADLER_INVERSE % 255)
 
 
 def _number(field: bytes) -> int:

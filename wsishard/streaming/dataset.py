@@ -58,6 +58,7 @@ from wsishard.streaming.partition import (
     reader_slices,
     resume_position,
 )
+from wsishard.streaming.ring import Lending
 from wsishard.streaming.stages import (
     SHUFFLE_STREAM,
     Budget,
@@ -168,6 +169,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         self._pinned = False
         self.resumed: Resume | None = None  # set by a loader's load_state_dict; applies to its epoch only
         self.redealt: tuple[int, tuple[redeal.Piece, ...]] | None = None  # an epoch begun on another topology
+        self.lending = Lending()  # how workers lend batch buffers (set by a ShardLoader while its workers start)
 
     @property
     def plan_seed(self) -> int:
@@ -207,8 +209,8 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         cfg = self.config
         drop_last = cfg.drop_last or cfg.resampled
         return [ReadShuffled(self.opener, cfg.shuffle, (*seed, SHUFFLE_STREAM), cfg.on_error, max_failures, skip),
-                DecodeIntoBatches(cfg.batch_size, self.image_hw, drop_last=drop_last,
-                                  on_error=cfg.on_error)]  # fmt: skip
+                DecodeIntoBatches(cfg.batch_size, self.image_hw, drop_last=drop_last, on_error=cfg.on_error,
+                                  lending=self.lending)]  # fmt: skip
 
     def pipeline(self, world: World, epoch: int, done: int = 0) -> wds.DataPipeline:
         """The webdataset pipeline that ``world``'s (rank, worker) runs in ``epoch`` (or for ever), after the
@@ -249,7 +251,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         return wds.DataPipeline(redeal.PieceList(tuple(redeal.share(pieces, world))),
                                 redeal.ReadPieces(self.opener, cfg.shuffle, cfg.on_error),
                                 DecodeIntoBatches(cfg.batch_size, self.image_hw, drop_last=cfg.drop_last,
-                                                  on_error=cfg.on_error),
+                                                  on_error=cfg.on_error, lending=self.lending),
                                 Budget(int(caps[world.rank, world.worker])))  # fmt: skip
 
     def __iter__(self) -> Iterator[Batch]:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import io
 import json
 import logging
-import math
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import TypedDict
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
 
 import imagecodecs
 import numpy as np
@@ -23,7 +22,7 @@ from PIL import Image
 
 from wsishard.errors import ShardError
 from wsishard.format import PatchMeta, image_header
-from wsishard.streaming.ring import BatchBuffers, Lent
+from wsishard.streaming.ring import BatchBuffers, Lending, Lent
 from wsishard.streaming.stages import ErrorMode, RawSample
 
 logger = logging.getLogger(__name__)
@@ -61,9 +60,10 @@ def decode_sample(raw: RawSample) -> Sample:
 
 
 def _fields(raw: RawSample) -> tuple[PatchMeta, int]:
-    """The sample's ``.json`` and its label (``.cls``, else the json's ``label``, else -1)."""
+    """The sample's ``.json`` (UTF-8, as wsishard writes it) and its label (``.cls``, else the json's ``label``,
+    else -1)."""
     try:
-        meta = json.loads(raw["meta"])
+        meta = json.loads(raw["meta"].decode("utf-8"))  # a str skips json's guess of the encoding (~1 us a sample)
         label = int(raw["label"]) if raw["label"] is not None else int(meta.get("label", -1))
     except (ValueError, TypeError, AttributeError) as exc:
         raise _undecodable(raw, exc) from exc
@@ -131,18 +131,6 @@ def decode_into(raw: RawSample, slot: np.ndarray) -> None:
     slot[...] = image
 
 
-def huge_page_slot(shape: tuple[int, ...]) -> np.ndarray:
-    """An uninitialised uint8 array of ``shape`` inside one 2 MiB-aligned stretch of a numpy allocation (numpy asks
-    for transparent huge pages on large ones). libjpeg-turbo decodes into such a slot about 25% faster than into
-    memory of 4 KiB pages (measured on this project's VM: 191 against 247 us for a 256 px JPEG), shared memory among
-    them, so a worker decodes here and copies the pixels into its shared batch (about 24 us)."""
-    nbytes = math.prod(shape)
-    huge = 2 << 20
-    base = np.empty(nbytes + 2 * huge, dtype=np.uint8)
-    start = -base.ctypes.data % huge
-    return base[start : start + nbytes].reshape(shape)
-
-
 @dataclass(frozen=True)
 class DecodeIntoBatches:
     """Decode samples straight into uint8 batches of ``size``; a last incomplete one is kept unless ``drop_last``.
@@ -152,7 +140,10 @@ class DecodeIntoBatches:
     :class:`~wsishard.streaming.loader.ShardLoader` takes off and hands back once the batch is let go), and every
     image is decoded into its own slot of it (:func:`decode_into`): no per-sample array, no stack, no copy on the
     way to the main process, no fresh pages per batch. ``image_hw`` is every image's ``(h, w)``: the manifest's
-    patch size, never the first sample's.
+    patch size, never the first sample's. With ``lending.by_reference`` (set by ``ShardLoader`` for its workers, which
+    complete the batch in the main process) a worker's batch names its buffer instead of carrying it
+    (:class:`~wsishard.streaming.ring.Lent`): no ``"image"``, and ``"label"`` as a numpy array (a tensor would
+    travel through a shared-memory file of its own).
 
     Error behaviour: a sample whose image or ``.json`` does not decode, or whose image header declares another
     size than ``image_hw``, raises :class:`~wsishard.errors.ShardError` with ``on_error="raise"`` and is dropped
@@ -163,11 +154,11 @@ class DecodeIntoBatches:
     image_hw: tuple[int, int]
     drop_last: bool = True
     on_error: ErrorMode = "raise"
+    lending: Lending = field(default_factory=Lending)
 
     def __call__(self, src: Iterator[RawSample]) -> Iterator[Batch]:
         shared = torch.utils.data.get_worker_info() is not None
-        buffers = BatchBuffers((self.size, *self.image_hw, 3), shared=shared)
-        scratch = huge_page_slot((*self.image_hw, 3)) if shared else None  # (h, w, 3) uint8
+        buffers = BatchBuffers((self.size, *self.image_hw, 3), shared=shared, lending=self.lending)
         image: torch.Tensor | None = None  # (size, h, w, 3) uint8 being filled; None between batches
         lent: Lent | None = None
         slots = np.empty((0, *self.image_hw, 3), dtype=np.uint8)  # image's numpy view
@@ -180,11 +171,7 @@ class DecodeIntoBatches:
                 if image is None:
                     image, lent = buffers.take()
                     slots = image.numpy()
-                if scratch is None:
-                    decode_into(raw, slots[len(keys)])
-                else:  # shared memory has 4 KiB pages: decoding into them costs ~25% more than decode and copy
-                    decode_into(raw, scratch)
-                    slots[len(keys)] = scratch
+                decode_into(raw, slots[len(keys)])
             except ShardError as exc:
                 if self.on_error == "raise":
                     raise
@@ -194,16 +181,20 @@ class DecodeIntoBatches:
             metas.append(meta)
             keys.append(raw["key"])
             if len(keys) == self.size:
-                yield _batch(image, labels, metas, keys, lent)
+                yield _batch(buffers, image, labels, metas, keys, lent)
                 image, lent, labels, metas, keys = None, None, [], [], []
         if keys and image is not None and not self.drop_last:
-            yield _batch(image[: len(keys)], labels, metas, keys, lent)
+            yield _batch(buffers, image[: len(keys)], labels, metas, keys, lent)
 
 
-def _batch(image: torch.Tensor, labels: list[int], metas: list[PatchMeta], keys: list[str],
+def _batch(buffers: BatchBuffers, image: torch.Tensor, labels: list[int], metas: list[PatchMeta], keys: list[str],
            lent: Lent | None) -> Batch:  # fmt: skip
-    label = torch.tensor(labels, dtype=torch.int64)  # (b,)
-    batch = Batch(image=image, label=label, meta=metas, key=keys)
-    if lent is not None:
-        batch["buffer"] = lent  # type: ignore[typeddict-unknown-key]  # taken off again by the loader
-    return batch
+    if lent is None:
+        return Batch(image=image, label=torch.tensor(labels, dtype=torch.int64), meta=metas, key=keys)
+    sent, lent = buffers.hand_over(image, lent)
+    # by reference (no image sent): the loader puts the image back and makes the labels (b,) a tensor
+    label = np.array(labels, dtype=np.int64) if sent is None else torch.tensor(labels, dtype=torch.int64)
+    batch: dict[str, Any] = {"label": label, "meta": metas, "key": keys, "buffer": lent}  # "buffer": for the loader
+    if sent is not None:
+        batch["image"] = sent
+    return batch  # type: ignore[return-value]

@@ -14,7 +14,7 @@ from wsishard.errors import ShardError
 from wsishard.streaming import redeal
 from wsishard.streaming.dataset import Resume, ShardStream, WorkerShardError
 from wsishard.streaming.decode import Batch
-from wsishard.streaming.ring import Returns
+from wsishard.streaming.ring import Lending, Returns
 
 
 def _raise_handed_over(items: Iterator[Batch | WorkerShardError]) -> Iterator[Batch]:
@@ -63,6 +63,12 @@ class ShardLoader(wds.WebLoader):
         self._epoch = dataset._epoch_next
         self._taken = [0] * max(self.num_workers, 1)  # batches the training loop took from each (logical) worker
         self._last: int | None = None
+        # workers may name their buffers instead of sending them (nothing between them and _count needs the tensor),
+        # and make the buffers they will keep lent before the first batch: the prefetched ones and the one filled
+        self._lending = Lending(
+            by_reference=self.num_workers > 0 and not kwargs.get("pin_memory", False) and kwargs["collate_fn"] is as_is,
+            prefill=int(kwargs.get("prefetch_factor") or 2) + 1 if self.num_workers > 0 else 0,
+        )
 
     def __iter__(self) -> Iterator[Batch]:
         if self.num_workers > 0:
@@ -73,20 +79,26 @@ class ShardLoader(wds.WebLoader):
         at_resume = resumed is not None and resumed.epoch == self._epoch
         self._taken = list(resumed.batches) if at_resume else [0] * max(self.num_workers, 1)  # type: ignore[union-attr]
         self._last = resumed.last if at_resume else None  # type: ignore[union-attr]
+        self.dataset.lending = self._lending  # for the workers about to start; reset once they have
         return self._count(_raise_handed_over(super().__iter__()))
 
     def _count(self, batches: Iterator[Batch]) -> Iterator[Batch]:
         returns = Returns()  # the workers' buffers lent with the batches, handed back once unused
-        for batch in batches:
-            worker = int(batch.pop("worker", 0))  # type: ignore[typeddict-item]
-            ticket = batch.pop("buffer", None)  # type: ignore[typeddict-item]
-            if ticket is not None:
-                returns.add(ticket)
-            self._taken[worker] += 1
-            self._last = worker
-            yield batch
-            del batch, ticket
-            returns.sweep()  # the loop has asked for the next batch: what it let go of goes back
+        try:
+            for batch in batches:
+                self.dataset.lending = Lending()  # the workers have started: the dataset is as it was again
+                worker = int(batch.pop("worker", 0))  # type: ignore[typeddict-item]
+                ticket = batch.pop("buffer", None)  # type: ignore[typeddict-item]
+                image = None if ticket is None else returns.add(ticket)
+                if image is not None:  # a batch by reference: its image in the buffer, its labels (b,) as sent
+                    batch["image"], batch["label"] = image, torch.from_numpy(batch["label"])
+                self._taken[worker] += 1
+                self._last = worker
+                yield batch
+                del batch, ticket, image
+                returns.sweep()  # the loop has asked for the next batch: what it let go of goes back
+        finally:
+            self.dataset.lending = Lending()
 
     def state_dict(self) -> dict[str, Any]:
         """Where the training loop stands: plain JSON-able data to save with a checkpoint (never pickled)."""

@@ -10,6 +10,8 @@ keeps a few buffers and fills one again once nothing uses it any more:
   :class:`Lent` ticket (the buffer, a slot, and a small shared flag array). The main process keeps the tickets
   (:class:`Returns`, kept by :class:`~wsishard.streaming.loader.ShardLoader`) and clears a slot's flag once
   nothing in the main process refers to the buffer any more; the worker fills only buffers whose flag is clear.
+  Under ``ShardLoader`` (without pinned memory) a buffer travels to the main process once, with its first batch;
+  later batches of it only name it (:class:`Lent`, by reference) and ``Returns`` gives them their image.
 
 A buffer is never filled while anything that can see it may still read it. When every buffer is in use (a
 consumer that keeps its batches, or one that never hands buffers back, such as a plain DataLoader over the
@@ -19,7 +21,10 @@ read through ``torch._C._storage_Use_Count``; without it (another torch) nothing
 
 from __future__ import annotations
 
+import ctypes
+import itertools
 import math
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -27,10 +32,16 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["BatchBuffers", "Lent", "Returns", "unused"]
+__all__ = ["ROW_OFFSET", "BatchBuffers", "Lending", "Lent", "Returns", "unused"]
 
 _use_count: Any = getattr(torch._C, "_storage_Use_Count", None)
 RING_SLOTS = 8  # buffers a reader keeps at most: 1 being filled, prefetched ones, the ones the loop still holds
+# A batch starts 16 bytes past a 32-byte boundary (so does every image and row of it when the row's bytes are a multiple
+# of 32, as for 256 px): libjpeg-turbo's SIMD colour conversion writes a 32-byte aligned output row with non-temporal
+# stores, which on this project's VM made the whole decode ~25% slower (about 250 against 200 us a 256 px JPEG).
+ROW_OFFSET = 16
+ROW_SLACK = 32  # bytes a buffer holds beyond its batch, for that offset
+_RING_NUMBERS = itertools.count()  # rings made in this process, numbered
 
 
 def _refs(holder: Any, key: Any) -> int:
@@ -49,30 +60,78 @@ def unused(holder: Any, key: Any) -> bool:
     return bool(_use_count(holder[key]._cdata) == 1) and _refs(holder, key) == _ALONE
 
 
-def _new_storage(nbytes: int, shared: bool) -> torch.UntypedStorage:
+def _new_storage(nbytes: int, shared: bool, populate: bool = False) -> torch.UntypedStorage:
     """``nbytes`` uninitialised bytes: in shared memory (a worker: handing it to the main process then passes a
     file descriptor, no copy), or numpy's allocation (which asks for transparent huge pages: a fresh 50 MB batch
-    takes far fewer page faults than with torch's allocator)."""
-    if shared:
-        return torch.UntypedStorage._new_shared(nbytes)
-    return torch.from_numpy(np.empty(nbytes, dtype=np.uint8)).untyped_storage()
+    takes far fewer page faults than with torch's allocator). ``populate``: shared pages faulted in at once."""
+    if not shared:
+        return torch.from_numpy(np.empty(nbytes, dtype=np.uint8)).untyped_storage()
+    storage = torch.UntypedStorage._new_shared(nbytes)
+    if populate and _madvise is not None:  # where the kernel lacks it (before Linux 5.14) pages fault on first write
+        _madvise(ctypes.c_void_p(storage.data_ptr()), ctypes.c_size_t(nbytes), _MADV_POPULATE_WRITE)
+    return storage
+
+
+def _libc_madvise() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True).madvise if sys.platform == "linux" else None
+    except (OSError, AttributeError):
+        return None
+
+
+_madvise = _libc_madvise()
+_MADV_POPULATE_WRITE = 23  # linux/mman.h
 
 
 def _view(storage: torch.UntypedStorage, shape: tuple[int, ...]) -> torch.Tensor:
-    return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+    """The batch of ``shape`` in ``storage`` (:data:`ROW_SLACK` bytes longer), starting :data:`ROW_OFFSET` bytes past
+    a 32-byte boundary."""
+    return _at(storage, (ROW_OFFSET - storage.data_ptr()) % 32, shape)
+
+
+def _at(storage: torch.UntypedStorage, start: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """A contiguous uint8 tensor of ``shape`` in ``storage`` from byte ``start`` on."""
+    strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+    return torch.empty(0, dtype=torch.uint8).set_(storage, start, shape, strides)
+
+
+Ring = tuple[int, int]  # (worker pid, ring number in that worker): names a ring in the main process
+
+
+@dataclass(frozen=True)
+class Lending:
+    """How a worker's ring lends its buffers (set by :class:`~wsishard.streaming.loader.ShardLoader` for its workers).
+
+    Attributes:
+        by_reference: a buffer crosses to the main process with its first batch only (see :class:`Lent`).
+        prefill: buffers made before the first batch, their pages faulted in at once (``MADV_POPULATE_WRITE``,
+            about half the cost of faulting 12,288 pages one by one), rather than while the first batches are made.
+    """
+
+    by_reference: bool = False
+    prefill: int = 0
 
 
 @dataclass(frozen=True)
 class Lent:
-    """A worker's buffer lent to the main process, which hands it back by clearing ``flags[slot]``.
+    """A worker's buffer lent to the main process, which hands it back by clearing its ring's flag of ``slot``.
 
-    ``image`` is the batch's own image tensor (pickled once with it), so the main process sees the buffer even
-    after a pin-memory thread replaced the batch's image by a pinned copy.
+    By tensor (a plain DataLoader, pinned memory, another ``collate_fn``): ``image`` is the batch's own image tensor
+    (pickled once with it, so the main process sees the buffer even after a pin-memory thread replaced the batch's
+    image by a pinned copy) and ``flags`` the ring's flags, with every batch. By reference
+    (:attr:`Lending.by_reference`, only under :class:`~wsishard.streaming.loader.ShardLoader`): the batch itself
+    carries no image, ``image`` comes with a buffer's first batch only and ``flags`` with the ring's first; later
+    batches name their buffer by ``ring`` and ``slot``, and ``shape``/``start`` place the batch in it (each tensor
+    pickled would pass a file descriptor, ~0.4 ms of socket round trip between the processes, even for memory the
+    main process has mapped already).
     """
 
-    flags: torch.Tensor  # (slots,) uint8 in shared memory: 1 while the main process may use the buffer
+    ring: Ring
     slot: int
-    image: torch.Tensor  # (b, h, w, 3) uint8, the buffer
+    flags: torch.Tensor | None  # (slots,) uint8 in shared memory: 1 while the main process may use the buffer
+    image: torch.Tensor | None  # (b, h, w, 3) uint8, the batch in the buffer
+    shape: tuple[int, ...] | None = None  # by reference: the batch's (b, h, w, 3)
+    start: int = 0  # by reference: the batch's first byte in the buffer
 
 
 class BatchBuffers:
@@ -81,16 +140,24 @@ class BatchBuffers:
     Args:
         shape: every buffer's shape.
         shared: in a DataLoader worker: buffers in shared memory, lent with a :class:`Lent` ticket.
+        lending: in a worker, how buffers are lent (:class:`Lending`).
     """
 
-    def __init__(self, shape: tuple[int, ...], shared: bool, slots: int = RING_SLOTS) -> None:
+    def __init__(self, shape: tuple[int, ...], shared: bool, slots: int = RING_SLOTS,
+                 lending: Lending = Lending()) -> None:  # fmt: skip
         self.shape = shape
         self.shared = shared
         self.slots = slots
+        self.by_reference = lending.by_reference and shared
+        self.ring: Ring = (os.getpid(), next(_RING_NUMBERS))
         self.storages: list[torch.UntypedStorage] = []
+        if shared and _use_count is not None:
+            self.storages = [_new_storage(math.prod(shape) + ROW_SLACK, shared, populate=True)
+                             for _ in range(min(lending.prefill, slots))]  # fmt: skip
         self.fresh = 0  # batches allocated outside the ring because every buffer was in use
         self.flags = torch.zeros(slots, dtype=torch.uint8).share_memory_() if shared else torch.zeros(0)
         self._flags = self.flags.numpy()
+        self._sent: set[int] = set()  # by reference: the slots whose buffer the main process was sent
 
     def take(self) -> tuple[torch.Tensor, Lent | None]:
         """A buffer to fill: a free one of the ring, a new one while the ring has room, else a fresh batch (no
@@ -98,7 +165,7 @@ class BatchBuffers:
         for slot in range(len(self.storages)):
             if (not self._flags[slot]) if self.shared else unused(self.storages, slot):
                 return self._lend(slot)
-        nbytes = math.prod(self.shape)
+        nbytes = math.prod(self.shape) + ROW_SLACK
         if len(self.storages) < self.slots and _use_count is not None:
             self.storages.append(_new_storage(nbytes, self.shared))
             return self._lend(len(self.storages) - 1)
@@ -110,7 +177,17 @@ class BatchBuffers:
         if not self.shared:
             return image, None
         self._flags[slot] = 1
-        return image, Lent(self.flags, slot, image)
+        return image, Lent(self.ring, slot, self.flags, image)
+
+    def hand_over(self, image: torch.Tensor, ticket: Lent) -> tuple[torch.Tensor | None, Lent]:
+        """What a batch of ``image`` (the buffer of ``ticket``, or its first rows) sends the main process: its image
+        tensor and ticket, or by reference no image and a ticket naming the buffer."""
+        if not self.by_reference:
+            return image, ticket
+        first_of_ring, first = not self._sent, ticket.slot not in self._sent
+        self._sent.add(ticket.slot)
+        return None, Lent(self.ring, ticket.slot, self.flags if first_of_ring else None, image if first else None,
+                          tuple(image.shape), int(image.storage_offset()))  # fmt: skip
 
 
 class Returns:
@@ -121,23 +198,34 @@ class Returns:
     """
 
     def __init__(self) -> None:
-        self._storages: dict[tuple[int, int], torch.UntypedStorage] = {}  # (ring, slot) -> the buffer
-        self._rings: dict[int, tuple[torch.Tensor, np.ndarray]] = {}  # ring -> its flags, and their numpy view
-        self._lent: set[tuple[int, int]] = set()
+        self._storages: dict[tuple[Ring, int], torch.UntypedStorage] = {}  # (ring, slot) -> the buffer
+        self._rings: dict[Ring, np.ndarray] = {}  # ring -> its flags (a numpy view, which keeps their tensor)
+        self._lent: set[tuple[Ring, int]] = set()
 
-    def add(self, ticket: Lent) -> None:
-        """Take a batch's ticket (its image tensor is left to the batch)."""
-        ring = ticket.flags.untyped_storage().data_ptr()
-        if ring not in self._rings:
-            self._rings[ring] = (ticket.flags, ticket.flags.numpy())
-        self._storages[ring, ticket.slot] = ticket.image.untyped_storage()
-        self._lent.add((ring, ticket.slot))
+    def add(self, ticket: Lent) -> torch.Tensor | None:
+        """Take a batch's ticket; by reference, the batch's image (a view of the buffer), else None (the batch
+        carries its own image tensor).
+
+        Raises:
+            ValueError: a ticket by reference for a buffer or ring never sent (its first batch did not come here).
+        """
+        key = (ticket.ring, ticket.slot)
+        if ticket.flags is not None and ticket.ring not in self._rings:
+            self._rings[ticket.ring] = ticket.flags.numpy()
+        if ticket.image is not None:
+            self._storages[key] = ticket.image.untyped_storage()
+        if key not in self._storages or ticket.ring not in self._rings:
+            raise ValueError(f"buffer {ticket.slot} of ring {ticket.ring} was never sent to this process")
+        self._lent.add(key)
+        if ticket.shape is None:
+            return None
+        return _at(self._storages[key], ticket.start, ticket.shape)
 
     def sweep(self) -> int:
         """Hand back every lent buffer nothing refers to any more; the number handed back."""
         back = [key for key in self._lent if unused(self._storages, key)]
         for ring, slot in back:
-            self._rings[ring][1][slot] = 0
+            self._rings[ring][slot] = 0
             self._lent.discard((ring, slot))
         return len(back)
 
