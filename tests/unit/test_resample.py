@@ -73,6 +73,32 @@ def test_a_patch_starts_on_the_reduced_pixel_nearest_its_grid_position(slide: st
             assert abs(l_x - nominal_x) <= 1.0 and abs(l_y - nominal_y) <= 1.0
 
 
+def test_a_one_pixel_stride_keeps_every_cell_its_own_corner(slide: str) -> None:
+    """Grid steps shorter than a reduced pixel (--stride 1 at 0.2631: 1.9 level px, k = 2) would move neighbouring
+    cells to one corner (one sample key twice); there each patch starts at its grid position instead."""
+    with open_slide(slide) as reader, OpenSlideReader(slide) as ref:
+        cands = _cands(reader, 0.2631)
+        n = 24
+        col, row = np.arange(600, 600 + n), np.full(n, 700)
+        one = dataclasses.replace(cands, col=col, row=row, tissue=np.ones(n), stride=1, total=n)
+        patches = [p for b in blocks(one, 4) for p in patch_images(reader, b, one, 0)]
+        corners = [(round(x), round(y)) for _, x, y in patches]
+        assert len(set(corners)) == n  # before: about one cell in 20 shared its corner with its neighbour
+        assert corners == [(round(c * one.l0_per_o), round(700 * one.l0_per_o)) for c in col.tolist()]
+        worst = min(_psnr(np.asarray(image), _reference_at(ref, x, y, 128, one.l0_per_o)) for image, x, y in patches)
+    assert worst >= 40.0, f"worst patch {worst:.1f} dB"
+
+
+def _reference_at(ref: OpenSlideReader, x: float, y: float, size: int, scale: float) -> np.ndarray:
+    """As :func:`_reference`, from a fractional level-0 corner."""
+    pad = 16
+    x0, y0 = math.floor(x) - pad, math.floor(y) - pad
+    side = math.ceil(size * scale) + 2 * pad + 2
+    region = Image.fromarray(ref.read_level(0, x0, y0, side, side))
+    box = (x - x0, y - y0, x - x0 + size * scale, y - y0 + size * scale)
+    return np.asarray(region.resize((size, size), Image.Resampling.LANCZOS, box=box))
+
+
 def _reference(ref: OpenSlideReader, l0_x: int, l0_y: int, size: int, scale: float) -> np.ndarray:
     """``size`` px at ``scale`` level-0 px each from level-0 px (l0_x, l0_y): a level-0 read resized once by
     Lanczos at full resolution (its filter reads past the region's edges, as the build's does)."""

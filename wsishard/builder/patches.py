@@ -111,11 +111,12 @@ def read_block_image(reader: SlideReader, block: Block, cands: Candidates, level
 
 
 def patch_images(reader: SlideReader, block: Block, cands: Candidates,
-                 level: int) -> list[tuple[Image.Image, int, int]]:  # fmt: skip
+                 level: int) -> list[tuple[Image.Image, float, float]]:  # fmt: skip
     """The block's kept patches at the output resolution, in the block's order, each with the level px of its
     top-left: one read for the block, stage 2 (:func:`read_block_image`) for each patch alone, so a block's empty
     cells cost nothing. A patch starts on the reduced pixel nearest its grid position (at most half a reduced
-    pixel away), so its level-0 corner is exact; patches keep exactly the target resolution."""
+    pixel away; where grid steps are shorter than that, at its grid position: :meth:`_Reduced.cut`), so its
+    level-0 corner is exact; patches keep exactly the target resolution."""
     reduced = _stage_one(reader, block, cands, level)
     size, stride = cands.patch, cands.stride
     out = []
@@ -134,10 +135,19 @@ class _Reduced:
     y0: int
     k: int
     scale: float  # level px per output px
+    snap: bool  # corners move to the nearest reduced pixel (False when grid steps are shorter than one)
 
-    def cut(self, o_x: int, o_y: int, width: int, height: int) -> tuple[np.ndarray, int, int]:
-        """Output px ``[o_x, o_x + width) x [o_y, o_y + height)`` (stage 2) and the level px of its top-left."""
+    def cut(self, o_x: int, o_y: int, width: int, height: int) -> tuple[np.ndarray, float, float]:
+        """Output px ``[o_x, o_x + width) x [o_y, o_y + height)`` (stage 2) and the level px of its top-left.
+
+        The corner moves to the nearest reduced pixel and the rest is one ``cv2.resize`` at exactly ``rest``; its
+        first row and column take their outer bicubic tap from a repeated edge pixel (weight 0.03-0.05 at scanner
+        rests). Where the grid's steps are shorter than a reduced pixel (``--stride 1``), two cells could move to
+        one corner: there the corner stays where the grid puts it and ``cv2.warpAffine`` resamples from it.
+        """
         k, rest = self.k, self.scale / self.k
+        if not self.snap:
+            return self._cut_between(o_x, o_y, width, height)
         l_x, l_y = k * math.floor(o_x * self.scale / k + 0.5), k * math.floor(o_y * self.scale / k + 0.5)
         r_x, r_y = (l_x - self.x0) // k, (l_y - self.y0) // k
         if abs(rest - 1.0) < 1e-9:
@@ -149,20 +159,33 @@ class _Reduced:
             raise AssertionError(f"stage 2 read too little: {crop.shape} gave {pixels.shape}")
         return pixels, l_x, l_y
 
+    def _cut_between(self, o_x: int, o_y: int, width: int, height: int) -> tuple[np.ndarray, float, float]:
+        k, rest = self.k, self.scale / self.k
+        f_x, f_y = (o_x * self.scale - self.x0) / k, (o_y * self.scale - self.y0) / k  # the corner, reduced px
+        c_x, c_y = math.floor(f_x) - 1, math.floor(f_y) - 1
+        crop = self.image[c_y : c_y + math.ceil(height * rest) + 4, c_x : c_x + math.ceil(width * rest) + 4]
+        shift = 0.5 * rest - 0.5  # output px j samples the source at corner + (j + 0.5) * rest - 0.5
+        m = np.array([[rest, 0.0, f_x - c_x + shift], [0.0, rest, f_y - c_y + shift]])
+        pixels = cv2.warpAffine(crop, m, (width, height), flags=cv2.INTER_CUBIC | cv2.WARP_INVERSE_MAP,
+                                borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
+        return pixels, o_x * self.scale, o_y * self.scale
+
 
 def _stage_one(reader: SlideReader, block: Block, cands: Candidates, level: int) -> _Reduced:
     scale = cands.l0_per_o / reader.level_downsamples[level]  # level px per output px
     k = max(1, math.floor(scale * (1 + _REST_SLACK) + 1e-9))
     exact = abs(scale / k - 1.0) < 1e-9
+    snap = cands.stride * scale >= k  # distinct cells then always move to distinct reduced pixels
     reach = 0 if exact else (math.ceil(max(scale / k, 1.0)) + 4) * k  # the snap, the crop's margin, the filter
-    # what stage 2 reads of a patch: from its corner moved up to k/2 back, to its far edge + k/2 + 2.5 reduced px
-    margins = (0, 0) if exact else (k, 3 * k)
+    # what stage 2 reads of a patch: from its corner moved up to k/2 back (2k without the move: the crop starts a
+    # reduced pixel early), to its far edge + k/2 + 2.5 reduced px
+    margins = (0, 0) if exact else (k if snap else 2 * k, 3 * k)
     x0, y0 = _floor_to(math.floor(block.o_x * scale) - reach, k), _floor_to(math.floor(block.o_y * scale) - reach, k)
     x1 = _ceil_to(math.ceil((block.o_x + block.o_w) * scale) + reach, k)
     y1 = _ceil_to(math.ceil((block.o_y + block.o_h) * scale) + reach, k)
     needed = _needed_rects(block, cands, scale, margins)
     image = _reduced_read(reader, level, (x0, y0, x1 - x0, y1 - y0), k, needed)  # ((y1-y0)/k, (x1-x0)/k, 3)
-    return _Reduced(image, x0, y0, k, scale)
+    return _Reduced(image, x0, y0, k, scale, snap)
 
 
 def _reduced_read(reader: SlideReader, level: int, rect: tuple[int, int, int, int], k: int,
