@@ -128,7 +128,7 @@ class TileCache:
             self._bytes -= self._tiles.pop(key).nbytes
 
 
-TILES = TileCache(16 << 20)  # 16 MB: 340 tiles of 256 px decoded at 1/2 (hits 12% at 0.2265; 32 MB: 15%)
+TILES = TileCache(16 << 20)  # 16 MB, 340 tiles of 256 px at 1/2: 12.5% of decodes saved at 0.2265 (32 MB: 13%)
 
 
 class TiffTileReader(SlideReader):
