@@ -304,9 +304,9 @@ def _extract_all(pool: WorkerPool, shards: list[ShardPlan], scans: Mapping[int, 
     while pending:
         excluded = frozenset(failed)
         size = segment_size(sum(sp.patches for sp in pending), pool.jobs)
-        taper = [0] * (len(pending) - 1) + [size * pool.jobs if pool.jobs > 1 else 0]  # the last shard's end
-        tasks = [t for sp, end in zip(pending, taper, strict=True)
-                 for t in segment_tasks(sp, sources, excluded, options.encode, size, end)]  # fmt: skip
+        taper = size * pool.jobs if pool.jobs > 1 else 0  # the end of the last shard: finer segments
+        tasks = [t for sp in pending for t in segment_tasks(sp, sources, excluded, options.encode, size,
+                                                            taper if sp is pending[-1] else 0)]  # fmt: skip
         segments = pool.imap(extract_segment, tasks, on_crash=crashed_segment, window=4 * pool.jobs)
         new_failed: dict[int, str] = {}
         for outcome in assemble_shards(segments, dest, tally.written):

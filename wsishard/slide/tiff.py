@@ -93,12 +93,19 @@ class TileCache:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self.hits = self.misses = 0
         self.hits_at: Counter[int] = Counter()  # by scale factor
-        self.misses_at: Counter[int] = Counter()
+        self.misses_at: Counter[int] = Counter()  # decodes, by scale factor
         self._tiles: OrderedDict[tuple[int, int, int, int], np.ndarray] = OrderedDict()
         self._bytes = 0
         self._readers = itertools.count()
+
+    @property
+    def hits(self) -> int:
+        return self.hits_at.total()
+
+    @property
+    def misses(self) -> int:
+        return self.misses_at.total()
 
     def new_reader(self) -> int:
         """A number for a reader's tiles (never reused: a file replaced at the same path gets a new one)."""
@@ -107,10 +114,8 @@ class TileCache:
     def get(self, key: tuple[int, int, int, int]) -> np.ndarray | None:
         tile = self._tiles.get(key)
         if tile is None:
-            self.misses += 1
             self.misses_at[key[3]] += 1
             return None
-        self.hits += 1
         self.hits_at[key[3]] += 1
         self._tiles.move_to_end(key)
         return tile
