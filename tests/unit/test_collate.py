@@ -156,3 +156,31 @@ def test_cpu_output_buffers_are_reused_only_once_let_go() -> None:
     third = collate.images(a)
     assert third.untyped_storage().data_ptr() == address  # let go: filled again
     assert torch.equal(third, _reference(a)) and torch.equal(second, _reference(b))
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_full_size_patches_through_the_tables_equal_the_reference(channels_last: bool) -> None:
+    # 256 px patches take OpenCV's vectorised paths (split, transpose, flip, table look-up) that 8 px ones do not
+    image = _batch(b=8, h=256, w=256, seed=7)["image"]
+    out = GpuCollate("cpu", mean=MEAN, std=STD, augment=True, seed=1, channels_last=channels_last).images(image)
+    codes = GpuCollate("cpu", augment=True, seed=1).codes(8)
+    assert sorted(set(codes.tolist())) != [0]  # at least one sample is moved
+    assert torch.equal(out, dihedral(_reference(image), codes))
+
+
+def test_float64_output_is_the_float32_reference_widened() -> None:
+    image = _batch()["image"]
+    out = GpuCollate("cpu", mean=MEAN, std=STD, dtype=torch.float64).images(image)
+    assert out.dtype == torch.float64 and torch.equal(out, _reference(image).double())
+
+
+def test_the_cpu_path_leaves_opencv_threads_as_it_found_them() -> None:
+    import cv2
+
+    before = cv2.getNumThreads()
+    cv2.setNumThreads(2)
+    try:
+        GpuCollate("cpu", augment=True, seed=0).images(_batch()["image"])
+        assert cv2.getNumThreads() == 2
+    finally:
+        cv2.setNumThreads(before)

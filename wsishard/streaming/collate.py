@@ -2,12 +2,12 @@
 
 Workers ship compact uint8 ``(b, h, w, 3)`` batches. On a CUDA device the float conversion, normalization and
 random dihedral augmentation run there, as a few batched tensor ops where they cost almost nothing next to the
-model. On a CPU device (the main process, on the cores the workers use) they run as one pass over memory: per
-block of a few samples (a few MB, in cache), the uint8 pixels are read once through a strided view that already
-is the sample's dihedral transform (index arithmetic: a transpose swaps strides, a flip negates one) and the
-channel-first layout, converted to float, then scaled and normalized in place while the block is in cache; the
-output buffer is reused once nothing refers to it (fresh 200 MB of float pages per batch cost more than the
-arithmetic). numpy does it in one thread (no intra-op thread pool competing with the loader's workers). Nothing in
+model. On a CPU device (the main process, on the cores the workers use) they run as one pass over memory with no
+arithmetic at all: a uint8 pixel can take only 256 values, so each channel's 256 outputs are computed once, by the
+plain reference's own float32 operations, and every pixel is written by looking its value up (bit for bit the
+reference). Per sample, OpenCV splits the channels apart (uint8, in cache), moves them by the sample's dihedral
+transform (a transpose, a flip) and writes them through the tables into the output, one thread. The output buffer
+is reused once nothing refers to it (fresh 200 MB of float pages per batch cost more than the work). Nothing in
 this module knows about shards.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
+import cv2
 import numpy as np
 import torch
 
@@ -53,20 +54,24 @@ def dihedral(x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
     return torch.where((code & 4).bool().view(shape), x.flip(-2), x)
 
 
-_BLOCK_BYTES = 3 << 20  # float32 output per block of the CPU path: stays in cache between its passes
 _SPARE = 3  # CPU output buffers kept: the one the training step still holds, the one before, one more
+# the numpy dtype cv2 writes an output element's bits as, by the element's size in bytes
+_BITS = {2: torch.int16, 4: torch.float32, 8: torch.float64}
 
 
-def _transformed(image: np.ndarray, code: int) -> np.ndarray:
-    """The (h, w, 3) ``image`` under the dihedral transform ``code`` (as :func:`dihedral`: bit 0 transposes when
-    square, bit 1 flips width, bit 2 flips height), as a strided view: nothing is copied."""
-    if code & 1 and image.shape[0] == image.shape[1]:
-        image = image.transpose(1, 0, 2)
-    if code & 2:
-        image = image[:, ::-1]
-    if code & 4:
-        image = image[::-1]
-    return image
+def _transform(planes: Sequence[np.ndarray], scratch: np.ndarray, code: int, square: bool) -> Sequence[np.ndarray]:
+    """The uint8 (h, w) or (h, w, 3) ``planes`` under the dihedral transform ``code`` (as :func:`dihedral`: bit 0
+    transposes when square, bit 1 flips width, bit 2 flips height), written into ``scratch`` when moved at all."""
+    flip = {2: 1, 4: 0, 6: -1}.get(code & 6)  # cv2's flip codes: 1 flips width, 0 height, -1 both
+    if not (code & 1 and square) and flip is None:
+        return planes
+    for src, dst in zip(planes, scratch, strict=True):
+        if code & 1 and square:
+            cv2.transpose(src, dst=dst)
+            src = dst
+        if flip is not None:
+            cv2.flip(src, flip, dst=dst)
+    return list(scratch)
 
 
 class GpuCollate:
@@ -74,8 +79,8 @@ class GpuCollate:
 
     uint8 (b, h, w, 3) -> pinned (CUDA) -> ``.to(device, non_blocking=True)`` -> random dihedral transform
     per sample (on uint8, on the device) -> float32 -> /255 -> (x - mean) / std -> ``dtype`` -> NCHW
-    (contiguous, or ``channels_last`` memory format). On a CPU device the same arithmetic runs in one pass over
-    memory, the transform being a strided view (module docstring), and gives exactly what the plain reference
+    (contiguous, or ``channels_last`` memory format). On a CPU device the same result comes from one pass over
+    memory through per-channel tables of the 256 uint8 values (module docstring): exactly what the plain reference
     ``((x.float() / 255) - mean) / std`` computes, bit for bit. Its output then lives in a buffer this collate
     fills again once nothing refers to it any more (no tensor, view or numpy array of it): keep the output, or
     a view of it, as long as it is needed; hand a copy, not the tensor, to another process.
@@ -116,9 +121,10 @@ class GpuCollate:
         self.channels_last = channels_last
         self.mean = torch.tensor(mean, dtype=torch.float32, device=self.device).view(1, 3, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32, device=self.device).view(1, 3, 1, 1)
-        self._mean_np = self.mean.cpu().numpy()  # (1, 3, 1, 1) float32
-        self._std_np = self.std.cpu().numpy()
         self._spare: list[torch.UntypedStorage] = []  # CPU output buffers of earlier batches
+        self._table: tuple[list[np.ndarray], np.ndarray] | None = (
+            None  # CPU path: per channel, the output of each uint8 value
+        )
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed if seed is not None else int(np.random.default_rng().integers(2**63)))
 
@@ -145,26 +151,48 @@ class GpuCollate:
         return x.to(dtype=self.dtype, memory_format=fmt)
 
     def _cpu_images(self, image: torch.Tensor) -> torch.Tensor:
-        """The CPU path: blocks of samples converted, transformed and normalized in one pass over memory, with the
-        same float32 operations as the plain reference (so the same values, bit for bit)."""
+        """The CPU path, one pass over memory: per sample, the channels split apart (uint8, in cache), moved by the
+        sample's dihedral transform, and written through a table of the 256 values each channel can take (computed
+        by the plain reference's own float32 operations and rounded to ``dtype``, so the same values, bit for
+        bit). One OpenCV thread: no pool competing with the loader's workers."""
         b, h, w, _ = image.shape
         codes = self.codes(b).tolist() if self.augment else [0] * b
         out = self._output((b, 3, h, w))  # (b, 3, h, w) self.dtype, in the asked memory format
+        bits = out.view(_BITS[self.dtype.itemsize])  # the same bytes as a dtype numpy and cv2 know
+        dst = (bits.permute(0, 2, 3, 1) if self.channels_last else bits).numpy()  # (b, h, w, 3) / (b, 3, h, w)
         src = image.numpy()  # (b, h, w, 3) uint8, any strides
-        block = max(1, _BLOCK_BYTES // (3 * h * w * 4))  # samples per block
-        direct = self.dtype == torch.float32
-        scratch = out.numpy() if direct else np.empty((block, 3, h, w), dtype=np.float32)
-        for start in range(0, b, block):
-            stop = min(start + block, b)
-            dst = scratch[start:stop] if direct else scratch[: stop - start]  # (n, 3, h, w) float32
-            for j, i in enumerate(range(start, stop)):
-                np.copyto(dst[j], _transformed(src[i], codes[i]).transpose(2, 0, 1), casting="unsafe")
-            np.divide(dst, np.float32(255), out=dst)
-            np.subtract(dst, self._mean_np, out=dst)
-            np.divide(dst, self._std_np, out=dst)
-            if not direct:
-                out[start:stop].copy_(torch.from_numpy(dst))  # rounded to dtype as .to(dtype) rounds
+        one, three = self._tables()
+        if self.channels_last:  # the interleaved pixels through a 3-channel table, straight into the output
+            planes, scratch = np.empty((2, 1, h, w, 3), dtype=np.uint8)
+        else:  # the channels split apart first, each through its own table
+            planes, scratch = np.empty((2, 3, h, w), dtype=np.uint8)
+        threads = cv2.getNumThreads()
+        cv2.setNumThreads(1)
+        try:
+            for i in range(b):
+                pixels = np.ascontiguousarray(src[i])  # (h, w, 3)
+                parts = (pixels,) if self.channels_last else cv2.split(pixels, list(planes))
+                moved = _transform(parts, scratch, codes[i], h == w)
+                if self.channels_last:
+                    cv2.LUT(moved[0], three, dst=dst[i])
+                else:
+                    for c in range(3):
+                        cv2.LUT(moved[c], one[c], dst=dst[i, c])
+        finally:
+            cv2.setNumThreads(threads)
         return out
+
+    def _tables(self) -> tuple[list[np.ndarray], np.ndarray]:
+        """The output bits of each uint8 value, ((v / 255) - mean) / std in float32 as the reference computes it,
+        then rounded to ``dtype`` (in the dtype :data:`_BITS` names): per channel a (256, 1) table, and the three
+        together as one (256, 1, 3) table for interleaved pixels."""
+        if self._table is None:
+            v = torch.arange(256, dtype=torch.uint8).view(1, 1, 1, 256).expand(1, 3, 1, 256).float()
+            x = ((v / 255) - self.mean.cpu()) / self.std.cpu()  # (1, 3, 1, 256) float32
+            bits = x.to(self.dtype).view(_BITS[self.dtype.itemsize]).numpy()[0, :, 0]  # (3, 256)
+            one = [np.ascontiguousarray(bits[c].reshape(256, 1)) for c in range(3)]
+            self._table = (one, np.ascontiguousarray(bits.T.reshape(256, 1, 3)))
+        return self._table
 
     def _output(self, shape: tuple[int, int, int, int]) -> torch.Tensor:
         """A ``shape`` tensor of ``dtype`` in the asked memory format, in a buffer of an earlier batch that nothing
