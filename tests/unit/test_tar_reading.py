@@ -104,3 +104,24 @@ def test_the_header_byte_sum_is_sums(n: int) -> None:
     rng = np.random.default_rng(n)
     for block in [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for _ in range(50)] + [b"\xff" * n, bytes(n)]:
         assert _byte_sum(block) == sum(block)
+
+
+def test_a_checksum_off_by_the_adler_modulus_is_refused() -> None:
+    """The fast check compares the byte sum mod 65521 (zlib.adler32), exact only where 256+ bytes are zero: a header
+    of mostly 0xff bytes whose stored checksum is its sum minus 65521 must still fail, one with its sum pass."""
+    info = tarfile.TarInfo("k" * 60 + ".jpg")
+    info.size = 3
+    blob = bytearray(info.tobuf(tarfile.USTAR_FORMAT) + b"abc".ljust(512, b"\0") + bytes(1024))
+    for start, stop in ((100, 124), (136, 148), (157, 257), (263, 345), (500, 512)):  # fields a reader ignores
+        blob[start:stop] = b"\xff" * (stop - start)
+    header = blob[:512]
+    header[148:156] = b" " * 8
+    total = sum(header)
+    assert total > 65521 and header.count(0) < 256
+    for stored, ok in ((total - 65521, False), (total, True)):
+        blob[148:156] = b"%06o\0 " % stored
+        if ok:
+            assert list(tar_members(io.BytesIO(bytes(blob)), lambda _: True)) == [(info.name, b"abc")]
+        else:
+            with pytest.raises(ValueError, match="checksum"):
+                list(tar_members(io.BytesIO(bytes(blob)), lambda _: True))

@@ -20,8 +20,8 @@ from typing import IO, Generic, Literal, TypedDict, TypeVar
 import numpy as np
 
 from wsishard.errors import ShardError
-from wsishard.format import IMAGE_FORMATS, LABEL_EXT, META_EXT, is_sample_key, is_sample_member
-from wsishard.shards.reader import group_members, tar_members
+from wsishard.format import IMAGE_FORMATS, LABEL_EXT, META_EXT, SAMPLE_EXTS, is_sample_key
+from wsishard.shards.reader import TarSamples
 from wsishard.storage.secrets import redact
 from wsishard.streaming.partition import Slice, resample_order
 
@@ -197,9 +197,9 @@ def read_shard(task: ShardRef, opener: Opener, on_error: ErrorMode = "raise") ->
         stream = opener(task.url)
     except (OSError, ValueError) as exc:
         raise ShardError(name, f"cannot be opened ({type(exc).__name__}: {exc})") from exc
-    keep = _Keep(task.phase, task.step)
+    keep = TarSamples(stream, SAMPLE_EXTS, task.phase, task.step)
     try:
-        for key, members in group_members(tar_members(stream, keep)):
+        for key, members in keep:
             if is_sample_key(key):
                 yield _raw_sample(name, key, members)
                 continue
@@ -216,26 +216,6 @@ def read_shard(task: ShardRef, opener: Opener, on_error: ErrorMode = "raise") ->
         stream.close()
     if keep.seen != task.samples:
         raise ShardError(name, f"holds {keep.seen} samples, the manifest says {task.samples}")
-
-
-class _Keep:
-    """The member filter of :func:`read_shard`: the members of the samples a reader keeps (others are read past,
-    never copied), counting every sample of the shard on the way."""
-
-    def __init__(self, phase: int, step: int) -> None:
-        self.phase, self.step = phase, step
-        self.seen = 0  # samples met so far, kept or not
-        self._key: str | None = None
-        self._keeps = False
-
-    def __call__(self, name: str) -> bool:
-        if not is_sample_member(name):
-            return False
-        key = name[: name.find(".", name.rfind("/") + 1)]
-        if key != self._key:
-            self._key, self.seen = key, self.seen + 1
-            self._keeps = (self.seen - 1) % self.step == self.phase
-        return self._keeps
 
 
 def _raw_sample(shard: str, key: str, members: dict[str, bytes]) -> RawSample:
