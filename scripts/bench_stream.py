@@ -11,7 +11,9 @@ Synthetic 40x slides (0.25 mpp) are generated and built into shards of 256 px pa
 cached in ``--workdir``. Loader figures come in two kinds, side by side: the loader alone (uint8 batches as the
 DataLoader hands them over) and device-ready (after :class:`~wsishard.collate.GpuCollate` returns the normalized
 float NCHW tensor; on a CPU-only machine that collate runs in the main process, on the cores the workers use).
-Throughput counts a fixed number of batches after one warm-up batch per worker.
+Throughput counts a fixed number of batches after one warm-up batch per worker, and at least two (on a CPU the
+collate's first two calls make its two output buffers: 200 MB of fresh pages each, 0.02-0.6 s here, however the
+kernel finds huge pages).
 
 The decode floor (``streambench_floor.py``) decodes the same JPEG bytes in DataLoader workers started as the
 loader's are, with 1 and with 2 workers decoding at once: PIL, and libjpeg-turbo through imagecodecs straight into
@@ -157,8 +159,9 @@ def time_wsishard(source: str, workers: int, batches: int, *, to_device: bool = 
     collate_s, procs, cpu0, main0 = 0.0, [], 0.0, 0.0
     t0 = time.perf_counter()
     it = iter(dl)
-    for i in range(workers + batches):
-        if i == workers:  # warm-up done: one batch per worker
+    warm = max(workers, 2)  # one batch per worker, and at least two: the collate makes its two output buffers
+    for i in range(warm + batches):
+        if i == warm:  # warm-up done
             procs = psutil.Process().children()
             t_start, cpu0, main0 = time.perf_counter(), _cpu_s(procs), time.process_time()
         batch = next(it)
@@ -171,7 +174,7 @@ def time_wsishard(source: str, workers: int, batches: int, *, to_device: bool = 
                 raise SystemExit(f"unexpected device batch {tuple(out['image'].shape)}")
         if i == 0:
             first_s, first_loader_s = time.perf_counter() - t0, tc - t0
-        elif i >= workers:
+        elif i >= warm:
             collate_s += time.perf_counter() - tc
         distinct.append(len({m["slide_id"] for m in batch["meta"]}))
     wall, cpu, main_cpu = time.perf_counter() - t_start, _cpu_s(procs) - cpu0, time.process_time() - main0
@@ -238,6 +241,26 @@ def time_wsistream(slides: list[str], workers: int, batches: int) -> dict[str, A
     rate = batches * WS_BATCH / wall
     return {"installed": True, "version": ws.__version__, "workers": workers, "samples_per_s": rate,
             "first_batch_s": first_s, "mpp_mean": mpp}  # fmt: skip
+
+
+def time_collate(repeats: int = 5) -> dict[str, Any]:
+    """GpuCollate alone on a uint8 batch of BATCH x PATCH_PX^2 in this process (best of ``repeats``): as the table's
+    device-ready figures run it (defaults) and with augmentation (as the examples train)."""
+    from wsishard.streaming.collate import GpuCollate
+
+    rng = np.random.default_rng(0)
+    image = torch.from_numpy(rng.integers(0, 256, (BATCH, PATCH_PX, PATCH_PX, 3), dtype=np.uint8))
+    out: dict[str, Any] = {}
+    for name, augment in (("plain_ms", False), ("augment_ms", True)):
+        collate, best = GpuCollate(DEVICE, mean=MEAN, std=STD, augment=augment, seed=0), float("inf")
+        for _ in range(repeats + 1):  # the first makes the output buffer
+            t0 = time.perf_counter()
+            collate.images(image)
+            if DEVICE.type == "cuda":
+                torch.cuda.synchronize(DEVICE)
+            best = min(best, time.perf_counter() - t0)
+        out[name] = 1000 * best
+    return out
 
 
 @contextlib.contextmanager
@@ -327,6 +350,9 @@ def _floor_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return [(f"decode floor: libjpeg-turbo {turbo} via imagecodecs (the loader's decode) into one slot",
              f"{f1['turbo']['samples_per_s']:,.0f}/s 1 worker; {f2['turbo']['samples_per_s']:,.0f}/s per worker of 2",
              "", "target's"),
+            ("  the same into successive slots of the loader's batch memory (shared, 4 KiB pages)",
+             f"{f1['turbo_batch']['samples_per_s']:,.0f}/s 1 worker; {f2['turbo_batch']['samples_per_s']:,.0f}/s per "
+             "worker of 2", "", ""),
             (f"decode floor: PIL {r['versions']['pillow']} (libjpeg-turbo {pil}), Image.open().convert('RGB')",
              f"{f1['pil']['samples_per_s']:,.0f}/s 1 worker; {f2['pil']['samples_per_s']:,.0f}/s per worker of 2",
              "", "")]  # fmt: skip
@@ -351,7 +377,9 @@ def _loader_rows(r: dict[str, Any], w: int) -> list[tuple[str, str, str, str]]:
             (f"  per worker / {name} floor ({w} worker(s) decoding)", f"{ldr['per_worker']:,.0f}/s = {y:.2f}x",
              f">= {pf}x", _v(y >= pf)),
             ("  per worker CPU-s / the floor's CPU-s", f"{ldr['cpu_per_worker']:,.0f}/CPU-s = {z:.2f}x", "", ""),
-            ("  per worker / PIL floor", f"{ldr['per_worker'] / pil['samples_per_s']:.2f}x", "", ""),
+            ("  per worker / the floor into batch memory; / PIL floor",
+             f"{ldr['per_worker'] / r[f'floor{w}']['turbo_batch']['samples_per_s']:.2f}x; "
+             f"{ldr['per_worker'] / pil['samples_per_s']:.2f}x", "", ""),
             (f"  device-ready on {DEVICE.type} (GpuCollate in the main process) / loader alone",
              f"{dev['samples_per_s']:,.0f}/s = {d:.2f}x", f">= {pd}x", _v(d >= pd)),
             ("  collate per batch; main process CPU per batch", f"{dev['collate_ms_per_batch']:,.0f} ms; "
@@ -368,7 +396,9 @@ def _stage_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     parts.append(f"hand-off {handoff:.0f}")
     _, fl = _floor(r, 1)
     return [("a worker's CPU per sample by stage, us (1 worker)", ", ".join(parts), "", ""),
-            ("  the floor's decode alone, us", f"{1e6 / fl['cpu_samples_per_s']:.0f}", "", "")]  # fmt: skip
+            ("  the floor's decode alone, us", f"{1e6 / fl['cpu_samples_per_s']:.0f}", "", ""),
+            (f"GpuCollate alone on {DEVICE.type}, a batch of {BATCH}: defaults; augment=True",
+             f"{r['collate']['plain_ms']:.1f} ms; {r['collate']['augment_ms']:.1f} ms", "", "")]  # fmt: skip
 
 
 def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -453,6 +483,7 @@ def measure(mode: Mode, slides: list[str], shards_dir: Path) -> dict[str, Any]:
     r["w1_loader"] = _step("wsishard, 1 worker, loader alone", time_wsishard, local, 1, n, to_device=False)
     r["w1"] = _step("wsishard, 1 worker, device-ready", time_wsishard, local, 1, n)
     r["stages"] = _step("a worker's stages", stage_costs, local, BATCH)
+    r["collate"] = _step("GpuCollate alone", time_collate)
     r["floor2"] = _step("decode floor, 2 workers", decode_floor, local, 2, mode.floor_samples)
     s3_error = ""
     with contextlib.ExitStack() as stack:

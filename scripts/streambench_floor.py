@@ -8,8 +8,10 @@ fault in fresh pages), on the same bytes the loader decodes (the build's own sha
 once (the loader's conditions with that many workers): with PIL (``Image.open(...).convert("RGB")`` as a numpy
 array) and with libjpeg-turbo through imagecodecs straight into one reused ``(h, w, 3)`` slot in huge-page memory
 (the loader's own decode call, nothing else, into the fastest memory it has: huge pages, rows 16 bytes past a 32-byte
-boundary as the loader's, see :func:`huge_page_slot`), alternating in rounds so that both see the same machine.
-Each decoder's libjpeg-turbo version is reported.
+boundary as the loader's, see :func:`huge_page_slot`), alternating in rounds so that all see the same machine; and
+the same libjpeg-turbo call into successive slots of the loader's own batch memory (:class:`_BatchSlots`: shared
+memory with 4 KiB pages, a batch never in cache), which any loader that hands over batches has to write. Each
+decoder's libjpeg-turbo version is reported.
 
 :func:`stage_costs` runs a worker's pipeline over the build cut after each stage, CPU time per sample: reading the
 tar members into samples, + the shuffle buffer, + the ``.json``/label, + the decode into a reused slot (header
@@ -75,7 +77,12 @@ class _FloorProbe(torch.utils.data.IterableDataset[dict[str, Any]]):
         def turbo(data: bytes) -> None:
             imagecodecs.jpeg8_decode(data, out=slot)
 
-        decoders: dict[str, Callable[[bytes], None]] = {"pil": pil, "turbo": turbo}
+        into_batches = _BatchSlots((*slot.shape[:2], 3))
+
+        def turbo_batch(data: bytes) -> None:
+            imagecodecs.jpeg8_decode(data, out=into_batches.next())
+
+        decoders: dict[str, Callable[[bytes], None]] = {"pil": pil, "turbo": turbo, "turbo_batch": turbo_batch}
         per_round = max(self.n // ROUNDS, 1)
         for fn in decoders.values():
             for data in blobs[:50]:  # warm-up
@@ -94,6 +101,30 @@ class _FloorProbe(torch.utils.data.IterableDataset[dict[str, Any]]):
         yield {name: {"samples_per_s": done / wall[name], "cpu_samples_per_s": done / cpu[name]} for name in decoders}
 
 
+class _BatchSlots:
+    """Successive slots of batches in the loader's own batch memory: a worker's ring of shared-memory buffers
+    (:class:`~wsishard.streaming.ring.BatchBuffers`, 4 KiB pages, made and faulted in before the first batch), three
+    in turn as under a loader whose main process holds one batch while two are prefetched."""
+
+    def __init__(self, hw_c: tuple[int, int, int], batch: int = 256) -> None:
+        from wsishard.streaming.ring import BatchBuffers, Lending
+
+        self.ring = BatchBuffers((batch, *hw_c), shared=True, lending=Lending(prefill=3))
+        self.held: list[Any] = []  # tickets of the buffers "the main process" holds, oldest first
+        self.batch, self.slots, self.i = batch, np.empty((0, *hw_c), dtype=np.uint8), batch
+
+    def next(self) -> np.ndarray:
+        if self.i == self.batch:
+            image, ticket = self.ring.take()
+            self.held.append(ticket)
+            if len(self.held) > 2:
+                old = self.held.pop(0)
+                old.flags[old.slot] = 0  # handed back, as the main process does once a batch is let go
+            self.slots, self.i = image.numpy(), 0
+        self.i += 1
+        return self.slots[self.i - 1]
+
+
 def decode_floor(shards_dir: str, workers: int, n: int) -> dict[str, Any]:
     """Per-worker decode rates with ``workers`` decoding at once: mean over workers, for PIL and libjpeg-turbo."""
     import imagecodecs
@@ -102,10 +133,10 @@ def decode_floor(shards_dir: str, workers: int, n: int) -> dict[str, Any]:
     dl = torch.utils.data.DataLoader(_FloorProbe(shards_dir, n), batch_size=None, num_workers=workers)
     results = list(dl)
     out: dict[str, Any] = {"workers": workers, "decodes_per_worker": n}
-    for name in ("pil", "turbo"):
+    for name in ("pil", "turbo", "turbo_batch"):
         out[name] = {key: float(np.mean([r[name][key] for r in results])) for key in results[0][name]}
     out["pil"]["libjpeg_turbo"] = features.version("libjpeg_turbo") or "not libjpeg-turbo"
-    out["turbo"]["libjpeg_turbo"] = imagecodecs.jpeg8_version()
+    out["turbo"]["libjpeg_turbo"] = out["turbo_batch"]["libjpeg_turbo"] = imagecodecs.jpeg8_version()
     return out
 
 
