@@ -83,3 +83,34 @@ def test_a_collate_fn_of_the_users_gets_the_image_tensor(tmp_path: Path) -> None
         assert batch["seen"] == 2
         if step == 20:
             break
+
+
+def test_a_loader_iterator_never_advanced_leaves_the_dataset_as_it_was(tmp_path: Path) -> None:
+    """The by-reference flag the loader sets for its workers is taken off once they have started, not at the first
+    batch: a plain DataLoader over the same stream later gets batches that carry their images."""
+    from torch.utils.data import DataLoader
+
+    from wsishard.streaming.ring import Lending
+
+    png = sm.make_output(str(tmp_path / "png"), (9, 7, 8, 6), image_format="png")
+    ds = stream(png.root, batch_size=2, resampled=True, seed=0, shuffle=4)
+    dl = loader(ds, num_workers=2)
+    started = iter(dl)  # workers started, nothing asked of them
+    assert ds.lending == Lending()
+    plain = next(iter(DataLoader(ds, batch_size=None, num_workers=2, collate_fn=lambda b: b)))
+    _check({"key": plain["key"], "image": plain["image"]}, png)  # an image of its own, not a reference
+    batch = next(started)  # the loader's own workers still lend by reference
+    _check(batch, png)
+    del started
+
+
+def test_a_repeated_loader_gives_whole_batches_in_every_pass(tmp_path: Path) -> None:
+    png = sm.make_output(str(tmp_path / "png"), (9, 7, 8, 6), image_format="png")
+    dl = loader(stream(png.root, batch_size=2, resampled=False, seed=0, shuffle=4), num_workers=2)
+    one_pass = len(list(dl))
+    repeated = dl.repeat(2)
+    batches = 0
+    for batch in repeated:  # a later pass's workers send their batches by tensor
+        _check(batch, png)
+        batches += 1
+    assert batches == 2 * one_pass > 0

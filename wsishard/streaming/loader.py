@@ -79,26 +79,27 @@ class ShardLoader(wds.WebLoader):
         at_resume = resumed is not None and resumed.epoch == self._epoch
         self._taken = list(resumed.batches) if at_resume else [0] * max(self.num_workers, 1)  # type: ignore[union-attr]
         self._last = resumed.last if at_resume else None  # type: ignore[union-attr]
-        self.dataset.lending = self._lending  # for the workers about to start; reset once they have
-        return self._count(_raise_handed_over(super().__iter__()))
+        self.dataset.lending = self._lending  # for the workers DataLoader starts (or forks) in its iterator's making
+        try:  # iterator1() makes that iterator at once (webdataset's __iter__ would only once the first batch is
+            # asked for); under .repeat() each later pass makes its own, whose workers then send batches by tensor
+            batches = self.iterator1() if self.repetitions == 1 else super().__iter__()
+        finally:
+            self.dataset.lending = Lending()  # they have their copy: the dataset is as it was again
+        return self._count(_raise_handed_over(batches))
 
     def _count(self, batches: Iterator[Batch]) -> Iterator[Batch]:
         returns = Returns()  # the workers' buffers lent with the batches, handed back once unused
-        try:
-            for batch in batches:
-                self.dataset.lending = Lending()  # the workers have started: the dataset is as it was again
-                worker = int(batch.pop("worker", 0))  # type: ignore[typeddict-item]
-                ticket = batch.pop("buffer", None)  # type: ignore[typeddict-item]
-                image = None if ticket is None else returns.add(ticket)
-                if image is not None:  # a batch by reference: its image in the buffer, its labels (b,) as sent
-                    batch["image"], batch["label"] = image, torch.from_numpy(batch["label"])
-                self._taken[worker] += 1
-                self._last = worker
-                yield batch
-                del batch, ticket, image
-                returns.sweep()  # the loop has asked for the next batch: what it let go of goes back
-        finally:
-            self.dataset.lending = Lending()
+        for batch in batches:
+            worker = int(batch.pop("worker", 0))  # type: ignore[typeddict-item]
+            ticket = batch.pop("buffer", None)  # type: ignore[typeddict-item]
+            image = None if ticket is None else returns.add(ticket)
+            if image is not None:  # a batch by reference: its image in the buffer, its labels (b,) as sent
+                batch["image"], batch["label"] = image, torch.from_numpy(batch["label"])
+            self._taken[worker] += 1
+            self._last = worker
+            yield batch
+            del batch, ticket, image
+            returns.sweep()  # the loop has asked for the next batch: what it let go of goes back
 
     def state_dict(self) -> dict[str, Any]:
         """Where the training loop stands: plain JSON-able data to save with a checkpoint (never pickled)."""
