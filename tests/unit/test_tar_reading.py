@@ -125,3 +125,11 @@ def test_a_checksum_off_by_the_adler_modulus_is_refused() -> None:
         else:
             with pytest.raises(ValueError, match="checksum"):
                 list(tar_members(io.BytesIO(bytes(blob)), lambda _: True))
+
+
+def test_a_header_without_name_or_checksum_that_is_not_all_zero_fails_its_checksum() -> None:
+    blob = bytearray(1536)
+    blob[156:157] = b"0"  # a type flag, nothing else: not the end of the archive, not a valid header either
+    with pytest.raises(ValueError, match="checksum"):
+        list(tar_members(io.BytesIO(bytes(blob)), lambda _: True))
+    assert list(tar_members(io.BytesIO(bytes(1536)), lambda _: True)) == []  # zero blocks: an empty archive

@@ -91,7 +91,7 @@ def _files(src: _Chunks) -> Iterator[tuple[str, int, int]]:
                 raise EOFError(f"tar header cut short at byte {at}")
             return
         name, size, kind = _header(src.buf, pos, at)
-        if not name and kind == b"\0" and src.buf[pos : pos + _BLOCK] == _ZERO_BLOCK:
+        if not kind:  # a zero block
             return
         end = at + _BLOCK + size + (-size % _BLOCK)  # the next header
         if kind in _EXTENSIONS:
@@ -163,11 +163,10 @@ _NO_NAME = b"\0" * 100
 
 def _header(buf: bytearray, pos: int, at: int) -> tuple[str, int, bytes]:
     """``(name, size, type flag)`` of the USTAR/GNU/v7 header block at ``buf[pos:pos + 512]`` (byte ``at`` of the
-    file). A block with no name and no checksum gives ``("", 0, b"\0")``: the caller looks whether all of it is
-    zero (the end of the archive)."""
+    file); ``("", 0, b"")`` for a zero block (the end of the archive)."""
     name, size, stored, kind, magic, prefix = _FIELDS.unpack_from(buf, pos)
-    if name == _NO_NAME and not any(stored):
-        return "", 0, b"\0"
+    if name == _NO_NAME and not any(stored) and buf[pos : pos + _BLOCK] == _ZERO_BLOCK:
+        return "", 0, b""  # the end of the archive (anything else without a checksum fails it below)
     block = buf[pos : pos + _BLOCK]
     checksum, spaces = _number(stored), 8 * 32 - sum(stored)  # the checksum field counts as 8 spaces
     # the fast way: the byte sum mod 65521 from zlib.adler32 is the sum itself where 256 or more bytes are zero

@@ -122,9 +122,8 @@ class GpuCollate:
         self.mean = torch.tensor(mean, dtype=torch.float32, device=self.device).view(1, 3, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32, device=self.device).view(1, 3, 1, 1)
         self._spare: list[torch.UntypedStorage] = []  # CPU output buffers of earlier batches
-        self._table: tuple[list[np.ndarray], np.ndarray] | None = (
-            None  # CPU path: per channel, the output of each uint8 value
-        )
+        # the CPU path's tables: per channel, the output of each uint8 value (see _tables)
+        self._table: tuple[list[np.ndarray], np.ndarray] | None = None
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed if seed is not None else int(np.random.default_rng().integers(2**63)))
 
