@@ -104,13 +104,21 @@ def test_a_loader_iterator_never_advanced_leaves_the_dataset_as_it_was(tmp_path:
     del started
 
 
-def test_a_repeated_loader_gives_whole_batches_in_every_pass(tmp_path: Path) -> None:
-    png = sm.make_output(str(tmp_path / "png"), (9, 7, 8, 6), image_format="png")
+def test_a_repeated_loader_gives_whole_batches_in_every_pass(tmp_path: Path, monkeypatch: Any) -> None:
+    """The first pass's workers lend their buffers by reference (few file descriptors come over however many
+    batches); a later pass's fresh workers send each batch's image with it."""
+    received: list[int] = []
+    detach = resource_sharer.DupFd.detach
+    monkeypatch.setattr(resource_sharer.DupFd, "detach", lambda self: received.append(1) or detach(self))
+    png = sm.make_output(str(tmp_path / "png"), (9, 7, 8, 6, 9, 7, 8, 6), image_format="png")
     dl = loader(stream(png.root, batch_size=2, resampled=False, seed=0, shuffle=4), num_workers=2)
     one_pass = len(list(dl))
-    repeated = dl.repeat(2)
-    batches = 0
-    for batch in repeated:  # a later pass's workers send their batches by tensor
+    received.clear()
+    batches, after_first = 0, 0
+    for batch in dl.repeat(2):
         _check(batch, png)
         batches += 1
-    assert batches == 2 * one_pass > 0
+        if batches == one_pass:
+            after_first = len(received)
+    assert batches == 2 * one_pass > 2 * (RING_SLOTS + 1)
+    assert after_first <= 2 * (RING_SLOTS + 1) < len(received) - after_first  # by reference, then by tensor

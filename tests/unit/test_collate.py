@@ -184,3 +184,21 @@ def test_the_cpu_path_leaves_opencv_threads_as_it_found_them() -> None:
         assert cv2.getNumThreads() == 2
     finally:
         cv2.setNumThreads(before)
+
+
+def test_one_byte_float_output_is_the_rounded_reference() -> None:
+    image = _batch()["image"]
+    out = GpuCollate("cpu", mean=MEAN, std=STD, dtype=torch.float8_e4m3fn).images(image)
+    assert out.dtype == torch.float8_e4m3fn
+    assert torch.equal(out.view(torch.uint8), _reference(image).to(torch.float8_e4m3fn).view(torch.uint8))
+
+
+def test_a_collate_whose_dtype_or_mean_changes_writes_the_new_values() -> None:
+    image = _batch()["image"]
+    collate = GpuCollate("cpu", mean=MEAN, std=STD)
+    collate.images(image)  # tables made for float32 and MEAN
+    collate.dtype = torch.float16
+    assert torch.equal(collate.images(image), _reference(image).to(torch.float16))
+    collate.dtype, collate.mean = torch.float32, torch.zeros(1, 3, 1, 1)
+    expected = image.permute(0, 3, 1, 2).float() / 255 / torch.tensor(STD).view(1, 3, 1, 1)
+    assert torch.equal(collate.images(image), expected)

@@ -133,3 +133,32 @@ def test_a_header_without_name_or_checksum_that_is_not_all_zero_fails_its_checks
     with pytest.raises(ValueError, match="checksum"):
         list(tar_members(io.BytesIO(bytes(blob)), lambda _: True))
     assert list(tar_members(io.BytesIO(bytes(1536)), lambda _: True)) == []  # zero blocks: an empty archive
+
+
+def _header_with(name: str, size_field: bytes, kind: bytes = b"0") -> bytes:
+    header = bytearray(tarfile.TarInfo(name).tobuf(tarfile.USTAR_FORMAT))
+    header[124:136], header[156:157], header[148:156] = size_field.ljust(12, b"\0"), kind, b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("size", [b"-1000", b"-3000", b"+17", b"1_0", b"0o17"])
+def test_a_size_that_is_not_octal_digits_is_refused_not_read_backwards(size: bytes) -> None:
+    """int(b"-1000", 8) is -512: taking it moved the reader back onto the same header, for ever (found in review)."""
+    blob = _header_with("k_x1_y1.jpg", size) + bytes(2048)
+    with pytest.raises(ValueError, match="not octal"):
+        list(tar_members(io.BytesIO(blob), lambda _: True))
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    ("record", "bad"),
+    [(b"0 path=x\n", "bad length"), (b"-3 path=x\n", "bad length"), (b"99 path=x\n", "bad length"),
+     (b"14 size=-1536\n", "not a size")],
+)  # fmt: skip
+def test_a_pax_record_that_cannot_advance_or_a_negative_pax_size_is_refused(record: bytes, bad: str) -> None:
+    pax = _header_with("PaxHeader", b"%o" % len(record), b"x") + record.ljust(512, b"\0")
+    blob = pax + _header_with("k_x1_y1.jpg", b"1") + b"1".ljust(512, b"\0") + bytes(1024)
+    with pytest.raises(ValueError, match=bad):
+        list(tar_members(io.BytesIO(blob), lambda _: True))

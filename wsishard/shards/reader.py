@@ -101,7 +101,7 @@ def _files(src: _Chunks) -> Iterator[tuple[str, int, int]]:
             elif kind == b"x":
                 records = _pax_records(data)
                 long_name = records.get("path", long_name)
-                long_size = int(records["size"]) if "size" in records else long_size
+                long_size = _pax_size(records["size"]) if "size" in records else long_size
         else:
             name, size = long_name or name, size if long_size is None else long_size
             end = at + _BLOCK + size + (-size % _BLOCK)
@@ -200,7 +200,16 @@ def _number(field: bytes) -> int:
     if field[0] == 0x80:
         return int.from_bytes(field[1:], "big")
     digits = field.split(b"\0", 1)[0].strip()
+    if digits and not digits.isdigit():  # int() would take a sign, "_" or "0o": a negative size reads backwards
+        raise ValueError(f"tar header number {bytes(field)!r} is not octal")
     return int(digits, 8) if digits else 0
+
+
+def _pax_size(value: str) -> int:
+    """A pax ``size`` record: decimal digits only (a negative size would read backwards)."""
+    if not (value.isascii() and value.isdigit()):
+        raise ValueError(f"pax size {value[:40]!r} is not a size")
+    return int(value)
 
 
 def _pax_records(data: bytes) -> dict[str, str]:
@@ -208,7 +217,10 @@ def _pax_records(data: bytes) -> dict[str, str]:
     records, pos = {}, 0
     while pos < len(data):
         space = data.index(b" ", pos)
-        end = pos + int(data[pos:space])
+        length = data[pos:space]
+        end = pos + int(length) if length.isdigit() else 0
+        if end <= space or end > len(data):  # a record must hold its own length: none reads 0 bytes for ever
+            raise ValueError(f"pax record {bytes(data[pos : pos + 40])!r} has a bad length")
         key, _, value = data[space + 1 : end - 1].partition(b"=")
         records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
         pos = end

@@ -56,7 +56,7 @@ def dihedral(x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
 
 _SPARE = 3  # CPU output buffers kept: the one the training step still holds, the one before, one more
 # the numpy dtype cv2 writes an output element's bits as, by the element's size in bytes
-_BITS = {2: torch.int16, 4: torch.float32, 8: torch.float64}
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.float32, 8: torch.float64}
 
 
 def _transform(planes: Sequence[np.ndarray], scratch: np.ndarray, code: int, square: bool) -> Sequence[np.ndarray]:
@@ -72,6 +72,13 @@ def _transform(planes: Sequence[np.ndarray], scratch: np.ndarray, code: int, squ
         if flip is not None:
             cv2.flip(src, flip, dst=dst)
     return list(scratch)
+
+
+def _look_up(src: np.ndarray, table: np.ndarray, dst: np.ndarray) -> None:
+    """``dst[...] = table[src]`` by ``cv2.LUT``, which would hand back a new array instead where ``dst`` does not
+    fit (type, shape, layout): that would leave the output unwritten, so it raises instead."""
+    if cv2.LUT(src, table, dst=dst) is not dst:
+        raise RuntimeError(f"cv2.LUT did not write into the {dst.dtype} {dst.shape} output")
 
 
 class GpuCollate:
@@ -123,7 +130,7 @@ class GpuCollate:
         self.std = torch.tensor(std, dtype=torch.float32, device=self.device).view(1, 3, 1, 1)
         self._spare: list[torch.UntypedStorage] = []  # CPU output buffers of earlier batches
         # the CPU path's tables: per channel, the output of each uint8 value (see _tables)
-        self._table: tuple[list[np.ndarray], np.ndarray] | None = None
+        self._table: tuple[tuple[Any, ...], list[np.ndarray], np.ndarray] | None = None
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed if seed is not None else int(np.random.default_rng().integers(2**63)))
 
@@ -173,10 +180,10 @@ class GpuCollate:
                 parts = (pixels,) if self.channels_last else cv2.split(pixels, list(planes))
                 moved = _transform(parts, scratch, codes[i], h == w)
                 if self.channels_last:
-                    cv2.LUT(moved[0], three, dst=dst[i])
+                    _look_up(moved[0], three, dst[i])
                 else:
                     for c in range(3):
-                        cv2.LUT(moved[c], one[c], dst=dst[i, c])
+                        _look_up(moved[c], one[c], dst[i, c])
         finally:
             cv2.setNumThreads(threads)
         return out
@@ -185,13 +192,14 @@ class GpuCollate:
         """The output bits of each uint8 value, ((v / 255) - mean) / std in float32 as the reference computes it,
         then rounded to ``dtype`` (in the dtype :data:`_BITS` names): per channel a (256, 1) table, and the three
         together as one (256, 1, 3) table for interleaved pixels."""
-        if self._table is None:
+        made_for = (self.dtype, *self.mean.flatten().tolist(), *self.std.flatten().tolist())
+        if self._table is None or self._table[0] != made_for:  # made again if dtype, mean or std were changed
             v = torch.arange(256, dtype=torch.uint8).view(1, 1, 1, 256).expand(1, 3, 1, 256).float()
             x = ((v / 255) - self.mean.cpu()) / self.std.cpu()  # (1, 3, 1, 256) float32
             bits = x.to(self.dtype).view(_BITS[self.dtype.itemsize]).numpy()[0, :, 0]  # (3, 256)
             one = [np.ascontiguousarray(bits[c].reshape(256, 1)) for c in range(3)]
-            self._table = (one, np.ascontiguousarray(bits.T.reshape(256, 1, 3)))
-        return self._table
+            self._table = (made_for, one, np.ascontiguousarray(bits.T.reshape(256, 1, 3)))
+        return self._table[1], self._table[2]
 
     def _output(self, shape: tuple[int, int, int, int]) -> torch.Tensor:
         """A ``shape`` tensor of ``dtype`` in the asked memory format, in a buffer of an earlier batch that nothing

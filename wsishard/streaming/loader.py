@@ -5,6 +5,7 @@ back as :class:`~wsishard.errors.ShardError`, and the position saved and restore
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import islice
 from typing import Any
 
 import torch
@@ -80,12 +81,25 @@ class ShardLoader(wds.WebLoader):
         self._taken = list(resumed.batches) if at_resume else [0] * max(self.num_workers, 1)  # type: ignore[union-attr]
         self._last = resumed.last if at_resume else None  # type: ignore[union-attr]
         self.dataset.lending = self._lending  # for the workers DataLoader starts (or forks) in its iterator's making
-        try:  # iterator1() makes that iterator at once (webdataset's __iter__ would only once the first batch is
-            # asked for); under .repeat() each later pass makes its own, whose workers then send batches by tensor
-            batches = self.iterator1() if self.repetitions == 1 else super().__iter__()
+        try:  # iterator1() makes that iterator at once (webdataset's __iter__ would only once a batch is asked for)
+            first = self.iterator1()
         finally:
             self.dataset.lending = Lending()  # they have their copy: the dataset is as it was again
+        batches = self._passes(first)
+        if self.repetitions != 1 and self.nsamples > 0:  # as webdataset's DataPipeline.__iter__
+            batches = islice(batches, self.nsamples)
         return self._count(_raise_handed_over(batches))
+
+    def _passes(self, first: Iterator[Any]) -> Iterator[Any]:
+        """webdataset's ``DataPipeline.iterator``, its first pass made already: ``.repeat()`` passes, the later
+        ones made as they come (non-persistent workers of a later pass then send batches by tensor)."""
+        for k in range(self.repetitions):
+            count = 0
+            for batch in first if k == 0 else self.iterator1():
+                yield batch
+                count += 1
+            if count == 0:  # an empty pass: the dataset is empty, do not go on
+                break
 
     def _count(self, batches: Iterator[Batch]) -> Iterator[Batch]:
         returns = Returns()  # the workers' buffers lent with the batches, handed back once unused
