@@ -379,8 +379,9 @@ def _loader_rows(r: dict[str, Any], w: int) -> list[tuple[str, str, str, str]]:
     dev, ldr = r[f"w{w}"], r[f"w{w}_loader"]
     name, _ = _floor(r, w)
     rounds = r["rounds"]
-    y = [rd[f"w{w}_loader"]["per_worker"] / _floor(rd, w)[1]["samples_per_s"] for rd in rounds]
-    z = [rd[f"w{w}_loader"]["cpu_per_worker"] / _floor(rd, w)[1]["cpu_samples_per_s"] for rd in rounds]
+    floors = [_floor(rd, w)[1] for rd in rounds]
+    y = [rd[f"w{w}_loader"]["per_worker"] / fl["samples_per_s"] for rd, fl in zip(rounds, floors, strict=True)]
+    z = [rd[f"w{w}_loader"]["cpu_per_worker"] / fl["cpu_samples_per_s"] for rd, fl in zip(rounds, floors, strict=True)]
     batch = [rd[f"w{w}_loader"]["per_worker"] / rd[f"floor{w}"]["turbo_batch"]["samples_per_s"] for rd in rounds]
     pil = [rd[f"w{w}_loader"]["per_worker"] / rd[f"floor{w}"]["pil"]["samples_per_s"] for rd in rounds]
     d = [rd[f"w{w}"]["samples_per_s"] / rd[f"w{w}_loader"]["samples_per_s"] for rd in rounds]

@@ -93,7 +93,6 @@ def _files(src: _Chunks) -> Iterator[tuple[str, int, int]]:
         name, size, kind = _header(src.buf, pos, at)
         if not kind:  # a zero block
             return
-        end = at + _BLOCK + size + (-size % _BLOCK)  # the next header
         if kind in _EXTENSIONS:
             data = _take(src, name, size, at)
             if kind == b"L":
@@ -104,10 +103,10 @@ def _files(src: _Chunks) -> Iterator[tuple[str, int, int]]:
                 long_size = _pax_size(records["size"]) if "size" in records else long_size
         else:
             name, size = long_name or name, size if long_size is None else long_size
-            end = at + _BLOCK + size + (-size % _BLOCK)
             long_name, long_size = None, None
             if kind in _REGULAR:
                 yield name, size, at
+        end = at + _BLOCK + size + (-size % _BLOCK)  # the next header
         left = end - src.offset  # what the consumer did not take, and the padding
         if left and src.skip(left) < left and src.offset < at + _BLOCK + size:
             raise EOFError(f"tar member {name!r} at byte {at} cut short ({size} bytes expected)")
