@@ -2,11 +2,14 @@
 samples, shared by the stream, ``verify`` and the tests.
 
 webdataset's ``tar_file_iterator`` goes through ``tarfile`` in stream mode, whose per-member header objects and
-small reads cost about 20% of a loader worker's time next to the JPEG decode (~100 us a sample against ~12 us
-here, ~10 us now). Headers are parsed where they lie in large reads into one reused buffer (one ``struct`` call
-for their fields), with their checksum verified (zlib's adler32 for the byte sum); GNU and pax long names are still
-honoured, so any ordinary uncompressed tar reads correctly. The stream reads samples through :class:`TarSamples`,
-which groups members into samples and keeps its reader's share in the same pass.
+small reads cost about 20% of a loader worker's time next to the JPEG decode (~100 us a sample). Here headers are
+parsed where they lie in large reads into one reused buffer (one ``struct`` call for their fields), with their
+checksum verified (zlib's adler32 for the byte sum); GNU and pax long names are still honoured, so any ordinary
+uncompressed tar reads correctly (~12 us a sample). The stream reads samples through :class:`TarSamples`, which
+groups members into samples and keeps its reader's share in the same pass, and reads the plain headers lying whole
+in its buffer in C (``wsishard/shards/_tarscan.c``, built with the package: ~5 us a sample); every other header
+(long names, damage, a member cut by the end of a read) is read here, so errors have one implementation. Without
+the C module (a build without a compiler) the same samples are read in Python alone.
 """
 
 from __future__ import annotations
@@ -14,11 +17,17 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import IO, TypeVar
+from typing import IO, Any, TypeVar
 
 from wsishard.format import split_member
 
+try:  # the common case of TarSamples in C (built with the package; the pure-Python path reads the same)
+    from wsishard.shards._tarscan import scan as _scan
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _scan = None
+
 T = TypeVar("T")
+Sample = tuple[str, dict[str, bytes]]  # a sample's key and its members' data by extension
 
 
 def tar_members(stream: IO[bytes], wanted: Callable[[str], bool]) -> Iterator[tuple[str, bytes]]:
@@ -52,35 +61,61 @@ class TarSamples:
         self.stream, self.exts, self.phase, self.step = stream, exts, phase, step
         self.seen = 0
 
-    def __iter__(self) -> Iterator[tuple[str, dict[str, bytes]]]:
-        src, exts, phase, step = _Chunks(self.stream), self.exts, self.phase, self.step
-        key: str | None = None
-        group: dict[str, bytes] = {}
-        keeps = False
-        for name, size, at in _files(src):
-            slash = name.rfind("/") + 1
-            dot = name.find(".", slash)
-            ext = name[dot + 1 :]
-            if dot <= slash or ext not in exts:
-                continue
-            if name[:dot] != key:
-                if group:
-                    yield key, group  # type: ignore[misc]
-                key, group = name[:dot], {}
-                self.seen += 1
-                keeps = (self.seen - 1) % step == phase
-            if keeps:
-                if ext in group:
-                    raise ValueError(f"duplicate member {name}")
-                group[ext] = _take(src, name, size, at)
-        if group:
-            yield key, group  # type: ignore[misc]
+    def __iter__(self) -> Iterator[Sample]:
+        src = _Chunks(self.stream)
+        state: list[Any] = [None, {}, False, 0]  # the open sample: key, {ext: data}, kept?, samples met so far
+        src.fill(_BLOCK)  # the first read, for the C scan
+        while True:
+            if _scan is not None:  # the plain headers lying whole in the buffer, in C
+                src.pos, done = _scan(src.buf, src.pos, src.end, self.exts, self.phase, self.step, state)
+                self.seen = state[3]
+                yield from done
+            member = _next_file(src)  # one header the C scan did not take (or every header, without it)
+            if member is None:
+                break
+            done = self._add(src, state, *member)
+            self.seen = state[3]
+            if done is not None:
+                yield done
+            _finish(src, *member)
+        if state[1]:
+            yield state[0], state[1]
+
+    def _add(self, src: _Chunks, state: list[Any], name: str, size: int, at: int) -> Sample | None:
+        """Group the regular file ``name`` into ``state`` (taking its data if its sample is kept): the sample it
+        completes, if any."""
+        slash = name.rfind("/") + 1
+        dot = name.find(".", slash)
+        ext = name[dot + 1 :]
+        if dot <= slash or ext not in self.exts:
+            return None
+        key, group, keeps, seen = state
+        done = None
+        if name[:dot] != key:
+            if group:
+                done = key, group
+            key, group, seen = name[:dot], {}, seen + 1
+            keeps = (seen - 1) % self.step == self.phase
+            state[:] = key, group, keeps, seen
+        if keeps:
+            if ext in group:
+                raise ValueError(f"duplicate member {name}")
+            group[ext] = _take(src, name, size, at)
+        return done
 
 
 def _files(src: _Chunks) -> Iterator[tuple[str, int, int]]:
     """``(name, size, offset of its header)`` of each regular file of the tar ``src`` reads; the consumer may take
-    the file's data (:func:`_take`) before asking for the next, else it is read past. Long names and pax records
-    are applied; other members are read past."""
+    the file's data (:func:`_take`) before asking for the next, else it is read past."""
+    while (member := _next_file(src)) is not None:
+        yield member
+        _finish(src, *member)
+
+
+def _next_file(src: _Chunks) -> tuple[str, int, int] | None:
+    """``(name, size, offset of its header)`` of the next regular file, long names and pax records applied, other
+    members read past; None at the end of the archive. The caller may take the file's data (:func:`_take`), then
+    calls :func:`_finish`."""
     long_name: str | None = None
     long_size: int | None = None
     while True:
@@ -89,10 +124,10 @@ def _files(src: _Chunks) -> Iterator[tuple[str, int, int]]:
         if pos < 0:
             if pos == _CUT:
                 raise EOFError(f"tar header cut short at byte {at}")
-            return
+            return None
         name, size, kind = _header(src.buf, pos, at)
         if not kind:  # a zero block
-            return
+            return None
         if kind in _EXTENSIONS:
             data = _take(src, name, size, at)
             if kind == b"L":
@@ -105,11 +140,16 @@ def _files(src: _Chunks) -> Iterator[tuple[str, int, int]]:
             name, size = long_name or name, size if long_size is None else long_size
             long_name, long_size = None, None
             if kind in _REGULAR:
-                yield name, size, at
-        end = at + _BLOCK + size + (-size % _BLOCK)  # the next header
-        left = end - src.offset  # what the consumer did not take, and the padding
-        if left and src.skip(left) < left and src.offset < at + _BLOCK + size:
-            raise EOFError(f"tar member {name!r} at byte {at} cut short ({size} bytes expected)")
+                return name, size, at
+        _finish(src, name, size, at)
+
+
+def _finish(src: _Chunks, name: str, size: int, at: int) -> None:
+    """Read past what is left of the member ``name`` (header at byte ``at``, ``size`` bytes) and its padding."""
+    end = at + _BLOCK + size + (-size % _BLOCK)  # the next header
+    left = end - src.offset  # what the consumer did not take, and the padding
+    if left and src.skip(left) < left and src.offset < at + _BLOCK + size:
+        raise EOFError(f"tar member {name!r} at byte {at} cut short ({size} bytes expected)")
 
 
 def _take(src: _Chunks, name: str, size: int, at: int) -> bytes:
@@ -228,7 +268,8 @@ def _pax_records(data: bytes) -> dict[str, str]:
 
 class _Chunks:
     """Forward-only reads from a binary file, fetched in large chunks into one reused buffer (``readinto``):
-    few calls into the file object, and no fresh pages or joins per chunk; each ``take`` copies out its bytes."""
+    few calls into the file object, and no fresh pages or joins per chunk; each ``take`` copies out its bytes.
+    (Mapping a local file instead, ``mmap``, read slower here: its page faults cost more than the copy saved.)"""
 
     def __init__(self, stream: IO[bytes]) -> None:
         self._read = stream.read
@@ -244,6 +285,20 @@ class _Chunks:
         return self._base + self._pos
 
     @property
+    def pos(self) -> int:
+        """The next byte of :attr:`buf` to read."""
+        return self._pos
+
+    @pos.setter
+    def pos(self, pos: int) -> None:
+        self._pos = pos
+
+    @property
+    def end(self) -> int:
+        """The bytes of :attr:`buf` filled."""
+        return self._end
+
+    @property
     def buf(self) -> bytearray:
         """The buffer :meth:`block` positions point into (replaced by reads that need a larger one)."""
         return self._buf
@@ -253,7 +308,7 @@ class _Chunks:
         at this block's start, ``_CUT`` where it ends inside it."""
         pos = self._pos
         if pos + _BLOCK > self._end:
-            self._fill(_BLOCK)
+            self.fill(_BLOCK)
             pos, left = self._pos, self._end - self._pos
             if left < _BLOCK:
                 self._pos = self._end
@@ -264,7 +319,7 @@ class _Chunks:
     def take(self, n: int) -> bytes:
         """The next ``n`` bytes; fewer only where the file ends."""
         if self._pos + n > self._end:
-            self._fill(n)
+            self.fill(n)
         n = min(n, self._end - self._pos)
         out = bytes(self._view[self._pos : self._pos + n])
         self._pos += n
@@ -274,14 +329,14 @@ class _Chunks:
         """Read past the next ``n`` bytes; the number skipped (fewer only where the file ends)."""
         done = 0
         while done < n:
-            if self._pos == self._end and not self._fill(1):
+            if self._pos == self._end and not self.fill(1):
                 break
             step = min(n - done, self._end - self._pos)
             self._pos += step
             done += step
         return done
 
-    def _fill(self, n: int) -> bool:
+    def fill(self, n: int) -> bool:
         """Keep the unread bytes, move them to the front, and read until ``n`` are there or the file ends."""
         rest = self._end - self._pos
         if n > len(self._buf):  # a member larger than a chunk: a buffer of its own size
