@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -63,11 +63,25 @@ def _fields(raw: RawSample) -> tuple[PatchMeta, int]:
     """The sample's ``.json`` (UTF-8, as wsishard writes it) and its label (``.cls``, else the json's ``label``,
     else -1)."""
     try:
-        meta = json.loads(raw["meta"].decode("utf-8"))  # a str skips json's guess of the encoding (~1 us a sample)
+        meta = _json(raw["meta"].decode("utf-8"))  # a str skips json's guess of the encoding (~1 us a sample)
         label = int(raw["label"]) if raw["label"] is not None else int(meta.get("label", -1))
     except (ValueError, TypeError, AttributeError) as exc:
         raise _undecodable(raw, exc) from exc
     return meta, label
+
+
+_scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+# json's own (C) scanner, as json.loads calls it
+
+
+def _json(text: str) -> Any:
+    """``json.loads(text)``, ~2 us a sample sooner: the scanner called at once, json.loads itself (its whitespace
+    handling, its errors) only where the text is not one value from its first character to its last."""
+    try:
+        value, end = _scan_json(text, 0)
+    except StopIteration:  # no value at the first character: json.loads raises (or skips leading whitespace)
+        return json.loads(text)
+    return value if end == len(text) else json.loads(text)
 
 
 def _pil_rgb(raw: RawSample, shape: tuple[int, ...] | None = None) -> np.ndarray:
