@@ -218,3 +218,30 @@ def test_pax_records_read_the_same() -> None:
         got, seen, error, text = plain = _read(blob, False)
         assert ast.literal_eval(line) == (got if error is None else [], seen, error, text)
         assert (seen, error) == (2, None) or (seen, error) == (1, "ValueError"), plain
+
+
+@pytest.mark.parametrize("trickle", [0, 700])
+@pytest.mark.parametrize("damage", ["cut", "oversized"])
+def test_a_sample_before_a_broken_member_is_kept(damage: str, trickle: int) -> None:
+    """A shard cut inside (or claiming 256 MiB for) the next sample's first member still yields the sample before
+    it, and counts the broken one, as the reader did before the C scan (found in review: for a while it did not)."""
+    blob = _tar([("s_x0_y0.jpg", b"1" * 100), ("s_x0_y0.json", b"{}"), ("s_x1_y0.jpg", b"2" * 3000),
+                 ("s_x1_y0.json", b"{}")])  # fmt: skip
+    if damage == "cut":
+        blob = blob[: 512 * 4 + 1000]  # the file ends inside s_x1_y0.jpg
+    else:
+        blob = blob[:2048] + _header("s_x1_y0.jpg", (1 << 28) + 1) + blob[2560:]
+    got, seen, error, text = _same(blob, trickle=trickle)
+    assert [key for key, _ in got] == ["s_x0_y0"] and seen == 2
+    expected = ("EOFError", "cut short") if damage == "cut" else ("ValueError", "claims")
+    assert error == expected[0] and expected[1] in str(text)
+
+
+def test_the_reader_takes_any_extension_collection_and_refuses_a_share_that_keeps_nothing() -> None:
+    blob = _tar([("a.jpg", b"1"), ("a.json", b"{}"), ("b.jpg", b"2")])
+    for exts in ({"jpg", "json"}, ("jpg", "json"), ["jpg", "json"]):
+        keep = TarSamples(io.BytesIO(blob), exts)  # type: ignore[arg-type]
+        assert [k for k, _ in keep] == ["a", "b"] and keep.seen == 2
+    for phase, step in ((0, 0), (0, -2), (2, 2), (-1, 3), (2**70, 3)):
+        with pytest.raises(ValueError, match="phase < step"):
+            TarSamples(io.BytesIO(blob), SAMPLE_EXTS, phase, step)

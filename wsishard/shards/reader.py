@@ -52,13 +52,16 @@ class TarSamples:
     """The samples of an uncompressed tar, as :func:`group_members` groups :func:`tar_members`' members (runs of
     members sharing a key, ``(key, {ext: data})``), in one pass: only members named ``<key>.<ext>`` with ``ext``
     in ``exts`` are read, and of the samples they make (numbered from 0 in tar order) only those ``k`` with
-    ``k % step == phase`` are kept, the others read past without a copy. ``seen`` counts every sample met.
+    ``k % step == phase`` are kept, the others read past without a copy. ``seen`` counts every sample met (while
+    iterating, up to the end of what the C scan has read ahead; where an error is raised and at the end, exactly).
 
     Raises (while iterated): as :func:`tar_members`, and ``ValueError`` for a sample that holds an extension twice.
     """
 
-    def __init__(self, stream: IO[bytes], exts: frozenset[str], phase: int = 0, step: int = 1) -> None:
-        self.stream, self.exts, self.phase, self.step = stream, exts, phase, step
+    def __init__(self, stream: IO[bytes], exts: Iterable[str], phase: int = 0, step: int = 1) -> None:
+        if step < 1 or not 0 <= phase < step:
+            raise ValueError(f"a reader keeps samples k % step == phase: needs 0 <= phase < step, got {phase}, {step}")
+        self.stream, self.exts, self.phase, self.step = stream, frozenset(exts), phase, step
         self.seen = 0
 
     def __iter__(self) -> Iterator[Sample]:
@@ -66,29 +69,32 @@ class TarSamples:
         state: list[Any] = [None, {}, False, 0]  # the open sample: key, {ext: data}, kept?, samples met so far
         src.fill(_BLOCK)  # the first read, for the C scan
         while True:
-            if _scan is not None:  # the plain headers lying whole in the buffer, in C
-                src.pos, done = _scan(src.buf, src.pos, src.end, self.exts, self.phase, self.step, state)
+            if _scan is not None:  # the plain headers lying whole in (a chunk of) the buffer, in C
+                end = min(src.end, src.pos + _CHUNK)  # at most a chunk's samples at once, however large the buffer
+                src.pos, done = _scan(src.buf, src.pos, end, self.exts, self.phase, self.step, state)
                 self.seen = state[3]
                 yield from done
             member = _next_file(src)  # one header the C scan did not take (or every header, without it)
             if member is None:
                 break
-            done = self._add(src, state, *member)
+            done, ext = self._add(state, member[0])
             self.seen = state[3]
-            if done is not None:
+            if done is not None:  # before this member's data is taken: a shard cut inside it keeps the sample before
                 yield done
+            if ext is not None:
+                state[1][ext] = _take(src, *member)
             _finish(src, *member)
         if state[1]:
             yield state[0], state[1]
 
-    def _add(self, src: _Chunks, state: list[Any], name: str, size: int, at: int) -> Sample | None:
-        """Group the regular file ``name`` into ``state`` (taking its data if its sample is kept): the sample it
-        completes, if any."""
+    def _add(self, state: list[Any], name: str) -> tuple[Sample | None, str | None]:
+        """Group the regular file ``name`` into ``state``: the sample it completes, if any, and its extension if its
+        data is to be taken (its sample is kept)."""
         slash = name.rfind("/") + 1
         dot = name.find(".", slash)
         ext = name[dot + 1 :]
         if dot <= slash or ext not in self.exts:
-            return None
+            return None, None
         key, group, keeps, seen = state
         done = None
         if name[:dot] != key:
@@ -97,11 +103,9 @@ class TarSamples:
             key, group, seen = name[:dot], {}, seen + 1
             keeps = (seen - 1) % self.step == self.phase
             state[:] = key, group, keeps, seen
-        if keeps:
-            if ext in group:
-                raise ValueError(f"duplicate member {name}")
-            group[ext] = _take(src, name, size, at)
-        return done
+        if keeps and ext in group:
+            raise ValueError(f"duplicate member {name}")
+        return done, ext if keeps else None
 
 
 def _files(src: _Chunks) -> Iterator[tuple[str, int, int]]:
