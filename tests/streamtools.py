@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -20,3 +21,20 @@ def keys_of(batches: Iterable[dict[str, Any]]) -> list[str]:
 def two_ranks(source: str | Path, **kw: Any) -> ShardStream:
     """A stream as rank 0 of two sees it (``pipeline(World(rank=r, ...), epoch)`` plays any rank and worker)."""
     return stream(source, world=World(rank=0, world_size=2), **kw)
+
+
+class Trickle(io.RawIOBase):
+    """A raw file that returns at most ``step`` bytes per read (as a socket might): a reader's buffer then ends
+    mid-member again and again."""
+
+    def __init__(self, data: bytes, step: int) -> None:
+        self._data, self._pos, self._step = data, 0, step
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        n = self._step if size < 0 else min(size, self._step)
+        out = self._data[self._pos : self._pos + n]
+        self._pos += len(out)
+        return out

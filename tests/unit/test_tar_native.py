@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import shardmaker as sm
+from streamtools import Trickle
 
 from wsishard.format import SAMPLE_EXTS
 from wsishard.shards import reader
@@ -25,28 +26,12 @@ from wsishard.shards.reader import TarSamples
 from wsishard.shards.writer import sample_records
 
 
-class _Trickle(io.RawIOBase):
-    """A raw file that returns at most ``step`` bytes per read: the buffer then ends mid-member again and again."""
-
-    def __init__(self, data: bytes, step: int) -> None:
-        self._data, self._pos, self._step = data, 0, step
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        n = self._step if size < 0 else min(size, self._step)
-        out = self._data[self._pos : self._pos + n]
-        self._pos += len(out)
-        return out
-
-
 def _read(blob: bytes, native: bool, phase: int = 0, step: int = 1, trickle: int = 0) -> tuple[Any, ...]:
     """What TarSamples gives: the samples, then ``seen`` and the error (type and text) if one was raised."""
     saved = reader._scan
     reader._scan = saved if native else None
     try:
-        keep = TarSamples(_Trickle(blob, trickle) if trickle else io.BytesIO(blob), SAMPLE_EXTS, phase, step)
+        keep = TarSamples(Trickle(blob, trickle) if trickle else io.BytesIO(blob), SAMPLE_EXTS, phase, step)
         got: list[tuple[str, dict[str, bytes]]] = []
         try:
             for sample in keep:

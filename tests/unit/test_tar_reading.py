@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import shardmaker as sm
-from streamtools import COUNTS
+from streamtools import COUNTS, Trickle
 
 from wsishard.errors import ShardError
 from wsishard.shards.reader import _byte_sum, tar_members
@@ -30,28 +30,12 @@ def _tar(tmp_path: Path, members: list[tuple[str, bytes]], fmt: int = tarfile.US
     return path
 
 
-class _Trickle(io.RawIOBase):
-    """A raw file that returns at most ``step`` bytes per read (as a socket might)."""
-
-    def __init__(self, data: bytes, step: int) -> None:
-        self._data, self._pos, self._step = data, 0, step
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        n = self._step if size < 0 else min(size, self._step)
-        out = self._data[self._pos : self._pos + n]
-        self._pos += len(out)
-        return out
-
-
 def test_tar_members_match_tarfile_on_a_shard(stream_out: sm.Output) -> None:
     data = Path(stream_out.path(2)).read_bytes()
     with tarfile.open(stream_out.path(2)) as tar:
         expected = [(m.name, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
     assert list(tar_members(io.BytesIO(data), lambda _: True)) == expected
-    assert list(tar_members(_Trickle(data, 700), lambda _: True)) == expected  # short reads
+    assert list(tar_members(Trickle(data, 700), lambda _: True)) == expected  # short reads
     jsons = list(tar_members(io.BytesIO(data), lambda name: name.endswith(".json")))
     assert jsons == [(n, d) for n, d in expected if n.endswith(".json")]
 
