@@ -90,17 +90,16 @@ class TarSamples:
     def _add(self, state: list[Any], name: str) -> tuple[Sample | None, str | None]:
         """Group the regular file ``name`` into ``state``: the sample it completes, if any, and its extension if its
         data is to be taken (its sample is kept)."""
-        slash = name.rfind("/") + 1
-        dot = name.find(".", slash)
-        ext = name[dot + 1 :]
-        if dot <= slash or ext not in self.exts:
+        parts = split_member(name)
+        if parts is None or parts[1] not in self.exts:
             return None, None
+        prefix, ext = parts
         key, group, keeps, seen = state
         done = None
-        if name[:dot] != key:
+        if prefix != key:
             if group:
                 done = key, group
-            key, group, seen = name[:dot], {}, seen + 1
+            key, group, seen = prefix, {}, seen + 1
             keeps = (seen - 1) % self.step == self.phase
             state[:] = key, group, keeps, seen
         if keeps and ext in group:

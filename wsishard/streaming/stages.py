@@ -218,11 +218,8 @@ def read_shard(task: ShardRef, opener: Opener, on_error: ErrorMode = "raise") ->
         raise ShardError(name, f"holds {keep.seen} samples, the manifest says {task.samples}")
 
 
-_FIRST_FORMAT = IMAGE_FORMATS[0]  # jpg: looked up first, without a generator (~1 us a sample)
-
-
 def _raw_sample(shard: str, key: str, members: dict[str, bytes]) -> RawSample:
-    image_ext = _FIRST_FORMAT if _FIRST_FORMAT in members else next((e for e in IMAGE_FORMATS if e in members), None)
+    image_ext = next(filter(members.__contains__, IMAGE_FORMATS), None)  # no generator frame: ~0.2 us a sample
     if image_ext is None or META_EXT not in members:
         missing = "an image" if image_ext is None else f".{META_EXT}"
         raise ShardError(shard, f"sample {key} lacks {missing} (truncated, or not a wsishard shard)")
