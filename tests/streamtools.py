@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from wsishard.streaming.dataset import ShardStream, stream
+from wsishard.streaming.pinning import Cuda
 from wsishard.streaming.world import World
 
 COUNTS = (10, 7, 12, 5, 9, 14, 6, 11)  # samples per shard of conftest's ``stream_out``: uneven on purpose
@@ -38,3 +39,39 @@ class Trickle(io.RawIOBase):
         out = self._data[self._pos : self._pos + n]
         self._pos += len(out)
         return out
+
+
+class FakeCuda:
+    """Records the calls; an event completes once ``done`` reaches its number (events numbered from 0)."""
+
+    def __init__(self, fail: int = 0) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.done = -1
+        self.fail = fail
+
+    def cuda(self) -> Cuda:
+        return Cuda(register=self._register, unregister=self._unregister, event=self._event,
+                    synchronize=lambda: self.calls.append(("sync",)))  # fmt: skip
+
+    def _register(self, ptr: int, n: int) -> int:
+        self.calls.append(("register", ptr, n))
+        return self.fail
+
+    def _unregister(self, ptr: int) -> int:
+        self.calls.append(("unregister", ptr))
+        return 0
+
+    def _event(self) -> Any:
+        fake, number = self, sum(c[0] == "event" for c in self.calls)
+        self.calls.append(("event", number))
+
+        class Event:
+            recorded = False
+
+            def record(self) -> None:
+                self.recorded = True
+
+            def query(self) -> bool:
+                return self.recorded and fake.done >= number
+
+        return Event()

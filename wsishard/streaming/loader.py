@@ -15,6 +15,7 @@ from wsishard.errors import ShardError
 from wsishard.streaming import redeal
 from wsishard.streaming.dataset import Resume, ShardStream, WorkerShardError
 from wsishard.streaming.decode import Batch
+from wsishard.streaming.pinning import HostPins, cuda_runtime
 from wsishard.streaming.ring import Lending, Returns
 
 
@@ -47,7 +48,9 @@ class ShardLoader(wds.WebLoader):
     Each worker's batch images are buffers of its ring (:mod:`wsishard.streaming.ring`): at every step the loader
     hands back the buffers nothing in this process refers to any more, and the worker fills them again. A batch
     the loop keeps (or a view, or a numpy array of its image) is never refilled; hand a copy, not the tensor, to
-    another process.
+    another process. With ``pin_memory`` on CUDA those buffers are page-locked in place (``cudaHostRegister``) and
+    a buffer goes back only once the work queued on the current CUDA stream when the loop let it go has finished, so
+    ``batch["image"].to("cuda", non_blocking=True)`` needs no copy and no care (on another stream: synchronise).
 
     :meth:`state_dict` says where the batches the training loop has taken stand (plain JSON data, no pickle);
     :meth:`load_state_dict` on a new loader of the same stream and topology makes its batches from there on the
@@ -56,6 +59,11 @@ class ShardLoader(wds.WebLoader):
 
     def __init__(self, dataset: ShardStream, **kwargs: Any) -> None:
         kwargs.setdefault("collate_fn", as_is)  # DataLoader's default walks every meta dict of every batch
+        lend = int(kwargs.get("num_workers", 0)) > 0 and kwargs["collate_fn"] is as_is
+        # pinned on CUDA: the workers' buffers page-locked in place (pinning.py) instead of DataLoader's copy of each
+        self._cuda = cuda_runtime() if lend and kwargs.get("pin_memory", False) else None
+        if self._cuda is not None:
+            kwargs["pin_memory"] = False
         super().__init__(dataset, batch_size=None, **kwargs)
         self.dataset = dataset
         self.num_workers = int(kwargs.get("num_workers", 0))
@@ -67,7 +75,7 @@ class ShardLoader(wds.WebLoader):
         # workers may name their buffers instead of sending them (nothing between them and _count needs the tensor),
         # and make the buffers they will keep lent before the first batch: the prefetched ones and the one filled
         self._lending = Lending(
-            by_reference=self.num_workers > 0 and not kwargs.get("pin_memory", False) and kwargs["collate_fn"] is as_is,
+            by_reference=lend and not kwargs.get("pin_memory", False),
             prefill=int(kwargs.get("prefetch_factor") or 2) + 1 if self.num_workers > 0 else 0,
         )
 
@@ -102,18 +110,22 @@ class ShardLoader(wds.WebLoader):
                 break
 
     def _count(self, batches: Iterator[Batch]) -> Iterator[Batch]:
-        returns = Returns()  # the workers' buffers lent with the batches, handed back once unused
-        for batch in batches:
-            worker = int(batch.pop("worker", 0))  # type: ignore[typeddict-item]
-            ticket = batch.pop("buffer", None)  # type: ignore[typeddict-item]
-            image = None if ticket is None else returns.add(ticket)
-            if image is not None:  # a batch by reference: its image in the buffer, its labels (b,) as sent
-                batch["image"], batch["label"] = image, torch.from_numpy(batch["label"])
-            self._taken[worker] += 1
-            self._last = worker
-            yield batch
-            del batch, ticket, image
-            returns.sweep()  # the loop has asked for the next batch: what it let go of goes back
+        # the workers' buffers lent with the batches, handed back once unused
+        returns = Returns(None if self._cuda is None else HostPins(self._cuda))
+        try:
+            for batch in batches:
+                worker = int(batch.pop("worker", 0))  # type: ignore[typeddict-item]
+                ticket = batch.pop("buffer", None)  # type: ignore[typeddict-item]
+                image = None if ticket is None else returns.add(ticket)
+                if image is not None:  # a batch by reference: its image in the buffer, its labels (b,) as sent
+                    batch["image"], batch["label"] = image, torch.from_numpy(batch["label"])
+                self._taken[worker] += 1
+                self._last = worker
+                yield batch
+                del batch, ticket, image
+                returns.sweep()  # the loop has asked for the next batch: what it let go of goes back
+        finally:
+            returns.close()
 
     def state_dict(self) -> dict[str, Any]:
         """Where the training loop stands: plain JSON-able data to save with a checkpoint (never pickled)."""
@@ -196,7 +208,8 @@ def loader(dataset: ShardStream, *, num_workers: int = 4, pin_memory: bool | Non
     Args:
         dataset: from :func:`stream`.
         num_workers: DataLoader worker processes per rank (use the same on every rank).
-        pin_memory: default: True when CUDA is available.
+        pin_memory: default: True when CUDA is available. With workers, the batches' images are then the workers'
+            buffers page-locked in place (:mod:`wsishard.streaming.pinning`), not DataLoader's copy of each batch.
         **kwargs: passed to ``torch.utils.data.DataLoader`` (``prefetch_factor``, ``persistent_workers``...).
 
     Raises:

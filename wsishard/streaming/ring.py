@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from wsishard.streaming.pinning import HostPins
+
 __all__ = ["ROW_OFFSET", "BatchBuffers", "Lending", "Lent", "Returns", "unused"]
 
 _use_count: Any = getattr(torch._C, "_storage_Use_Count", None)
@@ -197,10 +199,11 @@ class Returns:
     shared memory), so a buffer that comes back is the same mapping and costs the main process no page faults.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, pins: HostPins[tuple[Ring, int]] | None = None) -> None:
         self._storages: dict[tuple[Ring, int], torch.UntypedStorage] = {}  # (ring, slot) -> the buffer
         self._rings: dict[Ring, np.ndarray] = {}  # ring -> its flags (a numpy view, which keeps their tensor)
         self._lent: set[tuple[Ring, int]] = set()
+        self._pins = pins  # buffers sent by reference page-locked in place (CUDA), handed back after queued copies
 
     def add(self, ticket: Lent) -> torch.Tensor | None:
         """Take a batch's ticket; by reference, the batch's image (a view of the buffer), else None (the batch
@@ -214,6 +217,8 @@ class Returns:
             self._rings[ticket.ring] = ticket.flags.numpy()
         if ticket.image is not None:
             self._storages[key] = ticket.image.untyped_storage()
+            if self._pins is not None and ticket.shape is not None:  # by reference: the same buffer from now on
+                self._pins.register(self._storages[key])
         if key not in self._storages or ticket.ring not in self._rings:
             raise ValueError(f"buffer {ticket.slot} of ring {ticket.ring} was never sent to this process")
         self._lent.add(key)
@@ -224,10 +229,18 @@ class Returns:
     def sweep(self) -> int:
         """Hand back every lent buffer nothing refers to any more; the number handed back."""
         back = [key for key in self._lent if unused(self._storages, key)]
+        self._lent.difference_update(back)
+        if self._pins is not None:  # only once the copies queued from them have finished
+            back = self._pins.after_queued_work(back)
         for ring, slot in back:
             self._rings[ring][slot] = 0
-            self._lent.discard((ring, slot))
         return len(back)
+
+    def close(self) -> None:
+        """Unpin the buffers (after the queued copies): the loader is done with its workers."""
+        if self._pins is not None:
+            for ring, slot in self._pins.close():
+                self._rings[ring][slot] = 0
 
     def __len__(self) -> int:
         return len(self._lent)

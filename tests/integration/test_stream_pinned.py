@@ -1,0 +1,86 @@
+"""Pinned batches through real DataLoader workers: the workers' buffers page-locked in place (pinning.py).
+
+With stand-in CUDA calls (any machine): each buffer registered once, whatever the number of batches, and every
+one unregistered when the loop is done. With CUDA: the images are pinned, and copies queued from them read the
+batch they were queued from even while the device is busy and the workers go on filling buffers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import shardmaker as sm
+import torch
+from streamtools import FakeCuda
+
+from wsishard.streaming import loader as loader_module
+from wsishard.streaming.collate import GpuCollate
+from wsishard.streaming.dataset import stream
+from wsishard.streaming.loader import loader
+from wsishard.streaming.ring import RING_SLOTS
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _check(keys: list[str], images: Any, out: sm.Output) -> None:
+    for key, image in zip(keys, images, strict=True):
+        assert np.array_equal(np.asarray(image), out.images[key]), key
+
+
+def test_each_buffer_is_registered_once_and_unregistered_at_the_end(tmp_path: Path, monkeypatch: Any) -> None:
+    fake = FakeCuda()
+    fake.done = 10**9  # every queued copy finished at once
+    monkeypatch.setattr(loader_module, "cuda_runtime", fake.cuda)
+    png = sm.make_output(str(tmp_path / "png"), (9, 7, 8, 6, 9, 7), image_format="png")
+    dl = loader(stream(png.root, batch_size=2, resampled=True, seed=0, shuffle=4), num_workers=2, pin_memory=True)
+    assert dl.pipeline[0].pin_memory is False  # no copy of each batch by DataLoader's pin-memory thread
+    batches = iter(dl)
+    for step, batch in enumerate(batches):
+        _check(batch["key"], batch["image"].numpy(), png)
+        if step == 60:
+            break
+    registered = [c[1] for c in fake.calls if c[0] == "register"]
+    assert 2 <= len(registered) <= 2 * RING_SLOTS and len(set(registered)) == len(registered)
+    assert not any(c[0] == "unregister" for c in fake.calls)
+    del batch
+    batches.close()  # the loop is done with the loader's iterator
+    assert sorted(c[1] for c in fake.calls if c[0] == "unregister") == sorted(registered)
+    assert fake.calls.index(("sync",)) < min(i for i, c in enumerate(fake.calls) if c[0] == "unregister")
+
+
+@needs_cuda
+def test_copies_queued_from_pinned_batches_read_the_batch_they_were_queued_from(tmp_path: Path) -> None:
+    png = sm.make_output(str(tmp_path / "png"), (9, 7, 8, 6, 9, 7), image_format="png")
+    dl = loader(stream(png.root, batch_size=2, resampled=True, seed=0, shuffle=4), num_workers=2)  # pinned: CUDA
+    copies, pinned = [], []
+    for step, batch in enumerate(dl):
+        pinned.append(batch["image"].is_pinned())
+        torch.cuda._sleep(20_000_000)  # the device busy: the copy below runs well after the loop moved on
+        copies.append((list(batch["key"]), batch["image"].to("cuda", non_blocking=True)))
+        if step == 40:
+            break
+    torch.cuda.synchronize()
+    for keys, images in copies:
+        _check(keys, images.cpu().numpy(), png)
+    # the rings' buffers, until every one waits for its copy; then fresh batches (unpinned: a copy from them is
+    # made before .to() returns)
+    assert all(pinned[:6]) and sum(pinned) >= 6, pinned
+
+
+@needs_cuda
+def test_gpu_collate_of_a_pinned_batch_is_the_cpu_reference(tmp_path: Path) -> None:
+    out = sm.make_output(str(tmp_path / "jpg"), (9, 7, 8, 6, 9, 7), size_px=64)
+    dl = loader(stream(out.root, batch_size=4, resampled=True, seed=0, shuffle=4), num_workers=2)
+    on_gpu, on_cpu = (
+        GpuCollate("cuda", mean=(0.5, 0.4, 0.3), std=(0.2, 0.3, 0.4)),
+        GpuCollate("cpu", mean=(0.5, 0.4, 0.3), std=(0.2, 0.3, 0.4)),
+    )
+    for step, batch in enumerate(dl):
+        assert batch["image"].is_pinned()
+        got = on_gpu(batch)["image"]
+        want = on_cpu({**batch, "image": batch["image"].clone()})["image"]
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=1e-6)
+        if step == 10:
+            break
