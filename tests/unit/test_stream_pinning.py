@@ -3,6 +3,7 @@ the copies queued before they were let go, unregistered (after a device synchron
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -74,3 +75,18 @@ def test_a_batch_by_tensor_is_not_registered() -> None:
     returns = Returns(HostPins(fake.cuda()))
     returns.add(Lent((7, 0), 1, torch.tensor([1, 1], dtype=torch.uint8), torch.empty(SHAPE, dtype=torch.uint8)))
     assert fake.calls == []
+
+
+def test_a_failure_to_unpin_is_said_and_never_masks_what_is_on_its_way_out(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeCuda()
+    cuda = fake.cuda()
+
+    def down() -> None:
+        raise RuntimeError("CUDA error: driver shutting down")
+
+    broken = dataclasses.replace(cuda, synchronize=down)
+    pins: HostPins[int] = HostPins(broken)
+    assert pins.register(torch.UntypedStorage(8))
+    with caplog.at_level(logging.WARNING, logger="wsishard.streaming.pinning"):
+        assert pins.close() == []
+    assert "driver shutting down" in caplog.text and len(pins) == 0

@@ -1,17 +1,21 @@
 """The workers' batch buffers page-locked in place, so that CUDA copies read straight from them.
 
 DataLoader's ``pin_memory`` copies every batch into fresh page-locked memory in a thread of the main process: a
-batch of 256 patches of 256 px is 50 MB, and on an H200 machine that copy took 13-15 ms of the main process's CPU
-a batch, which held the loader at about 17,000 samples/s however many workers read. The ring's buffers are reused
+batch of 256 patches of 256 px is 50 MB, and on an H200 machine that copy took 14-19 ms of the main process's CPU
+a batch, which held 8 workers at 15,000-17,000 samples/s (24,000-25,000 without it). The ring's buffers are reused
 (:mod:`wsishard.streaming.ring`), so :class:`HostPins` registers each once with CUDA (``cudaHostRegister``: the
 same shared pages, page-locked where they are) and no batch is copied: ``batch["image"].is_pinned()`` is True
 and ``.to("cuda", non_blocking=True)`` reads the worker's buffer itself.
 
 Such a copy may still be queued when the training loop lets the batch go. A buffer is therefore handed back to its
-worker only once the work queued on the current CUDA stream when it was let go has finished (an event recorded
-then); a copy queued on another stream is the caller's to synchronise. Before the buffers are unregistered the
-device is synchronised. Where registering fails (an old driver, a limit on locked memory), the batches stay
-unpinned and correct: :class:`~wsishard.streaming.collate.GpuCollate` then pins a copy itself.
+worker only once the work queued on the current CUDA stream (of the current device: bind each rank to its GPU with
+``torch.cuda.set_device``, as ``examples/train_ddp.py`` does) when it was let go has finished, an event recorded
+then; a copy queued on another stream is the caller's to synchronise. Before the buffers are unregistered the
+device is synchronised. What stays page-locked is the rings' buffers, at most ``RING_SLOTS`` (8) a worker of 50 MB
+each for 256 patches of 256 px, for as long as the loader's iterator runs.
+
+Where registering fails (an old driver, a limit on locked memory), the batches stay unpinned and correct:
+:class:`~wsishard.streaming.collate.GpuCollate` then pins a copy itself.
 """
 
 from __future__ import annotations
@@ -101,9 +105,12 @@ class HostPins(Generic[K]):
         done = [key for _, keys in self._waiting for key in keys]
         self._waiting.clear()
         if self._pinned:
-            self._cuda.synchronize()
-            for ptr in self._pinned:
-                self._cuda.unregister(ptr)
+            try:  # also while an error of the loop's is on its way out, or CUDA is going down with the process
+                self._cuda.synchronize()
+                for ptr in self._pinned:
+                    self._cuda.unregister(ptr)
+            except Exception as exc:  # never mask the error on its way out: say this one and go on
+                logger.warning("unpinning the loader's batch buffers failed: %s: %s", type(exc).__name__, exc)
             self._pinned.clear()
         return done
 
