@@ -25,8 +25,10 @@ regression has a name.
 The S3 figure streams the same shards from a moto server started in this process. Two figures are of the loader
 alone: the first-batch latency of a resampled loader resumed (from a ``state_dict``) early and late in the stream,
 and the same samples rewritten into one shard (read by every worker, each keeping its slice: the sample-level
-split) against the many shards. Prints a table, then one final line ``JSON: {...}``. Targets are reported as
-PASS/MISS, never asserted: on a shared machine wall-clock figures are what they are.
+split) against the many shards. On a machine with at least 16 cores the loader also runs with 8 workers, alone and
+device-ready: there the training process's work per batch can set the rate. Prints a table, then one final line
+``JSON: {...}``. Targets are reported as PASS/MISS, never asserted: on a shared machine wall-clock figures are what
+they are.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TARGETS = {"per_worker_vs_floor": 0.85, "device_vs_loader": 0.70, "vs_wsistream": 20.0, "s3_vs_local": 0.80,
            "first_batch_s": 2.0, "diversity_vs_uniform": 0.80, "resume_late_vs_early": 1.5,
            "one_shard_vs_many": 0.80}  # fmt: skip
+WIDE_WORKERS = 8  # the many-worker rows, on a machine with at least twice as many cores
 RESUME_STEPS = (10, 10_000)  # resumed at these steps (2 workers); the batches resumed at the first are checked
 
 
@@ -443,6 +446,13 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                      f"{1e3 / w2l['cpu_per_worker']:.2f} ms local; {s3l['main_cpu_ms_per_batch']:,.0f} (moto) vs "
                      f"{w2l['main_cpu_ms_per_batch']:,.0f} ms/batch", "", ""))  # fmt: skip
     rows += _resume_split_rows(r)
+    if "wide" in r:
+        lo, dr, fl = r["wide_loader"], r["wide"], r["floor1"]["turbo"]["samples_per_s"]
+        rows.append((f"wsishard local, {WIDE_WORKERS} workers ({os.cpu_count()} cpus), loader alone; device-ready on "
+                     f"{DEVICE.type}", f"{lo['samples_per_s']:,.0f}/s ({lo['per_worker'] / fl:.2f}x the 1-worker "
+                     f"floor per worker); {dr['samples_per_s']:,.0f}/s", "", ""))  # fmt: skip
+        main = f"{lo['main_cpu_ms_per_batch']:.1f} ms; {dr['main_cpu_ms_per_batch']:.1f} ms"
+        rows.append(("  main process CPU per batch: loader alone; device-ready", main, "", ""))
     ws = r["wsistream"]
     if ws.get("installed"):
         rows.append((f"wsistream {ws['version']}, 2 workers, device-ready", f"{ws['samples_per_s']:,.1f}/s", "", ""))
@@ -534,8 +544,20 @@ def measure(mode: Mode, slides: list[str], shards_dir: Path) -> dict[str, Any]:
     if s3_error:
         r["s3"] = {"error": s3_error[:300]}
     r.update(measure_resume_split(mode, shards_dir))
+    r.update(measure_wide(mode, shards_dir))
     r["wsistream"] = _step("wsistream, 2 workers", time_wsistream, slides, 2, mode.ws_batches)
     return r
+
+
+def measure_wide(mode: Mode, shards_dir: Path) -> dict[str, Any]:
+    """With cores to spare (at least twice :data:`WIDE_WORKERS`), the loader with that many workers, alone and
+    device-ready: there the training process's work per batch (pinning, the hand-off), not a worker's, can set the
+    rate. Nothing on a smaller machine."""
+    if (os.cpu_count() or 1) < 2 * WIDE_WORKERS:
+        return {}
+    local, n, w = str(shards_dir), 4 * mode.batches, WIDE_WORKERS
+    return {"wide_loader": _step(f"wsishard, {w} workers, loader alone", time_wsishard, local, w, n, to_device=False),
+            "wide": _step(f"wsishard, {w} workers, device-ready", time_wsishard, local, w, n)}  # fmt: skip
 
 
 def measure_resume_split(mode: Mode, shards_dir: Path) -> dict[str, Any]:
