@@ -6,6 +6,8 @@ batch they were queued from even while the device is busy and the workers go on 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,32 @@ def test_each_buffer_is_registered_once_and_unregistered_at_the_end(tmp_path: Pa
     batches.close()  # the loop is done with the loader's iterator
     assert sorted(c[1] for c in fake.calls if c[0] == "unregister") == sorted(registered)
     assert fake.calls.index(("sync",)) < min(i for i, c in enumerate(fake.calls) if c[0] == "unregister")
+
+
+def test_a_repeating_loader_leaves_pinning_to_dataloader(tmp_path: Path, monkeypatch: Any) -> None:
+    """Each pass of .repeat() starts workers with new buffers: registering them all would add up pass after pass."""
+    fake = FakeCuda()
+    monkeypatch.setattr(loader_module, "cuda_runtime", fake.cuda)
+    png = sm.make_output(str(tmp_path / "png"), (9, 7, 8, 6, 9, 7), image_format="png")
+    ds = stream(png.root, batch_size=2, resampled=False, seed=0, shuffle=4)
+    dl = loader(ds, num_workers=2, pin_memory=True).repeat(2)
+    with pytest.warns(UserWarning, match="pin_memory"):  # DataLoader's pin thread asked for, on a machine without CUDA
+        batches = list(dl)
+    assert len(batches) == 2 * ds.batches_per_rank(num_workers=2)
+    for batch in batches:
+        _check(batch["key"], batch["image"].numpy(), png)
+    assert dl.pipeline[0].pin_memory is True and fake.calls == []
+
+
+@needs_cuda
+def test_making_a_loader_does_not_start_cuda(tmp_path: Path) -> None:
+    """Code that makes a loader, then forks processes that use CUDA, must not find CUDA started in the parent."""
+    png = sm.make_output(str(tmp_path / "png"), (9, 7, 8, 6, 9, 7), image_format="png")
+    code = ("import torch; from wsishard import loader, stream; "
+            f"dl = loader(stream({png.root!r}, batch_size=2, resampled=True, seed=0), num_workers=2); "
+            "print(dl._cuda is not None, torch.cuda.is_initialized())")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["True", "False"], done.stderr[-2000:]
 
 
 @needs_cuda

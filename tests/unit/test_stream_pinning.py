@@ -90,3 +90,13 @@ def test_a_failure_to_unpin_is_said_and_never_masks_what_is_on_its_way_out(caplo
     with caplog.at_level(logging.WARNING, logger="wsishard.streaming.pinning"):
         assert pins.close() == []
     assert "driver shutting down" in caplog.text and len(pins) == 0
+
+
+def test_a_torch_without_the_runtime_call_leaves_the_batches_unpinned(caplog: pytest.LogCaptureFixture) -> None:
+    def missing(ptr: int, n: int) -> int:
+        raise AttributeError("module 'torch._C._cudart' has no attribute 'cudaHostRegister'")
+
+    pins: HostPins[int] = HostPins(dataclasses.replace(FakeCuda().cuda(), register=missing))
+    with caplog.at_level(logging.WARNING, logger="wsishard.streaming.pinning"):
+        assert not pins.register(torch.UntypedStorage(8))
+    assert "AttributeError" in pins.failed and len(caplog.records) == 1 and len(pins) == 0

@@ -3,6 +3,7 @@ batches (use counts) and across the worker boundary (tickets handed back by the 
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Callable
 from typing import Any
 
@@ -156,3 +157,20 @@ def test_a_worker_ring_makes_its_prefill_of_buffers_before_the_first_batch() -> 
     assert _ptr(ring.take()[0]) not in made and len(ring.storages) == 4  # then the ring grows as before
     assert len(BatchBuffers(SHAPE, shared=True, slots=2, lending=Lending(prefill=5)).storages) == 2
     assert BatchBuffers(SHAPE, shared=False, lending=Lending(prefill=3)).storages == []  # in-process: as it goes
+
+
+def _first_ring(queue: Any) -> None:
+    queue.put(BatchBuffers(SHAPE, shared=True, slots=1).ring)
+
+
+def test_the_first_rings_of_two_workers_have_different_numbers() -> None:
+    """A later pass's worker that got a finished worker's pid must not name that worker's ring: numbers are not a
+    count that starts again at 0 in every forked worker."""
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    for _ in range(2):
+        child = ctx.Process(target=_first_ring, args=(queue,))
+        child.start()
+        child.join(60)
+    first, second = queue.get(timeout=10), queue.get(timeout=10)
+    assert first[1] != second[1]

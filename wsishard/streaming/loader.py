@@ -5,6 +5,7 @@ back as :class:`~wsishard.errors.ShardError`, and the position saved and restore
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from itertools import islice
 from typing import Any
 
@@ -88,7 +89,13 @@ class ShardLoader(wds.WebLoader):
         at_resume = resumed is not None and resumed.epoch == self._epoch
         self._taken = list(resumed.batches) if at_resume else [0] * max(self.num_workers, 1)  # type: ignore[union-attr]
         self._last = resumed.last if at_resume else None  # type: ignore[union-attr]
-        self.dataset.lending = self._lending  # for the workers DataLoader starts (or forks) in its iterator's making
+        # pinned in place (pinning.py) unless .repeat() makes later passes: their buffers would stay page-locked
+        # pass after pass, so DataLoader's pin thread pins those, as before
+        in_place = self._cuda is not None and self.repetitions == 1
+        if self._cuda is not None:
+            self.pipeline[0].pin_memory = not in_place
+        lending = self._lending if in_place or self._cuda is None else replace(self._lending, by_reference=False)
+        self.dataset.lending = lending  # for the workers DataLoader starts (or forks) in its iterator's making
         try:  # iterator1() makes that iterator at once (webdataset's __iter__ would only once a batch is asked for)
             first = self.iterator1()
         finally:
@@ -96,7 +103,7 @@ class ShardLoader(wds.WebLoader):
         batches = self._passes(first)
         if self.repetitions != 1 and self.nsamples > 0:  # as webdataset's DataPipeline.__iter__
             batches = islice(batches, self.nsamples)
-        return self._count(_raise_handed_over(batches))
+        return self._count(_raise_handed_over(batches), HostPins(self._cuda) if in_place and self._cuda else None)
 
     def _passes(self, first: Iterator[Any]) -> Iterator[Any]:
         """webdataset's ``DataPipeline.iterator``, its first pass made already: ``.repeat()`` passes, the later
@@ -109,9 +116,8 @@ class ShardLoader(wds.WebLoader):
             if count == 0:  # an empty pass: the dataset is empty, do not go on
                 break
 
-    def _count(self, batches: Iterator[Batch]) -> Iterator[Batch]:
-        # the workers' buffers lent with the batches, handed back once unused
-        returns = Returns(None if self._cuda is None else HostPins(self._cuda))
+    def _count(self, batches: Iterator[Batch], pins: HostPins[Any] | None) -> Iterator[Batch]:
+        returns = Returns(pins)  # the workers' buffers lent with the batches, handed back once unused
         try:
             for batch in batches:
                 worker = int(batch.pop("worker", 0))  # type: ignore[typeddict-item]

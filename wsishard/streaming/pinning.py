@@ -10,9 +10,12 @@ and ``.to("cuda", non_blocking=True)`` reads the worker's buffer itself.
 Such a copy may still be queued when the training loop lets the batch go. A buffer is therefore handed back to its
 worker only once the work queued on the current CUDA stream (of the current device: bind each rank to its GPU with
 ``torch.cuda.set_device``, as ``examples/train_ddp.py`` does) when it was let go has finished, an event recorded
-then; a copy queued on another stream is the caller's to synchronise. Before the buffers are unregistered the
+then, on the thread that iterates the loader; a copy queued on another stream (``nn.DataParallel``'s scatter, a
+prefetch thread of one's own) is the caller's to synchronise. Before the buffers are unregistered the
 device is synchronised. What stays page-locked is the rings' buffers, at most ``RING_SLOTS`` (8) a worker of 50 MB
-each for 256 patches of 256 px, for as long as the loader's iterator runs.
+each for 256 patches of 256 px, for as long as the loader's iterator runs. A loader made to repeat its passes
+(``.repeat()``) leaves pinning to DataLoader's pin thread, as before: each pass's workers make new buffers, and
+page-locking them all would add up pass after pass.
 
 Where registering fails (an old driver, a limit on locked memory), the batches stay unpinned and correct:
 :class:`~wsishard.streaming.collate.GpuCollate` then pins a copy itself.
@@ -44,15 +47,12 @@ class Cuda:
 
 
 def cuda_runtime() -> Cuda | None:
-    """The real calls, or None where this torch has no CUDA runtime or no device is there."""
+    """The real calls, or None where no CUDA device is there. CUDA is initialised at the first call made, not here
+    (a loader made before the process forks others that use CUDA must not have started it)."""
     if not torch.cuda.is_available():
         return None
-    try:
-        rt = torch.cuda.cudart()
-        register, unregister = rt.cudaHostRegister, rt.cudaHostUnregister
-    except (AttributeError, RuntimeError, AssertionError):
-        return None
-    return Cuda(register=lambda ptr, n: int(register(ptr, n, 0)), unregister=lambda ptr: int(unregister(ptr)),
+    return Cuda(register=lambda ptr, n: int(torch.cuda.cudart().cudaHostRegister(ptr, n, 0)),
+                unregister=lambda ptr: int(torch.cuda.cudart().cudaHostUnregister(ptr)),
                 event=torch.cuda.Event, synchronize=torch.cuda.synchronize)  # fmt: skip
 
 
@@ -79,7 +79,10 @@ class HostPins(Generic[K]):
             return True
         if self.failed:
             return False
-        err = self._cuda.register(ptr, storage.nbytes())
+        try:
+            err: int | str = self._cuda.register(ptr, storage.nbytes())
+        except (AttributeError, RuntimeError, AssertionError) as exc:  # a torch without cudart's bindings
+            err = f"{type(exc).__name__}: {exc}"
         if err:
             self.failed = f"cudaHostRegister of a {storage.nbytes()} byte batch buffer failed with CUDA error {err}"
             logger.warning("%s: batches stay unpinned (GpuCollate pins a copy of each)", self.failed)

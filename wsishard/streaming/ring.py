@@ -22,7 +22,6 @@ read through ``torch._C._storage_Use_Count``; without it (another torch) nothing
 from __future__ import annotations
 
 import ctypes
-import itertools
 import math
 import os
 import sys
@@ -43,7 +42,12 @@ RING_SLOTS = 8  # buffers a reader keeps at most: 1 being filled, prefetched one
 # stores, which on this project's VM made the whole decode ~25% slower (about 250 against 200 us a 256 px JPEG).
 ROW_OFFSET = 16
 ROW_SLACK = 32  # bytes a buffer holds beyond its batch, for that offset
-_RING_NUMBERS = itertools.count()  # rings made in this process, numbered
+
+
+def _ring_number() -> int:
+    """A ring's number, drawn at random: a count would start again at 0 in every forked worker, and a worker of a
+    later pass that got a finished worker's pid would then name a ring the main process still holds."""
+    return int.from_bytes(os.urandom(8), "little") >> 1
 
 
 def _refs(holder: Any, key: Any) -> int:
@@ -97,7 +101,7 @@ def _at(storage: torch.UntypedStorage, start: int, shape: tuple[int, ...]) -> to
     return torch.empty(0, dtype=torch.uint8).set_(storage, start, shape, strides)
 
 
-Ring = tuple[int, int]  # (worker pid, ring number in that worker): names a ring in the main process
+Ring = tuple[int, int]  # (worker pid, the ring's random number): names a ring in the main process
 
 
 @dataclass(frozen=True)
@@ -151,7 +155,7 @@ class BatchBuffers:
         self.shared = shared
         self.slots = slots
         self.by_reference = lending.by_reference and shared
-        self.ring: Ring = (os.getpid(), next(_RING_NUMBERS))
+        self.ring: Ring = (os.getpid(), _ring_number())
         self.storages: list[torch.UntypedStorage] = []
         if shared and _use_count is not None:
             self.storages = [_new_storage(math.prod(shape) + ROW_SLACK, shared, populate=True)
