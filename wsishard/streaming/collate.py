@@ -5,10 +5,11 @@ random dihedral augmentation run there, as a few batched tensor ops where they c
 model. On a CPU device (the main process, on the cores the workers use) they run as one pass over memory with no
 arithmetic at all: a uint8 pixel can take only 256 values, so each channel's 256 outputs are computed once, by the
 plain reference's own float32 operations, and every pixel is written by looking its value up (bit for bit the
-reference). Per sample, OpenCV splits the channels apart (uint8, in cache), moves them by the sample's dihedral
-transform (a transpose, a flip) and writes them through the tables into the output, one thread. The output buffer
-is reused once nothing refers to it (fresh 200 MB of float pages per batch cost more than the work). Nothing in
-this module knows about shards.
+reference). A small C module (``_lut.c``, built with the package) moves each sample by its dihedral transform (a
+transpose, a flip) and writes it through the tables into the output past the caches, one thread, the GIL released;
+without it, OpenCV does the same per sample (split, transpose/flip, ``cv2.LUT``), slower, to the same bits. The
+output buffer is reused once nothing refers to it (fresh 200 MB of float pages per batch cost more than the work).
+Nothing in this module knows about shards.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ import numpy as np
 import torch
 
 from wsishard.streaming.ring import unused
+
+try:  # built with the package (wsishard/streaming/_lut.c); without it OpenCV makes the same bits, slower
+    from wsishard.streaming._lut import apply as _lut_apply
+except ImportError:  # a build without a C compiler
+    _lut_apply = None
 
 __all__ = ["DeviceBatch", "GpuCollate", "dihedral"]
 
@@ -81,6 +87,33 @@ def _look_up(src: np.ndarray, table: np.ndarray, dst: np.ndarray) -> None:
         raise RuntimeError(f"cv2.LUT did not write into the {dst.dtype} {dst.shape} output")
 
 
+def _cv2_pass(
+    src: np.ndarray, dst: np.ndarray, one: list[np.ndarray], three: np.ndarray, codes: list[int], channels_last: bool
+) -> None:
+    """The CPU pass without the C module: per sample, OpenCV splits the channels (uint8, in cache), moves them by
+    the sample's dihedral transform and writes them through the tables into ``dst``. One OpenCV thread: no pool
+    competing with the loader's workers."""
+    b, h, w, _ = src.shape
+    if channels_last:  # the interleaved pixels through a 3-channel table, straight into the output
+        planes, scratch = np.empty((2, 1, h, w, 3), dtype=np.uint8)
+    else:  # the channels split apart first, each through its own table
+        planes, scratch = np.empty((2, 3, h, w), dtype=np.uint8)
+    threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    try:
+        for i in range(b):
+            pixels = np.ascontiguousarray(src[i])  # (h, w, 3)
+            parts = (pixels,) if channels_last else cv2.split(pixels, list(planes))
+            moved = _transform(parts, scratch, codes[i], h == w)
+            if channels_last:
+                _look_up(moved[0], three, dst[i])
+            else:
+                for c in range(3):
+                    _look_up(moved[c], one[c], dst[i, c])
+    finally:
+        cv2.setNumThreads(threads)
+
+
 class GpuCollate:
     """Move a uint8 batch to ``device`` and turn it into normalized float NCHW (optionally augmented).
 
@@ -130,7 +163,7 @@ class GpuCollate:
         self.std = torch.tensor(std, dtype=torch.float32, device=self.device).view(1, 3, 1, 1)
         self._spare: list[torch.UntypedStorage] = []  # CPU output buffers of earlier batches
         # the CPU path's tables: per channel, the output of each uint8 value (see _tables)
-        self._table: tuple[tuple[Any, ...], list[np.ndarray], np.ndarray] | None = None
+        self._table: tuple[tuple[Any, ...], list[np.ndarray], np.ndarray, np.ndarray] | None = None
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed if seed is not None else int(np.random.default_rng().integers(2**63)))
 
@@ -157,49 +190,35 @@ class GpuCollate:
         return x.to(dtype=self.dtype, memory_format=fmt)
 
     def _cpu_images(self, image: torch.Tensor) -> torch.Tensor:
-        """The CPU path, one pass over memory: per sample, the channels split apart (uint8, in cache), moved by the
-        sample's dihedral transform, and written through a table of the 256 values each channel can take (computed
-        by the plain reference's own float32 operations and rounded to ``dtype``, so the same values, bit for
-        bit). One OpenCV thread: no pool competing with the loader's workers."""
+        """The CPU path, one pass over memory: each sample moved by its dihedral transform and written through a
+        table of the 256 values each channel can take (computed by the plain reference's own float32 operations
+        and rounded to ``dtype``, so the same values, bit for bit): in C (``_lut.c``), else with OpenCV."""
         b, h, w, _ = image.shape
         codes = self.codes(b).tolist() if self.augment else [0] * b
         out = self._output((b, 3, h, w))  # (b, 3, h, w) self.dtype, in the asked memory format
         bits = out.view(_BITS[self.dtype.itemsize])  # the same bytes as a dtype numpy and cv2 know
         dst = (bits.permute(0, 2, 3, 1) if self.channels_last else bits).numpy()  # (b, h, w, 3) / (b, 3, h, w)
-        src = image.numpy()  # (b, h, w, 3) uint8, any strides
-        one, three = self._tables()
-        if self.channels_last:  # the interleaved pixels through a 3-channel table, straight into the output
-            planes, scratch = np.empty((2, 1, h, w, 3), dtype=np.uint8)
-        else:  # the channels split apart first, each through its own table
-            planes, scratch = np.empty((2, 3, h, w), dtype=np.uint8)
-        threads = cv2.getNumThreads()
-        cv2.setNumThreads(1)
-        try:
-            for i in range(b):
-                pixels = np.ascontiguousarray(src[i])  # (h, w, 3)
-                parts = (pixels,) if self.channels_last else cv2.split(pixels, list(planes))
-                moved = _transform(parts, scratch, codes[i], h == w)
-                if self.channels_last:
-                    _look_up(moved[0], three, dst[i])
-                else:
-                    for c in range(3):
-                        _look_up(moved[c], one[c], dst[i, c])
-        finally:
-            cv2.setNumThreads(threads)
+        one, three, flat = self._tables()
+        if _lut_apply is not None:  # the same pass in C, its output written past the caches (_lut.c)
+            src = image if image.is_contiguous() else image.contiguous()
+            _lut_apply(src.numpy(), dst, flat, bytes(codes), b, h, w, self.dtype.itemsize, self.channels_last)
+        else:
+            _cv2_pass(image.numpy(), dst, one, three, codes, self.channels_last)
         return out
 
-    def _tables(self) -> tuple[list[np.ndarray], np.ndarray]:
+    def _tables(self) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
         """The output bits of each uint8 value, ((v / 255) - mean) / std in float32 as the reference computes it,
-        then rounded to ``dtype`` (in the dtype :data:`_BITS` names): per channel a (256, 1) table, and the three
-        together as one (256, 1, 3) table for interleaved pixels."""
+        then rounded to ``dtype`` (in the dtype :data:`_BITS` names): per channel a (256, 1) table, the three
+        together as one (256, 1, 3) table for interleaved pixels, and as (3, 256)."""
         made_for = (self.dtype, *self.mean.flatten().tolist(), *self.std.flatten().tolist())
         if self._table is None or self._table[0] != made_for:  # made again if dtype, mean or std were changed
             v = torch.arange(256, dtype=torch.uint8).view(1, 1, 1, 256).expand(1, 3, 1, 256).float()
             x = ((v / 255) - self.mean.cpu()) / self.std.cpu()  # (1, 3, 1, 256) float32
             bits = x.to(self.dtype).view(_BITS[self.dtype.itemsize]).numpy()[0, :, 0]  # (3, 256)
             one = [np.ascontiguousarray(bits[c].reshape(256, 1)) for c in range(3)]
-            self._table = (made_for, one, np.ascontiguousarray(bits.T.reshape(256, 1, 3)))
-        return self._table[1], self._table[2]
+            three = np.ascontiguousarray(bits.T.reshape(256, 1, 3))
+            self._table = (made_for, one, three, np.ascontiguousarray(bits))
+        return self._table[1], self._table[2], self._table[3]
 
     def _output(self, shape: tuple[int, int, int, int]) -> torch.Tensor:
         """A ``shape`` tensor of ``dtype`` in the asked memory format, in a buffer of an earlier batch that nothing
