@@ -92,10 +92,16 @@
 #endif
 
 #define ROWS(T)                                                                                                \
-    CLONES static void planar_##T(T *dst, const T *t, const uint8_t *p0, Py_ssize_t step, Py_ssize_t n) {       \
+    CLONES static void planar_##T(void *out, const void *table, const uint8_t *p0, Py_ssize_t step,            \
+                                  Py_ssize_t n) {                                                              \
+        T *dst = out;                                                                                          \
+        const T *t = table;                                                                                    \
         STORE_ROW(T, PLANAR);                                                                                  \
     }                                                                                                          \
-    CLONES static void mixed_##T(T *dst, const T *t, const uint8_t *p0, Py_ssize_t step, Py_ssize_t w) {        \
+    CLONES static void mixed_##T(void *out, const void *table, const uint8_t *p0, Py_ssize_t step,             \
+                                 Py_ssize_t w) {                                                               \
+        T *dst = out;                                                                                          \
+        const T *t = table;                                                                                    \
         Py_ssize_t x = 0;                                                                                      \
         MIXED_GROUPS(T)                                                                                        \
         for (; x < w; x++) {                                                                                   \
@@ -130,10 +136,10 @@ static void transpose(uint8_t *dst, const uint8_t *src, Py_ssize_t n) {
  * x1 = ox or w - 1 - ox (bit 1), of the sample transposed first (bit 0, square samples only): as dihedral(). */
 static void one_sample(uint8_t *d, const uint8_t *s, const uint8_t *table, int itemsize, int code, Py_ssize_t h,
                        Py_ssize_t w, int channels_last, uint8_t *scratch) {
-    static const row_fn planar[9] = {NULL, (row_fn)planar_uint8_t, (row_fn)planar_uint16_t, NULL,
-                                     (row_fn)planar_uint32_t, NULL, NULL, NULL, (row_fn)planar_uint64_t};
-    static const row_fn mixed[9] = {NULL, (row_fn)mixed_uint8_t, (row_fn)mixed_uint16_t, NULL,
-                                    (row_fn)mixed_uint32_t, NULL, NULL, NULL, (row_fn)mixed_uint64_t};
+    static const row_fn planar[9] = {NULL, planar_uint8_t, planar_uint16_t, NULL, planar_uint32_t,
+                                     NULL, NULL, NULL, planar_uint64_t};
+    static const row_fn mixed[9] = {NULL, mixed_uint8_t, mixed_uint16_t, NULL, mixed_uint32_t,
+                                    NULL, NULL, NULL, mixed_uint64_t};
     int fw = (code & 2) != 0, fh = (code & 4) != 0;
     size_t plane = (size_t)h * w * itemsize, line = (size_t)w * itemsize;
     if ((code & 1) && h == w) { /* transposed first, then read as any other sample */
@@ -162,7 +168,7 @@ static PyObject *apply(PyObject *self, PyObject *args) {
                           &channels_last))
         return NULL;
     PyObject *result = NULL;
-    uint8_t *scratch = NULL; /* a transposed sample */
+    uint8_t *scratch = NULL, *code = NULL; /* a transposed sample; the codes */
     if (b <= 0 || h <= 0 || w <= 0 || (itemsize != 1 && itemsize != 2 && itemsize != 4 && itemsize != 8)) {
         PyErr_SetString(PyExc_ValueError, "apply: b, h, w must be positive and itemsize 1, 2, 4 or 8");
         goto done;
@@ -177,8 +183,14 @@ static PyObject *apply(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "apply: the table or the output is not aligned to its elements");
         goto done;
     }
+    /* the codes copied, then checked and used: the caller's buffer may change while the GIL is released */
+    if ((code = PyMem_RawMalloc((size_t)b)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(code, codes.buf, (size_t)b);
     for (Py_ssize_t i = 0; i < b; i++) {
-        if (((const uint8_t *)codes.buf)[i] > 7) {
+        if (code[i] > 7) {
             PyErr_SetString(PyExc_ValueError, "apply: a dihedral code outside [0, 8)");
             goto done;
         }
@@ -186,14 +198,14 @@ static PyObject *apply(PyObject *self, PyObject *args) {
     size_t in = (size_t)h * w * 3, out = in * itemsize;
     if (h == w) {
         for (Py_ssize_t i = 0; i < b && scratch == NULL; i++) {
-            if (((const uint8_t *)codes.buf)[i] & 1 && (scratch = PyMem_RawMalloc(in)) == NULL) {
+            if (code[i] & 1 && (scratch = PyMem_RawMalloc(in)) == NULL) {
                 PyErr_NoMemory();
                 goto done;
             }
         }
     }
     Py_BEGIN_ALLOW_THREADS;
-    const uint8_t *table_bits = table.buf, *code = codes.buf;
+    const uint8_t *table_bits = table.buf;
     for (Py_ssize_t i = 0; i < b; i++)
         one_sample((uint8_t *)dst.buf + out * i, (const uint8_t *)src.buf + in * i, table_bits, itemsize, code[i], h,
                    w, channels_last, scratch);
@@ -205,6 +217,7 @@ static PyObject *apply(PyObject *self, PyObject *args) {
     Py_INCREF(result);
 done:
     PyMem_RawFree(scratch);
+    PyMem_RawFree(code);
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
     PyBuffer_Release(&table);
