@@ -173,10 +173,10 @@ static PyObject *apply(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "apply: b, h, w must be positive and itemsize 1, 2, 4 or 8");
         goto done;
     }
-    if (!PyBuffer_IsContiguous(&src, 'C') || !PyBuffer_IsContiguous(&dst, 'C') ||
-        !PyBuffer_IsContiguous(&table, 'C') || src.len / b / h / w != 3 || src.len != b * h * w * 3 ||
-        dst.len != src.len * itemsize || table.len != 3 * 256 * itemsize || codes.len != b) {
-        PyErr_SetString(PyExc_ValueError, "apply: buffers not C-contiguous or not of the sizes b, h, w give");
+    /* (y* and w* take C-contiguous buffers only) */
+    if (src.len / b / h / w != 3 || src.len != b * h * w * 3 || dst.len != src.len * itemsize ||
+        table.len != 3 * 256 * itemsize || codes.len != b) {
+        PyErr_SetString(PyExc_ValueError, "apply: buffers not of the sizes b, h, w give");
         goto done;
     }
     if (((uintptr_t)table.buf % itemsize) != 0 || ((uintptr_t)dst.buf % itemsize) != 0) {

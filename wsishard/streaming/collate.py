@@ -87,13 +87,14 @@ def _look_up(src: np.ndarray, table: np.ndarray, dst: np.ndarray) -> None:
         raise RuntimeError(f"cv2.LUT did not write into the {dst.dtype} {dst.shape} output")
 
 
-def _cv2_pass(
-    src: np.ndarray, dst: np.ndarray, one: list[np.ndarray], three: np.ndarray, codes: list[int], channels_last: bool
-) -> None:
+def _cv2_pass(src: np.ndarray, dst: np.ndarray, table: np.ndarray, codes: list[int], channels_last: bool) -> None:
     """The CPU pass without the C module: per sample, OpenCV splits the channels (uint8, in cache), moves them by
-    the sample's dihedral transform and writes them through the tables into ``dst``. One OpenCV thread: no pool
-    competing with the loader's workers."""
+    the sample's dihedral transform and writes them through ``table`` ((3, 256): per channel, as cv2.LUT takes it a
+    (256, 1) table each, or all three as one (256, 1, 3) table for interleaved pixels) into ``dst``. One OpenCV
+    thread: no pool competing with the loader's workers."""
     b, h, w, _ = src.shape
+    one = [table[c].reshape(256, 1) for c in range(3)]
+    three = np.ascontiguousarray(table.T).reshape(256, 1, 3)
     if channels_last:  # the interleaved pixels through a 3-channel table, straight into the output
         planes, scratch = np.empty((2, 1, h, w, 3), dtype=np.uint8)
     else:  # the channels split apart first, each through its own table
@@ -163,7 +164,7 @@ class GpuCollate:
         self.std = torch.tensor(std, dtype=torch.float32, device=self.device).view(1, 3, 1, 1)
         self._spare: list[torch.UntypedStorage] = []  # CPU output buffers of earlier batches
         # the CPU path's tables: per channel, the output of each uint8 value (see _tables)
-        self._table: tuple[tuple[Any, ...], list[np.ndarray], np.ndarray, np.ndarray] | None = None
+        self._table: tuple[tuple[Any, ...], np.ndarray] | None = None
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed if seed is not None else int(np.random.default_rng().integers(2**63)))
 
@@ -198,27 +199,24 @@ class GpuCollate:
         out = self._output((b, 3, h, w))  # (b, 3, h, w) self.dtype, in the asked memory format
         bits = out.view(_BITS[self.dtype.itemsize])  # the same bytes as a dtype numpy and cv2 know
         dst = (bits.permute(0, 2, 3, 1) if self.channels_last else bits).numpy()  # (b, h, w, 3) / (b, 3, h, w)
-        one, three, flat = self._tables()
+        table = self._tables()
         if _lut_apply is not None:  # the same pass in C, its output written past the caches (_lut.c)
             src = image if image.is_contiguous() else image.contiguous()
-            _lut_apply(src.numpy(), dst, flat, bytes(codes), b, h, w, self.dtype.itemsize, self.channels_last)
+            _lut_apply(src.numpy(), dst, table, bytes(codes), b, h, w, self.dtype.itemsize, self.channels_last)
         else:
-            _cv2_pass(image.numpy(), dst, one, three, codes, self.channels_last)
+            _cv2_pass(image.numpy(), dst, table, codes, self.channels_last)
         return out
 
-    def _tables(self) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    def _tables(self) -> np.ndarray:
         """The output bits of each uint8 value, ((v / 255) - mean) / std in float32 as the reference computes it,
-        then rounded to ``dtype`` (in the dtype :data:`_BITS` names): per channel a (256, 1) table, the three
-        together as one (256, 1, 3) table for interleaved pixels, and as (3, 256)."""
+        then rounded to ``dtype`` (in the dtype :data:`_BITS` names): (3, 256), a row per channel."""
         made_for = (self.dtype, *self.mean.flatten().tolist(), *self.std.flatten().tolist())
         if self._table is None or self._table[0] != made_for:  # made again if dtype, mean or std were changed
             v = torch.arange(256, dtype=torch.uint8).view(1, 1, 1, 256).expand(1, 3, 1, 256).float()
             x = ((v / 255) - self.mean.cpu()) / self.std.cpu()  # (1, 3, 1, 256) float32
             bits = x.to(self.dtype).view(_BITS[self.dtype.itemsize]).numpy()[0, :, 0]  # (3, 256)
-            one = [np.ascontiguousarray(bits[c].reshape(256, 1)) for c in range(3)]
-            three = np.ascontiguousarray(bits.T.reshape(256, 1, 3))
-            self._table = (made_for, one, three, np.ascontiguousarray(bits))
-        return self._table[1], self._table[2], self._table[3]
+            self._table = (made_for, np.ascontiguousarray(bits))
+        return self._table[1]
 
     def _output(self, shape: tuple[int, int, int, int]) -> torch.Tensor:
         """A ``shape`` tensor of ``dtype`` in the asked memory format, in a buffer of an earlier batch that nothing
