@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -77,3 +79,33 @@ def test_a_worker_dying_while_the_caller_is_busy_is_noticed_at_the_next_submit()
             time.sleep(0.3)  # item 2 kills its worker meanwhile; the refill then submits to a broken pool
             results.append(result)
     assert results == [-2 if i == 2 else 2 * i for i in range(10)]
+
+
+_AFTER_OPENCV = """
+import cv2, numpy as np
+from wsishard.builder.pool import WorkerPool
+from tests_pool_helper import blur
+image = np.random.default_rng(0).integers(0, 256, (3000, 3000, 3), dtype=np.uint8)
+for _ in range(3):  # OpenCV's thread pool now runs
+    cv2.GaussianBlur(image, (5, 5), 0)
+threads = cv2.getNumThreads()
+with WorkerPool(2) as pool:
+    assert list(pool.imap(blur, range(6))) == list(range(6))
+assert cv2.getNumThreads() == threads, cv2.getNumThreads()
+print("done")
+"""
+
+
+def test_workers_forked_after_the_caller_used_opencv_do_not_hang(tmp_path: Path) -> None:
+    """A build called from a process that had used OpenCV's threads (a notebook that looked at a thumbnail): each
+    forked worker hung for ever in cv2.setNumThreads. A fresh interpreter, since the bug lies in process state."""
+    (tmp_path / "tests_pool_helper.py").write_text(
+        "import cv2, numpy as np\n"
+        "def blur(i):\n"
+        "    cv2.setNumThreads(1)\n"
+        "    cv2.GaussianBlur(np.zeros((500, 500, 3), np.uint8), (5, 5), 0)\n"
+        "    return i\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", _AFTER_OPENCV], env=env, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-2000:]

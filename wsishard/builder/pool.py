@@ -42,10 +42,12 @@ class WorkerPool:
 
     def __init__(self, jobs: int) -> None:
         self.jobs = jobs
-        self._executor: ProcessPoolExecutor | None = _executor(jobs) if jobs > 1 else None
         self._cv2_threads = cv2.getNumThreads()
-        if jobs == 1:
-            cv2.setNumThreads(1)  # one job is one core (restored on exit)
+        # One job is one core; with workers, forked ones must not inherit OpenCV's thread pool: a worker forked while
+        # the pool's threads ran (the caller used OpenCV before) hung for ever in its first cv2.setNumThreads.
+        # Set to 1 here, that pool is wound down before any fork (restored on exit).
+        cv2.setNumThreads(1)
+        self._executor: ProcessPoolExecutor | None = _executor(jobs) if jobs > 1 else None
 
     def imap(self, fn: Callable[[T], R], items: Iterable[T], *, on_crash: Callable[[T], R] | None = None,
              window: int | None = None) -> Iterator[R]:  # fmt: skip
