@@ -19,7 +19,7 @@ The decode floor (``streambench_floor.py``) decodes the same JPEG bytes in DataL
 loader's are, with 1 and with 2 workers decoding at once: PIL, and libjpeg-turbo through imagecodecs straight into
 one reused slot (the loader's own decode call). Each decoder's libjpeg-turbo version is printed; the per-worker
 target is taken against the faster of the two floors (the stricter), and the row says which. A worker's CPU per
-sample is also broken down by stage (read, shuffle, json/label, decode, batching, hand-off), so that the next
+sample is also broken down by stage (read, shuffle, checks, decode, batching, hand-off), so that the next
 regression has a name.
 
 The S3 figure streams the same shards from a moto server started in this process. Two figures are of the loader
@@ -187,7 +187,7 @@ def time_wsishard(source: str, workers: int, batches: int, *, to_device: bool = 
             first_s, first_loader_s = time.perf_counter() - t0, tc - t0
         elif i >= warm:
             collate_s += time.perf_counter() - tc
-        distinct.append(len({m["slide_id"] for m in batch["meta"]}))
+        distinct.append(len({k.rsplit("_x", 1)[0] for k in batch["key"]}))  # <slide_id>_x<X>_y<Y>: no JSON parsed
     wall, cpu, main_cpu = time.perf_counter() - t_start, _cpu_s(procs) - cpu0, time.process_time() - main0
     del it  # shuts the workers down
     rate = batches * BATCH / wall
@@ -275,6 +275,23 @@ def time_collate(repeats: int = 5) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
+def time_metas(shards_dir: str, repeats: int = 20) -> dict[str, Any]:
+    """Reading every sample's ``.json`` of a batch in the training loop (``Metas`` parses them when read): ms."""
+    from wsishard.streaming.dataset import stream
+    from wsishard.streaming.decode import Metas
+    from wsishard.streaming.stages import read_shard
+
+    ds = stream(shards_dir, batch_size=BATCH, resampled=False, seed=SEED)
+    texts = [raw["meta"] for ref in ds.shards for raw in read_shard(ref, ds.opener)][:BATCH]
+    best = math.inf
+    for _ in range(repeats):
+        metas = Metas(texts)
+        t0 = time.perf_counter()
+        ids = {m["slide_id"] for m in metas}
+        best = min(best, time.perf_counter() - t0)
+    return {"read_all_ms": 1000 * best, "slides": len(ids)}
+
+
 def moto_s3(shards_dir: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """A moto S3 server in this process holding the manifest and shards: yields ``(url, storage_options)``."""
     import boto3
@@ -420,7 +437,9 @@ def _stage_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return [("a worker's CPU per sample by stage, us (1 worker)", ", ".join(parts), "", ""),
             ("  the floor's decode alone, us", f"{1e6 / fl['cpu_samples_per_s']:.0f}", "", ""),
             (f"GpuCollate alone on {DEVICE.type}, a batch of {BATCH}: defaults; augment=True",
-             f"{r['collate']['plain_ms']:.1f} ms; {r['collate']['augment_ms']:.1f} ms", "", "")]  # fmt: skip
+             f"{r['collate']['plain_ms']:.1f} ms; {r['collate']['augment_ms']:.1f} ms", "", ""),
+            ("every sample's .json of a batch read in the loop (parsed when read; the figures above read none)",
+             f"{r['metas']['read_all_ms']:.2f} ms", "", "")]  # fmt: skip
 
 
 def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -525,6 +544,7 @@ def measure(mode: Mode, slides: list[str], shards_dir: Path) -> dict[str, Any]:
         r[key] = sorted((rd[key] for rd in rounds), key=rate)[len(rounds) // 2]
     r["stages"] = _step("a worker's stages", stage_costs, local, BATCH)
     r["collate"] = _step("GpuCollate alone", time_collate)
+    r["metas"] = _step("a batch's .json read", time_metas, local)
     s3_error = ""
     with contextlib.ExitStack() as stack:
         try:

@@ -36,7 +36,7 @@ class DeviceBatch(TypedDict):
 
     image: torch.Tensor  # (b, 3, h, w) float, normalized
     label: torch.Tensor  # (b,) int64 on the device, -1 when unlabelled
-    meta: list[Any]
+    meta: Sequence[Any]  # the batch's Metas (each sample's .json, parsed when read), passed through
     key: list[str]
 
 
