@@ -274,7 +274,6 @@ def time_collate(repeats: int = 5) -> dict[str, Any]:
     return out
 
 
-@contextlib.contextmanager
 def time_metas(shards_dir: str, repeats: int = 20) -> dict[str, Any]:
     """Reading every sample's ``.json`` of a batch in the training loop (``Metas`` parses them when read): ms."""
     from wsishard.streaming.dataset import stream
@@ -292,6 +291,7 @@ def time_metas(shards_dir: str, repeats: int = 20) -> dict[str, Any]:
     return {"read_all_ms": 1000 * best, "slides": len(ids)}
 
 
+@contextlib.contextmanager
 def moto_s3(shards_dir: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """A moto S3 server in this process holding the manifest and shards: yields ``(url, storage_options)``."""
     import boto3

@@ -205,7 +205,7 @@ class _StageProbe(torch.utils.data.IterableDataset[dict[str, float]]):
         cuts: dict[str, Callable[[], tuple[float, int] | None]] = {"read": read, "+ shuffle": shuffle,
             "+ checks (json, header)": fields, "+ decode into slot": decode, "+ batches": batches}  # fmt: skip
         best = dict.fromkeys(cuts, float("inf"))
-        for _ in range(2):  # the better of two passes: the first also warms the page cache
+        for _ in range(3):  # the best of three passes (the first also warms the page cache): this VM drifts
             for name, fn in cuts.items():
                 c0 = time.process_time()
                 timed = fn()
