@@ -34,6 +34,7 @@ _EXPORTS: dict[str, str] = {
     "StreamConfig": "wsishard.streaming.dataset",
     "detect_world": "wsishard.streaming.world",
     "Batch": "wsishard.streaming.decode",
+    "Metas": "wsishard.streaming.decode",
     "Sample": "wsishard.streaming.decode",
     "World": "wsishard.streaming.world",
     "EpochPlan": "wsishard.streaming.partition",
@@ -71,6 +72,7 @@ __all__ = [
     "LoaderReport",
     "Manifest",
     "ManifestError",
+    "Metas",
     "MissingMppError",
     "MonitoredLoader",
     "OptionError",
@@ -147,7 +149,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from wsishard.storage.retry import RetryPolicy
     from wsishard.streaming.collate import DeviceBatch, GpuCollate
     from wsishard.streaming.dataset import ShardStream, StreamConfig, stream
-    from wsishard.streaming.decode import Batch, Sample
+    from wsishard.streaming.decode import Batch, Metas, Sample
     from wsishard.streaming.loader import ShardLoader, loader
     from wsishard.streaming.monitor import LoaderReport, MonitoredLoader
     from wsishard.streaming.partition import EpochPlan, plan_epoch
