@@ -198,10 +198,11 @@ def test_a_broken_sample_is_named_with_or_without_it(monkeypatch: pytest.MonkeyP
 def test_metas_parse_when_read_and_keep_what_was_changed() -> None:
     texts = [json.dumps({"i": i}).encode() for i in range(5)]
     metas = Metas(texts)
-    assert len(metas) == 5 and metas._parsed == [None] * 5  # nothing parsed yet
-    assert metas[1] == {"i": 1} and metas._parsed.count(None) == 4
+    assert len(metas) == 5 and all(isinstance(x, bytes) for x in metas._items)  # nothing parsed yet
+    assert metas[1] == {"i": 1} and sum(isinstance(x, bytes) for x in metas._items) == 4
     assert metas[-1] == {"i": 4} and metas[1:3] == [{"i": 1}, {"i": 2}] and next(iter(metas)) == {"i": 0}
     assert metas == [{"i": i} for i in range(5)] and metas != [{"i": 0}] and metas != "abc"
+    assert metas != tuple(metas)  # as a list is never equal to a tuple
     metas[2]["seen"] = True
     assert metas[2] is metas[2] and metas[2]["seen"]
     back = pickle.loads(pickle.dumps(metas))
@@ -210,3 +211,15 @@ def test_metas_parse_when_read_and_keep_what_was_changed() -> None:
         metas[5]
     with pytest.raises(TypeError):
         hash(metas)
+
+
+def test_metas_survive_pytorchs_rebuilding_of_sequences() -> None:
+    """DataLoader's pin_memory (a loader without workers on CUDA, .repeat(), a user's collate_fn) and
+    default_convert rebuild a sequence as ``type(data)([...items...])``: the items are then dicts, not texts."""
+    from torch.utils.data._utils.collate import default_convert
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    metas = Metas([b'{"x": 1}', b'{"x": [2, 3]}'])
+    metas[0]["y"] = 4  # read and changed before the rebuild
+    for rebuilt in (default_convert(metas), pin_memory(metas), Metas(list(metas))):
+        assert isinstance(rebuilt, Metas) and rebuilt == [{"x": 1, "y": 4}, {"x": [2, 3]}]

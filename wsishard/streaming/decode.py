@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, overload
 
@@ -60,17 +60,18 @@ class Metas(Sequence[PatchMeta]):
 
     A worker checks every sample's JSON before its batch is made (a sample whose JSON does not parse is an error
     there, or skipped), but builds no dict: most training loops never read them, and 256 dicts cost a worker about
-    1.4 ms to make and the main process 0.5 ms to receive. ``list(batch["meta"])`` gives a plain list.
+    1.4 ms to make and the main process 0.5 ms to receive. ``list(batch["meta"])`` gives a plain list (for
+    ``json.dumps``, ``torch.save`` with ``weights_only``, or to append to). Items that are not ``bytes`` are taken
+    as already parsed: PyTorch's ``pin_memory`` and ``default_convert`` rebuild a sequence from its items.
     """
 
-    __slots__ = ("_parsed", "_texts")
+    __slots__ = ("_items",)
 
-    def __init__(self, texts: Sequence[bytes]) -> None:
-        self._texts = list(texts)  # each sample's .json, UTF-8
-        self._parsed: list[PatchMeta | None] = [None] * len(self._texts)
+    def __init__(self, items: Iterable[bytes | PatchMeta]) -> None:
+        self._items: list[Any] = list(items)  # each sample's .json text (UTF-8 bytes) until read, then its value
 
     def __len__(self) -> int:
-        return len(self._texts)
+        return len(self._items)
 
     @overload
     def __getitem__(self, i: int) -> PatchMeta: ...
@@ -81,16 +82,16 @@ class Metas(Sequence[PatchMeta]):
     def __getitem__(self, i: int | slice) -> PatchMeta | list[PatchMeta]:
         if isinstance(i, slice):
             return [self[k] for k in range(len(self))[i]]
-        meta = self._parsed[i]
-        if meta is None:
-            meta = self._parsed[i] = _json(self._texts[i].decode("utf-8"))
-        return meta
+        item = self._items[i]
+        if isinstance(item, bytes):  # a JSON text is never bytes once parsed
+            item = self._items[i] = _json(item.decode("utf-8"))
+        return item
 
     def __iter__(self) -> Iterator[PatchMeta]:
         return (self[i] for i in range(len(self)))
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+        if not isinstance(other, (Metas, list)):
             return NotImplemented
         return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
 
@@ -100,13 +101,7 @@ class Metas(Sequence[PatchMeta]):
         return f"Metas({list(self)!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _metas, (self._texts, self._parsed)  # the dicts parsed so far cross too (a user may have changed one)
-
-
-def _metas(texts: list[bytes], parsed: list[PatchMeta | None]) -> Metas:
-    metas = Metas(texts)
-    metas._parsed = list(parsed)
-    return metas
+        return Metas, (self._items,)  # texts not yet read cross as texts, dicts read (maybe changed) as dicts
 
 
 def decode_sample(raw: RawSample) -> Sample:
