@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import cProfile
 import io
+import itertools
 import json
 import logging
 import math
@@ -281,7 +282,7 @@ def time_metas(shards_dir: str, repeats: int = 20) -> dict[str, Any]:
     from wsishard.streaming.stages import read_shard
 
     ds = stream(shards_dir, batch_size=BATCH, resampled=False, seed=SEED)
-    texts = [raw["meta"] for ref in ds.shards for raw in read_shard(ref, ds.opener)][:BATCH]
+    texts = list(itertools.islice((raw["meta"] for ref in ds.shards for raw in read_shard(ref, ds.opener)), BATCH))
     best = math.inf
     for _ in range(repeats):
         metas = Metas(texts)

@@ -149,7 +149,7 @@ class _StageProbe(torch.utils.data.IterableDataset[dict[str, float]]):
 
     def __iter__(self) -> Iterator[dict[str, float]]:
         from wsishard.streaming.dataset import stream
-        from wsishard.streaming.decode import DecodeIntoBatches, _check, _fields, _jpeg_into, decode_into
+        from wsishard.streaming.decode import DecodeIntoBatches, _jpeg_into, checked_label, decode_into
         from wsishard.streaming.stages import read_shard, shuffled
 
         ds = stream(self.shards_dir, batch_size=self.batch, resampled=False, seed=0)
@@ -172,24 +172,13 @@ class _StageProbe(torch.utils.data.IterableDataset[dict[str, float]]):
 
         h, w = hw
 
-        def checked(raw: Any) -> bool:
-            """The loop's checks: in C where built (the JPEG header, the JSON without a dict), else the JSON parsed."""
-            code = -1 if _check is None else _check(raw["image"], raw["meta"], h, w)
-            if code == 0 or (code == 1 and raw["label"] is not None):
-                return True
-            _fields(raw)
-            return False
-
-        def fields() -> None:
+        def fields() -> None:  # the loop's checks (in C where built: the JPEG header, the JSON without a dict)
             for raw in samples():
-                checked(raw)
+                checked_label(raw, h, w)
 
         def decode() -> None:
             for raw in samples():
-                if checked(raw):
-                    _jpeg_into(raw, slot)
-                else:
-                    decode_into(raw, slot)
+                (_jpeg_into if checked_label(raw, h, w)[1] else decode_into)(raw, slot)
 
         def batches() -> tuple[float, int]:
             """Timed from the second batch on: the ring's buffer is made (its pages faulted in) with the first, as a

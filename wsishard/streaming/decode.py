@@ -240,14 +240,8 @@ class DecodeIntoBatches:
                 if image is None:
                     image, lent = buffers.take()
                     slots = image.numpy()
-                # the common case checked in C (a JPEG of the size; one JSON object): no dict made, one decode call
-                code = -1 if _check is None else _check(raw["image"], raw["meta"], height, width)
-                if code == 0 or (code == 1 and raw["label"] is not None):
-                    label = -1 if raw["label"] is None else _cls_label(raw)
-                    _jpeg_into(raw, slots[len(keys)])
-                else:  # the Python path, with its errors: the JSON parsed (the label may be in it), any image
-                    label = _fields(raw)[1]
-                    decode_into(raw, slots[len(keys)])
+                label, jpeg = checked_label(raw, height, width)
+                (_jpeg_into if jpeg else decode_into)(raw, slots[len(keys)])
             except ShardError as exc:
                 if self.on_error == "raise":
                     raise
@@ -261,6 +255,21 @@ class DecodeIntoBatches:
                 image, lent, labels, metas, keys = None, None, [], [], []
         if keys and image is not None and not self.drop_last:
             yield _batch(buffers, image[: len(keys)], labels, metas, keys, lent)
+
+
+def checked_label(raw: RawSample, height: int, width: int) -> tuple[int, bool]:
+    """The sample's label (``.cls``, else the JSON's ``label``, else -1), its ``.json`` checked; and whether its
+    image is known to be a JPEG of ``height`` x ``width`` ending with EOI (then :func:`_jpeg_into` decodes it, else
+    :func:`decode_into` decides). The common case is checked in C (one JSON object, no dict made); anything else
+    takes the Python path, with its errors (the JSON parsed: the label may be in it).
+
+    Raises:
+        ShardError: the ``.json`` or ``.cls`` does not decode.
+    """
+    code = -1 if _check is None else _check(raw["image"], raw["meta"], height, width)
+    if code == 0 or (code == 1 and raw["label"] is not None):
+        return (-1 if raw["label"] is None else _cls_label(raw)), True
+    return _fields(raw)[1], False
 
 
 def _cls_label(raw: RawSample) -> int:
