@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 ROUNDS = 4  # floor rounds per decoder, interleaved
+DECODERS = ("pil", "turbo", "turbo_batch")  # every floor's decoders (see the module's docstring)
 
 
 def huge_page_slot(shape: tuple[int, ...]) -> np.ndarray:
@@ -60,9 +61,9 @@ def _blobs(shards_dir: str) -> list[bytes]:
 class _FloorProbe(torch.utils.data.IterableDataset[dict[str, Any]]):
     """In each worker: ``n`` decodes per decoder, ``ROUNDS`` interleaved rounds; yields one dict of timings."""
 
-    def __init__(self, shards_dir: str, n: int) -> None:
+    def __init__(self, shards_dir: str, n: int, names: tuple[str, ...] = DECODERS) -> None:
         super().__init__()
-        self.shards_dir, self.n = shards_dir, n
+        self.shards_dir, self.n, self.names = shards_dir, n, names
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         import imagecodecs
@@ -77,12 +78,13 @@ class _FloorProbe(torch.utils.data.IterableDataset[dict[str, Any]]):
         def turbo(data: bytes) -> None:
             imagecodecs.jpeg8_decode(data, out=slot)
 
-        into_batches = _BatchSlots((*slot.shape[:2], 3))
+        into_batches = _BatchSlots((*slot.shape[:2], 3)) if "turbo_batch" in self.names else None
 
         def turbo_batch(data: bytes) -> None:
-            imagecodecs.jpeg8_decode(data, out=into_batches.next())
+            imagecodecs.jpeg8_decode(data, out=into_batches.next())  # type: ignore[union-attr]
 
-        decoders: dict[str, Callable[[bytes], None]] = {"pil": pil, "turbo": turbo, "turbo_batch": turbo_batch}
+        every: dict[str, Callable[[bytes], None]] = {"pil": pil, "turbo": turbo, "turbo_batch": turbo_batch}
+        decoders = {name: every[name] for name in self.names}
         per_round = max(self.n // ROUNDS, 1)
         for fn in decoders.values():
             for data in blobs[:50]:  # warm-up
@@ -125,18 +127,20 @@ class _BatchSlots:
         return self.slots[self.i - 1]
 
 
-def decode_floor(shards_dir: str, workers: int, n: int) -> dict[str, Any]:
-    """Per-worker decode rates with ``workers`` decoding at once: mean over workers, for PIL and libjpeg-turbo."""
+def decode_floor(shards_dir: str, workers: int, n: int, decoders: tuple[str, ...] = DECODERS) -> dict[str, Any]:
+    """Per-worker decode rates with ``workers`` decoding at once: mean over workers, for each of ``decoders``
+    (PIL, libjpeg-turbo into one slot, libjpeg-turbo into batch memory)."""
     import imagecodecs
     from PIL import features
 
-    dl = torch.utils.data.DataLoader(_FloorProbe(shards_dir, n), batch_size=None, num_workers=workers)
+    dl = torch.utils.data.DataLoader(_FloorProbe(shards_dir, n, decoders), batch_size=None, num_workers=workers)
     results = list(dl)
     out: dict[str, Any] = {"workers": workers, "decodes_per_worker": n}
-    for name in ("pil", "turbo", "turbo_batch"):
+    for name in decoders:
         out[name] = {key: float(np.mean([r[name][key] for r in results])) for key in results[0][name]}
-    out["pil"]["libjpeg_turbo"] = features.version("libjpeg_turbo") or "not libjpeg-turbo"
-    out["turbo"]["libjpeg_turbo"] = out["turbo_batch"]["libjpeg_turbo"] = imagecodecs.jpeg8_version()
+        out[name]["libjpeg_turbo"] = imagecodecs.jpeg8_version()
+    if "pil" in out:
+        out["pil"]["libjpeg_turbo"] = features.version("libjpeg_turbo") or "not libjpeg-turbo"
     return out
 
 
