@@ -189,11 +189,13 @@ def decode_into(raw: RawSample, slot: np.ndarray) -> None:
     if (height, width) != slot.shape[:2]:
         raise _other_size(raw, width, height, slot.shape)
     if image_format == "jpg" and data[-2:] == b"\xff\xd9":
-        try:
-            imagecodecs.jpeg8_decode(data, out=slot)
-            return
-        except (imagecodecs.Jpeg8Error, ValueError):  # not 8-bit 3-channel, or damaged
-            pass
+        _jpeg_into(raw, slot)
+    else:
+        _pil_into(raw, slot)
+
+
+def _pil_into(raw: RawSample, slot: np.ndarray) -> None:
+    """The image decoded by PIL (which decides: it decodes or raises) and copied into ``slot``."""
     image = _pil_rgb(raw, slot.shape)  # (h, w, 3) uint8
     if image.shape != slot.shape:
         raise _other_size(raw, image.shape[1], image.shape[0], slot.shape)
@@ -281,12 +283,12 @@ def _cls_label(raw: RawSample) -> int:
 
 
 def _jpeg_into(raw: RawSample, slot: np.ndarray) -> None:
-    """A JPEG whose header :func:`_check` read decoded into ``slot`` by libjpeg-turbo; if libjpeg-turbo refuses it
-    (not 8-bit 3-channel, damaged), :func:`decode_into` decides."""
+    """A JPEG of the slot's size ending with EOI (its header read by :func:`_check` or :func:`decode_into`) decoded
+    into ``slot`` by libjpeg-turbo; if libjpeg-turbo refuses it (not 8-bit 3-channel, damaged), PIL decides."""
     try:
         imagecodecs.jpeg8_decode(raw["image"], out=slot)
     except (imagecodecs.Jpeg8Error, ValueError):
-        decode_into(raw, slot)
+        _pil_into(raw, slot)
 
 
 def _batch(buffers: BatchBuffers, image: torch.Tensor, labels: list[int], metas: list[bytes], keys: list[str],
