@@ -27,8 +27,11 @@ regression has a name.
 The S3 figure streams the same shards from a moto server started in this process. Two figures are of the loader
 alone: the first-batch latency of a resampled loader resumed (from a ``state_dict``) early and late in the stream,
 and the same samples rewritten into one shard (read by every worker, each keeping its slice: the sample-level
-split) against the many shards. On a machine with at least 16 cores the loader also runs with 8 workers, alone and
-device-ready: there the training process's work per batch can set the rate. Prints a table, then one final line
+split) against the many shards. The loader alone is also measured against its floor on the build a user makes
+first: slides at a real scanner's level-0 mpp (0.2520, not an exact 0.25) built with every default of ``wsishard
+build`` (one shard here, fewer than the readers: skip it with ``--no-user-build``). On a machine with at least 16
+cores the loader also runs with 8 workers, alone and device-ready: there the training process's work per batch can
+set the rate. Prints a table, then one final line
 ``JSON: {...}``. Targets are reported as PASS/MISS, never asserted: on a shared machine wall-clock figures are what
 they are.
 """
@@ -73,6 +76,7 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TARGETS = {"per_worker_vs_floor": 0.85, "device_vs_loader": 0.70, "vs_wsistream": 20.0, "s3_vs_local": 0.80,
            "first_batch_s": 2.0, "diversity_vs_uniform": 0.80, "resume_late_vs_early": 1.5,
            "one_shard_vs_many": 0.80}  # fmt: skip
+USER_MPP, USER_SLIDES, USER_SIZE_PX = 0.2520, 6, 8192  # the user's first build: a real scanner's level-0 mpp, defaults
 WIDE_WORKERS = 8  # the many-worker rows, on a machine with at least twice as many cores
 RESUME_STEPS = (10, 10_000)  # resumed at these steps (2 workers); the batches resumed at the first are checked
 
@@ -101,10 +105,10 @@ def log(msg: str) -> None:
     print(f"[bench_stream] {msg}", file=sys.stderr, flush=True)
 
 
-def _make_one(path: str, size_px: int, seed: int) -> str:
+def _make_one(path: str, size_px: int, seed: int, mpp: float = SLIDE_MPP) -> str:
     from wsishard.testing.synthetic import make_slide
 
-    make_slide(path, width=size_px, height=size_px, mpp=SLIDE_MPP, seed=seed, tissue_fraction=TISSUE_FRACTION)
+    make_slide(path, width=size_px, height=size_px, mpp=mpp, seed=seed, tissue_fraction=TISSUE_FRACTION)
     return path
 
 
@@ -136,6 +140,28 @@ def prepare(workdir: Path, mode: Mode) -> tuple[list[str], Path]:
         raise SystemExit(f"build failed for {[s.file for s in manifest.failed_slides]}")
     stamp.write_text(json.dumps(want))
     return paths, shards_dir
+
+
+def prepare_user(workdir: Path) -> Path:
+    """The user's first build, made once: six slides at a real scanner's level-0 mpp (:data:`USER_MPP`, not an exact
+    0.25) built by ``wsishard build SLIDES -o OUT`` with every default (one shard here: fewer shards than readers)."""
+    root = workdir / "user"
+    slides_dir, out, stamp = root / "slides", root / "shards", root / "stamp.json"
+    want = {"n_slides": USER_SLIDES, "size_px": USER_SIZE_PX, "slide_mpp": USER_MPP, "tissue_fraction": TISSUE_FRACTION}
+    if stamp.exists() and json.loads(stamp.read_text()) == want and (out / "manifest.json").exists():
+        return out
+    slides_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)
+    paths = [str(slides_dir / f"slide-{i:03d}.{'svs' if i % 2 == 0 else 'tif'}") for i in range(USER_SLIDES)]
+    log(f"generating {len(paths)} slides of {USER_SIZE_PX}^2 px at {USER_MPP} mpp in {slides_dir}")
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        list(pool.map(_make_one, paths, [USER_SIZE_PX] * len(paths), range(500, 500 + len(paths)),
+                      [USER_MPP] * len(paths)))  # fmt: skip
+    log(f"wsishard build {slides_dir} -o {out} (defaults)")
+    cli = "import sys; from wsishard.cli import main; sys.exit(main())"
+    subprocess.run([sys.executable, "-c", cli, "build", str(slides_dir), "-o", str(out), "-q"], check=True)
+    stamp.write_text(json.dumps(want))
+    return out
 
 
 def _cpu_s(procs: list[psutil.Process]) -> float:
@@ -398,7 +424,8 @@ def _floor(r: dict[str, Any], workers: int) -> tuple[str, dict[str, float]]:
     if after is not None:
         turbo = {key: math.sqrt(fl["turbo"][key] * after["turbo"][key]) for key in ("samples_per_s",
                  "cpu_samples_per_s")}  # fmt: skip
-    name = max(("turbo", "pil"), key=lambda k: (turbo if k == "turbo" else fl[k])["samples_per_s"])
+    rate = {k: (turbo if k == "turbo" else fl[k])["samples_per_s"] for k in ("turbo", "pil") if k in fl}
+    name = max(rate, key=rate.__getitem__)
     return ("libjpeg-turbo" if name == "turbo" else "PIL"), (turbo if name == "turbo" else fl[name])
 
 
@@ -474,6 +501,7 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                      f"{1e3 / w2l['cpu_per_worker']:.2f} ms local; {s3l['main_cpu_ms_per_batch']:,.0f} (moto) vs "
                      f"{w2l['main_cpu_ms_per_batch']:,.0f} ms/batch", "", ""))  # fmt: skip
     rows += _resume_split_rows(r)
+    rows += _user_rows(r)
     if "wide" in r:
         lo, dr, fl = r["wide_loader"], r["wide"], r["floor1"]["turbo"]["samples_per_s"]
         rows.append((f"wsishard local, {WIDE_WORKERS} workers ({os.cpu_count()} cpus), loader alone; device-ready on "
@@ -516,6 +544,22 @@ def _resume_split_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
              f">= {t['one_shard_vs_many']}x", _v(x >= t["one_shard_vs_many"]))]  # fmt: skip
 
 
+def _user_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The loader alone on the user's first build (default options, a scanner's mpp) against its own floor."""
+    if "user" not in r:
+        return []
+    u, pf = r["user"], TARGETS["per_worker_vs_floor"]
+    split = " (fewer shards than readers)" if u["shards"] < 2 else ""
+    rows = [(f"user's first build: `wsishard build` defaults, {u['slides']} slides {u['size_px']}^2 px at "
+             f"{u['slide_mpp']} mpp -> {u['samples']} patches in {u['shards']} shard(s)", "", "", "")]  # fmt: skip
+    for w in (1, 2):
+        y = [rd[f"w{w}_loader"]["per_worker"] / _floor(rd, w)[1]["samples_per_s"] for rd in u["rounds"]]
+        n = f" ({len(y)} rounds: median [range])" if len(y) > 1 else ""
+        rows.append((f"  {w} worker(s){split if w > 1 else ''}, loader alone per worker / libjpeg-turbo floor{n}",
+                     _spread(y), f">= {pf}x", _v(float(np.median(y)) >= pf)))  # fmt: skip
+    return rows
+
+
 def _print_table(rows: list[tuple[str, str, str, str]]) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
@@ -530,7 +574,7 @@ def _step(name: str, fn: Callable[..., dict[str, Any]], *args: Any, **kwargs: An
     return out
 
 
-def measure(mode: Mode, slides: list[str], shards_dir: Path) -> dict[str, Any]:
+def measure(mode: Mode, slides: list[str], shards_dir: Path, user_dir: Path | None = None) -> dict[str, Any]:
     """Every figure, in one run. Each S3 run directly follows its local twin: the load of a shared machine
     drifts within minutes, so the S3 / local ratio compares neighbours."""
     from streambench_floor import decode_floor, stage_costs
@@ -577,9 +621,34 @@ def measure(mode: Mode, slides: list[str], shards_dir: Path) -> dict[str, Any]:
     if s3_error:
         r["s3"] = {"error": s3_error[:300]}
     r.update(measure_resume_split(mode, shards_dir))
+    if user_dir is not None:
+        r.update(measure_user(mode, user_dir))
     r.update(measure_wide(mode, shards_dir))
     r["wsistream"] = _step("wsistream, 2 workers", time_wsistream, slides, 2, mode.ws_batches)
     return r
+
+
+def measure_user(mode: Mode, user_dir: Path) -> dict[str, Any]:
+    """The loader alone against the libjpeg-turbo floor on the user's first build (:func:`prepare_user`), 1 and 2
+    workers, in rounds of floor / loader / floor again as the main rounds."""
+    from streambench_floor import decode_floor
+
+    from wsishard.storage.opener import load_manifest
+
+    manifest, _ = load_manifest(str(user_dir))
+    rounds, src = [], str(user_dir)
+    for k in range(mode.rounds):
+        tag, rd = f" (user's build, round {k + 1} of {mode.rounds})", {}
+        for w in (1, 2):
+            rd[f"floor{w}"] = _step(f"decode floor, {w} worker(s){tag}", decode_floor, src, w, mode.floor_samples,
+                                    ("turbo",))  # fmt: skip
+            rd[f"w{w}_loader"] = _step(f"wsishard, {w} worker(s), loader alone{tag}", time_wsishard, src, w,
+                                       mode.batches, to_device=False)  # fmt: skip
+            rd[f"floor{w}_after"] = _step(f"decode floor again, {w} worker(s){tag}", decode_floor, src, w,
+                                          mode.floor_samples, ("turbo",))  # fmt: skip
+        rounds.append(rd)
+    return {"user": {"rounds": rounds, "shards": len(manifest.shards), "samples": manifest.total_samples,
+                     "slides": len(manifest.slides), "slide_mpp": USER_MPP, "size_px": USER_SIZE_PX}}  # fmt: skip
 
 
 def measure_wide(mode: Mode, shards_dir: Path) -> dict[str, Any]:
@@ -616,6 +685,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default="/tmp/wsishard-bench-stream", help="cache of slides and shards")
     parser.add_argument("--json-only", action="store_true", help="print only the final JSON line")
     parser.add_argument("--profile", action="store_true", help="also cProfile one worker's pipeline in-process")
+    parser.add_argument("--no-user-build", action="store_true", help="leave out the user's first build (default "
+                        f"options, slides at {USER_MPP} mpp): about a minute less")  # fmt: skip
     args = parser.parse_args(argv)
     mode = QUICK if args.quick else FULL
     import imagecodecs
@@ -628,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
     t_all, load0 = time.perf_counter(), os.getloadavg()[0]
     slides, shards_dir = prepare(Path(args.workdir), mode)
     manifest, _ = load_manifest(str(shards_dir))
-    r = measure(mode, slides, shards_dir)
+    r = measure(mode, slides, shards_dir, None if args.no_user_build else prepare_user(Path(args.workdir)))
     counts = [s.patches for s in manifest.slides]
     runs = [rd[key] for rd in r["rounds"] for key in ("w1", "w1_loader", "w2", "w2_loader")]
     seen = [d for run in runs for d in run["distinct_slides"]]
