@@ -431,8 +431,8 @@ def _floor(r: dict[str, Any], workers: int) -> tuple[str, dict[str, float]]:
 
 def _spread(values: list[float]) -> str:
     """The median of per-round values, and their range when there are several rounds."""
-    mid = float(np.median(values))
-    return f"{mid:.2f}x" + (f" [{min(values):.2f}-{max(values):.2f}]" if len(values) > 1 else "")
+    mid = float(np.median(values))  # three decimals: a verdict's 0.849x must not print as 0.85x
+    return f"{mid:.3f}x" + (f" [{min(values):.2f}-{max(values):.2f}]" if len(values) > 1 else "")
 
 
 def _loader_rows(r: dict[str, Any], w: int) -> list[tuple[str, str, str, str]]:
