@@ -577,23 +577,17 @@ def _step(name: str, fn: Callable[..., dict[str, Any]], *args: Any, **kwargs: An
 def measure(mode: Mode, slides: list[str], shards_dir: Path, user_dir: Path | None = None) -> dict[str, Any]:
     """Every figure, in one run. Each S3 run directly follows its local twin: the load of a shared machine
     drifts within minutes, so the S3 / local ratio compares neighbours."""
-    from streambench_floor import decode_floor, stage_costs
+    from streambench_floor import DECODERS, stage_costs
 
     local, n = str(shards_dir), mode.batches
     r: dict[str, Any] = {}
     rounds: list[dict[str, Any]] = []
     for k in range(mode.rounds):  # this VM's speed drifts by 10% within minutes: each round's ratios are neighbours'
         tag = f" (round {k + 1} of {mode.rounds})"
-        rd = {"floor1": _step("decode floor, 1 worker" + tag, decode_floor, local, 1, mode.floor_samples)}
-        rd["w1_loader"] = _step("wsishard, 1 worker, loader alone" + tag, time_wsishard, local, 1, n, to_device=False)
-        rd["floor1_after"] = _step("decode floor again, 1 worker" + tag, decode_floor, local, 1, mode.floor_samples,
-                                   ("turbo",))  # fmt: skip
-        rd["w1"] = _step("wsishard, 1 worker, device-ready" + tag, time_wsishard, local, 1, n)
-        rd["floor2"] = _step("decode floor, 2 workers" + tag, decode_floor, local, 2, mode.floor_samples)
-        rd["w2_loader"] = _step("wsishard, 2 workers, loader alone" + tag, time_wsishard, local, 2, n, to_device=False)
-        rd["floor2_after"] = _step("decode floor again, 2 workers" + tag, decode_floor, local, 2, mode.floor_samples,
-                                   ("turbo",))  # fmt: skip
-        rd["w2"] = _step("wsishard, 2 workers, device-ready" + tag, time_wsishard, local, 2, n)
+        rd: dict[str, Any] = {}
+        for w in (1, 2):
+            rd.update(_sandwich(local, w, mode, tag, DECODERS))
+            rd[f"w{w}"] = _step(f"wsishard, {w} worker(s), device-ready{tag}", time_wsishard, local, w, n)
         rounds.append(rd)
     r["rounds"] = rounds
     for key in rounds[0]:  # the round with the median figure, for the table's absolute rates
@@ -628,11 +622,22 @@ def measure(mode: Mode, slides: list[str], shards_dir: Path, user_dir: Path | No
     return r
 
 
+def _sandwich(src: str, w: int, mode: Mode, tag: str, decoders: tuple[str, ...]) -> dict[str, Any]:
+    """One round's loader alone with ``w`` workers between two floors: ``decoders`` before it, libjpeg-turbo again
+    right after it (the ratio takes the geometric mean of the two, :func:`_floor`)."""
+    from streambench_floor import decode_floor
+
+    return {f"floor{w}": _step(f"decode floor, {w} worker(s){tag}", decode_floor, src, w, mode.floor_samples,
+                               decoders),
+            f"w{w}_loader": _step(f"wsishard, {w} worker(s), loader alone{tag}", time_wsishard, src, w, mode.batches,
+                                  to_device=False),
+            f"floor{w}_after": _step(f"decode floor again, {w} worker(s){tag}", decode_floor, src, w,
+                                     mode.floor_samples, ("turbo",))}  # fmt: skip
+
+
 def measure_user(mode: Mode, user_dir: Path) -> dict[str, Any]:
     """The loader alone against the libjpeg-turbo floor on the user's first build (:func:`prepare_user`), 1 and 2
     workers, in rounds of floor / loader / floor again as the main rounds."""
-    from streambench_floor import decode_floor
-
     from wsishard.storage.opener import load_manifest
 
     manifest, _ = load_manifest(str(user_dir))
@@ -640,12 +645,7 @@ def measure_user(mode: Mode, user_dir: Path) -> dict[str, Any]:
     for k in range(mode.rounds):
         tag, rd = f" (user's build, round {k + 1} of {mode.rounds})", {}
         for w in (1, 2):
-            rd[f"floor{w}"] = _step(f"decode floor, {w} worker(s){tag}", decode_floor, src, w, mode.floor_samples,
-                                    ("turbo",))  # fmt: skip
-            rd[f"w{w}_loader"] = _step(f"wsishard, {w} worker(s), loader alone{tag}", time_wsishard, src, w,
-                                       mode.batches, to_device=False)  # fmt: skip
-            rd[f"floor{w}_after"] = _step(f"decode floor again, {w} worker(s){tag}", decode_floor, src, w,
-                                          mode.floor_samples, ("turbo",))  # fmt: skip
+            rd.update(_sandwich(src, w, mode, tag, ("turbo",)))
         rounds.append(rd)
     return {"user": {"rounds": rounds, "shards": len(manifest.shards), "samples": manifest.total_samples,
                      "slides": len(manifest.slides), "slide_mpp": USER_MPP, "size_px": USER_SIZE_PX}}  # fmt: skip
