@@ -78,6 +78,7 @@ TARGETS = {"per_worker_vs_floor": 0.85, "device_vs_loader": 0.70, "vs_wsistream"
            "one_shard_vs_many": 0.80}  # fmt: skip
 USER_MPP, USER_SLIDES, USER_SIZE_PX = 0.2520, 6, 8192  # the user's first build: a real scanner's level-0 mpp, defaults
 WIDE_WORKERS = 8  # the many-worker rows, on a machine with at least twice as many cores
+PAIR_BATCHES = {1: 8, 2: 12}  # timed batches of a loader slice in an interleaved pair, by workers (~0.5 s)
 RESUME_STEPS = (10, 10_000)  # resumed at these steps (2 workers); the batches resumed at the first are checked
 
 
@@ -93,12 +94,13 @@ class Mode:
     floor_samples: int  # JPEGs decoded in the floor loop
     ws_batches: int  # timed wsistream batches of WS_BATCH (after the warm-up)
     rounds: int  # rounds of the floors, loaders alone and device-ready, one after the other: ratios per round
+    pairs: int  # interleaved pairs of floor and loader slices (streambench_pairs): the steadier second reading
 
 
 QUICK = Mode(name="quick", n_slides=6, size_px=8192, shard_samples=64, batches=8, floor_samples=2000,
-             ws_batches=4, rounds=1)  # fmt: skip
+             ws_batches=4, rounds=1, pairs=3)  # fmt: skip
 FULL = Mode(name="full", n_slides=16, size_px=12288, shard_samples=128, batches=30, floor_samples=6000,
-            ws_batches=16, rounds=5)  # fmt: skip
+            ws_batches=16, rounds=5, pairs=20)  # fmt: skip
 
 
 def log(msg: str) -> None:
@@ -453,12 +455,20 @@ def _loader_rows(r: dict[str, Any], w: int) -> list[tuple[str, str, str, str]]:
     return [(title, f"{ldr['samples_per_s']:,.0f}/s", "", ""),
             (f"  per worker / {name} floor ({w} worker(s) decoding; before and after){n}", _spread(y), f">= {pf}x",
              _v(float(np.median(y)) >= pf)),
+            *_pair_rows(r["pairs"][str(w)]),
             ("  per worker CPU-s / the floor's CPU-s", _spread(z), "", ""),
             ("  per worker / the floor into batch memory; / PIL floor", f"{_spread(batch)}; {_spread(pil)}", "", ""),
             (f"  device-ready on {DEVICE.type} (GpuCollate in the main process) / loader alone{n}",
              f"{dev['samples_per_s']:,.0f}/s; {_spread(d)}", f">= {pd}x", _v(float(np.median(d)) >= pd)),
             ("  collate per batch; main process CPU per batch", f"{dev['collate_ms_per_batch']:,.0f} ms; "
              f"{dev['main_cpu_ms_per_batch']:,.0f} ms", "", "")]  # fmt: skip
+
+
+def _pair_rows(p: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The steadier second reading of the same target: interleaved pairs of short floor and loader slices."""
+    pf, n = TARGETS["per_worker_vs_floor"], len(p["ratios"])
+    return [(f"  the same in {n} interleaved pairs of ~0.5 s slices (one loader paused between; median [range])",
+             _spread(p["ratios"]), f">= {pf}x", _v(float(np.median(p["ratios"])) >= pf))]  # fmt: skip
 
 
 def _stage_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -557,6 +567,7 @@ def _user_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         n = f" ({len(y)} rounds: median [range])" if len(y) > 1 else ""
         rows.append((f"  {w} worker(s){split if w > 1 else ''}, loader alone per worker / libjpeg-turbo floor{n}",
                      _spread(y), f">= {pf}x", _v(float(np.median(y)) >= pf)))  # fmt: skip
+        rows += _pair_rows(u["pairs"][str(w)])
     return rows
 
 
@@ -590,6 +601,7 @@ def measure(mode: Mode, slides: list[str], shards_dir: Path, user_dir: Path | No
             rd[f"w{w}"] = _step(f"wsishard, {w} worker(s), device-ready{tag}", time_wsishard, local, w, n)
         rounds.append(rd)
     r["rounds"] = rounds
+    r["pairs"] = measure_pairs(mode, local, "")
     for key in rounds[0]:  # the round with the median figure, for the table's absolute rates
         rate = (lambda x: x["turbo"]["samples_per_s"]) if key.startswith("floor") else (lambda x: x["samples_per_s"])
         r[key] = sorted((rd[key] for rd in rounds), key=rate)[len(rounds) // 2]
@@ -635,6 +647,15 @@ def _sandwich(src: str, w: int, mode: Mode, tag: str, decoders: tuple[str, ...])
                                      mode.floor_samples, ("turbo",))}  # fmt: skip
 
 
+def measure_pairs(mode: Mode, src: str, tag: str) -> dict[str, Any]:
+    """The loader alone against the libjpeg-turbo floor in interleaved pairs (:mod:`streambench_pairs`), 1 and 2
+    workers."""
+    from streambench_pairs import interleaved
+
+    return {str(w): _step(f"interleaved pairs, {w} worker(s){tag}", interleaved, src, w, mode.pairs, PAIR_BATCHES[w],
+                          batch=BATCH, seed=SEED) for w in (1, 2)}  # fmt: skip
+
+
 def measure_user(mode: Mode, user_dir: Path) -> dict[str, Any]:
     """The loader alone against the libjpeg-turbo floor on the user's first build (:func:`prepare_user`), 1 and 2
     workers, in rounds of floor / loader / floor again as the main rounds."""
@@ -647,8 +668,10 @@ def measure_user(mode: Mode, user_dir: Path) -> dict[str, Any]:
         for w in (1, 2):
             rd.update(_sandwich(src, w, mode, tag, ("turbo",)))
         rounds.append(rd)
-    return {"user": {"rounds": rounds, "shards": len(manifest.shards), "samples": manifest.total_samples,
-                     "slides": len(manifest.slides), "slide_mpp": USER_MPP, "size_px": USER_SIZE_PX}}  # fmt: skip
+    pairs = measure_pairs(mode, src, " (user's build)")
+    return {"user": {"rounds": rounds, "pairs": pairs, "shards": len(manifest.shards),
+                     "samples": manifest.total_samples, "slides": len(manifest.slides), "slide_mpp": USER_MPP,
+                     "size_px": USER_SIZE_PX}}  # fmt: skip
 
 
 def measure_wide(mode: Mode, shards_dir: Path) -> dict[str, Any]:
