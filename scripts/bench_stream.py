@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 import psutil
 import torch
+from streambench_floor import cpu_s
 
 SLIDE_MPP = 0.25  # level-0 microns per px of the generated slides (40x)
 TARGET_MPP = 0.5
@@ -166,15 +167,6 @@ def prepare_user(workdir: Path) -> Path:
     return out
 
 
-def _cpu_s(procs: list[psutil.Process]) -> float:
-    total = 0.0
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            t = proc.cpu_times()
-            total += t.user + t.system
-    return total
-
-
 def _tar_reader() -> str:
     """Which tar reader the loader runs: the C scan (built with the package) or Python alone (built without it)."""
     from wsishard.shards import reader
@@ -205,7 +197,7 @@ def time_wsishard(source: str, workers: int, batches: int, *, to_device: bool = 
     for i in range(warm + batches):
         if i == warm:  # warm-up done
             procs = psutil.Process().children()
-            t_start, cpu0, main0 = time.perf_counter(), _cpu_s(procs), time.process_time()
+            t_start, cpu0, main0 = time.perf_counter(), cpu_s(procs), time.process_time()
         batch = next(it)
         tc = time.perf_counter()
         if to_device:
@@ -219,7 +211,7 @@ def time_wsishard(source: str, workers: int, batches: int, *, to_device: bool = 
         elif i >= warm:
             collate_s += time.perf_counter() - tc
         distinct.append(len({k.rsplit("_x", 1)[0] for k in batch["key"]}))  # <slide_id>_x<X>_y<Y>: no JSON parsed
-    wall, cpu, main_cpu = time.perf_counter() - t_start, _cpu_s(procs) - cpu0, time.process_time() - main0
+    wall, cpu, main_cpu = time.perf_counter() - t_start, cpu_s(procs) - cpu0, time.process_time() - main0
     del it  # shuts the workers down
     rate = batches * BATCH / wall
     return {"workers": workers, "to_device": to_device, "samples_per_s": rate, "per_worker": rate / workers,

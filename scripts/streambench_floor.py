@@ -22,6 +22,7 @@ loader's worker CPU per sample is the DataLoader's hand-off.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import time
@@ -29,10 +30,21 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 
 ROUNDS = 4  # floor rounds per decoder, interleaved
 DECODERS = ("pil", "turbo", "turbo_batch")  # every floor's decoders (see the module's docstring)
+
+
+def cpu_s(procs: list[psutil.Process]) -> float:
+    """User plus system CPU seconds of ``procs`` so far (a process that has ended counts nothing)."""
+    total = 0.0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            t = proc.cpu_times()
+            total += t.user + t.system
+    return total
 
 
 def huge_page_slot(shape: tuple[int, ...]) -> np.ndarray:

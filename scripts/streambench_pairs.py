@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import psutil
+from streambench_floor import cpu_s
 
 
 def _floor_process(shards_dir: str, conn: Connection) -> None:
@@ -42,16 +43,12 @@ def _floor_process(shards_dir: str, conn: Connection) -> None:
         conn.send(time.perf_counter() - t0)
 
 
-def _cpu_s(procs: list[psutil.Process]) -> float:
-    return sum(sum(p.cpu_times()[:2]) for p in procs)
-
-
 def _wait_idle(procs: list[psutil.Process], poll_s: float = 0.05) -> None:
     """Until the processes use no CPU over ``poll_s`` (the loader's workers, their prefetched batches made)."""
-    last = _cpu_s(procs)
+    last = cpu_s(procs)
     while True:
         time.sleep(poll_s)
-        now = _cpu_s(procs)
+        now = cpu_s(procs)
         if now == last:
             return
         last = now
