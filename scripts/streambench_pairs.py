@@ -43,15 +43,20 @@ def _floor_process(shards_dir: str, conn: Connection) -> None:
         conn.send(time.perf_counter() - t0)
 
 
-def _wait_idle(procs: list[psutil.Process], poll_s: float = 0.05) -> None:
-    """Until the processes use no CPU over ``poll_s`` (the loader's workers, their prefetched batches made)."""
-    last = cpu_s(procs)
-    while True:
+def _wait_idle(procs: list[psutil.Process], poll_s: float = 0.05, limit_s: float = 60.0) -> None:
+    """Until the processes use no CPU over ``poll_s`` (the loader's workers, their prefetched batches made).
+
+    Raises:
+        RuntimeError: still busy after ``limit_s`` (a worker that never rests would otherwise hang the benchmark).
+    """
+    last, deadline = cpu_s(procs), time.monotonic() + limit_s
+    while time.monotonic() < deadline:
         time.sleep(poll_s)
         now = cpu_s(procs)
         if now == last:
             return
         last = now
+    raise RuntimeError(f"the loader's workers were still busy after {limit_s:.0f} s; no pair can be timed")
 
 
 def interleaved(source: str, workers: int, pairs: int, k: int, *, batch: int, seed: int) -> dict[str, Any]:
