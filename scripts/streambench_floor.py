@@ -123,7 +123,7 @@ class _BatchSlots:
     def __init__(self, hw_c: tuple[int, int, int], batch: int = 256) -> None:
         from wsishard.streaming.ring import BatchBuffers, Lending
 
-        self.ring = BatchBuffers((batch, *hw_c), shared=True, lending=Lending(prefill=3))
+        self.ring = BatchBuffers((batch, *hw_c), shared=True, lending=Lending(reuse=True, prefill=3))
         self.held: list[Any] = []  # tickets of the buffers "the main process" holds, oldest first
         self.batch, self.slots, self.i = batch, np.empty((0, *hw_c), dtype=np.uint8), batch
 

@@ -19,6 +19,13 @@ def keys_of(batches: Iterable[dict[str, Any]]) -> list[str]:
     return [k for b in batches for k in b["key"]]
 
 
+def kept(batches: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
+    """``batches`` as a loop that keeps them must take them: each image copied before the next batch is taken (a
+    loader's batch is valid until then)."""
+    for batch in batches:
+        yield {**batch, "image": batch["image"].clone()}
+
+
 def two_ranks(source: str | Path, **kw: Any) -> ShardStream:
     """A stream as rank 0 of two sees it (``pipeline(World(rank=r, ...), epoch)`` plays any rank and worker)."""
     return stream(source, world=World(rank=0, world_size=2), **kw)

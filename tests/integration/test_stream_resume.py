@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import shardmaker as sm
-from streamtools import keys_of
+from streamtools import kept, keys_of
 
 from wsishard.streaming.dataset import stream
 from wsishard.streaming.loader import ShardLoader, loader
@@ -35,14 +35,14 @@ def _sig(batches: list[dict[str, Any]]) -> list[tuple[str, ...]]:
 @pytest.mark.parametrize(("workers", "steps"), [(2, 5), (2, 6), (0, 4), (3, 7)])
 def test_resampled_batches_after_a_resume_are_the_uninterrupted_ones(out: sm.Output, workers: int,
                                                                       steps: int) -> None:  # fmt: skip
-    reference = list(itertools.islice(_loader(out.root, workers), steps + 12))
+    reference = list(itertools.islice(kept(_loader(out.root, workers)), steps + 12))
     first = _loader(out.root, workers)
-    taken = list(itertools.islice(first, steps))
+    taken = list(itertools.islice(kept(first), steps))
     state = json.loads(json.dumps(first.state_dict()))  # plain JSON: what a checkpoint stores
     assert _sig(taken) == _sig(reference[:steps])
     again = _loader(out.root, workers)
     again.load_state_dict(state)
-    rest = list(itertools.islice(again, 12))
+    rest = list(itertools.islice(kept(again), 12))
     assert _sig(rest) == _sig(reference[steps:])
     for a, b in zip(rest, reference[steps:], strict=True):
         assert np.array_equal(a["image"].numpy(), b["image"].numpy()) and a["label"].tolist() == b["label"].tolist()
@@ -137,7 +137,7 @@ def test_states_taken_at_an_epochs_end_go_on_with_the_next_epoch_on_the_new_topo
     new = _ranks(out.root, 3, 1)
     for dl in new:
         dl.load_state_dict([dl_old.state_dict() for dl_old in old])
-    assert [dl.dataset._epoch_next for dl in new] == [1, 1, 1]
+    assert [dl.dataset.next_epoch for dl in new] == [1, 1, 1]
     fresh = _ranks(out.root, 3, 1)
     for dl in fresh:
         dl.dataset.set_epoch(1)

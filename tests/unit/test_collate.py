@@ -202,3 +202,20 @@ def test_a_collate_whose_dtype_or_mean_changes_writes_the_new_values() -> None:
     collate.dtype, collate.mean = torch.float32, torch.zeros(1, 3, 1, 1)
     expected = image.permute(0, 3, 1, 2).float() / 255 / torch.tensor(STD).view(1, 3, 1, 1)
     assert torch.equal(collate.images(image), expected)
+
+
+def test_a_cpu_output_is_valid_until_the_next_call_and_its_buffer_then_taken_in_turn() -> None:
+    collate = GpuCollate("cpu", mean=MEAN, std=STD)
+    batches = [torch.full((2, 8, 8, 3), v, dtype=torch.uint8) for v in (10, 20, 30)]
+    outs = [collate.images(b) for b in batches]
+    ptrs = [o.untyped_storage().data_ptr() for o in outs]
+    assert ptrs[0] != ptrs[1] and ptrs[2] == ptrs[0]  # two buffers in turn
+    assert torch.equal(outs[1], _reference(batches[1]))  # the one before the last call: still intact
+
+
+def test_without_reuse_every_cpu_output_is_memory_of_its_own() -> None:
+    collate = GpuCollate("cpu", mean=MEAN, std=STD, reuse_output=False)
+    batches = [torch.full((2, 8, 8, 3), v, dtype=torch.uint8) for v in (10, 20, 30)]
+    outs = [collate.images(b) for b in batches]
+    assert len({o.untyped_storage().data_ptr() for o in outs}) == 3
+    assert all(torch.equal(o, _reference(b)) for o, b in zip(outs, batches, strict=True))

@@ -57,14 +57,14 @@ def test_returns_hold_a_pinned_buffer_until_its_queued_copies_finished() -> None
     got = returns.add(Lent((7, 0), 0, flags, received, SHAPE, 16))
     assert got is not None and fake.calls == [("register", received.data_ptr(), received.nbytes)]
     del received, got
-    assert returns.sweep() == 0 and flags.tolist() == [1, 0]  # let go, but a copy may still read it
+    assert returns.release() == 0 and flags.tolist() == [1, 0]  # the next batch asked for, but a copy may still read it
     fake.done = 0
-    assert returns.sweep() == 1 and flags.tolist() == [0, 0]
+    assert returns.release() == 1 and flags.tolist() == [0, 0]
     flags[0] = 1  # filled again and named: no second registration
     got = returns.add(Lent((7, 0), 0, None, None, SHAPE, 16))
     assert got is not None and [c[0] for c in fake.calls].count("register") == 1
     del got
-    assert returns.sweep() == 0 and flags.tolist() == [1, 0]  # event 1 not finished
+    assert returns.release() == 0 and flags.tolist() == [1, 0]  # event 1 not finished
     returns.close()
     assert flags.tolist() == [0, 0] and [c[0] for c in fake.calls][-2:] == ["sync", "unregister"]
 

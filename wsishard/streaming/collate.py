@@ -8,8 +8,8 @@ plain reference's own float32 operations, and every pixel is written by looking 
 reference). A small C module (``_lut.c``, built with the package) moves each sample by its dihedral transform (a
 transpose, a flip) and writes it through the tables into the output past the caches, one thread, the GIL released;
 without it, OpenCV does the same per sample (split, transpose/flip, ``cv2.LUT``), slower, to the same bits. The
-output buffer is reused once nothing refers to it (fresh 200 MB of float pages per batch cost more than the work).
-Nothing in this module knows about shards.
+CPU output buffers are reused (fresh float pages for every batch cost more than the work): an output is valid until
+the next call, unless ``reuse_output=False``. Nothing in this module knows about shards.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from typing import Any, TypedDict
 import cv2
 import numpy as np
 import torch
-
-from wsishard.streaming.ring import unused
 
 try:  # built with the package (wsishard/streaming/_lut.c); without it OpenCV makes the same bits, slower
     from wsishard.streaming._lut import apply as _lut_apply
@@ -60,7 +58,7 @@ def dihedral(x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
     return torch.where((code & 4).bool().view(shape), x.flip(-2), x)
 
 
-_SPARE = 3  # CPU output buffers kept: the one the training step still holds, the one before, one more
+_SPARE = 2  # CPU output buffers used in turn: the one the training step holds and the one being written
 # the numpy dtype cv2 writes an output element's bits as, by the element's size in bytes
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.float32, 8: torch.float64}
 
@@ -123,8 +121,9 @@ class GpuCollate:
     (contiguous, or ``channels_last`` memory format). On a CPU device the same result comes from one pass over
     memory through per-channel tables of the 256 uint8 values (module docstring): exactly what the plain reference
     ``((x.float() / 255) - mean) / std`` computes, bit for bit. Its output then lives in a buffer this collate
-    fills again once nothing refers to it any more (no tensor, view or numpy array of it): keep the output, or
-    a view of it, as long as it is needed; hand a copy, not the tensor, to another process.
+    fills again: **on a CPU device an output is valid until the next call** (a training step's forward and
+    backward pass are done by then); keep one longer by ``.clone()``, or build the collate with
+    ``reuse_output=False``.
 
     Args:
         device: the training device.
@@ -134,6 +133,8 @@ class GpuCollate:
         augment: apply a random flip / 90-degree rotation to each sample (flips only for non-square images).
         channels_last: return tensors in ``torch.channels_last`` memory format.
         seed: seed of the augmentation's own generator (None: from OS entropy). Give each rank its own.
+        reuse_output: on a CPU device, write each output into one of two buffers used in turn (True), or into
+            memory of its own (False).
 
     Raises:
         ValueError: mean or std without 3 values, a non-positive std, or a non-float dtype.
@@ -149,6 +150,7 @@ class GpuCollate:
         augment: bool = False,
         channels_last: bool = False,
         seed: int | None = None,
+        reuse_output: bool = True,
     ) -> None:
         if len(mean) != 3 or len(std) != 3:
             raise ValueError(f"mean and std need 3 values each, got mean={mean!r} std={std!r}")
@@ -162,7 +164,9 @@ class GpuCollate:
         self.channels_last = channels_last
         self.mean = torch.tensor(mean, dtype=torch.float32, device=self.device).view(1, 3, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32, device=self.device).view(1, 3, 1, 1)
-        self._spare: list[torch.UntypedStorage] = []  # CPU output buffers of earlier batches
+        self.reuse_output = reuse_output
+        self._spare: list[torch.UntypedStorage] = []  # CPU output buffers, used in turn
+        self._turn = 0
         # the CPU path's tables: per channel, the output of each uint8 value (see _tables)
         self._table: tuple[tuple[Any, ...], np.ndarray] | None = None
         self.generator = torch.Generator(device=self.device)
@@ -219,18 +223,21 @@ class GpuCollate:
         return self._table[1]
 
     def _output(self, shape: tuple[int, int, int, int]) -> torch.Tensor:
-        """A ``shape`` tensor of ``dtype`` in the asked memory format, in a buffer of an earlier batch that nothing
-        refers to any more, else in a new one (numpy's allocation: transparent huge pages, fewer faults)."""
+        """A ``shape`` tensor of ``dtype`` in the asked memory format: in the next of the buffers used in turn (a new
+        one where it is missing or of another size), or in memory of its own without ``reuse_output`` (numpy's
+        allocation: transparent huge pages, fewer faults)."""
         b, c, h, w = shape
         nbytes = b * c * h * w * self.dtype.itemsize
         strides = (c * h * w, 1, w * c, c) if self.channels_last else (c * h * w, h * w, w, 1)
-        spare = next((i for i in range(len(self._spare)) if self._spare[i].nbytes() == nbytes
-                      and unused(self._spare, i)), None)  # fmt: skip
-        if spare is None:
+        if not self.reuse_output:
             storage = torch.from_numpy(np.empty(nbytes, dtype=np.uint8)).untyped_storage()
-            self._spare = [*self._spare[-(_SPARE - 1) :], storage]
-            spare = len(self._spare) - 1
-        return torch.empty(0, dtype=self.dtype).set_(self._spare[spare], 0, shape, strides)
+            return torch.empty(0, dtype=self.dtype).set_(storage, 0, shape, strides)
+        turn, self._turn = self._turn, (self._turn + 1) % _SPARE
+        if turn >= len(self._spare):
+            self._spare.append(torch.from_numpy(np.empty(nbytes, dtype=np.uint8)).untyped_storage())
+        elif self._spare[turn].nbytes() != nbytes:
+            self._spare[turn] = torch.from_numpy(np.empty(nbytes, dtype=np.uint8)).untyped_storage()
+        return torch.empty(0, dtype=self.dtype).set_(self._spare[turn], 0, shape, strides)
 
     def __call__(self, batch: Mapping[str, Any]) -> DeviceBatch:
         """Collate a :class:`~wsishard.streaming.decode.Batch`; ``meta`` and ``key`` pass through unchanged."""

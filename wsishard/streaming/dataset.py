@@ -58,7 +58,7 @@ from wsishard.streaming.partition import (
     reader_slices,
     resume_position,
 )
-from wsishard.streaming.ring import Lending
+from wsishard.streaming.ring import UNLENT, Lending
 from wsishard.streaming.stages import (
     SHUFFLE_STREAM,
     Budget,
@@ -124,11 +124,13 @@ class _Refill:
     dataset: ShardStream
     tasks: tuple[ShardRef, ...]
     seed: tuple[int, ...]
+    lending: Lending
 
     def __call__(self, pass_index: int) -> Iterator[Batch]:
         order = np.random.default_rng((*self.seed, pass_index)).permutation(len(self.tasks))
         source = ShardList(tuple(self.tasks[i] for i in order.tolist()))
-        stages = self.dataset.sample_stages((*self.seed, pass_index), max_failures=len(self.tasks))
+        stages = self.dataset.sample_stages((*self.seed, pass_index), max_failures=len(self.tasks),
+                                            lending=self.lending)  # fmt: skip
         return iter(wds.DataPipeline(source, *stages))
 
 
@@ -164,21 +166,30 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         self.counts = np.array([s.samples for s in self.shards], dtype=np.int64)  # (n,)
         # drawn once here, in the main process, so that every worker of this rank agrees on it
         self.base_seed = config.seed if config.seed is not None else int(np.random.default_rng().integers(2**63))
-        self._epoch_next = 0
-        self._local_passes = 0
-        self._pinned = False
-        self.resumed: Resume | None = None  # set by a loader's load_state_dict; applies to its epoch only
+        self._next_epoch = 0
         self.redealt: tuple[int, tuple[redeal.Piece, ...]] | None = None  # an epoch begun on another topology
-        self.lending = Lending()  # how workers lend batch buffers (set by a ShardLoader while its workers start)
 
     @property
     def plan_seed(self) -> int:
         """The seed of the shard assignment, shared by all ranks (``seed``, or 0 without one)."""
         return self.config.seed if self.config.seed is not None else 0
 
+    @property
+    def next_epoch(self) -> int:
+        """The epoch the next pass (an iteration of this stream or of its loader) will be."""
+        return self._next_epoch
+
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass epoch ``epoch``; passes after it count on from there."""
-        self._epoch_next, self._local_passes, self._pinned = epoch, 0, True
+        if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer) or epoch < 0:
+            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+        self._next_epoch = int(epoch)
+
+    def next_pass(self) -> int:
+        """Start a pass: its epoch (:attr:`next_epoch`), and the next pass's is one more."""
+        epoch = self._next_epoch
+        self._next_epoch = epoch + 1
+        return epoch
 
     def plan(self, epoch: int, num_workers: int) -> EpochPlan:
         """The epoch's plan for this job's ranks with ``num_workers`` workers each (epoch mode)."""
@@ -203,19 +214,21 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
                 f"with {self.world.world_size} rank(s) x {max(num_workers, 1)} worker(s)"
             )
 
-    def sample_stages(self, seed: tuple[int, ...], max_failures: int = 1, skip: int = 0) -> list[Any]:
+    def sample_stages(self, seed: tuple[int, ...], max_failures: int = 1, skip: int = 0,
+                      lending: Lending = UNLENT) -> list[Any]:  # fmt: skip
         """The stages from shards to batches: read and shuffle (by ``seed`` and each shard's position, passing over
-        ``skip`` samples first), decode, batch."""
+        ``skip`` samples first), decode, batch (into buffers lent as ``lending`` says)."""
         cfg = self.config
         drop_last = cfg.drop_last or cfg.resampled
         return [ReadShuffled(self.opener, cfg.shuffle, (*seed, SHUFFLE_STREAM), cfg.on_error, max_failures, skip),
                 DecodeIntoBatches(cfg.batch_size, self.image_hw, drop_last=drop_last, on_error=cfg.on_error,
-                                  lending=self.lending)]  # fmt: skip
+                                  lending=lending)]  # fmt: skip
 
-    def pipeline(self, world: World, epoch: int, done: int = 0) -> wds.DataPipeline:
+    def pipeline(self, world: World, epoch: int, done: int = 0, lending: Lending = UNLENT) -> wds.DataPipeline:
         """The webdataset pipeline that ``world``'s (rank, worker) runs in ``epoch`` (or for ever), after the
         ``done`` batches it had yielded (a resumed loader): whole shards before its position are skipped by their
-        manifest counts, unread, and only the shard it stopped in is read again."""
+        manifest counts, unread, and only the shard it stopped in is read again. ``lending``: how its batch buffers
+        are lent (:class:`~wsishard.streaming.ring.Lending`)."""
         check_readers(self.counts, world.world_size, world.num_workers)
         seed = (self.base_seed, world.rank, world.worker, epoch)
         cfg = self.config
@@ -230,19 +243,20 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
             source: tuple[Any, ...] = (ShardList(mine), Resample(self.base_seed, world.rank, world.worker, start))
             budget = None
         elif self.redealt is not None and self.redealt[0] == epoch:
-            return self._redealt_pipeline(world, seed)
+            return self._redealt_pipeline(world, seed, lending)
         else:
             plan = self.plan(epoch, world.num_workers)
             mine = slice_refs(self.shards, plan.slices_of(world))
             start, skip = resume_position([r.kept for r in mine], done * cfg.batch_size)
             topup = cfg.on_error == "skip" and world.world_size > 1
-            refill = _Refill(self, mine, (*seed, _TOPUP_STREAM)) if topup else None
+            refill = _Refill(self, mine, (*seed, _TOPUP_STREAM), lending) if topup else None
             source, budget = (ShardList(mine, start),), Budget(max(plan.budget_of(world) - done, 0), refill)
         logger.debug("rank %d worker %d epoch %d: %d shards, from %d (+%d)", world.rank, world.worker, epoch,
                      len(mine), start, skip)  # fmt: skip
-        return wds.DataPipeline(*source, *self.sample_stages(seed, max_failures=len(mine), skip=skip), budget)
+        stages = self.sample_stages(seed, max_failures=len(mine), skip=skip, lending=lending)
+        return wds.DataPipeline(*source, *stages, budget)
 
-    def _redealt_pipeline(self, world: World, seed: tuple[int, ...]) -> wds.DataPipeline:
+    def _redealt_pipeline(self, world: World, seed: tuple[int, ...], lending: Lending) -> wds.DataPipeline:
         """The rest of an epoch begun on another topology: this reader's share of the old readers' remainders."""
         assert self.redealt is not None
         cfg, pieces = self.config, self.redealt[1]
@@ -251,31 +265,31 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         return wds.DataPipeline(redeal.PieceList(tuple(redeal.share(pieces, world))),
                                 redeal.ReadPieces(self.opener, cfg.shuffle, cfg.on_error),
                                 DecodeIntoBatches(cfg.batch_size, self.image_hw, drop_last=cfg.drop_last,
-                                                  on_error=cfg.on_error, lending=self.lending),
+                                                  on_error=cfg.on_error, lending=lending),
                                 Budget(int(caps[world.rank, world.worker])))  # fmt: skip
 
     def __iter__(self) -> Iterator[Batch]:
+        """One pass (:meth:`next_pass`): every batch is a fresh buffer of its own."""
+        return self.batches(self.next_pass())
+
+    def batches(self, epoch: int, *, resume: Resume | None = None, lending: Lending = UNLENT) -> Iterator[Batch]:
+        """The batches of ``epoch`` that this process reads: in a DataLoader worker, that worker's share, each batch
+        tagged with its (logical) worker and a worker's :class:`~wsishard.errors.ShardError` handed over as the last
+        item (:class:`WorkerShardError`); else the whole rank's.
+
+        Args:
+            epoch: the pass's epoch.
+            resume: where each worker of a resumed loader stands in ``epoch``, and which worker the first plays.
+            lending: how the batch buffers are lent (:class:`~wsishard.streaming.ring.Lending`).
+        """
         info = torch.utils.data.get_worker_info()
         workers = info.num_workers if info is not None else 1
-        epoch = self._epoch_next + self._local_passes
-        self._local_passes += 1
-        resumed = self.resumed if self.resumed is not None and self.resumed.epoch == epoch else None
+        resumed = resume if resume is not None and resume.epoch == epoch else None
         logical = (info.id + (resumed.rotation if resumed else 0)) % workers if info is not None else 0
         world = self.world.with_worker(logical, workers)
         done = resumed.batches[logical] if resumed else 0
-        batches = iter(self.pipeline(world, epoch, done))
+        batches = iter(self.pipeline(world, epoch, done, lending))
         return batches if info is None else _from_worker(batches, logical)  # type: ignore[return-value]
-
-    def resume(self, at: Resume) -> None:
-        """Make the next pass epoch ``at.epoch``, each worker starting after its ``at.batches`` batches."""
-        self._epoch_next, self._local_passes, self._pinned, self.resumed = at.epoch, 0, True, at
-
-    def _loader_pass(self, first: bool) -> None:
-        """Called by :class:`ShardLoader` in the main process before it starts its workers."""
-        if self._pinned:
-            self._pinned = False
-        elif not first:
-            self._epoch_next += 1
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 The per-sample work is the loader's throughput: each batch is a uint8 buffer of the reader's ring
 (:mod:`wsishard.streaming.ring`: in shared memory inside a worker, so the DataLoader passes it to the main process
-without copying it, and filled again once the main process has let go of it) and each JPEG is decoded by
-libjpeg-turbo straight into its slot; PIL decodes everything else. No per-sample array, no ``np.stack``.
+without copying it, and under the loader filled again once the loop has taken the next batch) and each JPEG is
+decoded by libjpeg-turbo straight into its slot; PIL decodes everything else. No per-sample array, no ``np.stack``.
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ class DecodeIntoBatches:
 
     Each batch's ``(size, h, w, 3)`` tensor is a buffer of a :class:`~wsishard.streaming.ring.BatchBuffers` ring
     (in shared memory inside a DataLoader worker, where the batch carries a ``"buffer"`` ticket that
-    :class:`~wsishard.streaming.loader.ShardLoader` takes off and hands back once the batch is let go), and every
+    :class:`~wsishard.streaming.loader.ShardLoader` takes off and hands back at the loop's next batch), and every
     image is decoded into its own slot of it (:func:`decode_into`): no per-sample array, no stack, no copy on the
     way to the main process, no fresh pages per batch. ``image_hw`` is every image's ``(h, w)``: the manifest's
     patch size, never the first sample's. With ``lending.by_reference`` (set by ``ShardLoader`` for its workers, which

@@ -1,16 +1,16 @@
-"""The DataLoader over a :class:`~wsishard.streaming.dataset.ShardStream`: epochs counted, worker errors handed
-back as :class:`~wsishard.errors.ShardError`, and the position saved and restored (:meth:`ShardLoader.state_dict`).
+"""The loader over a :class:`~wsishard.streaming.dataset.ShardStream`: a ``torch.utils.data.DataLoader`` that
+wsishard configures, with epochs counted, worker errors handed back as :class:`~wsishard.errors.ShardError`, batch
+buffers reused under an explicit ownership rule, and the position saved and restored
+(:meth:`ShardLoader.state_dict`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
-from itertools import islice
 from typing import Any
 
 import torch
-import webdataset as wds
+from torch.utils.data import DataLoader, IterableDataset
 
 from wsishard.errors import ShardError
 from wsishard.streaming import redeal
@@ -18,6 +18,8 @@ from wsishard.streaming.dataset import Resume, ShardStream, WorkerShardError
 from wsishard.streaming.decode import Batch
 from wsishard.streaming.pinning import HostPins, cuda_runtime
 from wsishard.streaming.ring import Lending, Returns
+
+__all__ = ["ShardLoader", "as_is", "loader"]
 
 
 def _raise_handed_over(items: Iterator[Batch | WorkerShardError]) -> Iterator[Batch]:
@@ -29,95 +31,99 @@ def _raise_handed_over(items: Iterator[Batch | WorkerShardError]) -> Iterator[Ba
 
 
 def as_is(batch: Batch) -> Batch:
-    """The workers' batch as it is: already tensors (``default_convert`` would look into each of its meta dicts,
-    about 2 ms a batch of 256 in the worker)."""
+    """The workers' batch as it is: already tensors (``default_convert`` would look into each of its meta dicts)."""
     return batch
 
 
 _STATE_FORMAT, _STATE_VERSION = "wsishard-loader-state", 1
+_MAX_COUNT = 2**48  # epochs or batches a state may name: more is a damaged state, not a long run
 
 
-class ShardLoader(wds.WebLoader):
-    """A ``wds.WebLoader`` (a DataLoader with ``batch_size=None``) that counts epochs for its dataset.
+class _Pass(IterableDataset[Batch]):
+    """What the DataLoader iterates: one pass of ``stream`` at ``epoch`` (persistent workers count their later
+    passes themselves), resumed where ``resume`` says, its buffers lent as ``lending`` says."""
 
-    Each iteration after the first advances the dataset's epoch (unless :meth:`ShardStream.set_epoch`
-    was called), so non-persistent workers, which get a fresh copy of the dataset, still see a new
-    shard order every epoch. With ``persistent_workers=True`` the workers count epochs themselves (the
-    same numbers), but a later ``set_epoch`` no longer reaches them. Errors from workers come back as
-    :class:`~wsishard.errors.ShardError` (DataLoader itself would turn them into ``RuntimeError``).
+    def __init__(self, stream: ShardStream, epoch: int, resume: Resume | None, lending: Lending) -> None:
+        super().__init__()
+        self.stream, self.epoch, self.resume, self.lending = stream, epoch, resume, lending
+        self._passes = 0
 
-    Each worker's batch images are buffers of its ring (:mod:`wsishard.streaming.ring`): at every step the loader
-    hands back the buffers nothing in this process refers to any more, and the worker fills them again. A batch
-    the loop keeps (or a view, or a numpy array of its image) is never refilled; hand a copy, not the tensor, to
-    another process. With ``pin_memory`` on CUDA those buffers are page-locked in place (``cudaHostRegister``) and
-    a buffer goes back only once the work queued on the current CUDA stream when the loop let it go has finished, so
-    ``batch["image"].to("cuda", non_blocking=True)`` needs no copy and no care (on another stream: synchronise).
+    def __iter__(self) -> Iterator[Batch]:
+        epoch = self.epoch + self._passes
+        self._passes += 1
+        return self.stream.batches(epoch, resume=self.resume, lending=self.lending)
+
+
+class ShardLoader:
+    """Batches of a :class:`~wsishard.streaming.dataset.ShardStream` through a ``torch.utils.data.DataLoader``
+    (``batch_size=None``: the workers batch), one pass per iteration.
+
+    Each iteration is a pass of the stream's next epoch (:meth:`ShardStream.next_pass`: one more than the last, or
+    what :meth:`ShardStream.set_epoch` set), so non-persistent workers, which get a fresh copy of the dataset, see a
+    new shard order every epoch. With ``persistent_workers=True`` the workers count epochs themselves (the same
+    numbers), but a later ``set_epoch`` no longer reaches them. Errors from workers come back as
+    :class:`~wsishard.errors.ShardError` (a DataLoader would turn them into ``RuntimeError``).
+
+    **Buffer ownership.** With ``reuse_buffers=True`` (the default) and no ``collate_fn``, the batches' images are
+    buffers the readers fill again: *a batch's images are valid until the loop takes the next batch.* A loop that
+    keeps batches longer (``list(loader)``, a queue to another thread) copies the image (``.clone()``) or builds the
+    loader with ``reuse_buffers=False``, which gives every batch memory of its own (slower: fresh pages per batch).
+    With ``pin_memory`` on CUDA the buffers are page-locked in place (``cudaHostRegister``), and a buffer goes back
+    to its worker only once the work queued on the current CUDA stream when the loop asked for the next batch has
+    finished, so ``batch["image"].to("cuda", non_blocking=True)`` needs no copy and no care (on another stream:
+    synchronise).
 
     :meth:`state_dict` says where the batches the training loop has taken stand (plain JSON data, no pickle);
     :meth:`load_state_dict` on a new loader of the same stream and topology makes its batches from there on the
     same as an uninterrupted run's (without skipped shards: ``on_error="skip"`` can shift them).
+
+    Args:
+        dataset: from :func:`~wsishard.streaming.dataset.stream`.
+        num_workers: DataLoader worker processes (use the same on every rank).
+        pin_memory: page-locked batches (in place on CUDA, else by DataLoader's copy).
+        reuse_buffers: the ownership rule above (True), or memory of its own for every batch (False).
+        **kwargs: passed to ``torch.utils.data.DataLoader`` (``prefetch_factor``, ``persistent_workers``,
+            ``collate_fn``, ``multiprocessing_context``, ``timeout``...).
     """
 
-    def __init__(self, dataset: ShardStream, **kwargs: Any) -> None:
-        kwargs.setdefault("collate_fn", as_is)  # DataLoader's default walks every meta dict of every batch
-        lend = int(kwargs.get("num_workers", 0)) > 0 and kwargs["collate_fn"] is as_is
-        # pinned on CUDA: the workers' buffers page-locked in place (pinning.py) instead of DataLoader's copy of each
-        self._cuda = cuda_runtime() if lend and kwargs.get("pin_memory", False) else None
-        if self._cuda is not None:
-            kwargs["pin_memory"] = False
-        super().__init__(dataset, batch_size=None, **kwargs)
+    def __init__(self, dataset: ShardStream, *, num_workers: int = 0, pin_memory: bool = False,
+                 reuse_buffers: bool = True, **kwargs: Any) -> None:  # fmt: skip
+        if "batch_size" in kwargs:
+            raise ValueError(f"batch_size={kwargs['batch_size']!r}: batch in stream(), the loader gets None")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
         self.dataset = dataset
-        self.num_workers = int(kwargs.get("num_workers", 0))
+        self.num_workers = num_workers
         self.persistent = bool(kwargs.get("persistent_workers", False))
-        self._iterations = 0
-        self._epoch = dataset._epoch_next
-        self._taken = [0] * max(self.num_workers, 1)  # batches the training loop took from each (logical) worker
+        collate_fn = kwargs.pop("collate_fn", None)
+        own = collate_fn is None or collate_fn is as_is  # a user's collate_fn gets the batches: nothing is reused
+        lend = num_workers > 0 and own and reuse_buffers
+        self._cuda = cuda_runtime() if lend and pin_memory else None  # pinned in place, not by DataLoader's copy
+        self._pin = bool(pin_memory) and self._cuda is None
+        prefill = int(kwargs.get("prefetch_factor") or 2) + 1 if lend else 0  # the prefetched ones and one filled
+        self._lending = Lending(reuse=own and reuse_buffers, by_reference=lend and not self._pin, prefill=prefill)
+        self._kwargs = {**kwargs, "collate_fn": collate_fn or as_is}
+        self._loader: DataLoader[Batch] | None = None  # persistent workers: one DataLoader for every pass
+        self._resume: Resume | None = None  # from load_state_dict, for the pass of its epoch
+        self._epoch = dataset.next_epoch
+        self._taken = [0] * max(num_workers, 1)  # batches the training loop took from each (logical) worker
         self._last: int | None = None
-        # workers may name their buffers instead of sending them (nothing between them and _count needs the tensor),
-        # and make the buffers they will keep lent before the first batch: the prefetched ones and the one filled
-        self._lending = Lending(
-            by_reference=lend and not kwargs.get("pin_memory", False),
-            prefill=int(kwargs.get("prefetch_factor") or 2) + 1 if self.num_workers > 0 else 0,
-        )
 
     def __iter__(self) -> Iterator[Batch]:
-        if self.num_workers > 0:
-            self.dataset._loader_pass(first=self._iterations == 0)
-        self._iterations += 1
-        resumed = self.dataset.resumed
-        self._epoch = self.dataset._epoch_next + (self.dataset._local_passes if self.num_workers == 0 else 0)
-        at_resume = resumed is not None and resumed.epoch == self._epoch
-        self._taken = list(resumed.batches) if at_resume else [0] * max(self.num_workers, 1)  # type: ignore[union-attr]
-        self._last = resumed.last if at_resume else None  # type: ignore[union-attr]
-        # pinned in place (pinning.py) unless .repeat() makes later passes: their buffers would stay page-locked
-        # pass after pass, so DataLoader's pin thread pins those, as before
-        in_place = self._cuda is not None and self.repetitions == 1
-        if self._cuda is not None:
-            self.pipeline[0].pin_memory = not in_place
-        lending = self._lending if in_place or self._cuda is None else replace(self._lending, by_reference=False)
-        self.dataset.lending = lending  # for the workers DataLoader starts (or forks) in its iterator's making
-        try:  # iterator1() makes that iterator at once (webdataset's __iter__ would only once a batch is asked for)
-            first = self.iterator1()
-        finally:
-            self.dataset.lending = Lending()  # they have their copy: the dataset is as it was again
-        batches = self._passes(first)
-        if self.repetitions != 1 and self.nsamples > 0:  # as webdataset's DataPipeline.__iter__
-            batches = islice(batches, self.nsamples)
-        return self._count(_raise_handed_over(batches), HostPins(self._cuda) if in_place and self._cuda else None)
-
-    def _passes(self, first: Iterator[Any]) -> Iterator[Any]:
-        """webdataset's ``DataPipeline.iterator``, its first pass made already: ``.repeat()`` passes, the later
-        ones made as they come (non-persistent workers of a later pass then send batches by tensor)."""
-        for k in range(self.repetitions):
-            count = 0
-            for batch in first if k == 0 else self.iterator1():
-                yield batch
-                count += 1
-            if count == 0:  # an empty pass: the dataset is empty, do not go on
-                break
+        epoch = self.dataset.next_pass()
+        resume = self._resume if self._resume is not None and self._resume.epoch == epoch else None
+        self._resume = None
+        self._epoch = epoch
+        self._taken = list(resume.batches) if resume else [0] * max(self.num_workers, 1)
+        self._last = resume.last if resume else None
+        if self._loader is None or not self.persistent:
+            self._loader = DataLoader(_Pass(self.dataset, epoch, resume, self._lending), batch_size=None,
+                                      num_workers=self.num_workers, pin_memory=self._pin, **self._kwargs)  # fmt: skip
+        pins: HostPins[Any] | None = HostPins(self._cuda) if self._cuda is not None else None
+        return self._count(_raise_handed_over(iter(self._loader)), pins)
 
     def _count(self, batches: Iterator[Batch], pins: HostPins[Any] | None) -> Iterator[Batch]:
-        returns = Returns(pins)  # the workers' buffers lent with the batches, handed back once unused
+        returns = Returns(pins)  # the workers' buffers lent with the batches, handed back at the next request
         try:
             for batch in batches:
                 worker = int(batch.pop("worker", 0))  # type: ignore[typeddict-item]
@@ -129,7 +135,7 @@ class ShardLoader(wds.WebLoader):
                 self._last = worker
                 yield batch
                 del batch, ticket, image
-                returns.sweep()  # the loop has asked for the next batch: what it let go of goes back
+                returns.release()  # the loop has asked for the next batch: the ones before go back
         finally:
             returns.close()
 
@@ -148,32 +154,37 @@ class ShardLoader(wds.WebLoader):
 
         In epoch mode the states of every rank of the old job (a list) may be given instead: the epoch then
         finishes on this loader's topology (another world size or number of workers), every sample the old job had
-        not yielded dealt to the new readers, none twice.
+        not yielded dealt to the new readers, none twice. Every field is checked before anything changes.
 
         Raises:
-            ValueError: not a loader state, or one of another stream, seed, batch size or topology.
+            ValueError: not a loader state (a field missing or of the wrong type or range, named), or one of
+                another stream, seed, batch size or topology.
         """
         states = state if isinstance(state, list) else [state]
+        if not states:
+            raise ValueError("not a wsishard loader state: an empty list")
+        for s in states:
+            check_state(s)
         mine = self.state_dict()
-        if not states or any(s.get("format") != _STATE_FORMAT or s.get("version") != _STATE_VERSION for s in states):
-            raise ValueError("not a wsishard loader state (ShardLoader.state_dict())")
         if self.persistent:
             raise ValueError("resuming needs persistent_workers=False (workers that start anew each epoch)")
-        if any(s.get("redealt") for s in states):
+        if any(s["redealt"] for s in states):
             raise ValueError(
                 "the state was saved while an epoch begun on another topology was finishing: resume "
                 "from a checkpoint taken at an epoch's end, or from the states of the older job"
             )
-        if len(states) > 1 or (states[0]["world_size"], states[0]["num_workers"]) != (mine["world_size"],
-                                                                                      mine["num_workers"]):  # fmt: skip
+        first = states[0]
+        if len(states) > 1 or (first["world_size"], first["num_workers"]) != (mine["world_size"], mine["num_workers"]):
             self._redeal(states, mine)
             return
         fixed = ("resampled", "batch_size", "rank", "world_size", "num_workers", "samples", "shuffle")
-        other = [f"{k} {states[0].get(k)!r} (now {mine[k]!r})" for k in fixed if states[0].get(k) != mine[k]]
-        if other or (not mine["resampled"] and states[0].get("seed") != mine["seed"]):
+        other = [f"{k} {first.get(k)!r} (now {mine[k]!r})" for k in fixed if first.get(k) != mine[k]]
+        if other or (not mine["resampled"] and first.get("seed") != mine["seed"]):
             raise ValueError(f"the state is of another stream or topology: {', '.join(other) or 'seed'}")
-        self.dataset.base_seed = int(states[0]["seed"])  # resampled without a seed drew one: go on with it
-        self.dataset.resume(_resume(self.dataset, states[0], max(self.num_workers, 1)))
+        at = _resume(self.dataset, first, max(self.num_workers, 1))
+        self.dataset.base_seed = int(first["seed"])  # resampled without a seed drew one: go on with it
+        self.dataset.set_epoch(at.epoch)
+        self._resume, self._epoch = at, at.epoch
 
     def _redeal(self, states: list[dict[str, Any]], mine: dict[str, Any]) -> None:
         first, ds = states[0], self.dataset
@@ -190,16 +201,55 @@ class ShardLoader(wds.WebLoader):
         epoch = int(first["epoch"])
         ds.set_epoch(epoch if pieces else epoch + 1)  # nothing left: the next epoch, from its start
         ds.redealt = (epoch, tuple(pieces)) if pieces else None
+        self._epoch = ds.next_epoch
+
+
+def _is_int(value: Any, low: int, high: int = _MAX_COUNT) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def check_state(state: Any) -> None:
+    """Raise ``ValueError`` naming the first field of ``state`` that a :meth:`ShardLoader.state_dict` could not have
+    written (missing, of another type, out of range), before anything is resumed from it."""
+    if not isinstance(state, dict):
+        raise ValueError(f"not a wsishard loader state: a {type(state).__name__}, not a dict")
+    if state.get("format") != _STATE_FORMAT or state.get("version") != _STATE_VERSION:
+        raise ValueError("not a wsishard loader state (ShardLoader.state_dict())")
+    ints = {"epoch": 0, "batch_size": 1, "rank": 0, "world_size": 1, "num_workers": 0, "seed": 0, "shuffle": 0}
+    for key, low in ints.items():
+        if not _is_int(state.get(key), low, 2**64 - 1 if key == "seed" else _MAX_COUNT):
+            raise ValueError(f"loader state: {key} must be an integer in [{low}, {_MAX_COUNT}], got {state.get(key)!r}")
+    for key in ("resampled", "redealt"):
+        if not isinstance(state.get(key), bool):
+            raise ValueError(f"loader state: {key} must be true or false, got {state.get(key)!r}")
+    if state["rank"] >= state["world_size"]:
+        raise ValueError(f"loader state: rank {state['rank']} is not below world_size {state['world_size']}")
+    readers = max(state["num_workers"], 1)
+    batches = state.get("batches")
+    if not isinstance(batches, list) or len(batches) != readers or not all(_is_int(b, 0) for b in batches):
+        raise ValueError(f"loader state: batches must be {readers} integer(s) in [0, {_MAX_COUNT}], got {batches!r}")
+    last = state.get("last_worker")
+    if last is not None and not _is_int(last, 0, readers - 1):
+        raise ValueError(f"loader state: last_worker must be null or a worker in [0, {readers - 1}], got {last!r}")
+    samples = state.get("samples")
+    if not isinstance(samples, list) or len(samples) != 2 or not all(_is_int(n, 0) for n in samples):
+        raise ValueError(f"loader state: samples must be [shards, samples], two integers >= 0, got {samples!r}")
 
 
 def _resume(dataset: ShardStream, state: dict[str, Any], workers: int) -> Resume:
     """The :class:`Resume` of ``state``: the next batch is the uninterrupted run's next, from the worker after the
-    last one taken (in epoch mode, after the last with batches left), which the DataLoader's first worker plays."""
+    last one taken (in epoch mode, after the last with batches left), which the DataLoader's first worker plays.
+
+    Raises:
+        ValueError: in epoch mode, a worker's batches beyond what the epoch gives it.
+    """
     epoch, taken, last = int(state["epoch"]), tuple(int(b) for b in state["batches"]), state["last_worker"]
     left = [1] * workers
     if not dataset.config.resampled:
         budgets = dataset.plan(epoch, workers).budgets[dataset.world.rank]
         left = [int(b) - t for b, t in zip(budgets.tolist(), taken, strict=True)]
+        if any(n < 0 for n in left):
+            raise ValueError(f"loader state: batches {list(taken)} exceed the epoch's {budgets.tolist()} per worker")
         if not any(n > 0 for n in left):  # the epoch was over: the next one from its start
             return Resume(epoch + 1, (0,) * workers)
     first = 0 if last is None else int(last) + 1
@@ -208,24 +258,24 @@ def _resume(dataset: ShardStream, state: dict[str, Any], workers: int) -> Resume
 
 
 def loader(dataset: ShardStream, *, num_workers: int = 4, pin_memory: bool | None = None,
-           **kwargs: Any) -> ShardLoader:  # fmt: skip
-    """A :class:`ShardLoader` over ``dataset``: ``batch_size=None`` (the workers batch), pinned on CUDA.
+           reuse_buffers: bool = True, **kwargs: Any) -> ShardLoader:  # fmt: skip
+    """A :class:`ShardLoader` over ``dataset``, pinned on CUDA.
 
     Args:
-        dataset: from :func:`stream`.
+        dataset: from :func:`~wsishard.streaming.dataset.stream`.
         num_workers: DataLoader worker processes per rank (use the same on every rank).
         pin_memory: default: True when CUDA is available. With workers, the batches' images are then the workers'
             buffers page-locked in place (:mod:`wsishard.streaming.pinning`), not DataLoader's copy of each batch.
+        reuse_buffers: a batch's images are valid until the loop takes the next batch (True, fast), or every batch
+            has memory of its own (False): see :class:`ShardLoader`.
         **kwargs: passed to ``torch.utils.data.DataLoader`` (``prefetch_factor``, ``persistent_workers``...).
 
     Raises:
         TopologyError: too few shards for ranks x ``num_workers`` (raised here, not in a worker).
-        ValueError: ``batch_size`` among ``kwargs`` (batching happens in the workers).
+        ValueError: ``batch_size`` among ``kwargs`` (batching happens in the workers), a bad ``num_workers``.
     """
-    if "batch_size" in kwargs:
-        raise ValueError(f"batch_size={kwargs['batch_size']!r}: batch in stream(), the loader gets None")
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
     dataset.check_topology(num_workers)
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
-    return ShardLoader(dataset, num_workers=num_workers, pin_memory=pin, **kwargs)
+    return ShardLoader(dataset, num_workers=num_workers, pin_memory=pin, reuse_buffers=reuse_buffers, **kwargs)

@@ -1,21 +1,18 @@
 """The workers' batch buffers page-locked in place, so that CUDA copies read straight from them.
 
-DataLoader's ``pin_memory`` copies every batch into fresh page-locked memory in a thread of the main process: a
-batch of 256 patches of 256 px is 50 MB, and on an H200 machine that copy took 14-19 ms of the main process's CPU
-a batch, which held 8 workers at 15,000-17,000 samples/s (24,000-25,000 without it). The ring's buffers are reused
+DataLoader's ``pin_memory`` copies every batch into fresh page-locked memory in a thread of the main process (a batch
+of 256 patches of 256 px is 50 MB), which can hold many workers back. The ring's buffers are reused
 (:mod:`wsishard.streaming.ring`), so :class:`HostPins` registers each once with CUDA (``cudaHostRegister``: the
 same shared pages, page-locked where they are) and no batch is copied: ``batch["image"].is_pinned()`` is True
 and ``.to("cuda", non_blocking=True)`` reads the worker's buffer itself.
 
-Such a copy may still be queued when the training loop lets the batch go. A buffer is therefore handed back to its
-worker only once the work queued on the current CUDA stream (of the current device: bind each rank to its GPU with
-``torch.cuda.set_device``, as ``examples/train_ddp.py`` does) when it was let go has finished, an event recorded
+Such a copy may still be queued when the training loop asks for the next batch. A buffer is therefore handed back to
+its worker only once the work queued on the current CUDA stream (of the current device: bind each rank to its GPU
+with ``torch.cuda.set_device``, as ``examples/train_ddp.py`` does) at that moment has finished, an event recorded
 then, on the thread that iterates the loader; a copy queued on another stream (``nn.DataParallel``'s scatter, a
-prefetch thread of one's own) is the caller's to synchronise. Before the buffers are unregistered the
-device is synchronised. What stays page-locked is the rings' buffers, at most ``RING_SLOTS`` (8) a worker of 50 MB
-each for 256 patches of 256 px, for as long as the loader's iterator runs. A loader made to repeat its passes
-(``.repeat()``) leaves pinning to DataLoader's pin thread, as before: each pass's workers make new buffers, and
-page-locking them all would add up pass after pass.
+prefetch thread of one's own) is the caller's to synchronise. Before the buffers are unregistered the device is
+synchronised. What stays page-locked is the rings' buffers, at most ``RING_SLOTS`` (8) a worker, for as long as the
+loader's iterator runs.
 
 Where registering fails (an old driver, a limit on locked memory), the batches stay unpinned and correct:
 :class:`~wsishard.streaming.collate.GpuCollate` then pins a copy itself.
@@ -66,8 +63,7 @@ class HostPins(Generic[K]):
 
     def __init__(self, cuda: Cuda) -> None:
         self._cuda = cuda
-        # the registered buffers' pointers (their owner keeps them mapped until close(): a reference here would
-        # count as a use of the buffer, see ring.unused)
+        # the registered buffers' pointers (their owner keeps them mapped until close())
         self._pinned: set[int] = set()
         self._waiting: list[tuple[Any, list[K]]] = []  # (event, the keys let go when it was recorded)
         self.failed = ""  # why registering failed once (then nothing more is registered)
