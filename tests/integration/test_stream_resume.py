@@ -142,3 +142,48 @@ def test_states_taken_at_an_epochs_end_go_on_with_the_next_epoch_on_the_new_topo
     for dl in fresh:
         dl.dataset.set_epoch(1)
     assert [keys_of(list(a)) for a in new] == [keys_of(list(b)) for b in fresh]
+
+
+BAD_FIELDS = {
+    "huge batches": ("batches", [10**30, 0]),
+    "float batches": ("batches", [1.0, 0]),
+    "bool batches": ("batches", [True, 0]),
+    "too few batches": ("batches", [1]),
+    "negative batches": ("batches", [-1, 0]),
+    "float epoch": ("epoch", 1e20),
+    "huge epoch": ("epoch", 10**30),
+    "bool epoch": ("epoch", True),
+    "worker beyond the workers": ("last_worker", 99),
+    "string worker": ("last_worker", "0"),
+    "string rank": ("rank", "0"),
+    "rank beyond the world": ("rank", 5),
+    "seed as text": ("seed", "5"),
+    "resampled as a number": ("resampled", 1),
+    "samples of another shape": ("samples", [6]),
+}
+
+
+@pytest.mark.parametrize(("field", "value"), BAD_FIELDS.values(), ids=BAD_FIELDS.keys())
+def test_a_damaged_state_is_refused_naming_its_field(out: sm.Output, field: str, value: Any) -> None:
+    first = _loader(out.root, 2)
+    list(itertools.islice(first, 3))
+    state = {**first.state_dict(), field: value}
+    again = _loader(out.root, 2)
+    with pytest.raises(ValueError, match=field):
+        again.load_state_dict(state)
+    assert again.dataset.next_epoch == 0  # refused before anything changed
+
+
+@pytest.mark.parametrize("state", ["epoch 3", None, 7, [], {"format": "wsishard-loader-state"}, ["x"]])
+def test_what_is_no_state_at_all_is_refused(out: sm.Output, state: Any) -> None:
+    with pytest.raises(ValueError, match="loader state"):
+        _loader(out.root, 2).load_state_dict(state)
+
+
+def test_an_epoch_state_with_more_batches_than_the_epoch_gives_is_refused(out: sm.Output) -> None:
+    first = _loader(out.root, 2, resampled=False)
+    list(itertools.islice(first, 2))
+    state = first.state_dict()
+    state["batches"] = [b + 1000 for b in state["batches"]]
+    with pytest.raises(ValueError, match="exceed the epoch"):
+        _loader(out.root, 2, resampled=False).load_state_dict(state)
