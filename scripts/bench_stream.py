@@ -167,13 +167,6 @@ def prepare_user(workdir: Path) -> Path:
     return out
 
 
-def _tar_reader() -> str:
-    """Which tar reader the loader runs: the C scan (built with the package) or Python alone (built without it)."""
-    from wsishard.shards import reader
-
-    return "C" if reader._scan is not None else "Python"
-
-
 def time_wsishard(source: str, workers: int, batches: int, *, to_device: bool = True,
                   storage_options: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """wsishard's loader, resampled, batch 256: first-batch latency, samples/s, distinct slides per batch.
@@ -442,7 +435,7 @@ def _loader_rows(r: dict[str, Any], w: int) -> list[tuple[str, str, str, str]]:
     pil = [rd[f"w{w}_loader"]["per_worker"] / rd[f"floor{w}"]["pil"]["samples_per_s"] for rd in rounds]
     d = [rd[f"w{w}"]["samples_per_s"] / rd[f"w{w}_loader"]["samples_per_s"] for rd in rounds]
     n = f" ({len(rounds)} rounds: median [range])" if len(rounds) > 1 else ""
-    title = f"wsishard local, {w} worker(s), loader alone (uint8 batches; tar reader in {_tar_reader()})"
+    title = f"wsishard local, {w} worker(s), loader alone (uint8 batches)"
     return [(title, f"{ldr['samples_per_s']:,.0f}/s", "", ""),
             _verdict_row(f"  per worker / {name} floor ({w} worker(s) decoding; before and after){n}",
                          _round_ratios(rounds, w)),
@@ -735,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__, "pillow": PIL.__version__, "python": platform.python_version(),
         "wsistream": r["wsistream"].get("version", "not installed"), "imagecodecs": imagecodecs.__version__,
         "libjpeg_turbo_imagecodecs": r["floor1"]["turbo"]["libjpeg_turbo"],
-        "libjpeg_turbo_pil": r["floor1"]["pil"]["libjpeg_turbo"], "tar_reader": _tar_reader()}  # fmt: skip
+        "libjpeg_turbo_pil": r["floor1"]["pil"]["libjpeg_turbo"]}  # fmt: skip
     r["config"] = {**asdict(mode), "batch": BATCH, "wsistream_batch": WS_BATCH, "slide_mpp": SLIDE_MPP,
                    "target_mpp": TARGET_MPP, "patch_px": PATCH_PX, "tissue_fraction": TISSUE_FRACTION,
                    "shards": len(manifest.shards), "samples": manifest.total_samples, "device": str(DEVICE),

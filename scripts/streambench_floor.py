@@ -165,7 +165,7 @@ class _StageProbe(torch.utils.data.IterableDataset[dict[str, float]]):
 
     def __iter__(self) -> Iterator[dict[str, float]]:
         from wsishard.streaming.dataset import stream
-        from wsishard.streaming.decode import DecodeIntoBatches, _jpeg_into, checked_label, decode_into
+        from wsishard.streaming.decode import DecodeIntoBatches, checked_label, decode_into
         from wsishard.streaming.stages import read_shard, shuffled
 
         ds = stream(self.shards_dir, batch_size=self.batch, resampled=False, seed=0)
@@ -186,15 +186,13 @@ class _StageProbe(torch.utils.data.IterableDataset[dict[str, float]]):
             for _ in samples():
                 pass
 
-        h, w = hw
-
-        def fields() -> None:  # the loop's checks (in C where built: the JPEG header, the JSON without a dict)
+        def fields() -> None:  # the loop's checks (the JSON parsed, the label)
             for raw in samples():
-                checked_label(raw, h, w)
+                checked_label(raw)
 
         def decode() -> None:
             for raw in samples():
-                (_jpeg_into if checked_label(raw, h, w)[1] else decode_into)(raw, slot)
+                decode_into(raw, slot)
 
         def batches() -> tuple[float, int]:
             """Timed from the second batch on: the ring's buffer is made (its pages faulted in) with the first, as a

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 
 import numpy as np
 import pytest
@@ -67,21 +66,3 @@ def test_batches_are_in_shared_memory_only_in_workers(stream_out: sm.Output, mon
     for a, b in zip(plain, shared, strict=True):
         assert torch.equal(a["image"], b["image"]) and a["key"] == b["key"]
     assert [len(b["key"]) for b in plain] == [4, 4, 2]
-
-
-_JSON_CASES = ['{"label": 1, "x": 0.5}', ' {"a": 1}', '{"a": 1} ', '{"a": 1}x', "", "\ufeff{}", '{"a": }', "[1, 2",
-               "NaN", "1e400", '"s"', '{"a": 1}{"b": 2}', "\n", '{"a": "\\ud800"}', "-", "[" * 100_000]  # fmt: skip
-
-
-@pytest.mark.parametrize("text", _JSON_CASES)
-def test_the_json_fast_path_is_json_loads(text: str) -> None:
-    """The metadata's parse (json's scanner called at once) gives json.loads' value, or its error and message."""
-    from wsishard.streaming.decode import _json
-
-    def outcome(parse: object) -> tuple[str, str]:
-        try:
-            return "ok", repr(parse(text))  # type: ignore[operator]
-        except (ValueError, RecursionError) as exc:
-            return type(exc).__name__, str(exc)
-
-    assert outcome(_json) == outcome(json.loads)

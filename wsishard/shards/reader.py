@@ -2,29 +2,23 @@
 samples, shared by the stream, ``verify`` and the tests.
 
 webdataset's ``tar_file_iterator`` goes through ``tarfile`` in stream mode, whose per-member header objects and
-small reads cost about 20% of a loader worker's time next to the JPEG decode (~100 us a sample). Here headers are
+small reads cost a loader worker a large share of its time next to the JPEG decode. Here headers are
 parsed where they lie in large reads into one reused buffer (one ``struct`` call for their fields), with their
-checksum verified (zlib's adler32 for the byte sum); GNU and pax long names are still honoured, so any ordinary
-uncompressed tar reads correctly (~12 us a sample). The stream reads samples through :class:`TarSamples`, which
-groups members into samples and keeps its reader's share in the same pass, and reads the plain headers lying whole
-in its buffer in C (``wsishard/shards/_tarscan.c``, built with the package: ~5 us a sample); every other header
-(long names, damage, a member cut by the end of a read) is read here, so errors have one implementation. Without
-the C module (a build without a compiler) the same samples are read in Python alone.
+checksum verified; GNU and pax long names are still honoured, so any ordinary uncompressed tar reads correctly. The
+stream reads samples through :class:`TarSamples`, which groups members into samples and keeps its reader's share in
+the same pass, and reads the plain headers lying whole in its buffer in C (``scan`` of ``wsishard/_native.c``, built
+with the package); every other header (long names, damage, a member cut by the end of a read) is read here, so
+errors have one implementation.
 """
 
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any, TypeVar
 
+from wsishard._native import scan as _scan
 from wsishard.format import split_member
-
-try:  # the common case of TarSamples in C (built with the package; the pure-Python path reads the same)
-    from wsishard.shards._tarscan import scan as _scan
-except ImportError:  # pragma: no cover - a build without a C compiler
-    _scan = None
 
 T = TypeVar("T")
 Sample = tuple[str, dict[str, bytes]]  # a sample's key and its members' data by extension
@@ -55,13 +49,17 @@ class TarSamples:
     ``k % step == phase`` are kept, the others read past without a copy. ``seen`` counts every sample met (while
     iterating, up to the end of what the C scan has read ahead; where an error is raised and at the end, exactly).
 
+    ``native=False`` reads every header in Python: the reference the C scan is tested against.
+
     Raises (while iterated): as :func:`tar_members`, and ``ValueError`` for a sample that holds an extension twice.
     """
 
-    def __init__(self, stream: IO[bytes], exts: Iterable[str], phase: int = 0, step: int = 1) -> None:
+    def __init__(self, stream: IO[bytes], exts: Iterable[str], phase: int = 0, step: int = 1,
+                 native: bool = True) -> None:  # fmt: skip
         if step < 1 or not 0 <= phase < step:
             raise ValueError(f"a reader keeps samples k % step == phase: needs 0 <= phase < step, got {phase}, {step}")
         self.stream, self.exts, self.phase, self.step = stream, frozenset(exts), phase, step
+        self.native = native
         self.seen = 0
 
     def __iter__(self) -> Iterator[Sample]:
@@ -69,12 +67,12 @@ class TarSamples:
         state: list[Any] = [None, {}, False, 0]  # the open sample: key, {ext: data}, kept?, samples met so far
         src.fill(_BLOCK)  # the first read, for the C scan
         while True:
-            if _scan is not None:  # the plain headers lying whole in (a chunk of) the buffer, in C
+            if self.native:  # the plain headers lying whole in (a chunk of) the buffer, in C
                 end = min(src.end, src.pos + _CHUNK)  # at most a chunk's samples at once, however large the buffer
                 src.pos, done = _scan(src.buf, src.pos, end, self.exts, self.phase, self.step, state)
                 self.seen = state[3]
                 yield from done
-            member = _next_file(src)  # one header the C scan did not take (or every header, without it)
+            member = _next_file(src)  # one header the C scan did not take
             if member is None:
                 break
             done, ext = self._add(state, member[0])
@@ -210,31 +208,15 @@ def _header(buf: bytearray, pos: int, at: int) -> tuple[str, int, bytes]:
     if name == _NO_NAME and not any(stored) and buf[pos : pos + _BLOCK] == _ZERO_BLOCK:
         return "", 0, b""  # the end of the archive (anything else without a checksum fails it below)
     block = buf[pos : pos + _BLOCK]
-    checksum, spaces = _number(stored), 8 * 32 - sum(stored)  # the checksum field counts as 8 spaces
-    # the fast way: the byte sum mod 65521 from zlib.adler32 is the sum itself where 256 or more bytes are zero
-    if checksum == ((zlib.adler32(block) & 0xFFFF) - 1) % _ADLER + spaces and block.count(0) >= 256:
-        pass
-    elif checksum != (unsigned := _byte_sum(block) + spaces) and checksum != unsigned - 256 * sum(
-        1 for b in block[:148] + block[156:] if b > 127
-    ):
+    checksum = _number(stored)
+    unsigned = sum(block) - sum(stored) + 8 * 32  # the checksum field counts as 8 spaces
+    signed = unsigned - 256 * sum(1 for b in block[:148] + block[156:] if b > 127)  # old tars summed signed bytes
+    if checksum not in (unsigned, signed):
         raise ValueError(f"tar header at byte {at} fails its checksum (not a tar, or corrupt)")
     name = name.partition(b"\0")[0]
     if magic == b"ustar\0" and prefix[0]:  # POSIX: a long name is split into prefix / name
         name = prefix.partition(b"\0")[0] + b"/" + name
     return name.decode("utf-8", "surrogateescape"), _number(size), kind
-
-
-_ADLER = 65521  # zlib.adler32's modulus
-_ADLER_INVERSE = pow(_ADLER, -1, 255)
-
-
-def _byte_sum(block: bytes | bytearray) -> int:
-    """``sum(block)`` for a block of at most 65,520 bytes (the sum then stays below 65521 * 255), in a quarter of
-    sum()'s time: zlib.adler32 gives the sum mod 65521, the block read as a base-256 number gives it mod 255 (each
-    digit counts once: 256 = 1 mod 255), and the two residues fix the sum (Chinese remainder theorem)."""
-    by_adler = ((zlib.adler32(block) & 0xFFFF) - 1) % _ADLER  # its low 16 bits: 1 + the sum, mod 65521
-    by_255 = int.from_bytes(block, "little") % 255
-    return by_adler + _ADLER * ((by_255 - by_adler) * _ADLER_INVERSE % 255)
 
 
 def _number(field: bytes) -> int:

@@ -5,9 +5,9 @@ random dihedral augmentation run there, as a few batched tensor ops where they c
 model. On a CPU device (the main process, on the cores the workers use) they run as one pass over memory with no
 arithmetic at all: a uint8 pixel can take only 256 values, so each channel's 256 outputs are computed once, by the
 plain reference's own float32 operations, and every pixel is written by looking its value up (bit for bit the
-reference). A small C module (``_lut.c``, built with the package) moves each sample by its dihedral transform (a
-transpose, a flip) and writes it through the tables into the output past the caches, one thread, the GIL released;
-without it, OpenCV does the same per sample (split, transpose/flip, ``cv2.LUT``), slower, to the same bits. The
+reference). ``lut_apply`` of the package's C module (``wsishard/_native.c``) moves each sample by its dihedral
+transform (a transpose, a flip) and writes it through the tables into the output past the caches, one thread, the
+GIL released. The
 CPU output buffers are reused (fresh float pages for every batch cost more than the work): an output is valid until
 the next call, unless ``reuse_output=False``. Nothing in this module knows about shards.
 """
@@ -17,14 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
-import cv2
 import numpy as np
 import torch
 
-try:  # built with the package (wsishard/streaming/_lut.c); without it OpenCV makes the same bits, slower
-    from wsishard.streaming._lut import apply as _lut_apply
-except ImportError:  # a build without a C compiler
-    _lut_apply = None
+from wsishard._native import lut_apply as _lut_apply
 
 __all__ = ["DeviceBatch", "GpuCollate", "dihedral"]
 
@@ -59,58 +55,8 @@ def dihedral(x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
 
 
 _SPARE = 2  # CPU output buffers used in turn: the one the training step holds and the one being written
-# the numpy dtype cv2 writes an output element's bits as, by the element's size in bytes
+# the dtype an output element's bits are written as, by the element's size in bytes
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.float32, 8: torch.float64}
-
-
-def _transform(planes: Sequence[np.ndarray], scratch: np.ndarray, code: int, square: bool) -> Sequence[np.ndarray]:
-    """The uint8 (h, w) or (h, w, 3) ``planes`` under the dihedral transform ``code`` (as :func:`dihedral`: bit 0
-    transposes when square, bit 1 flips width, bit 2 flips height), written into ``scratch`` when moved at all."""
-    flip = {2: 1, 4: 0, 6: -1}.get(code & 6)  # cv2's flip codes: 1 flips width, 0 height, -1 both
-    if not (code & 1 and square) and flip is None:
-        return planes
-    for src, dst in zip(planes, scratch, strict=True):
-        if code & 1 and square:
-            cv2.transpose(src, dst=dst)
-            src = dst
-        if flip is not None:
-            cv2.flip(src, flip, dst=dst)
-    return list(scratch)
-
-
-def _look_up(src: np.ndarray, table: np.ndarray, dst: np.ndarray) -> None:
-    """``dst[...] = table[src]`` by ``cv2.LUT``, which would hand back a new array instead where ``dst`` does not
-    fit (type, shape, layout): that would leave the output unwritten, so it raises instead."""
-    if cv2.LUT(src, table, dst=dst) is not dst:
-        raise RuntimeError(f"cv2.LUT did not write into the {dst.dtype} {dst.shape} output")
-
-
-def _cv2_pass(src: np.ndarray, dst: np.ndarray, table: np.ndarray, codes: list[int], channels_last: bool) -> None:
-    """The CPU pass without the C module: per sample, OpenCV splits the channels (uint8, in cache), moves them by
-    the sample's dihedral transform and writes them through ``table`` ((3, 256): per channel, as cv2.LUT takes it a
-    (256, 1) table each, or all three as one (256, 1, 3) table for interleaved pixels) into ``dst``. One OpenCV
-    thread: no pool competing with the loader's workers."""
-    b, h, w, _ = src.shape
-    one = [table[c].reshape(256, 1) for c in range(3)]
-    three = np.ascontiguousarray(table.T).reshape(256, 1, 3)
-    if channels_last:  # the interleaved pixels through a 3-channel table, straight into the output
-        planes, scratch = np.empty((2, 1, h, w, 3), dtype=np.uint8)
-    else:  # the channels split apart first, each through its own table
-        planes, scratch = np.empty((2, 3, h, w), dtype=np.uint8)
-    threads = cv2.getNumThreads()
-    cv2.setNumThreads(1)
-    try:
-        for i in range(b):
-            pixels = np.ascontiguousarray(src[i])  # (h, w, 3)
-            parts = (pixels,) if channels_last else cv2.split(pixels, list(planes))
-            moved = _transform(parts, scratch, codes[i], h == w)
-            if channels_last:
-                _look_up(moved[0], three, dst[i])
-            else:
-                for c in range(3):
-                    _look_up(moved[c], one[c], dst[i, c])
-    finally:
-        cv2.setNumThreads(threads)
 
 
 class GpuCollate:
@@ -197,18 +143,16 @@ class GpuCollate:
     def _cpu_images(self, image: torch.Tensor) -> torch.Tensor:
         """The CPU path, one pass over memory: each sample moved by its dihedral transform and written through a
         table of the 256 values each channel can take (computed by the plain reference's own float32 operations
-        and rounded to ``dtype``, so the same values, bit for bit): in C (``_lut.c``), else with OpenCV."""
+        and rounded to ``dtype``, so the same values, bit for bit), in C (``lut_apply``), its output written past the
+        caches."""
         b, h, w, _ = image.shape
         codes = self.codes(b).tolist() if self.augment else [0] * b
         out = self._output((b, 3, h, w))  # (b, 3, h, w) self.dtype, in the asked memory format
-        bits = out.view(_BITS[self.dtype.itemsize])  # the same bytes as a dtype numpy and cv2 know
+        bits = out.view(_BITS[self.dtype.itemsize])  # the same bytes as a dtype numpy knows
         dst = (bits.permute(0, 2, 3, 1) if self.channels_last else bits).numpy()  # (b, h, w, 3) / (b, 3, h, w)
         table = self._tables()
-        if _lut_apply is not None:  # the same pass in C, its output written past the caches (_lut.c)
-            src = image if image.is_contiguous() else image.contiguous()
-            _lut_apply(src.numpy(), dst, table, bytes(codes), b, h, w, self.dtype.itemsize, self.channels_last)
-        else:
-            _cv2_pass(image.numpy(), dst, table, codes, self.channels_last)
+        src = image if image.is_contiguous() else image.contiguous()
+        _lut_apply(src.numpy(), dst, table, bytes(codes), b, h, w, self.dtype.itemsize, self.channels_last)
         return out
 
     def _tables(self) -> np.ndarray:

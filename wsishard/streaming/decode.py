@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, overload
 
@@ -24,11 +24,6 @@ from wsishard.errors import ShardError
 from wsishard.format import PatchMeta, image_header
 from wsishard.streaming.ring import BatchBuffers, Lending, Lent
 from wsishard.streaming.stages import ErrorMode, RawSample
-
-try:  # a sample's common-case checks in C (built with the package; without it the Python path checks the same)
-    from wsishard.streaming._samplecheck import check as _check
-except ImportError:  # pragma: no cover - a build without a C compiler
-    _check = None
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +79,7 @@ class Metas(Sequence[PatchMeta]):
             return [self[k] for k in range(len(self))[i]]
         item = self._items[i]
         if isinstance(item, bytes):  # a JSON text is never bytes once parsed
-            item = self._items[i] = _json(item.decode("utf-8"))
+            item = self._items[i] = json.loads(item.decode("utf-8"))
         return item
 
     def __iter__(self) -> Iterator[PatchMeta]:
@@ -118,25 +113,11 @@ def _fields(raw: RawSample) -> tuple[PatchMeta, int]:
     """The sample's ``.json`` (UTF-8, as wsishard writes it) and its label (``.cls``, else the json's ``label``,
     else -1)."""
     try:
-        meta = _json(raw["meta"].decode("utf-8"))  # a str skips json's guess of the encoding (~1 us a sample)
+        meta = json.loads(raw["meta"].decode("utf-8"))
         label = int(raw["label"]) if raw["label"] is not None else int(meta.get("label", -1))
     except (ValueError, TypeError, AttributeError, RecursionError) as exc:  # RecursionError: JSON nested too deep
         raise _undecodable(raw, exc) from exc
     return meta, label
-
-
-_scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-# json's own (C) scanner, as json.loads calls it
-
-
-def _json(text: str) -> Any:
-    """``json.loads(text)``, ~2 us a sample sooner: the scanner called at once, json.loads itself (its whitespace
-    handling, its errors) only where the text is not one value from its first character to its last."""
-    try:
-        value, end = _scan_json(text, 0)
-    except StopIteration:  # no value at the first character: json.loads raises (or skips leading whitespace)
-        return json.loads(text)
-    return value if end == len(text) else json.loads(text)
 
 
 def _pil_rgb(raw: RawSample, shape: tuple[int, ...] | None = None) -> np.ndarray:
@@ -230,7 +211,6 @@ class DecodeIntoBatches:
     def __call__(self, src: Iterator[RawSample]) -> Iterator[Batch]:
         shared = torch.utils.data.get_worker_info() is not None
         buffers = BatchBuffers((self.size, *self.image_hw, 3), shared=shared, lending=self.lending)
-        height, width = self.image_hw
         image: torch.Tensor | None = None  # (size, h, w, 3) uint8 being filled; None between batches
         lent: Lent | None = None
         slots = np.empty((0, *self.image_hw, 3), dtype=np.uint8)  # image's numpy view
@@ -242,8 +222,8 @@ class DecodeIntoBatches:
                 if image is None:
                     image, lent = buffers.take()
                     slots = image.numpy()
-                label, jpeg = checked_label(raw, height, width)
-                (_jpeg_into if jpeg else decode_into)(raw, slots[len(keys)])
+                label = checked_label(raw)
+                decode_into(raw, slots[len(keys)])
             except ShardError as exc:
                 if self.on_error == "raise":
                     raise
@@ -259,31 +239,18 @@ class DecodeIntoBatches:
             yield _batch(buffers, image[: len(keys)], labels, metas, keys, lent)
 
 
-def checked_label(raw: RawSample, height: int, width: int) -> tuple[int, bool]:
-    """The sample's label (``.cls``, else the JSON's ``label``, else -1), its ``.json`` checked; and whether its
-    image is known to be a JPEG of ``height`` x ``width`` ending with EOI (then :func:`_jpeg_into` decodes it, else
-    :func:`decode_into` decides). The common case is checked in C (one JSON object, no dict made); anything else
-    takes the Python path, with its errors (the JSON parsed: the label may be in it).
+def checked_label(raw: RawSample) -> int:
+    """The sample's label (``.cls``, else the JSON's ``label``, else -1), its ``.json`` checked (parsed; the dict is
+    dropped: :class:`Metas` parses it again only where the training loop reads it).
 
     Raises:
         ShardError: the ``.json`` or ``.cls`` does not decode.
     """
-    code = -1 if _check is None else _check(raw["image"], raw["meta"], height, width)
-    if code == 0 or (code == 1 and raw["label"] is not None):
-        return (-1 if raw["label"] is None else _cls_label(raw)), True
-    return _fields(raw)[1], False
-
-
-def _cls_label(raw: RawSample) -> int:
-    """The label of the sample's ``.cls``."""
-    try:
-        return int(raw["label"])  # type: ignore[arg-type]
-    except (ValueError, TypeError) as exc:
-        raise _undecodable(raw, exc) from exc
+    return _fields(raw)[1]
 
 
 def _jpeg_into(raw: RawSample, slot: np.ndarray) -> None:
-    """A JPEG of the slot's size ending with EOI (its header read by :func:`_check` or :func:`decode_into`) decoded
+    """A JPEG of the slot's size ending with EOI (its header read by :func:`decode_into`) decoded
     into ``slot`` by libjpeg-turbo; if libjpeg-turbo refuses it (not 8-bit 3-channel, damaged), PIL decides."""
     try:
         imagecodecs.jpeg8_decode(raw["image"], out=slot)

@@ -1,0 +1,124 @@
+"""What wsishard's one C module (wsishard/_native.c) is worth: each of its functions against the code a user would
+run without it, per sample, in CPU seconds (``time.process_time``: steadier than wall time on a shared machine), in
+interleaved rounds; the median of the rounds with their range.
+
+- ``scan`` (the loader's tar reading) against ``TarSamples(native=False)``, the Python header reader; compared
+  with a loader worker's whole per-sample CPU (read, label and JSON check, libjpeg-turbo decode).
+- ``lut_apply`` (GpuCollate's CPU pass) against the plain torch reference of the same output; compared with
+  a worker's per-sample CPU, since on a CPU-only machine the main process's collate shares the cores.
+
+A function stays in C only where removing it costs at least 5% (STYLE.md). Usage:
+
+    python scripts/bench_native.py [BUILD] [--rounds 5]
+
+BUILD is a wsishard build (default: one made by ``wsishard demo`` in a temporary folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from wsishard.shards.reader import TarSamples
+from wsishard.streaming.collate import GpuCollate
+from wsishard.streaming.dataset import stream
+from wsishard.streaming.decode import checked_label, decode_into
+from wsishard.streaming.stages import RawSample
+
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "native.json"
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def _blobs(root: str) -> list[bytes]:
+    ds = stream(root, batch_size=1, resampled=False, seed=0)
+    return [ds.opener(ref.url).read() for ref in ds.shards]
+
+
+def _read(blobs: list[bytes], native: bool) -> tuple[float, list[RawSample]]:
+    t, raws = time.process_time(), []
+    for i, blob in enumerate(blobs):
+        for key, members in TarSamples(io.BytesIO(blob), ("jpg", "json", "cls"), native=native):
+            raws.append(RawSample(key=key, shard=str(i), image_ext="jpg", image=members["jpg"],
+                                  meta=members["json"], label=members.get("cls")))  # fmt: skip
+    return time.process_time() - t, raws
+
+
+def _work(raws: list[RawSample], hw: tuple[int, int]) -> float:
+    slot = np.empty((*hw, 3), np.uint8)
+    t = time.process_time()
+    for raw in raws:
+        checked_label(raw)
+        decode_into(raw, slot)
+    return time.process_time() - t
+
+
+def _collate(batch: torch.Tensor, native: bool, collate: GpuCollate) -> float:
+    mean, std = torch.tensor(MEAN).view(1, 3, 1, 1), torch.tensor(STD).view(1, 3, 1, 1)
+    t = time.process_time()
+    if native:
+        collate.images(batch)
+    else:
+        (((batch.permute(0, 3, 1, 2).float() / 255) - mean) / std).contiguous()
+    return time.process_time() - t
+
+
+def measure(root: str, rounds: int) -> dict[str, Any]:
+    blobs = _blobs(root)
+    _, raws = _read(blobs, True)
+    hw = stream(root, batch_size=1).image_hw
+    batch = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (256, *hw, 3), dtype=np.uint8))
+    collate = GpuCollate("cpu", mean=MEAN, std=STD)  # default options: its output buffers taken in turn
+    collate.images(batch)
+    runs: dict[str, list[float]] = {k: [] for k in ("scan_c", "scan_python", "label_decode", "lut_c", "lut_torch")}
+    for _ in range(rounds):
+        runs["scan_c"].append(_read(blobs, True)[0] / len(raws))
+        runs["scan_python"].append(_read(blobs, False)[0] / len(raws))
+        runs["label_decode"].append(_work(raws, hw) / len(raws))
+        runs["lut_c"].append(_collate(batch, True, collate) / len(batch))
+        runs["lut_torch"].append(_collate(batch, False, collate) / len(batch))
+    med = {k: statistics.median(v) * 1e6 for k, v in runs.items()}
+    worker = med["scan_c"] + med["label_decode"]
+    return {"samples": len(raws), "patch_px": hw[0], "rounds": rounds,
+            "median_us": med, "range_us": {k: [min(v) * 1e6, max(v) * 1e6] for k, v in runs.items()},
+            "worker_us": worker,
+            "scan_removed_pct": (med["scan_python"] - med["scan_c"]) / worker * 100,
+            "lut_removed_pct": (med["lut_torch"] - med["lut_c"]) / worker * 100}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("build", nargs="?", help="a wsishard build (default: a demo build made here)")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.build
+        if root is None:
+            subprocess.run([sys.executable, "-m", "wsishard.cli", "demo", "-o", tmp, "-q"], check=True)
+            root = str(Path(tmp) / "shards")
+        res = measure(root, args.rounds)
+    med, rng = res["median_us"], res["range_us"]
+    print(f"{res['samples']} samples of {res['patch_px']} px, CPU us a sample, median of {res['rounds']} rounds")
+    print(f"{'step':<28}{'median':>10}{'range':>20}")
+    for k, v in med.items():
+        print(f"{k:<28}{v:>10.2f}{f'{rng[k][0]:.2f}-{rng[k][1]:.2f}':>20}")
+    print(f"a loader worker's sample (scan in C + label + decode): {res['worker_us']:.1f} us")
+    print(f"without scan in C:      +{res['scan_removed_pct']:.1f}% of a worker's CPU a sample (keep at >= 5%)")
+    print(f"without lut_apply in C: +{res['lut_removed_pct']:.1f}% of a worker's CPU a sample (keep at >= 5%)")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(res, indent=1) + "\n")
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
