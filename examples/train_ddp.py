@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from wsishard import GpuCollate, MonitoredLoader, ShardLoader, loader, stream
+from wsishard import GpuCollate, MonitoredLoader, ShardLoader, ShardStream, loader, stream
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_single import IMAGENET_MEAN, IMAGENET_STD, Targets, loss_fn, make_model
@@ -87,6 +87,16 @@ def restore(folder: str, rank: int, device: torch.device, model: torch.nn.Module
     return int(saved(0)["step"])
 
 
+def epoch_to_run(folder: str, ds: ShardStream) -> int:
+    """The epoch a restored loader's next pass runs: the one the checkpoint was taken in, or the next when its
+    rank 0 had taken all that epoch's batches (a checkpoint taken at an epoch's end)."""
+    with open(os.path.join(folder, "loader-rank0.json"), encoding="utf-8") as fh:
+        state = json.load(fh)["loader"]
+    epoch = int(state["epoch"])
+    done = sum(state["batches"]) >= ds.batches_per_rank(int(state["num_workers"]), epoch)
+    return epoch + 1 if done else epoch
+
+
 def setup() -> tuple[int, torch.device]:
     """Start the process group and bind this rank to its GPU (or the CPU)."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -118,7 +128,7 @@ def main() -> None:
                                     device_ids=[device.index] if device.type == "cuda" else None)  # fmt: skip
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     step = restore(args.checkpoint, rank, device, model.module, optimizer, dl) if args.resume and args.checkpoint else 0
-    epoch = int(dl.state_dict()["epoch"]) if step else 0  # the epoch the checkpoint was taken in
+    epoch = epoch_to_run(args.checkpoint, ds) if step else 0
     if rank == 0 and step:
         print(f"resumed at step {step}" + (f", in epoch {epoch}" if args.epoch else ""))
 
@@ -134,17 +144,16 @@ def main() -> None:
         return float(loss.item())
 
     if args.epoch:
-        resumed = bool(step)
         while epoch < args.epochs:  # --epochs is the total: a resumed run finishes its epoch, then does the rest
             steps = 0
             for batch in batches:  # each pass over the loader is the next epoch (a resumed one: the rest of it)
                 train_step(batch)
                 steps, step = steps + 1, step + 1
                 checkpoint(step)
-            if rank == 0 and (steps or not resumed):  # a checkpoint from an epoch's end resumes into nothing left
+            if rank == 0:
                 print(f"epoch {epoch}: {steps} batches on rank 0, "
                       f"{ds.batches_per_rank(args.workers, epoch)} planned per rank")  # fmt: skip
-            resumed, epoch = False, epoch + 1
+            epoch += 1
     else:
         for _, batch in zip(range(step, args.steps), batches, strict=False):
             loss = train_step(batch)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from wsishard.format import Manifest
+from wsishard.format import Manifest, SlideRecord
 from wsishard.storage.urls import is_url
 
 
@@ -22,9 +22,14 @@ def plural(n: int, word: str) -> str:
     return f"{n:,} {word}" + ("" if n == 1 else "es" if word.endswith("ch") else "s")
 
 
+def _skipped(manifest: Manifest) -> list[SlideRecord]:
+    """Slides an option left out (``--roi-missing skip`` without an annotation file): not failures."""
+    return [s for s in manifest.slides if s.status == "skipped"]
+
+
 def headline(manifest: Manifest) -> str:
     """One line: slides ok/failed (and skipped, when some were), patches, shards, bytes and image format."""
-    ok, skipped = sum(s.status == "ok" for s in manifest.slides), len(manifest.skipped_slides)
+    ok, skipped = sum(s.status == "ok" for s in manifest.slides), len(_skipped(manifest))
     counts = f"{ok} ok, {len(manifest.failed_slides)} failed" + (f", {skipped} skipped" if skipped else "")
     return (
         f"{plural(len(manifest.slides), 'slide')} ({counts}): {plural(manifest.total_samples, 'patch')} in "
@@ -53,7 +58,7 @@ def summary(manifest: Manifest, location: str = "") -> str:
             lines.append(f"  {len(unlabelled)} {plural} without a label (label -1 when streamed): {names}")
     for slide in manifest.failed_slides:
         lines.append(f"  FAILED {os.path.basename(slide.file)}: {slide.reason}")
-    for slide in manifest.skipped_slides:
+    for slide in _skipped(manifest):
         lines.append(f"  skipped {os.path.basename(slide.file)}: {slide.reason}")
     return "\n".join(lines)
 

@@ -65,18 +65,12 @@ Done = dict[int, tuple[ShardOutcome, frozenset[int]]]  # shards finished before:
 
 
 def build(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], output: str | os.PathLike[str],
-          options: BuildOptions | None = None, *,
-          progress: ProgressCallback[BuildProgress] = ignore_progress,
-          storage_options: StorageOptions | None = None,
-          part: tuple[int, int] | None = None, overwrite: bool = False,
-          scratch: str | None = None, **keywords: Any) -> Manifest:  # fmt: skip
+          options: BuildOptions | None = None, *, progress: ProgressCallback[BuildProgress] = ignore_progress,
+          storage_options: StorageOptions | None = None, part: tuple[int, int] | None = None,
+          overwrite: bool = False, scratch: str | None = None, **keywords: Any) -> Manifest:  # fmt: skip
     """Build mixed tissue-patch shards from slides into ``output`` and return the manifest it wrote.
 
-    ``wsishard.build("slides/", "shards/", mpp=0.5, patch_size=256, jobs=8)`` is ``wsishard build slides/ -o
-    shards/ --mpp 0.5 --patch-size 256 --jobs 8``: every flag of ``wsishard build`` is a keyword (its name without
-    the dashes; a ``--no-...`` flag is the option's own name set to False, ``qc=False``), applied on top of
-    ``options`` when both are given.
-
+    ``build("slides/", "out/", mpp=0.5, jobs=8)`` is ``wsishard build slides/ -o out/ --mpp 0.5 --jobs 8``.
     Re-running the same build on the same output resumes it: finished shards are kept, the rest is written; slides
     scanned before (each scan is saved as it finishes) are not scanned again.
 
@@ -86,16 +80,15 @@ def build(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out
         options: every build option as the nested option classes (defaults: :class:`BuildOptions`).
         progress: called after each slide scanned and each shard written.
         storage_options: fsspec options for an URL output (endpoint, credentials); never logged or stored.
-        part: ``(i, n)``, 1-based: build only part ``i`` of ``n`` and write a part manifest;
-            :func:`wsishard.merge.merge` joins the parts. Slides are grouped from the sorted slide list and the
-            seed alone, and a part scans and extracts only its own groups (balanced by the bytes of their slide
-            files): the merged output is the one build the same options make on one machine, whatever ``n``.
+        part: ``(i, n)``, 1-based: build only part ``i`` of ``n`` and write a part manifest (:func:`wsishard.merge`
+            joins them). A part scans and extracts only its own slide groups (from the sorted slide list and the
+            seed alone): the merged output is the one build the same options make on one machine, whatever ``n``.
         overwrite: replace a build with other inputs or options (or slides changed since) found in ``output``
             instead of refusing; only that build's own files are removed, never anything else there.
         scratch: local folder for copies of slides given as URLs (default: a temporary folder); it holds at most
             one slide per worker, plus the staged (encoded) patches of slides copied and not yet extracted.
-        **keywords: the ``wsishard build`` flags as flat keywords (``mpp``, ``patch_size``, ``min_tissue``,
-            ``shard_size``, ``labels``, ``roi``, ...); see the CLI reference for each one's meaning and default.
+        **keywords: every ``wsishard build`` flag, named without its dashes (``patch_size=256``; ``--no-qc`` is
+            ``qc=False``), applied over ``options``; the CLI reference lists them with their defaults.
 
     Raises:
         TypeError: a keyword that is no build option (the message names it and the close matches).
@@ -104,9 +97,7 @@ def build(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out
             another build right now. Bad slides never raise: they are failed records.
         OutputError: ``output`` cannot be written (permissions, a full disk): the build stops.
     """
-    options = with_keywords(options, keywords) if keywords else options or BuildOptions()
-    sources = [os.fspath(inputs)] if isinstance(inputs, str | os.PathLike) else [os.fspath(i) for i in inputs]
-    out = os.fspath(output)
+    sources, out, options = _arguments(inputs, output, options, keywords)
     if part is not None and not 1 <= part[0] <= part[1]:
         raise OptionError(f"invalid part {part[0]}/{part[1]}: need 1 <= i <= n")
     paths = find_slides(sources, storage_options)
@@ -133,6 +124,17 @@ def build(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out
         if options.qc and part is None:  # a cluster build's parts would overwrite each other's: inspect --html
             dest.write_bytes(INDEX_NAME, qc_index(manifest).encode())
     return manifest
+
+
+Inputs = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]  # a slide path, a folder, a list, ...
+
+
+def _arguments(inputs: Inputs, output: str | os.PathLike[str], options: BuildOptions | None,
+               keywords: Mapping[str, Any]) -> tuple[list[str], str, BuildOptions]:  # fmt: skip
+    """:func:`build`'s inputs as a list of paths (one path alone is one input), its output as a path, and its
+    options with the flat keywords applied."""
+    sources = [os.fspath(inputs)] if isinstance(inputs, str | os.PathLike) else [os.fspath(i) for i in inputs]
+    return sources, os.fspath(output), with_keywords(options, keywords) if keywords else options or BuildOptions()
 
 
 @dataclass(frozen=True)
