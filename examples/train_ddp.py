@@ -1,7 +1,7 @@
 """Train a small CNN with DistributedDataParallel on a wsishard build output.
 
     torchrun --nproc_per_node=K examples/train_ddp.py OUT --steps 200          # step-based (resampled)
-    torchrun --nproc_per_node=K examples/train_ddp.py OUT --epoch --epochs 3   # exact epochs
+    torchrun --nproc_per_node=K examples/train_ddp.py OUT --epoch --epochs 3   # exact epochs: 3 in all
     torchrun ... examples/train_ddp.py OUT --steps 200 --checkpoint ckpt --checkpoint-every 50
     torchrun ... examples/train_ddp.py OUT --steps 200 --checkpoint ckpt --resume   # goes on where it stopped
     torchrun --nproc_per_node=3 ... OUT --epoch --checkpoint ckpt --resume   # an epoch begun on 2 ranks, on 3
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from wsishard import GpuCollate, MonitoredLoader, ShardLoader, loader, stream
+from wsishard import GpuCollate, MonitoredLoader, ShardLoader, ShardStream, loader, stream
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_single import IMAGENET_MEAN, IMAGENET_STD, Targets, loss_fn, make_model
@@ -35,9 +35,16 @@ from train_single import IMAGENET_MEAN, IMAGENET_STD, Targets, loss_fn, make_mod
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", help="build output folder, manifest path or URL prefix")
-    p.add_argument("--steps", type=int, default=100, help="steps per rank (resampled mode)")
+    p.add_argument(
+        "--steps", type=int, default=100, help="steps per rank in all, a resumed run's included (resampled mode)"
+    )
     p.add_argument("--epoch", action="store_true", help="exact epochs instead of endless resampling")
-    p.add_argument("--epochs", type=int, default=1, help="epochs to run with --epoch")
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=1,
+        help="epochs in all with --epoch, a resumed run's included: a run resumed after epoch 2 of 3 runs epoch 3 only",
+    )
     p.add_argument("--batch-size", type=int, default=64, help="per rank")
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank")
     p.add_argument("--shuffle", type=int, default=1000)
@@ -80,6 +87,16 @@ def restore(folder: str, rank: int, device: torch.device, model: torch.nn.Module
     return int(saved(0)["step"])
 
 
+def epoch_to_run(folder: str, ds: ShardStream) -> int:
+    """The epoch a restored loader's next pass runs: the one the checkpoint was taken in, or the next when its
+    rank 0 had taken all that epoch's batches (a checkpoint taken at an epoch's end)."""
+    with open(os.path.join(folder, "loader-rank0.json"), encoding="utf-8") as fh:
+        state = json.load(fh)["loader"]
+    epoch = int(state["epoch"])
+    done = sum(state["batches"]) >= ds.batches_per_rank(int(state["num_workers"]), epoch)
+    return epoch + 1 if done else epoch
+
+
 def setup() -> tuple[int, torch.device]:
     """Start the process group and bind this rank to its GPU (or the CPU)."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -106,12 +123,14 @@ def main() -> None:
     batches = MonitoredLoader(dl, every=args.log_every, rank=rank)
     to_device = GpuCollate(device, mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=True, seed=args.seed + rank)
     targets = Targets(args.source)
+    torch.manual_seed(args.seed)  # the same initial weights (and so the same run) for the same seed
     model = DistributedDataParallel(make_model(targets.classes).to(device),
                                     device_ids=[device.index] if device.type == "cuda" else None)  # fmt: skip
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     step = restore(args.checkpoint, rank, device, model.module, optimizer, dl) if args.resume and args.checkpoint else 0
+    epoch = epoch_to_run(args.checkpoint, ds) if step else 0
     if rank == 0 and step:
-        print(f"resumed at step {step}")
+        print(f"resumed at step {step}" + (f", in epoch {epoch}" if args.epoch else ""))
 
     def checkpoint(done: int) -> None:
         if args.checkpoint and (done == -1 or (args.checkpoint_every and done % args.checkpoint_every == 0)):
@@ -125,15 +144,16 @@ def main() -> None:
         return float(loss.item())
 
     if args.epoch:
-        for epoch in range(args.epochs):
-            planned = ds.batches_per_rank(args.workers, epoch)
+        while epoch < args.epochs:  # --epochs is the total: a resumed run finishes its epoch, then does the rest
             steps = 0
-            for batch in batches:
+            for batch in batches:  # each pass over the loader is the next epoch (a resumed one: the rest of it)
                 train_step(batch)
                 steps, step = steps + 1, step + 1
                 checkpoint(step)
             if rank == 0:
-                print(f"epoch {epoch}: {steps} batches on rank 0, {planned} planned per rank")
+                print(f"epoch {epoch}: {steps} batches on rank 0, "
+                      f"{ds.batches_per_rank(args.workers, epoch)} planned per rank")  # fmt: skip
+            epoch += 1
     else:
         for _, batch in zip(range(step, args.steps), batches, strict=False):
             loss = train_step(batch)

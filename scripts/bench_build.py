@@ -14,7 +14,7 @@ core) and the floor (decode each needed tile once, encode each patch once), both
 wrote. Then a many-shard build (``shard_samples``), the workers' idle time between the scan and extraction phases,
 and peak RSS per worker on a small and a large slide. Each method runs in its own child process, whose tree is
 polled with psutil every 50 ms (peak RSS, CPU time; ``proctree.py``), and the CPU time other processes took
-meanwhile is recorded. Slides are cached in ``--workdir``. Prints a table (and a markdown one for the README),
+meanwhile is recorded. Slides are cached in ``--workdir``. Prints a table (and a markdown one for the performance page),
 then one line ``JSON: {...}``. Verdicts use wall time; on a shared machine the CPU-second ratios printed beside
 them say more. Needs ``psutil`` (the ``bench`` extra).
 """
@@ -362,7 +362,7 @@ def _verdict_of(checks: list[dict[str, Any]], mpp: float, *names: str) -> str:
 
 
 def markdown(raw: dict[str, dict[str, Any]], checks: list[dict[str, Any]]) -> list[str]:
-    """One row per mpp, for the README."""
+    """One row per mpp, for the performance page."""
     lines = ["| level-0 mpp (scanner) | patches | jobs 1 patch/s | jobs 2 patch/s | naive patch/s (1 core) "
              "| build / naive (j1; j2 vs 2x) | floor patch/s | vs 0.25 (j1) | j2 / j1 | >= 3x naive | >= 0.8x ref "
              "| j2 >= 1.7x j1 |", "|" + "---|" * 12]  # fmt: skip
@@ -508,4 +508,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchresults import run
+
+    sys.exit(run("bench_build", main))

@@ -386,4 +386,6 @@ def _verdicts(rows: dict[int, dict[str, dict[str, Any]]], sizes: list[int]) -> d
 
 
 if __name__ == "__main__":
-    main()
+    from benchresults import run
+
+    sys.exit(run("bench_scale", main))

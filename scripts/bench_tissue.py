@@ -105,4 +105,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchresults import run
+
+    sys.exit(run("bench_tissue", main))

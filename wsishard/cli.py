@@ -9,7 +9,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import Field
 from typing import Any, NoReturn
 
@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from wsishard import __version__
 from wsishard.builder.inputs import check_output, label_table, mpp_table
+from wsishard.builder.keywords import option_fields, option_flag, size_bytes
 from wsishard.builder.merge import merge
 from wsishard.builder.options import BuildOptions, BuildProgress
 from wsishard.builder.parts import array_part
@@ -32,21 +33,15 @@ from wsishard.storage.secrets import redact
 
 logger = logging.getLogger("wsishard")
 
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
 EXIT_OK, EXIT_FAILED_SLIDES, EXIT_USAGE = 0, 1, 2
 
 
 def parse_size(text: str) -> int:
     """``512MB`` -> 512000000, ``1GiB`` -> 1073741824, ``100k`` -> 100000, ``4096`` -> 4096."""
-    match = _SIZE.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 512MB, 1GiB, 100000)")
-    number, unit, binary = match.groups()
-    base = 1024 if binary else 1000
     try:
-        return int(float(number) * base ** " kmgt".index(unit.lower() or " "))
-    except OverflowError:  # 1e400: float infinity
-        raise argparse.ArgumentTypeError(f"not a size: {text!r}") from None
+        return size_bytes(text)
+    except OptionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _number(kind: type, ok: Callable[[Any], bool], rule: str) -> Callable[[str], Any]:
@@ -105,22 +100,6 @@ _GROUPS = {  # "group" in the metadata -> help section, in the order shown
 }
 
 
-def option_fields(cls: Any = BuildOptions, prefix: str = "", group: str = "") -> Iterator[tuple[str, str, Field[Any]]]:
-    """``(dest, group, field)`` for every option field with a ``build`` flag, in declared order.
-
-    A field has a flag when its ``metadata`` has ``help``; the metadata may also name ``flag`` (default:
-    ``--field-name``, or ``--no-field-name`` for a field that defaults to True, which the flag turns off),
-    ``metavar`` (default: FIELD_NAME), ``parse`` (a key of ``_PARSE``; default ``str``), ``choices``, ``group``
-    (a key of ``_GROUPS``; nested option classes give theirs on the field holding them) and ``fills`` (names
-    of the fields the parsed tuple is spread over). Defaults come from the field and nowhere else.
-    """
-    for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(f.default_factory):
-            yield from option_fields(f.default_factory, f"{prefix}{f.name}.", f.metadata["group"])
-        elif "help" in f.metadata:
-            yield prefix + f.name, f.metadata.get("group", group), f
-
-
 def _owner(dest: str, cls: Any = BuildOptions) -> Any:
     """The option class holding the field at ``dest`` (``patch.patch_size_px`` -> :class:`PatchOptions`)."""
     for name in dest.split(".")[:-1]:
@@ -145,16 +124,10 @@ def _flag_type(parse: Callable[[str], Any], owner: Any, f: Field[Any]) -> Callab
     return check
 
 
-def option_flag(f: Field[Any]) -> str:
-    """The command-line flag of an option field (see :func:`option_fields`)."""
-    name = f.name.replace("_", "-")
-    return f.metadata.get("flag") or (f"--no-{name}" if f.default is True else f"--{name}")
-
-
 def _add_option(group: Any, dest: str, f: Field[Any], owner: Any = None) -> None:
     """Add the flag of option field ``f``; with ``owner`` (its option class) a value the class refuses is refused."""
     meta, default = f.metadata, f.default
-    shown = default is not None and default is not dataclasses.MISSING and not isinstance(default, bool)
+    shown = default not in (None, dataclasses.MISSING, ()) and not isinstance(default, bool)  # () and None: none
     help_text = meta["help"]
     if shown and "(default" not in help_text:
         help_text += f" (default: {_SHOW.get(meta.get('parse', ''), str)(default)})"
@@ -202,12 +175,14 @@ def _add_build_parser(sub: Any) -> None:
     g = groups["run"]
     g.add_argument("--overwrite", action="store_true", help="replace a build with other slides or options in OUT "
                    "(without it that is refused; the same build is resumed)")  # fmt: skip
-    g.add_argument("--part", type=_part, metavar="I/N", help="build only part I of N (1-based) and write a part "
-                   "manifest; `wsishard merge OUT` joins the parts. Default in an array job: Slurm's "
-                   "SLURM_ARRAY_TASK_ID/_COUNT, a Kubernetes Indexed Job's JOB_COMPLETION_INDEX, AWS Batch's "
-                   "AWS_BATCH_JOB_ARRAY_INDEX (with --parts)")  # fmt: skip
-    g.add_argument("--parts", type=int, metavar="N", help="the number of parts, for array jobs whose environment "
-                   "gives only this task's index (Kubernetes: the Job's completions)")  # fmt: skip
+    c = p.add_argument_group("cluster builds (one part of the slides per array-job task; then wsishard merge OUT)")
+    c.add_argument("--part", type=_part, metavar="I/N", help="build only part I of N (1-based) and write a part "
+                   "manifest. Default in an array job: from Slurm's SLURM_ARRAY_TASK_ID/_COUNT, a Kubernetes Indexed "
+                   "Job's JOB_COMPLETION_INDEX or AWS Batch's AWS_BATCH_JOB_ARRAY_INDEX/_SIZE")  # fmt: skip
+    c.add_argument("--part-count", type=_positive(int), metavar="N", help="N, the number of parts, where the "
+                   "array job's environment gives only this task's index (Kubernetes Indexed Job: its "
+                   "completions)")  # fmt: skip
+    c.add_argument("--parts", type=_positive(int), dest="old_parts", metavar="N", help=argparse.SUPPRESS)  # old name
     g.add_argument("--scratch", metavar="DIR", help="local folder for copies of slides read from object storage "
                    "(one slide per worker at a time, plus one group's staged patches; "
                    "default: a temporary folder)")  # fmt: skip
@@ -278,7 +253,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
     check_output(args.output)
     bars = _Bars(args.quiet)
     try:
-        part = args.part or array_part(os.environ, args.parts)
+        if args.old_parts is not None:
+            logger.warning("--parts is deprecated: it is --part-count now")
+        part = args.part or array_part(os.environ, args.part_count or args.old_parts)
         manifest = build(args.slides, args.output, options, progress=bars, storage_options=dict(args.storage_option),
                          part=part, overwrite=args.overwrite, scratch=args.scratch)  # fmt: skip
     finally:

@@ -59,7 +59,7 @@ _MAX_ID_CHARS = 96
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*_x[0-9]+_y[0-9]+")  # sample_key(sanitize_slide_id(...), x, y)
 
 ImageFormat = Literal["jpg", "png", "webp"]
-SlideStatus = Literal["ok", "failed"]
+SlideStatus = Literal["ok", "failed", "skipped"]  # skipped: left out by an option (--roi-missing skip)
 
 
 class PatchMeta(TypedDict, total=False):
@@ -276,8 +276,8 @@ class Manifest:
         return sum(s.bytes for s in self.shards)
 
     @property
-    def failed_slides(self) -> list[SlideRecord]:
-        return [s for s in self.slides if s.status != "ok"]
+    def failed_slides(self) -> list[SlideRecord]:  # not those an option skipped (status "skipped")
+        return [s for s in self.slides if s.status == "failed"]
 
     def to_dict(self) -> dict[str, Any]:
         """The manifest as plain data: the slide records inline unless ``slides_file`` holds them."""
@@ -288,8 +288,9 @@ class Manifest:
             "samples": self.total_samples,
             "bytes": self.total_bytes,
             "slides": len(self.slides),
-            "slides_ok": len(self.slides) - len(self.failed_slides),
+            "slides_ok": sum(s.status == "ok" for s in self.slides),
             "slides_failed": len(self.failed_slides),
+            "slides_skipped": sum(s.status == "skipped" for s in self.slides),
         }
         if not self.slides_file:
             d["slides"] = [asdict(s) for s in self.slides]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from wsishard.format import Manifest
+from wsishard.format import Manifest, SlideRecord
 from wsishard.storage.urls import is_url
 
 
@@ -17,12 +17,24 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+def plural(n: int, word: str) -> str:
+    """``1 shard``, ``2 shards``, ``1,200 patches``."""
+    return f"{n:,} {word}" + ("" if n == 1 else "es" if word.endswith("ch") else "s")
+
+
+def _skipped(manifest: Manifest) -> list[SlideRecord]:
+    """Slides an option left out (``--roi-missing skip`` without an annotation file): not failures."""
+    return [s for s in manifest.slides if s.status == "skipped"]
+
+
 def headline(manifest: Manifest) -> str:
-    """One line: slides ok/failed, patches, shards, bytes and image format."""
-    ok = len(manifest.slides) - len(manifest.failed_slides)
-    return (f"{len(manifest.slides)} slides ({ok} ok, {len(manifest.failed_slides)} failed): "
-            f"{manifest.total_samples:,} patches in {len(manifest.shards)} shards "
-            f"({human_bytes(manifest.total_bytes)}, {manifest.image_format})")  # fmt: skip
+    """One line: slides ok/failed (and skipped, when some were), patches, shards, bytes and image format."""
+    ok, skipped = sum(s.status == "ok" for s in manifest.slides), len(_skipped(manifest))
+    counts = f"{ok} ok, {len(manifest.failed_slides)} failed" + (f", {skipped} skipped" if skipped else "")
+    return (
+        f"{plural(len(manifest.slides), 'slide')} ({counts}): {plural(manifest.total_samples, 'patch')} in "
+        f"{plural(len(manifest.shards), 'shard')} ({human_bytes(manifest.total_bytes)}, {manifest.image_format})"
+    )
 
 
 def summary(manifest: Manifest, location: str = "") -> str:
@@ -46,37 +58,58 @@ def summary(manifest: Manifest, location: str = "") -> str:
             lines.append(f"  {len(unlabelled)} {plural} without a label (label -1 when streamed): {names}")
     for slide in manifest.failed_slides:
         lines.append(f"  FAILED {os.path.basename(slide.file)}: {slide.reason}")
+    for slide in _skipped(manifest):
+        lines.append(f"  skipped {os.path.basename(slide.file)}: {slide.reason}")
     return "\n".join(lines)
 
 
 def details(manifest: Manifest, *, max_rows: int = 50) -> str:
-    """The summary, the build options, and tables of slides and shards (``max_rows`` of each)."""
+    """The summary, the build options, a table of slides (with a key to its columns) and one of shards
+    (``max_rows`` of each)."""
     opts = manifest.options
     patch = opts.get("patch", {})
+    tolerance = patch.get("mpp_tolerance") or 0
     lines = [
         f"wsishard manifest v{manifest.version} (wsishard {manifest.wsishard_version}, created {manifest.created})",
         summary(manifest),
         "",
-        f"patches: {patch.get('patch_size_px')} px at {patch.get('target_mpp')} mpp, stride "
+        f"patches: {patch.get('patch_size_px')} px at {patch.get('target_mpp')} mpp "
+        f"({f'within {tolerance:g} of it' if tolerance else 'exactly'}), stride "
         f"{patch.get('stride_px') or patch.get('patch_size_px')}, min tissue {patch.get('min_tissue')}, "
         f"seed {opts.get('seed')}, quality {opts.get('quality')}",
+    ]
+    if manifest.extra.get("label_names"):
+        names = manifest.extra["label_names"]
+        lines.append("labels: " + ", ".join(f"{i} {name}" for i, name in enumerate(names)))
+    lines += [
         "",
-        f"{'slide':<32} {'status':<7} {'size':>13} {'mpp':>7} {'src':<9} {'lvl':>3} {'tissue':>6} "
-        f"{'cand':>6} {'patches':>7}",
+        f"{'slide':<32} {'status':<7} {'size':>13} {'mpp':>7} {'src':<9} {'lvl':>3} {'out mpp':>7} {'tissue':>6} "
+        f"{'cells':>6} {'patches':>7} {'label':>5}",
     ]
     for s in manifest.slides[:max_rows]:
         size = f"{s.width}x{s.height}" if s.width else "-"
         mpp = f"{s.mpp:.4f}" if s.mpp else "-"
+        out_mpp = f"{s.patch_mpp:.4f}" if s.patch_mpp else "-"
         lvl = "-" if s.level is None else str(s.level)
+        label = "-" if s.label is None else str(s.label)
         lines.append(
             f"{s.slide_id[:32]:<32} {s.status:<7} {size:>13} {mpp:>7} {s.mpp_source or '-':<9} {lvl:>3} "
-            f"{s.tissue_fraction:>6.1%} {s.candidates:>6} {s.patches:>7}"
+            f"{out_mpp:>7} {s.tissue_fraction:>6.1%} {s.candidates:>6} {s.patches:>7} {label:>5}"
         )
     if len(manifest.slides) > max_rows:
         lines.append(f"... {len(manifest.slides) - max_rows} more slides")
+    lines.append(_KEY)
     lines += ["", f"{'shard':<22} {'samples':>8} {'slides':>6} {'bytes':>10}  sha256"]
     for sh in manifest.shards[:max_rows]:
         lines.append(f"{sh.name:<22} {sh.samples:>8} {sh.slides:>6} {human_bytes(sh.bytes):>10}  {sh.sha256[:16]}")
     if len(manifest.shards) > max_rows:
         lines.append(f"... {len(manifest.shards) - max_rows} more shards")
     return "\n".join(lines)
+
+
+_KEY = (
+    "  mpp: level 0's, from src (openslide, csv or default); lvl: the level read; out mpp: the patches' actual mpp;\n"
+    "  tissue: fraction of the slide; cells: grid cells with any tissue; patches: those written (the rest were left\n"
+    '  out, per reason in slides.jsonl\'s "filtered": min_tissue, artefact, roi, roi_class, max_patches, quality);\n'
+    "  label: the slide's (--labels)"
+)

@@ -112,3 +112,20 @@ def _rank_main(source: str, work: str, mode: str, phase: str) -> None:
 
 if __name__ == "__main__":
     _rank_main(*sys.argv[1:5])
+
+
+@pytest.mark.timeout(400)
+def test_the_ddp_example_counts_epochs_in_all_and_seeds_its_model(tmp_path: Path) -> None:
+    import torch
+
+    out = sm.make_output(str(tmp_path / "out"), COUNTS)
+    args = [out.root, "--epoch", "--batch-size", "4", "--workers", "2", "--epochs", "1", "--checkpoint"]
+    first = _torchrun(*args, str(tmp_path / "a"), script="examples/train_ddp.py")
+    assert "epoch 0:" in first and "epoch 1:" not in first
+    twin = _torchrun(*args, str(tmp_path / "b"), script="examples/train_ddp.py")
+    a, b = (torch.load(tmp_path / d / "model.pt", weights_only=True)["model"] for d in ("a", "b"))
+    assert all(torch.equal(a[k], b[k]) for k in a)  # one seed, the same run: the model starts from one seed too
+    assert twin.count("epoch 0:") == 1
+    again = _torchrun(*args[:-3], "--epochs", "2", "--checkpoint", str(tmp_path / "a"), "--resume",
+                      script="examples/train_ddp.py")  # fmt: skip
+    assert "epoch 1:" in again and "epoch 0:" not in again  # --epochs is the total: only the epoch left runs

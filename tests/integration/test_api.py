@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 import wsishard
 
@@ -31,3 +34,18 @@ def test_build_side_imports_neither_torch_nor_webdataset() -> None:
     lines = out.stdout.split("\n")
     assert "wsishard.builder.run" in lines and "wsishard.storage.opener" in lines  # the walk found the modules
     assert lines[-2].split() == ["False", "False"]
+
+
+def test_build_takes_one_path_and_the_cli_options_as_keywords(tmp_path: Path) -> None:
+    from wsishard.builder.grid import PatchOptions
+    from wsishard.testing.synthetic import make_slides
+
+    make_slides(tmp_path / "in", 2, seed=3, width=1024, height=1024, tissue_fraction=0.5)
+    flat = wsishard.build(tmp_path / "in", str(tmp_path / "flat"), mpp=1.0, patch_size=64, jobs=1, qc=False)
+    nested = wsishard.build([str(tmp_path / "in")], str(tmp_path / "nested"), wsishard.BuildOptions(
+        patch=PatchOptions(target_mpp=1.0, patch_size_px=64), jobs=1, qc=False))  # fmt: skip
+    assert flat.total_samples > 0 and flat.options == nested.options
+    assert [s.sha256 for s in flat.shards] == [s.sha256 for s in nested.shards]
+    with pytest.raises(TypeError, match="did you mean 'patch_size'"):
+        wsishard.build(str(tmp_path / "in"), str(tmp_path / "bad"), patch_sise=64)
+    assert not (tmp_path / "bad").exists()  # refused before anything is written

@@ -64,6 +64,7 @@ def test_patches_only_inside_annotations_with_class_labels(slides: Path, annotat
     assert "malformed annotation GeoJSON" in by_id["slide-001"].reason and by_id["slide-001"].status == "failed"
     assert "no Polygon" in by_id["slide-002"].reason
     assert by_id["slide-003"].roi == "missing: skipped" and "no annotation file" in by_id["slide-003"].reason
+    assert by_id["slide-003"].status == "skipped" and by_id["slide-003"] not in manifest.failed_slides
     assert manifest.extra["label_names"] == ["Stroma", "Tumor"]
     assert samples and {s.meta["slide_id"] for s in samples} == {"slide-000"}
     for s in samples:
@@ -118,3 +119,18 @@ def test_quality_scores_recorded_and_filters_leave_patches_out(slides: Path, tmp
     for before, after in zip(plain.slides, filtered.slides, strict=True):
         assert after.patches + after.filtered.get("quality", 0) == before.patches
     assert sum(s.filtered.get("quality", 0) for s in filtered.slides) == len(all_samples) - len(kept) > 0
+
+
+def test_a_slide_skipped_for_want_of_annotations_is_no_failure(slides: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    roi = tmp_path / "roi"
+    roi.mkdir()
+    features = [_feature([_square(0, 0, 1024)], "Tumor")]
+    (roi / "slide-000.geojson").write_text(json.dumps({"type": "FeatureCollection", "features": features}))
+    out = tmp_path / "out"
+    code = main(["build", str(slides), "-o", str(out), "--patch-size", "64", "--mpp", "1", "--roi", str(roi),
+                 "--no-qc", "--jobs", "1", "-q"])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == 0, printed  # the default --roi-missing skip: three slides skipped, none failed
+    assert printed.startswith("4 slides (1 ok, 0 failed, 3 skipped)") and "FAILED" not in printed
+    assert "skipped slide-003.tif: no annotation file in --roi" in printed

@@ -23,11 +23,11 @@ def test_each_engine_gives_a_one_based_part() -> None:
 @pytest.mark.parametrize(
     ("environ", "parts", "message"),
     [
-        ({"JOB_COMPLETION_INDEX": "1"}, None, "pass --parts N"),
+        ({"JOB_COMPLETION_INDEX": "1"}, None, "pass --part-count N"),
         ({"JOB_COMPLETION_INDEX": "4"}, 4, "is not a task of 4"),
         ({"JOB_COMPLETION_INDEX": "x"}, 4, "not an integer"),
-        ({"AWS_BATCH_JOB_ARRAY_INDEX": "1", "AWS_BATCH_JOB_ARRAY_SIZE": "3"}, 5, "--parts 5, but an AWS Batch"),
-        ({"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "4"}, 2, "--parts 2, but a Slurm"),
+        ({"AWS_BATCH_JOB_ARRAY_INDEX": "1", "AWS_BATCH_JOB_ARRAY_SIZE": "3"}, 5, "--part-count 5, but an AWS Batch"),
+        ({"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "4"}, 2, "--part-count 2, but a Slurm"),
     ],
 )
 def test_an_index_without_a_count_or_outside_it_is_refused(environ: dict[str, str], parts: int | None,

@@ -113,8 +113,9 @@ def test_help_text_comes_from_the_field_metadata(
     entries = re.findall(rf"^  {re.escape(option_flag(f))}(?![-\w]).*(?:\n {{20,}}\S.*)?$", text, re.M)
     assert len(entries) == 1, entries
     entry, help_text, default = " ".join(entries[0].split()), f.metadata["help"], f.default
-    if default in (None, dataclasses.MISSING) or isinstance(default, bool) or "(default" in help_text:
-        assert entry.endswith(f" {help_text}")
+    if default in (None, dataclasses.MISSING, ()) or isinstance(default, bool) or "(default" in help_text:
+        assert entry.endswith(f" {help_text}")  # an empty list of names is no default worth showing
+        assert "(default: ())" not in entry
     else:
         shown = format_size(default) if f.metadata.get("parse") == "size" else str(default)
         assert entry.endswith(f" {help_text} (default: {shown})")
@@ -179,3 +180,73 @@ def test_the_library_side_does_not_know_argparse() -> None:
     forbidden = re.compile(r"^\s*(import argparse|from argparse|from wsishard\.cli|import wsishard\.cli)", re.M)
     for path in builder.glob("*.py"):
         assert not forbidden.search(path.read_text()), path
+
+
+def test_parts_is_part_count_and_the_old_spelling_still_works_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    from wsishard import cli
+
+    seen: list[Any] = []
+    monkeypatch.setattr(cli, "build", lambda *a, **kw: seen.append(kw["part"]) or (_ for _ in ()).throw(SystemExit))
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "1")
+    for flag in ("--part-count", "--parts"):
+        with pytest.raises(SystemExit):
+            cli.main(["build", "in", "-o", "out", flag, "3", "-q"])
+    assert seen == [(2, 3), (2, 3)]
+    assert [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()] == [
+        "--parts is deprecated: it is --part-count now"
+    ]
+    assert "--part-count N" in _build_help(monkeypatch, capsys) and "--parts " not in _build_help(monkeypatch, capsys)
+
+
+@pytest.mark.parametrize(("dest", "f"), [(dest, f) for dest, _, f in FLAGGED], ids=[dest for dest, _, _ in FLAGGED])
+def test_each_flag_is_a_keyword_of_the_python_api_giving_the_same_options(
+    dest: str, f: dataclasses.Field[Any], tmp_path: Path
+) -> None:
+    from wsishard.builder.keywords import option_keyword
+
+    words, expected = _non_default(f, tmp_path)
+    from_cli = _options(parser().parse_args(["build", "SLIDES", "-o", "OUT", option_flag(f), *words]))
+    flag = option_flag(f)
+    keyword = option_keyword(f)
+    assert keyword == flag[2:].removeprefix("no-" if f.default is True else "").replace("-", "_")
+    if isinstance(f.default, bool):
+        value: Any = not f.default
+    elif f.metadata.get("fills") or f.metadata.get("parse") in ("mpp_table", "size", "names", "str"):
+        value = words[0]  # a path or a text, read as the flag reads it
+    else:
+        value = next(iter(expected.values()))
+    assert BuildOptions.from_keywords(**{keyword: value}) == from_cli
+
+
+def test_keywords_take_python_values_for_tables_sizes_and_names() -> None:
+    options = BuildOptions.from_keywords(mpp=1.0, patch_size=224, shard_size="1GiB", roi_exclude=["Tumor", "Stroma"],
+                                         labels={"a.svs": "tumour", "b.svs": "normal"}, mpp_csv={"a.svs": 0.25},
+                                         qc=False, jobs=3)  # fmt: skip
+    assert (options.patch.target_mpp, options.patch.patch_size_px, options.shard_size_bytes) == (1.0, 224, 2**30)
+    assert options.roi.exclude == ("Tumor", "Stroma") and options.mpp_overrides == {"a.svs": 0.25}
+    assert options.labels == {"a.svs": 1, "b.svs": 0} and options.label_names == ("normal", "tumour")
+    assert (options.qc, options.jobs) == (False, 3)
+    base = BuildOptions.from_keywords(seed=5)
+    from wsishard.builder.keywords import with_keywords
+
+    assert with_keywords(base, {"mpp": 1.0}) == BuildOptions.from_keywords(seed=5, mpp=1.0)  # on top of options
+
+
+def test_an_unknown_keyword_is_a_type_error_naming_it_and_the_close_matches() -> None:
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'patchsize'; did you mean 'patch_size'"):
+        BuildOptions.from_keywords(patchsize=224)
+    with pytest.raises(TypeError, match=r"'target_mpp'; did you mean 'mpp'\?"):  # a field name: its keyword
+        BuildOptions.from_keywords(target_mpp=1.0)
+    with pytest.raises(TypeError, match=r"'zzz' \(see wsishard.build's keywords\)"):
+        BuildOptions.from_keywords(zzz=1)
+
+
+def test_a_keyword_value_the_option_refuses_is_an_option_error() -> None:
+    from wsishard.errors import OptionError
+
+    with pytest.raises(OptionError, match="quality"):
+        BuildOptions.from_keywords(quality=0)
+    with pytest.raises(OptionError, match="not a size"):
+        BuildOptions.from_keywords(shard_size="lots")

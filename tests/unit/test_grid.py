@@ -89,6 +89,16 @@ def test_max_patches_per_slide_is_a_seeded_subset() -> None:
     assert not (np.array_equal(a.col, c.col) and np.array_equal(a.row, c.row))
 
 
+def test_cells_left_out_for_too_little_tissue_or_the_cap_are_counted() -> None:
+    mask = np.zeros((64, 64), dtype=bool)  # 8 x 8 output cells of 8 x 8 mask px
+    mask[:, :32] = True  # 4 columns of full tissue
+    mask[:, 32:34] = True  # a fifth column with a quarter tissue: below min_tissue
+    opts = PatchOptions(target_mpp=0.5, patch_size_px=64, min_tissue=0.5, max_patches_per_slide=20)
+    cands = candidates((1024, 1024), 0.25, mask, 16.0, opts)
+    assert (cands.total, len(cands), cands.dropped_low, cands.dropped_cap) == (40, 20, 8, 12)
+    assert cands.total == len(cands) + cands.dropped_low + cands.dropped_cap  # every cell with tissue counted
+
+
 def test_blocks_partition_patches_and_bound_their_cells() -> None:
     rng = np.random.default_rng(0)
     mask = rng.random((64, 64)) > 0.3

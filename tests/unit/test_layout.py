@@ -1,4 +1,4 @@
-"""The house rules the code map in the README promises: small modules, short functions, one package boundary."""
+"""The house rules the code map in the design notes promises: small modules, short functions, one package boundary."""
 
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ def test_summary_totals_the_bytes_read_of_slides_in_object_storage_only_when_the
 
 def test_summary_of_a_build_without_shards_has_no_shard_line() -> None:
     text = summary(_manifest([_slide(0, failed="no tissue found")], []))
-    assert text.splitlines() == ["1 slides (0 ok, 1 failed): 0 patches in 0 shards (0 B, png)",
+    assert text.splitlines() == ["1 slide (0 ok, 1 failed): 0 patches in 0 shards (0 B, png)",
                                  "  FAILED bad0.svs: no tissue found"]  # fmt: skip
 
 
@@ -67,12 +67,13 @@ def test_details_lists_options_slides_and_shards() -> None:
     shards = [_shard(0, 801, 1, 1_500_000)]
     lines = details(_manifest(slides, shards)).splitlines()
     assert lines[0] == "wsishard manifest v2 (wsishard 9.9.9, created 2024-01-02T03:04:05Z)"
-    assert lines[1].startswith("2 slides (1 ok, 1 failed): 801 patches in 1 shards")
-    assert "patches: 224 px at 0.5 mpp, stride 224, min tissue 0.4, seed 7, quality 85" in lines
+    assert lines[1].startswith("2 slides (1 ok, 1 failed): 801 patches in 1 shard ")
+    assert "patches: 224 px at 0.5 mpp (exactly), stride 224, min tissue 0.4, seed 7, quality 85" in lines
     ok = next(ln for ln in lines if ln.startswith("s0 "))
-    assert ok.split() == ["s0", "ok", "40000x30000", "0.2501", "openslide", "1", "25.0%", "900", "800"]
+    assert ok.split() == ["s0", "ok", "40000x30000", "0.2501", "openslide", "1", "-", "25.0%", "900", "800", "-"]
     bad = next(ln for ln in lines if ln.startswith("bad1 "))
-    assert bad.split() == ["bad1", "failed", "-", "-", "-", "-", "0.0%", "0", "0"]
+    assert bad.split() == ["bad1", "failed", "-", "-", "-", "-", "-", "0.0%", "0", "0", "-"]
+    assert "cells: grid cells with any tissue" in "\n".join(lines)  # the columns explained
     shard = next(ln for ln in lines if ln.startswith("shard-000000.tar"))
     assert shard.split() == ["shard-000000.tar", "801", "1", "1.5", "MB", "0" * 16]
     assert not [ln for ln in lines if ln.startswith("...")]
@@ -88,3 +89,26 @@ def test_details_truncates_long_tables_with_a_count_of_the_rest() -> None:
     assert "... 4 more slides" in lines and "... 2 more shards" in lines
     exact = details(_manifest(slides[:3], shards[:3]), max_rows=3).splitlines()
     assert not [ln for ln in exact if ln.startswith("...")]  # exactly max_rows: nothing left out
+
+
+def test_details_show_the_patch_mpp_the_tolerance_the_labels_and_what_the_columns_mean() -> None:
+    slide = dataclasses.replace(_slide(0), patch_mpp=0.5004, label=1)
+    manifest = _manifest([slide], [_shard(0, 800, 1, 1_000_000)])
+    manifest.options["patch"]["mpp_tolerance"] = 0.05
+    manifest.extra["label_names"] = ["normal", "tumour"]
+    text = details(manifest)
+    assert "patches: 224 px at 0.5 mpp (within 0.05 of it)" in text
+    assert "labels: 0 normal, 1 tumour" in text
+    row = next(ln for ln in text.splitlines() if ln.startswith("s0 "))
+    assert row.split()[6] == "0.5004" and row.split()[-1] == "1"
+    assert "cells: grid cells with any tissue" in text and "min_tissue" in text
+
+
+def test_a_skipped_slide_is_counted_and_listed_as_skipped_not_failed() -> None:
+    skipped = SlideRecord(slide_id="s9", file="/data/in/s9.svs", status="skipped", reason="no annotation file in --roi")
+    manifest = _manifest([_slide(0), skipped], [_shard(0, 800, 1, 1_000_000)])
+    assert manifest.failed_slides == []
+    lines = summary(manifest).splitlines()
+    assert lines[0].startswith("2 slides (1 ok, 0 failed, 1 skipped): 800 patches in 1 shard ")
+    assert lines[-1] == "  skipped s9.svs: no annotation file in --roi"
+    assert manifest.to_dict()["totals"]["slides_skipped"] == 1

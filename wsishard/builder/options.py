@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from wsishard.builder.grid import PatchOptions
 from wsishard.builder.patches import EncodeOptions
@@ -139,6 +140,19 @@ class BuildOptions:
             if not valid_label(label):
                 raise OptionError(f"invalid labels: label of {slide!r} is {label!r}: need an integer in 0..2**63-1 "
                                   "(-1 marks unlabelled samples)")  # fmt: skip
+
+    @classmethod
+    def from_keywords(cls, **keywords: Any) -> BuildOptions:
+        """The options the ``wsishard build`` flags give as flat keywords: ``BuildOptions.from_keywords(mpp=1.0,
+        patch_size=224)`` (see :func:`wsishard.build`; :mod:`wsishard.builder.keywords` maps them).
+
+        Raises:
+            TypeError: a keyword that is no build option, naming it and the close matches.
+            OptionError: (a ``ValueError``) a value the option refuses.
+        """
+        from wsishard.builder.keywords import with_keywords  # it reads this class's fields
+
+        return with_keywords(None, keywords, caller="BuildOptions.from_keywords")
 
     @property
     def class_names(self) -> tuple[str, ...]:

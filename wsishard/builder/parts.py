@@ -5,9 +5,9 @@ reads no environment itself):
 
 - Slurm job arrays: ``SLURM_ARRAY_TASK_ID``, ``SLURM_ARRAY_TASK_COUNT`` (and ``SLURM_ARRAY_TASK_MIN``).
 - Kubernetes Indexed Jobs: ``JOB_COMPLETION_INDEX`` (0-based); the part count is the Job's ``completions``,
-  which Kubernetes does not put in the environment: it is given as ``--parts N``.
+  which Kubernetes does not put in the environment: it is given as ``--part-count N``.
 - AWS Batch array jobs: ``AWS_BATCH_JOB_ARRAY_INDEX`` (0-based), with ``AWS_BATCH_JOB_ARRAY_SIZE`` where set,
-  else ``--parts N``.
+  else ``--part-count N``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def array_part(environ: Mapping[str, str], parts: int | None = None) -> tuple[in
 
     Args:
         environ: the process environment.
-        parts: the part count when the engine does not say it (``--parts N``); it must agree where it does.
+        parts: the part count when the engine does not say it (``--part-count N``); it must agree where it does.
 
     Raises:
         OptionError: an index but no part count, an index outside the count, or a count that disagrees.
@@ -56,14 +56,14 @@ def array_part(environ: Mapping[str, str], parts: int | None = None) -> tuple[in
             raise OptionError(f"{engine}: {index_name} is not an integer") from exc
         count = size or parts
         if count is None:
-            raise OptionError(f"running in {engine} ({index_name}={index}): pass --parts N, the number of tasks")
+            raise OptionError(f"running in {engine} ({index_name}={index}): pass --part-count N, the number of tasks")
         if not 0 <= index < count:
-            raise OptionError(f"{engine}: {index_name}={index} is not a task of {count} (--parts {count})")
+            raise OptionError(f"{engine}: {index_name}={index} is not a task of {count} (--part-count {count})")
         return _checked((index + 1, count), parts, engine)
     return None
 
 
 def _checked(part: tuple[int, int], parts: int | None, engine: str) -> tuple[int, int]:
     if parts is not None and parts != part[1]:
-        raise OptionError(f"--parts {parts}, but {engine} has {part[1]} tasks")
+        raise OptionError(f"--part-count {parts}, but {engine} has {part[1]} tasks")
     return part

@@ -24,8 +24,7 @@ from wsishard.slide import SlideReader
 
 _PIL_FORMAT = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}
 # Stage 1 may reduce by the integer just above the scale when the rest is then an upsampling of at most 6%: that
-# costs less than decoding at full size, and stays above 45 dB PSNR against a full-resolution Lanczos (measured on
-# synthetic H&E at 0.2520 and 0.2631 mpp to 0.5 mpp).
+# costs less than decoding at full size, at a quality tests hold against a full-resolution Lanczos.
 _REST_SLACK = 0.06
 Samples = list[tuple[str, dict[str, bytes]]]  # (key, {ext: encoded bytes}) per sample, in write order
 
@@ -95,10 +94,8 @@ def read_block_image(reader: SlideReader, block: Block, cands: Candidates, level
 
     1. reduce by ``k``: JPEG tiles decoded at 1/k by libjpeg's DCT scaling where the reader can (k = 2, 4, 8),
        else a full-resolution read reduced by an exact k x k box filter;
-    2. resample the small ``rest`` by bicubic interpolation (OpenCV's, 0.15 ms a 256 px patch) at the reduced size,
-       at exactly ``rest`` reduced px per output px (nothing to do for an integer scale). Bilinear (0.11 ms) blurs
-       sharp texture: on scikit-image's IHC image it gave 34 dB against a full-resolution Lanczos where bicubic
-       gives 38-40 and a Lanczos rest (1.7 ms) 39-40, the ceiling after a 2x reduction.
+    2. resample the small ``rest`` by OpenCV's bicubic interpolation at the reduced size, at exactly ``rest``
+       reduced px per output px (nothing to do for an integer scale); bilinear would blur sharp texture.
 
     Stage 2 starts on a reduced pixel: the region's top-left is the block's nominal corner moved to the nearest
     multiple of ``k`` level px (at most half a reduced pixel); :func:`patch_images` does the same per patch and

@@ -27,11 +27,12 @@ img { max-width: 100%; height: auto; display: block; border: 1px solid #ddd; }
 
 def qc_index(manifest: Manifest, picture_prefix: str = "") -> str:
     """The page for ``manifest``'s slides; a slide's picture is ``<picture_prefix><slide_id>.png``."""
-    slides = sorted(manifest.slides, key=lambda s: (s.status == "ok", s.slide_id))
+    slides = sorted(manifest.slides, key=lambda s: (_ORDER.get(s.status, 0), s.slide_id))
     head = headline(manifest)
     parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>wsishard QC: {html.escape(head)}</title><style>{_STYLE}</style></head><body>",
-             f"<h1>wsishard QC</h1><p>{html.escape(head)}. Failed slides first. Colours: tissue contour green, kept "
+             f"<h1>wsishard QC</h1><p>{html.escape(head)}. Failed slides first, then skipped ones. Colours: tissue "
+             "contour green, kept "
              "patches blue, ink removed magenta, dark artefacts removed orange, annotations yellow.</p>"]  # fmt: skip
     parts += [_card(s, picture_prefix) for s in slides]
     parts.append("</body></html>\n")
@@ -48,6 +49,9 @@ def write_qc_page(manifest: Manifest, root: str, path: str) -> None:
         fh.write(qc_index(manifest, qc.replace(os.sep, "/")))
 
 
+_ORDER = {"failed": 0, "skipped": 1, "ok": 2}  # failed slides first, then skipped ones
+
+
 def _card(s: SlideRecord, prefix: str) -> str:
     at = f" at {s.mpp:.4f} mpp ({s.mpp_source})" if s.mpp else ""
     rows = [
@@ -55,7 +59,8 @@ def _card(s: SlideRecord, prefix: str) -> str:
         ("size", f"{s.width} x {s.height} px{at}"),
         ("tissue", f"{s.tissue_mm2:.2f} mm2 ({s.tissue_fraction:.1%} of the slide)"),
         ("removed", f"ink {s.ink_mm2:.2f} mm2, dark artefacts {s.artefact_mm2:.2f} mm2"),
-        ("patches", f"{s.patches:,} kept of {s.candidates:,} cells with tissue"),
+        ("patches", f"{s.patches:,} kept of {s.candidates:,} cells with tissue"
+                    + (f", at {s.patch_mpp:.4f} mpp" if s.patch_mpp else "")),
     ]  # fmt: skip
     if s.filtered:
         rows.append(("left out", ", ".join(f"{k} {n:,}" for k, n in sorted(s.filtered.items()))))
@@ -69,4 +74,4 @@ def _card(s: SlideRecord, prefix: str) -> str:
     name = html.escape(s.slide_id)
     return (f'<div class="slide {html.escape(s.status)}" id="{name}"><h2>{name}: {html.escape(s.status)}</h2>'
             f'{reason}<table>{table}</table><a href="{src}"><img src="{src}" loading="lazy" '
-            f'alt="no QC picture for {name}"></a></div>')  # fmt: skip
+            f'alt="no QC picture for {name}" onerror="this.parentNode.replaceWith(this.alt)"></a></div>')  # fmt: skip

@@ -31,6 +31,7 @@ from wsishard.builder.extract import (
     segment_tasks,
 )
 from wsishard.builder.inputs import check_tables, find_slides, lookup
+from wsishard.builder.keywords import with_keywords
 from wsishard.builder.options import BuildOptions, BuildProgress
 from wsishard.builder.plan import ShardPlan, make_groups, part_groups, plan_group
 from wsishard.builder.pool import WorkerPool
@@ -63,44 +64,46 @@ _TAR_BYTES_PER_MEMBER = 512 + 256  # header + mean padding
 Done = dict[int, tuple[ShardOutcome, frozenset[int]]]  # shards finished before: index -> (outcome, excluded slides)
 
 
-def build(inputs: Sequence[str], output: str, options: BuildOptions | None = None, *,
-          progress: ProgressCallback[BuildProgress] = ignore_progress,
-          storage_options: StorageOptions | None = None,
-          part: tuple[int, int] | None = None, overwrite: bool = False,
-          scratch: str | None = None) -> Manifest:  # fmt: skip
+def build(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], output: str | os.PathLike[str],
+          options: BuildOptions | None = None, *, progress: ProgressCallback[BuildProgress] = ignore_progress,
+          storage_options: StorageOptions | None = None, part: tuple[int, int] | None = None,
+          overwrite: bool = False, scratch: str | None = None, **keywords: Any) -> Manifest:  # fmt: skip
     """Build mixed tissue-patch shards from slides into ``output`` and return the manifest it wrote.
 
+    ``build("slides/", "out/", mpp=0.5, jobs=8)`` is ``wsishard build slides/ -o out/ --mpp 0.5 --jobs 8``.
     Re-running the same build on the same output resumes it: finished shards are kept, the rest is written; slides
     scanned before (each scan is saved as it finishes) are not scanned again.
 
     Args:
-        inputs: slide folders, slide files, or text files listing slides.
+        inputs: a slide folder, slide file, text file listing slides or URL prefix, or a list of them.
         output: local folder or fsspec URL prefix (``s3://bucket/prefix``).
-        options: every build option (defaults: :class:`BuildOptions`).
+        options: every build option as the nested option classes (defaults: :class:`BuildOptions`).
         progress: called after each slide scanned and each shard written.
         storage_options: fsspec options for an URL output (endpoint, credentials); never logged or stored.
-        part: ``(i, n)``, 1-based: build only part ``i`` of ``n`` and write a part manifest;
-            :func:`wsishard.merge.merge` joins the parts. Slides are grouped from the sorted slide list and the
-            seed alone, and a part scans and extracts only its own groups (balanced by the bytes of their slide
-            files): the merged output is the one build the same options make on one machine, whatever ``n``.
+        part: ``(i, n)``, 1-based: build only part ``i`` of ``n`` and write a part manifest (:func:`wsishard.merge`
+            joins them). A part scans and extracts only its own slide groups (from the sorted slide list and the
+            seed alone): the merged output is the one build the same options make on one machine, whatever ``n``.
         overwrite: replace a build with other inputs or options (or slides changed since) found in ``output``
             instead of refusing; only that build's own files are removed, never anything else there.
         scratch: local folder for copies of slides given as URLs (default: a temporary folder); it holds at most
             one slide per worker, plus the staged (encoded) patches of slides copied and not yet extracted.
+        **keywords: every ``wsishard build`` flag, named without its dashes (``patch_size=256``; ``--no-qc`` is
+            ``qc=False``), applied over ``options``; the CLI reference lists them with their defaults.
 
     Raises:
+        TypeError: a keyword that is no build option (the message names it and the close matches).
         OptionError: bad inputs (nothing found, a missing path), a bad ``part``, or ``output`` holding another
             build, slides changed since its build began, files that are not a build's, or being written by
             another build right now. Bad slides never raise: they are failed records.
         OutputError: ``output`` cannot be written (permissions, a full disk): the build stops.
     """
-    options = options or BuildOptions()
+    sources, out, options = _arguments(inputs, output, options, keywords)
     if part is not None and not 1 <= part[0] <= part[1]:
         raise OptionError(f"invalid part {part[0]}/{part[1]}: need 1 <= i <= n")
-    paths = find_slides(inputs, storage_options)
+    paths = find_slides(sources, storage_options)
     check_tables(paths, options)  # warnings logged; an OptionError before anything is written
     annotations = match_annotations(options.roi.path, paths)  # likewise: a bad --roi never claims the output
-    dest = Destination(output, storage_options)
+    dest = Destination(out, storage_options)
     dest.makedirs()
     state = BuildState(dest, fingerprint(paths, _options_dict(options, for_fingerprint=True)), part)
     jobs = options.jobs or os.cpu_count() or 1
@@ -115,12 +118,23 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
                               state.refreshing(progress), remote, state)  # fmt: skip
             slides, shards = _extract_groups(pool, [(g, groups[g]) for g in mine], dest, options, state, progress,
                                              remote, early)  # fmt: skip
-        manifest = _manifest(inputs, options, slides, shards, state.digest, part, len(paths))
+        manifest = _manifest(sources, options, slides, shards, state.digest, part, len(paths))
         for name, data in manifest_files(manifest, part):
             dest.write_bytes(name, data)
         if options.qc and part is None:  # a cluster build's parts would overwrite each other's: inspect --html
             dest.write_bytes(INDEX_NAME, qc_index(manifest).encode())
     return manifest
+
+
+Inputs = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]  # a slide path, a folder, a list, ...
+
+
+def _arguments(inputs: Inputs, output: str | os.PathLike[str], options: BuildOptions | None,
+               keywords: Mapping[str, Any]) -> tuple[list[str], str, BuildOptions]:  # fmt: skip
+    """:func:`build`'s inputs as a list of paths (one path alone is one input), its output as a path, and its
+    options with the flat keywords applied."""
+    sources = [os.fspath(inputs)] if isinstance(inputs, str | os.PathLike) else [os.fspath(i) for i in inputs]
+    return sources, os.fspath(output), with_keywords(options, keywords) if keywords else options or BuildOptions()
 
 
 @dataclass(frozen=True)

@@ -169,8 +169,8 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
         return ScanResult(replace(record, reason=reason))
     record = replace(record, roi=roi_status(task.roi, task.roi_file))
     if task.roi.path is not None and task.roi_file is None and task.roi.missing == "skip":
-        return ScanResult(replace(record, reason="no annotation file in --roi (skipped: --roi-missing whole builds "
-                                                 "it whole)"))  # fmt: skip
+        return ScanResult(replace(record, status="skipped", reason="no annotation file in --roi (--roi-missing whole "
+                                                                   "builds it whole)"))  # fmt: skip
     l0_per_t = max(task.tissue.thumb_mpp / mpp0, max(l0_w, l0_h) / task.tissue.max_thumb_px, 1.0)
     thumb, l0_per_t = read_lowres(reader, l0_per_t)
     found = find_tissue(thumb, l0_per_t * mpp0, task.tissue)
@@ -199,7 +199,13 @@ def _tissue_report(found: TissueResult, t_mpp: float, cands: Candidates) -> dict
     """The slide record's tissue fields: fraction, areas in mm^2 (``t_mpp``: microns per view px), candidates and
     the patches the scan left out per reason."""
     mm2 = (t_mpp / 1000.0) ** 2  # per view px
-    counts = {"artefact": cands.dropped_artefact, "roi": cands.dropped_roi, "roi_class": cands.dropped_class}
+    counts = {
+        "min_tissue": cands.dropped_low,
+        "artefact": cands.dropped_artefact,
+        "roi": cands.dropped_roi,
+        "roi_class": cands.dropped_class,
+        "max_patches": cands.dropped_cap,
+    }
     filtered = {reason: n for reason, n in counts.items() if n}
     return dict(tissue_fraction=round(float(found.mask.mean()), 4), candidates=cands.total,
                 tissue_mm2=round(int(found.mask.sum()) * mm2, 4), ink_mm2=round(int(found.ink.sum()) * mm2, 4),

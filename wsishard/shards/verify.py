@@ -328,8 +328,9 @@ def _stray_files(root: str, listed: Container[str], storage_options: StorageOpti
 def format_report(report: VerifyReport) -> str:
     """The report as lines of text for a terminal: a verdict, then each problem and warning."""
     size_mb = report.bytes_checked / 1e6
-    lines = [f"{report.output}: {report.shards_checked} shards, {report.samples_checked} samples, "
-             f"{size_mb:.1f} MB checked"]  # fmt: skip
+    shards = f"{report.shards_checked} shard{'' if report.shards_checked == 1 else 's'}"
+    samples = f"{report.samples_checked} sample{'' if report.samples_checked == 1 else 's'}"
+    lines = [f"{report.output}: {shards}, {samples}, {size_mb:.1f} MB checked"]
     lines += [f"  problem  {name}: {reason}" for name, reason in report.problems]
     lines += [f"  warning  {name}: {reason}" for name, reason in report.warnings]
     bad = len({name for name, _ in report.problems})

@@ -1,6 +1,6 @@
 """The direct-tile backend: SVS and pyramidal TIFF tiles decoded with tifffile + imagecodecs.
 
-It decodes the slide's own tiles instead of going through OpenSlide's paint step (~10x the Mpx/s here), and is
+It decodes the slide's own tiles instead of going through OpenSlide's paint step, and is
 used only when every OpenSlide level maps to a tiled 8-bit RGB page of the same size; anything else uses
 :class:`~wsishard.slide.openslide_backend.OpenSlideReader`.
 """
@@ -64,7 +64,7 @@ def _jpeg_scaled(data: bytes, width: int, height: int, factor: int) -> np.ndarra
     """A 3-component JPEG decoded to RGB at 1/``factor`` through Pillow's libjpeg-turbo decoder, driven directly.
 
     It is what ``Image.open`` + ``draft`` + ``load`` run (the same decoder and arguments, the same pixels), without
-    parsing the markers in Python first: 0.29 against 0.32 ms for a 256 px tile at 1/2. libjpeg reads the colour
+    parsing the markers in Python first. libjpeg reads the colour
     transform from the stream's own markers, as it does through ``Image.open``.
     """
     decoder = Image.core.jpeg_decoder("RGB", "RGB", "", factor, 0)  # mode, rawmode, jpegmode, scale, draft
@@ -85,7 +85,7 @@ class TileCache:
     """Recently decoded tiles of this process, least recently used dropped first, up to ``max_bytes``.
 
     Neighbouring blocks of a slide share the tiles along their common edge; with a non-integer scale the grid does
-    not line up with the tiles, and 17-21% of tile decodes repeat such a tile (0.2265-0.2520 mpp). Readers keep
+    not line up with the tiles, and a tile on such an edge would be decoded twice. Readers keep
     the tiles on the edge of each region they read; blocks come in strips of two block rows and the plan keeps
     that order within a shard (:func:`~wsishard.builder.grid.blocks`), so a worker meets a block's neighbours soon
     after it. Keyed by the reader (a number of its own, dropped when it closes), the page, the tile and the scale.

@@ -54,8 +54,8 @@ class Metas(Sequence[PatchMeta]):
     each parsed from its JSON text the first time it is read (and then kept: the same dict every time).
 
     A worker checks every sample's JSON before its batch is made (a sample whose JSON does not parse is an error
-    there, or skipped), but builds no dict: most training loops never read them, and 256 dicts cost a worker about
-    1.4 ms to make and the main process 0.5 ms to receive. ``list(batch["meta"])`` gives a plain list (for
+    there, or skipped), but builds no dict: most training loops never read them, and building and sending them
+    costs the worker and the main process time. ``list(batch["meta"])`` gives a plain list (for
     ``json.dumps``, ``torch.save`` with ``weights_only``, or to append to). Items that are not ``bytes`` are taken
     as already parsed: PyTorch's ``pin_memory`` and ``default_convert`` rebuild a sequence from its items.
     """

@@ -5,8 +5,8 @@
 Shard-level stages split and order :class:`ShardRef` s; :class:`ReadShards` turns them into :class:`RawSample` s
 (still encoded: cheap to hold in the shuffle buffer), counted against the manifest. Only the members wsishard
 writes are read (the image, ``.json``, ``.cls``); ``.pyd``/``.pth``/``.pickle`` members are ignored and nothing
-is ever unpickled. Tar headers are parsed by :func:`wsishard.shards.reader.tar_members` rather than ``tarfile``
-(about 20% of a worker's time otherwise).
+is ever unpickled. Tar headers are parsed by :func:`wsishard.shards.reader.tar_members` rather than ``tarfile``,
+which costs a worker much more.
 """
 
 from __future__ import annotations

@@ -1,0 +1,71 @@
+"""The docs site's generated pages: the CLI reference from the parser, the performance page from saved results."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from wsishard.cli import parser
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def hooks() -> ModuleType:
+    return _load(ROOT / "docs" / "hooks.py", "docs_hooks")
+
+
+def _flags(p: argparse.ArgumentParser) -> set[str]:
+    return {s for a in p._actions if a.help != argparse.SUPPRESS for s in a.option_strings}
+
+
+def test_the_cli_reference_lists_every_command_and_every_flag(hooks: ModuleType) -> None:
+    text = hooks.cli_markdown()
+    top = parser()
+    subs = hooks._subcommands(top)
+    assert set(subs) == {"build", "inspect", "verify", "merge", "demo"}
+    for name, sub in subs.items():
+        assert f"## wsishard {name}" in text
+        section = text.split(f"## wsishard {name}", 1)[1].split("\n## ", 1)[0]
+        rows = set(re.findall(r"^\| (`[^|]*`)(?:, `[^|]*`)* \|", section, re.M))
+        listed = set(re.findall(r"`(-[-\w]+)`", section))
+        assert _flags(sub) - {"-h", "--help"} <= listed, name
+        assert rows
+    assert "--part-count" in text and "`--parts`" not in text  # the old spelling works, but is not offered
+    assert "(default: ())" not in text and "(default: 0.5)" in text
+
+
+def test_the_performance_page_renders_each_saved_result(hooks: ModuleType, tmp_path: Path) -> None:
+    assert "No benchmark results saved yet" in hooks.results_markdown(tmp_path)
+    run = {"benchmark": "bench_x", "title": "X", "command": "python scripts/bench_x.py --quick", "when": "today",
+           "machine": "2 cores", "output_md": "| a | b |\n|---|---|\n| 1 | 2 |\n", "report": {"a": 1}}  # fmt: skip
+    (tmp_path / "bench_x.json").write_text(json.dumps(run))
+    text = hooks.results_markdown(tmp_path)
+    assert text.startswith("## X\n") and "`python scripts/bench_x.py --quick`" in text and "| 1 | 2 |" in text
+    committed = hooks.results_markdown(ROOT / "benchmarks" / "results")
+    assert "## Build" in committed and "## Streaming" in committed and "0.2520 (Aperio AT2)" in committed
+
+
+def test_a_benchmark_run_saves_its_tables_and_report(tmp_path: Path) -> None:
+    bench = _load(ROOT / "scripts" / "benchresults.py", "benchresults")
+    printed = 'start\nthe table:\n| a | b |\n|---|---|\n| 1 | 2 |\nmore\nJSON: {"a": 1}\n'
+    path = bench.save("bench_x", printed, ["--quick"], tmp_path)
+    run = json.loads(path.read_text())
+    assert run["command"] == "python scripts/bench_x.py --quick" and run["report"] == {"a": 1}
+    assert run["output_md"] == "the table:\n| a | b |\n|---|---|\n| 1 | 2 |\n"
