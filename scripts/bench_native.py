@@ -36,7 +36,6 @@ from wsishard.streaming.dataset import stream
 from wsishard.streaming.decode import checked_label, decode_into
 from wsishard.streaming.stages import RawSample
 
-RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "native.json"
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
@@ -96,7 +95,7 @@ def measure(root: str, rounds: int) -> dict[str, Any]:
             "lut_removed_pct": (med["lut_torch"] - med["lut_c"]) / worker * 100}  # fmt: skip
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("build", nargs="?", help="a wsishard build (default: a demo build made here)")
     parser.add_argument("--rounds", type=int, default=5)
@@ -108,17 +107,22 @@ def main() -> None:
             root = str(Path(tmp) / "shards")
         res = measure(root, args.rounds)
     med, rng = res["median_us"], res["range_us"]
-    print(f"{res['samples']} samples of {res['patch_px']} px, CPU us a sample, median of {res['rounds']} rounds")
-    print(f"{'step':<28}{'median':>10}{'range':>20}")
+    print(f"{res['samples']} samples of {res['patch_px']} px: CPU us a sample, median of {res['rounds']} rounds")
+    print("| step | median (us) | range (us) |")
+    print("|---|---|---|")
     for k, v in med.items():
-        print(f"{k:<28}{v:>10.2f}{f'{rng[k][0]:.2f}-{rng[k][1]:.2f}':>20}")
-    print(f"a loader worker's sample (scan in C + label + decode): {res['worker_us']:.1f} us")
-    print(f"without scan in C:      +{res['scan_removed_pct']:.1f}% of a worker's CPU a sample (keep at >= 5%)")
-    print(f"without lut_apply in C: +{res['lut_removed_pct']:.1f}% of a worker's CPU a sample (keep at >= 5%)")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(res, indent=1) + "\n")
-    print(json.dumps(res))
+        print(f"| {k} | {v:.2f} | {rng[k][0]:.2f}-{rng[k][1]:.2f} |")
+    print(f"What removing each C function costs, against a loader worker's {res['worker_us']:.0f} us a sample")
+    print("| C function | cost without it | rule (keep at >= 5%) |")
+    print("|---|---|---|")
+    for name, key in (("scan", "scan_removed_pct"), ("lut_apply", "lut_removed_pct")):
+        print(f"| {name} | +{res[key]:.1f}% | {'keep' if res[key] >= 5 else 'remove'} |")
+    print("JSON: " + json.dumps(res))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from benchresults import run
+
+    sys.exit(run("bench_native", main))
