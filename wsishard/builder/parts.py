@@ -51,7 +51,8 @@ def slurm_part(environ: Mapping[str, str]) -> tuple[int, int] | None:
     first, step = values.get("SLURM_ARRAY_TASK_MIN", 0), max(1, values.get("SLURM_ARRAY_TASK_STEP", 1))
     last = values.get("SLURM_ARRAY_TASK_MAX", first + (count - 1) * step)
     if last != first + (count - 1) * step:
-        raise OptionError(f"a Slurm array job of {count} tasks from {first} to {last} is not an evenly spaced range "
+        raise OptionError(f"a Slurm array job of {count} tasks from {first} to {last} (SLURM_ARRAY_TASK_COUNT, _MIN, "
+                          "_MAX) is not an evenly spaced range "
                           "(--array=0,5,7?): its task ids cannot be numbered as parts; use --array=0-N or "
                           "--part I/N")  # fmt: skip
     index, off = divmod(task - first, step)

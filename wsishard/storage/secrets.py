@@ -18,8 +18,9 @@ from wsishard.storage.urls import StorageOptions, is_url
 _SECRET_NAME = re.compile(r"secret|token|passw|key|credential|auth|signature|session|sas", re.IGNORECASE)
 # user info after a scheme; a password may hold "/" (AWS secrets do), a port (":8080/") is not a password
 _USERINFO = re.compile(r"(?<=://)(?:[^/@\s'\"]*:(?!\d*(?:/|$))[^@\s'\"]*|[^/@\s'\"]+)@")
-# ``KEY:SECRET@bucket`` without its scheme, as botocore quotes a bucket name ("Invalid bucket name ...")
-_BARE_USERINFO = re.compile(r"(?<![\w./:%+~*-])[\w.%+~-]+:[^\s@'\"]+@(?=[\w.-])")
+# ``KEY:SECRET@bucket`` without its scheme, as botocore quotes a bucket name ("Invalid bucket name ..."); not a
+# scheme's "://"
+_BARE_USERINFO = re.compile(r"(?<![\w./:%+~*-])[\w.%+~-]+:(?!//)[^\s@'\"]+@(?=[\w.-])")
 _SIGNED_QUERY = re.compile(
     r"(?i)([?&](?:x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|x-goog-credential"
     r"|signature|sig|token|access_token|key)=)[^&\s'\"]+"
