@@ -292,11 +292,6 @@ def test_the_same_file_by_relative_and_absolute_path_symlink_or_hard_link_is_fou
     assert caplog.text.count("is the same file as") == 6  # 4 relative, 2 aliases: each said
 
 
-def test_a_dangling_symlink_in_a_folder_is_kept_for_the_build_to_record(tree: Path) -> None:
-    (tree / "gone.svs").symlink_to(tree / "deleted.svs")
-    assert str(tree / "gone.svs") in find_slides([str(tree)])
-
-
 def test_a_list_file_line_that_is_a_file_is_not_cut_at_its_comma_and_a_bom_is_no_name(tmp_path: Path) -> None:
     _touch(tmp_path / "a,b.svs", tmp_path / "c.svs", tmp_path / "d.svs")
     listing = tmp_path / "slides.txt"
