@@ -236,15 +236,16 @@ def test_a_presigned_slide_url_builds_and_neither_its_query_nor_user_info_is_sto
 ) -> None:
     server: HttpServer = http_serve(str(cohort))
     name = sorted(p.name for p in cohort.iterdir() if p.suffix == ".svs")[0]
-    secrets = ("PASSW0RDSECRET", "SIGNATURESECRET", "TOKENSECRET", "OTHERQUERYVALUE")
+    secrets = ("PASSW0RDSECRET", "SIGNATURESECRET", "TOKENSECRET", "OTHERQUERYVALUE", "RESIGNEDSECRET")
     base = server.url.replace("http://", f"http://reader:{secrets[0]}@")
     url = f"{base}/{name}?X-Amz-Signature={secrets[1]}&token={secrets[2]}&x-id={secrets[3]}"
     out = tmp_path / "out"
-    manifest = build([url], str(out), dataclasses.replace(SMALL_BUILD, jobs=1))
+    again = url.replace(secrets[1], secrets[4])  # the same object, presigned again: one slide
+    manifest = build([url, again], str(out), dataclasses.replace(SMALL_BUILD, jobs=1))
     (record,) = manifest.slides
     assert record.status == "ok" and record.patches > 0
     assert record.file == f"{server.url}/{name}" and record.slide_id == name.rsplit(".", 1)[0]
-    assert manifest.options["inputs"] == [record.file]
+    assert manifest.options["inputs"] == [record.file] * 2
     _, samples = read_output(str(out))
     assert {s.meta["file"] for s in samples} == {name}
     stored = [p for p in out.rglob("*") if p.is_file()]

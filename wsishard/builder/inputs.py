@@ -69,9 +69,10 @@ def _distinct(paths: list[str]) -> list[str]:
 
 
 def _identity(path: str) -> object:
-    """What tells one file from another: its device and inode (local), its URL (else)."""
+    """What tells one file from another: its device and inode (local), its URL without query string or user info
+    (else: the same object presigned twice is one slide)."""
     if is_url(path):
-        return path
+        return public_location(path)
     try:
         st = os.stat(path)
     except OSError:  # a dangling symlink, say: its own entry (its scan records why it cannot be read)

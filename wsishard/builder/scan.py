@@ -103,7 +103,7 @@ def scan_slide(task: ScanTask) -> ScanResult:
     """
     record = SlideRecord(slide_id=task.slide_id, file=public_location(task.path), status="failed", label=task.label)
     stop: OutputError | None = None
-    with SlideFailure(task.path) as failure:
+    with SlideFailure(record.file) as failure:  # logged (-v) without a URL's query string or user info
         try:
             if not is_url(task.path):
                 return _scan_path(task, task.path, record)
@@ -144,7 +144,7 @@ def _stage_from_copy(task: ScanTask, local: str, result: ScanResult) -> StagedSl
     out_path = staging_path(task.scratch, task.index)
     with SlideFailure(task.path) as failure:
         return stage_copy(local, work, task.encode, out_path)
-    logger.debug("%s not staged while scanning: %s", task.path, failure.reason)
+    logger.debug("%s not staged while scanning: %s", public_location(task.path), failure.reason)
     if os.path.exists(out_path):
         os.remove(out_path)
     return None
@@ -221,7 +221,8 @@ def _write_qc(task: ScanTask, reader: SlideReader, thumb: tuple[np.ndarray, floa
         try:
             view, l0_per_v = read_lowres(reader, wanted)
         except SlideError as exc:  # a tile no kept patch needs may be corrupt: the slide is not failed for it
-            logger.debug("%s: QC view unreadable (%s); the detection view is used", task.path, exc.reason)
+            logger.debug("%s: QC view unreadable (%s); the detection view is used", public_location(task.path),
+                         exc.reason)  # fmt: skip
     legend = legend_lines(tissue_mm2=record.tissue_mm2, ink_mm2=record.ink_mm2, artefact_mm2=record.artefact_mm2,
                           kept=len(cands), filtered=record.filtered, roi=record.roi)  # fmt: skip
     picture = qc_picture(view, l0_per_v, layers, cands.l0_x, cands.l0_y, cands.l0_extent, legend=legend,
