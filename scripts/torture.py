@@ -300,6 +300,151 @@ CASES: dict[str, Case] = {
 }
 
 
+# ---- issue 28, items 1, 2, 5, 6, 8 and 13: nothing lost, nothing leaked, nothing silently wrong ------------------
+
+_SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
+
+
+def inspect_html_keeps_the_build(work: Path) -> str:
+    out = _copy_build(work, "html-onto-build")
+    shard = next(out.glob("shard-*.tar")).name
+    for name in ("manifest.json", "slides.jsonl", shard):
+        before = (out / name).read_bytes()
+        _usage_error(_cli("inspect", str(out), "--html", str(out / name)), f"the build's own {name}")
+        assert (out / name).read_bytes() == before, f"{name} was written over"
+    return f"--html onto manifest.json, slides.jsonl, {shard}: refused, each file unchanged"
+
+
+def url_credentials_are_refused_unseen(work: Path) -> str:
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    url = f"s3://AKIAEXAMPLEKEYID:{_SECRET}@bucket/in/"
+    runs = [("build", url, "-o", str(work / "creds-out"), "-q"), ("build", str(_slides(work)), "-o", url, "-q"),
+            ("verify", url, "-q"), ("inspect", url)]  # fmt: skip
+    for args in runs:
+        proc = _cli(*args, env=env)
+        _usage_error(proc, "credentials in an s3:// URL are not read", "s3://***@bucket/in/")
+        assert not [p for p in _SECRET.split("/") if p in proc.stdout + proc.stderr], proc.stderr
+    try:
+        stream(url, batch_size=2)
+        raise AssertionError("stream() took a URL with credentials")
+    except ValueError as exc:
+        assert not [p for p in _SECRET.split("/") if p in str(exc)], str(exc)
+    return f"build input, -o, verify, inspect, stream(): refused, the secret never shown ({len(runs) + 1} ways)"
+
+
+def presigned_url_is_not_stored(work: Path) -> str:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from servers import running_http  # the test suite's HTTP server: ranged reads, as object stores serve them
+
+    secrets = ("PASSW0RDSECRET", "SIGNATURESECRET", "TOKENSECRET")
+    out = work / "presigned"
+    with running_http(str(_slides(work))) as server:
+        url = (f"{server.url.replace('http://', f'http://reader:{secrets[0]}@')}/slide-000.svs"
+               f"?X-Amz-Signature={secrets[1]}&token={secrets[2]}")  # fmt: skip
+        proc = _cli("build", url, "-o", str(out), *SMALL)
+    assert proc.returncode == 0, proc.stderr[-500:]
+    files = [p for p in out.rglob("*") if p.is_file()]
+    leaks = [str(p.relative_to(out)) for p in files if any(s.encode() in p.read_bytes() for s in secrets)]
+    assert not leaks and not [s for s in secrets if s in proc.stdout + proc.stderr], leaks
+    return f"built; none of {len(files)} output files (manifest, slides.jsonl, qc page, shards, state) holds them"
+
+
+def same_slide_twice_is_built_once(work: Path) -> str:
+    slides = work / "aliased"
+    shutil.copytree(_slides(work), slides)
+    (slides / "alias.svs").symlink_to(slides / "slide-000.svs")
+    (slides / "gone.svs").symlink_to(work / "deleted.svs")
+    proc = subprocess.run([sys.executable, "-m", "wsishard.cli", "build", "aliased", str(slides), "-o", "aliased-out",
+                           *SMALL], capture_output=True, text=True, timeout=300, cwd=work)  # fmt: skip
+    assert proc.returncode == 1, f"exit {proc.returncode}: {proc.stderr[-500:]}"  # 1: the dangling link failed
+    manifest, _ = load_manifest(str(work / "aliased-out"))
+    files = sorted(os.path.basename(s.file) for s in manifest.slides)
+    assert files == ["gone.svs", "slide-000.svs", "slide-001.tif", "slide-002.svs"], files
+    gone = next(s for s in manifest.slides if s.file.endswith("gone.svs"))
+    assert gone.status == "failed" and "dangling" in gone.reason and "is the same file as" in proc.stderr
+    return f"4 slides (not 8), alias warned; gone.svs: {gone.reason[-40:]}"
+
+
+def slurm_ids_that_are_no_part(work: Path) -> str:
+    cases = [{"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "3"},
+             {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MAX": "7"},
+             {"SLURM_ARRAY_TASK_ID": "abc", "SLURM_ARRAY_TASK_COUNT": "3"}]  # fmt: skip
+    for environ in cases:
+        out = work / "slurm-out"
+        _usage_error(_cli("build", str(_slides(work)), "-o", str(out), *SMALL, env={**os.environ, **environ}), "Slurm")
+        assert not (out / "manifest.json").exists(), "a task that is no part built everything"
+    return f"{len(cases)} tasks (id 7 of 3, --array=0,5,7, id abc) refused, nothing built"
+
+
+def tables_that_mean_nothing(work: Path) -> str:
+    for text in ("", "slide,label\n", "# later\n"):
+        (work / "empty-labels.csv").write_text(text)
+        _usage_error(_cli("build", str(_slides(work)), "-o", str(work / "t-out"), *SMALL, "--labels",
+                          str(work / "empty-labels.csv")), "no slide,label line")  # fmt: skip
+    twins = work / "twins"
+    for folder in ("a", "b"):
+        shutil.copytree(_slides(work), twins / folder)
+    (work / "stem-labels.csv").write_text("slide-000,1\nslide-001,2\nslide-002,3\n")
+    labels = str(work / "stem-labels.csv")
+    _usage_error(_cli("build", str(twins), "-o", str(work / "t-out"), *SMALL, "--labels", labels), "matches two slides")
+    listed = work / "listed"
+    shutil.copytree(_slides(work), listed)
+    (listed / "slide-000.svs").rename(listed / "a,b.svs")
+    (listed / "list.txt").write_text("\ufeffa,b.svs\nslide-001.tif\n", encoding="utf-8")
+    proc = _cli("build", str(listed / "list.txt"), "-o", str(work / "listed-out"), *SMALL)
+    assert proc.returncode == 0, proc.stderr[-500:]
+    manifest, _ = load_manifest(str(work / "listed-out"))
+    assert sorted(os.path.basename(s.file) for s in manifest.slides) == ["a,b.svs", "slide-001.tif"]
+    out = _copy_build(work, "twice-listed")
+    data = json.loads((out / "manifest.json").read_text())
+    data["shards"].append(data["shards"][0])
+    (out / "manifest.json").write_text(json.dumps(data))
+    try:
+        stream(str(out), batch_size=8)
+        raise AssertionError("a manifest listing a shard twice was streamed")
+    except ManifestError as exc:
+        assert "again" in str(exc), str(exc)
+    return (
+        "empty/header/comment-only labels, a stem of two slides: refused; a,b.svs + BOM: read whole; a shard "
+        "listed twice: ManifestError"
+    )
+
+
+def wrong_resolutions_say_so(work: Path) -> str:
+    from wsishard.testing.synthetic import make_slide
+
+    (work / "screen").mkdir(exist_ok=True)
+    make_slide(work / "screen" / "screen.tif", width=2048, height=2048, mpp=25400 / 72, seed=4)
+    proc = _cli("build", str(work / "screen"), "-o", str(work / "screen-out"), *SMALL)
+    assert proc.returncode == 1 and "resolution metadata looks wrong (72 dpi" in proc.stdout, proc.stdout[-500:]
+    assert "--allow-upsample" not in proc.stdout
+    proc = _cli("build", str(_slides(work)), "-o", str(work / "tiny-mpp"), *SMALL, "--mpp", "1e-30", "--allow-upsample")
+    assert proc.returncode == 1 and "more than --max-upsample 4 allows" in proc.stdout, proc.stdout[-500:]
+    assert "MemoryError" not in proc.stdout
+    _usage_error(_cli("build", str(_slides(work)), "-o", str(work / "thumb-out"), *SMALL, "--thumb-mpp", "1e9"),
+                 "thumb_mpp")  # fmt: skip
+    return "72 dpi TIFF: 'metadata looks wrong'; --mpp 1e-30: over --max-upsample; --thumb-mpp 1e9: usage error"
+
+
+def empty_part_says_why(work: Path) -> str:
+    proc = _cli("build", str(_slides(work)), "-o", str(work / "part-out"), *SMALL, "--part", "2/2")
+    assert proc.returncode == 0 and "part 2/2 got no group of slides" in proc.stderr, proc.stderr[-500:]
+    return proc.stderr.strip().splitlines()[-1][-90:]
+
+
+CASES.update({
+    "inspect --html onto the build's own files": inspect_html_keeps_the_build,
+    "credentials written into an s3:// URL": url_credentials_are_refused_unseen,
+    "a presigned slide URL with user info": presigned_url_is_not_stored,
+    "the same slide twice, a dangling symlink": same_slide_twice_is_built_once,
+    "Slurm array ids that are no part": slurm_ids_that_are_no_part,
+    "tables and lists that meant nothing": tables_that_mean_nothing,
+    "resolutions no microscope gives": wrong_resolutions_say_so,
+    "a part that gets no group": empty_part_says_why,
+})  # fmt: skip
+# ---- end of issue 28 (items 1, 2, 5, 6, 8, 13) ----------------------------------------------------------------
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", type=Path, help="work folder to keep (default: a temporary one, removed)")

@@ -376,16 +376,21 @@ def _known(klass: type, data: dict[str, Any]) -> dict[str, Any]:
 
 def check_shard_records(shards: list[ShardRecord], location: str) -> None:
     """Every shard name is a :func:`shard_name` (a file directly in the output: never a folder, an absolute path
-    or an URL) and every count a count. :meth:`Manifest.from_dict` calls it, so a stream or ``verify`` never
-    follows a name from the data out of the output.
+    or an URL), listed once, and every count a count. :meth:`Manifest.from_dict` calls it, so a stream or
+    ``verify`` never follows a name from the data out of the output, nor reads a shard twice.
 
     Raises:
         ManifestError: naming the first bad entry (by its index in ``shards``).
     """
+    seen: dict[str, int] = {}
     for i, rec in enumerate(shards):
         if not isinstance(rec.name, str) or not is_shard_name(rec.name):
             raise ManifestError(location, f"shard entry {i} is named {_shown(rec.name)}, not a shard file name "
                                           f"like {shard_name(0)} (no folder, absolute path or URL)")  # fmt: skip
+        if rec.name in seen:
+            raise ManifestError(location, f"shard entry {i} ({rec.name}) is entry {seen[rec.name]} again: its "
+                                          "samples would be read twice")  # fmt: skip
+        seen[rec.name] = i
         for count in ("samples", "bytes"):
             value = getattr(rec, count)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

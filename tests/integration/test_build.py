@@ -219,3 +219,34 @@ def test_workers_see_the_environment_of_their_pool_not_of_the_forkserver(monkeyp
     finally:
         stop.set()
         other.join()
+
+
+def test_the_same_slide_twice_is_built_once_and_a_dangling_symlink_is_a_failed_slide(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_slides(tmp_path / "in", 2, seed=3, width=2048, height=2048)
+    (tmp_path / "in" / "alias.svs").symlink_to(tmp_path / "in" / "slide-000.svs")
+    (tmp_path / "in" / "gone.svs").symlink_to(tmp_path / "deleted.svs")
+    monkeypatch.chdir(tmp_path)
+    manifest = build(["in", str(tmp_path / "in" / "slide-001.tif"), str(tmp_path / "in")], str(tmp_path / "out"),
+                     BuildOptions(patch=SMALL, jobs=1, qc=False))  # fmt: skip
+    by_status = Counter((os.path.basename(s.file), s.status) for s in manifest.slides)
+    assert sorted(by_status) == [("gone.svs", "failed"), ("slide-000.svs", "ok"), ("slide-001.tif", "ok")]
+    assert set(by_status.values()) == {1}
+    gone = next(s for s in manifest.slides if s.file.endswith("gone.svs"))
+    assert gone.reason == f"a symlink to {tmp_path / 'deleted.svs'}, which is not there (a dangling link)"
+    _, samples = read_output(str(tmp_path / "out"))
+    assert {s.meta["slide_id"] for s in samples} == {"slide-000", "slide-001"}
+
+
+def test_a_72_dpi_tiff_is_said_to_have_wrong_resolution_metadata(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    make_slide(tmp_path / "in" / "screen.tif", width=2048, height=2048, mpp=25400 / 72, seed=4)
+    manifest = build([str(tmp_path / "in")], str(tmp_path / "out"), BuildOptions(patch=SMALL, jobs=1, qc=False))
+    (record,) = manifest.slides
+    assert record.status == "failed"
+    assert record.reason.startswith("this slide's resolution metadata looks wrong (72 dpi"), record.reason
+    assert "allow-upsample" not in record.reason
+    fixed = build([str(tmp_path / "in")], str(tmp_path / "out2"),
+                  BuildOptions(patch=SMALL, jobs=1, qc=False, default_mpp=0.25))  # fmt: skip
+    assert (fixed.slides[0].status, fixed.slides[0].mpp_source) == ("ok", "default")

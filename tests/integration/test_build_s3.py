@@ -229,3 +229,27 @@ def test_bytes_read_is_every_byte_the_server_sent_for_the_slide_and_stays_once_c
             sent += min(size, int(last) + 1 if last else size) - int(first)
     assert reader.bytes_read == during == sent  # the directories' bytes too, after the file closed
     assert 0 < sent < size
+
+
+def test_a_presigned_slide_url_builds_and_neither_its_query_nor_user_info_is_stored(
+    http_serve: Any, cohort: Path, tmp_path: Path
+) -> None:
+    server: HttpServer = http_serve(str(cohort))
+    name = sorted(p.name for p in cohort.iterdir() if p.suffix == ".svs")[0]
+    secrets = ("PASSW0RDSECRET", "SIGNATURESECRET", "TOKENSECRET", "OTHERQUERYVALUE", "RESIGNEDSECRET")
+    base = server.url.replace("http://", f"http://reader:{secrets[0]}@")
+    url = f"{base}/{name}?X-Amz-Signature={secrets[1]}&token={secrets[2]}&x-id={secrets[3]}"
+    out = tmp_path / "out"
+    again = url.replace(secrets[1], secrets[4])  # the same object, presigned again: one slide
+    manifest = build([url, again], str(out), dataclasses.replace(SMALL_BUILD, jobs=1))
+    (record,) = manifest.slides
+    assert record.status == "ok" and record.patches > 0
+    assert record.file == f"{server.url}/{name}" and record.slide_id == name.rsplit(".", 1)[0]
+    assert manifest.options["inputs"] == [record.file] * 2
+    _, samples = read_output(str(out))
+    assert {s.meta["file"] for s in samples} == {name}
+    stored = [p for p in out.rglob("*") if p.is_file()]
+    assert {"manifest.json", "slides.jsonl", "index.html", "build.json"} <= {p.name for p in stored}
+    for path in stored:  # manifest, slide records, the QC page and pictures, every shard (samples' .json), state
+        data = path.read_bytes()
+        assert not [s for s in secrets if s.encode() in data], path

@@ -76,7 +76,9 @@ def test_bad_options_are_usage_errors_without_traceback(tmp_path: Path, args: li
         (["--tissue-threshold", "1"], "argument --tissue-threshold: invalid fixed_threshold: 1.0 (need 0 <= T < 1)"),
         (["--mpp-tolerance", "0.5"], "argument --mpp-tolerance: invalid mpp_tolerance: 0.5 (need 0 <= FRAC < 0.5)"),
         (["--default-mpp", "inf"], "argument --default-mpp: invalid default_mpp: inf (need 0 < UM < 1000)"),
-        (["--thumb-mpp", "inf"], "argument --thumb-mpp: invalid thumb_mpp: inf (need a finite UM > 0)"),
+        (["--thumb-mpp", "inf"], "argument --thumb-mpp: invalid thumb_mpp: inf (need 0 < UM <= 1000)"),
+        (["--thumb-mpp", "1e9"], "argument --thumb-mpp: invalid thumb_mpp: 1000000000.0 (need 0 < UM <= 1000)"),
+        (["--max-upsample", "0.5"], "argument --max-upsample: invalid max_upsample: 0.5 (need a finite X >= 1)"),
         (["--shard-size", "1e400"], "argument --shard-size: not a size: '1e400'"),
         (["--min-tissue", "2"], "argument --min-tissue: must be between 0 and 1: '2'"),
     ],
@@ -144,3 +146,61 @@ def test_parse_size() -> None:
     assert parse_size("1GiB") == 1024**3
     assert parse_size("100k") == 100_000
     assert parse_size("4096") == 4096
+
+
+# ---- issue 28 ------------------------------------------------------------------------------------------------
+
+SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
+
+
+@pytest.mark.parametrize("secret", [SECRET, "wJalrXUtnFEMI/K7MDENG+bPxRfiCY/EXAMPLEKEY"])  # AWS secrets hold "/"
+@pytest.mark.parametrize("where", ["input", "-o", "verify", "inspect"])
+def test_credentials_in_an_s3_url_are_refused_and_never_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, secret: str, where: str
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")  # no credential lookups on the network, whatever happens
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    url = f"s3://AKIAEXAMPLEKEYID:{secret}@bucket/in/"
+    make_slides(tmp_path / "in", 1, seed=1, width=512, height=512)
+    argv = {"input": ["build", url, "-o", str(tmp_path / "out"), "-q"],
+            "-o": ["build", str(tmp_path / "in"), "-o", url, "-q"],
+            "verify": ["verify", url, "-q"], "inspect": ["inspect", url]}[where]  # fmt: skip
+    assert main(argv) == 2
+    seen = capsys.readouterr()
+    assert "credentials in an s3:// URL are not read" in seen.err and len(seen.err.strip().splitlines()) == 1
+    assert "s3://***@bucket/in/" in seen.err
+    for part in secret.split("/"):
+        assert part not in seen.out + seen.err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "3"},
+        {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "0",
+         "SLURM_ARRAY_TASK_MAX": "7"},  # --array=0,5,7
+        {"SLURM_ARRAY_TASK_ID": "abc", "SLURM_ARRAY_TASK_COUNT": "3"},
+    ],
+)  # fmt: skip
+def test_a_slurm_task_that_is_no_part_is_a_usage_error_that_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, environ: dict[str, str]
+) -> None:
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    make_slides(tmp_path / "in", 1, seed=1, width=512, height=512)
+    err = usage_error(capsys, str(tmp_path / "in"), "-o", str(tmp_path / "out"), "--patch-size", "64", "-q")
+    assert err.startswith("wsishard build: error: a Slurm array job") and "SLURM_ARRAY_TASK" in err
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_an_upsample_past_max_upsample_fails_the_slide_with_its_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_slides(tmp_path / "in", 1, seed=1, width=512, height=512)
+    code = main(["build", str(tmp_path / "in"), "-o", str(tmp_path / "out"), "--mpp", "1e-30", "--allow-upsample",
+                 "--jobs", "1", "-q"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "FAILED slide-000.svs: target 1e-30 mpp would upsample level 0 (0.25 mpp) 2.5e+29x, more than " in out
+    assert "--max-upsample 4 allows" in out and "MemoryError" not in out

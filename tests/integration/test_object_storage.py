@@ -18,7 +18,7 @@ import pytest
 import s3fs
 import shardmaker as sm
 
-from wsishard.errors import ManifestError, ShardError
+from wsishard.errors import ManifestError, OptionError, ShardError
 from wsishard.format import shard_name
 from wsishard.storage.opener import StreamOpener, list_names, read_bytes
 from wsishard.storage.retry import RetryPolicy, is_transient
@@ -227,3 +227,18 @@ def test_credentials_never_in_reprs_errors_or_logs(s3: S3Server, s3_out: str, ht
     assert redact(f"s3://b/k?X-Amz-Credential=AKID&X-Amz-Signature={SECRET}") == (
         "s3://b/k?X-Amz-Credential=***&X-Amz-Signature=***"
     )
+
+
+def test_redaction_catches_user_info_without_a_scheme_and_secrets_holding_slashes() -> None:
+    botocore = f'Invalid bucket name "AKIDEXAMPLE:{SECRET}@bucket": Bucket name must match the regex'
+    assert redact(botocore) == 'Invalid bucket name "***@bucket": Bucket name must match the regex'
+    assert redact("s3://AKIDEXAMPLE:wJal/rXUtn+FEMI@bucket/in/x.svs") == "s3://***@bucket/in/x.svs"
+    assert redact("no such key: AKID:wJal/rXU@bucket/x") == "no such key: ***@bucket/x"
+    for kept in ("http://host:8080/a/b.svs", "s3://bucket/dir/a@b.svs", "/data/slides/a.svs", "12:30 @ noon"):
+        assert redact(kept) == kept
+
+
+def test_stream_refuses_credentials_in_an_s3_url_without_showing_them() -> None:
+    with pytest.raises(OptionError, match=r"s3://\*\*\*@bucket/out: credentials in an s3:// URL are not read") as info:
+        stream(f"s3://AKIDEXAMPLE:{SECRET}@bucket/out", batch_size=2)
+    assert SECRET not in str(info.value) and "AKIDEXAMPLE" not in str(info.value)

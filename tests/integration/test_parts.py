@@ -19,6 +19,7 @@ from wsishard.builder.run import build
 from wsishard.errors import ManifestError
 from wsishard.format import MANIFEST_NAME, SLIDES_NAME, Manifest, parse_slide_lines, unique_slide_ids
 from wsishard.storage.opener import load_manifest
+from wsishard.testing.synthetic import make_slides
 
 OPTS = dataclasses.replace(SMALL_BUILD, jobs=1)
 
@@ -104,3 +105,14 @@ def test_a_version_1_output_is_still_read(cohort_build: Path, tmp_path: Path) ->
     (tmp_path / MANIFEST_NAME).write_text(json.dumps(v1))
     with pytest.raises(ManifestError, match="malformed"):
         load_manifest(str(tmp_path))
+
+
+def test_a_part_that_gets_no_group_says_why(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    make_slides(tmp_path / "in", 2, seed=4, width=1024, height=1024)
+    opts = dataclasses.replace(OPTS, group_slides=64)
+    with caplog.at_level("WARNING", logger="wsishard"):
+        manifest = build([str(tmp_path / "in")], str(tmp_path / "out"), opts, part=(2, 2))
+    assert manifest.slides == [] and manifest.shards == []
+    assert ("part 2/2 got no group of slides, so it builds nothing: the 2 slides make 1 group of at most "
+            "--group-slides 64 slides") in caplog.text  # fmt: skip
+    assert "--group-slides 1 gives each of 2 parts a group" in caplog.text

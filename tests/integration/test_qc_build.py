@@ -43,3 +43,20 @@ def test_inspect_html_links_pictures_from_the_page(built: Path, tmp_path: Path,
     page = page_path.read_text()
     src = page.split('src="', 2)[2].split('"', 1)[0]  # the second slide's picture (the first has none)
     assert src.endswith("inked.png") and (page_path.parent / src).resolve() == (built / "qc" / "inked.png").resolve()
+
+
+def test_inspect_html_never_writes_over_a_file_of_the_build(built: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    own = ["manifest.json", "slides.jsonl", "qc/inked.png", ".wsishard/build.json",
+           next(p.name for p in built.glob("shard-*.tar"))]  # fmt: skip
+    for name in own:
+        before = (built / name).read_bytes()
+        assert main(["inspect", str(built), "--html", str(built / name)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"that is the build's own {name}" in err and len(err.splitlines()) == 1, err
+        assert (built / name).read_bytes() == before
+    before = (built / "manifest.json").read_bytes()
+    assert main(["inspect", str(built / "manifest.json"), "--html", str(built / "qc" / ".." / "manifest.json")]) == 2
+    assert (built / "manifest.json").read_bytes() == before and "own manifest.json" in capsys.readouterr().err
+    assert main(["inspect", str(built), "--html", str(built / "qc" / "index.html")]) == 0  # its own page: rewritten
+    assert main(["inspect", str(built), "--html", str(built / "qc")]) == 2
+    assert "is a folder" in capsys.readouterr().err

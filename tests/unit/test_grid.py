@@ -157,3 +157,15 @@ def test_a_level_within_the_tolerance_is_chosen_and_candidates_use_the_snapped_s
     mask = np.ones((32, 32), dtype=bool)
     cands = candidates((20_000, 20_000), 0.2631, mask, 20_000 / 32, opts, level_downsample=4.0)
     assert cands.l0_per_o == 4.0 and cands.l0_extent == 1024
+
+
+@pytest.mark.parametrize("target", [0.05, 1e-30])
+def test_an_upsample_over_max_upsample_is_refused_even_when_allowed(target: float) -> None:
+    allowed = PatchOptions(target_mpp=target, allow_upsample=True)
+    with pytest.raises(SlideError, match=r"upsample level 0 \(0\.25 mpp\) .*x, more than --max-upsample 4 allows"):
+        choose_level("s", 0.25, DOWNSAMPLES, allowed)
+    with pytest.raises(SlideError, match="more than --max-upsample 4"):  # not "use --allow-upsample"
+        choose_level("s", 0.25, DOWNSAMPLES, PatchOptions(target_mpp=target))
+    if target == 0.05:
+        assert choose_level("s", 0.25, DOWNSAMPLES, PatchOptions(target_mpp=target, allow_upsample=True,
+                                                                 max_upsample=5)) == 0  # fmt: skip

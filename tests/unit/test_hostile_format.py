@@ -121,3 +121,8 @@ def test_decode_into_refuses_a_bomb_from_its_header() -> None:
         decode_into(raw, np.empty((24, 40, 3), dtype=np.uint8))
     assert info.value.shard == "shard-000003.tar" and "s_x0_y0" in info.value.reason
     assert "30000x30000" in info.value.reason and "40x24" in info.value.reason
+
+
+def test_a_manifest_listing_a_shard_twice_is_refused() -> None:
+    with pytest.raises(ManifestError, match=r"shard entry 2 \(shard-000000\.tar\) is entry 0 again: its samples would"):
+        Manifest.from_dict(_manifest(["shard-000000.tar", "shard-000001.tar", "shard-000000.tar"]), "m.json")

@@ -271,3 +271,58 @@ def test_check_output_refuses_a_file_or_a_path_under_one(tmp_path: Path) -> None
     check_output(str(tmp_path))  # an existing folder
     check_output(str(tmp_path / "new" / "deeper"))  # a folder that can be made
     check_output("s3://bucket/prefix")  # URLs are the destination's business
+
+
+# ---- issue 28: inputs and tables that meant nothing, or the same slide twice ----------------------------------
+
+
+def test_the_same_file_by_relative_and_absolute_path_symlink_or_hard_link_is_found_once(
+    tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    aliases = tmp_path / "aliases"
+    aliases.mkdir()
+    (aliases / "linked.svs").symlink_to(tree / "b.svs")
+    os.link(tree / "A.TIF", aliases / "hard.tif")
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="wsishard"):
+        found = find_slides(["root", str(tree), "aliases"])
+    assert len(found) == 4 and {os.path.basename(p) for p in found} <= {"A.TIF", "b.svs", "d.ndpi", "e.tiff",
+                                                                          "linked.svs", "hard.tif"}  # fmt: skip
+    assert len({os.stat(p).st_ino for p in found}) == 4  # each file once, whichever name was kept
+    assert caplog.text.count("is the same file as") == 6  # 4 relative, 2 aliases: each said
+
+
+def test_a_list_file_line_that_is_a_file_is_not_cut_at_its_comma_and_a_bom_is_no_name(tmp_path: Path) -> None:
+    _touch(tmp_path / "a,b.svs", tmp_path / "c.svs", tmp_path / "d.svs")
+    listing = tmp_path / "slides.txt"
+    listing.write_text("\ufeffc.svs\na,b.svs\nd.svs,tumour\n", encoding="utf-8")
+    assert find_slides([str(listing)]) == [str(tmp_path / n) for n in ("a,b.svs", "c.svs", "d.svs")]
+
+
+@pytest.mark.parametrize("text", ["", "slide,label\n", "# to fill in\n\n", "\ufeffslide,label\n"])
+def test_a_label_or_mpp_table_without_a_single_entry_is_refused(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "table.csv"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(OptionError, match=r"--labels .*table\.csv: no slide,label line"):
+        label_table(str(path))
+    path.write_text(text.replace("label", "mpp"), encoding="utf-8")
+    with pytest.raises(OptionError, match=r"--mpp-csv .*table\.csv: no slide,mpp line"):
+        mpp_table(str(path))
+
+
+def test_a_byte_order_mark_before_a_table_header_is_no_slide_name(tmp_path: Path) -> None:
+    path = tmp_path / "labels.csv"
+    path.write_text("\ufeffslide,label\nslide-000,tumour\nslide-001,normal\n", encoding="utf-8")
+    assert label_table(str(path)) == ({"slide-000": 1, "slide-001": 0}, ["normal", "tumour"])
+
+
+@pytest.mark.parametrize("key", ["a", "a.svs"])
+def test_a_table_name_matching_two_slides_is_refused(key: str) -> None:
+    paths = ["/data/x/a.svs", "/data/y/a.svs"]
+    with pytest.raises(
+        OptionError, match=rf"--labels: '{re.escape(key)}' matches two slides, /data/x/a\.svs and /data/y"
+    ):
+        check_tables(paths, BuildOptions(labels={key: 1}))
+    with pytest.raises(OptionError, match=r"--mpp-csv: .* matches two slides"):
+        check_tables(paths, BuildOptions(mpp_overrides={key: 0.25}))
+    assert check_tables(paths, BuildOptions(labels={"/data/x/a.svs": 1, "/data/y/a.svs": 2})) == []

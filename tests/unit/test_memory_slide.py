@@ -84,3 +84,27 @@ def test_context_manager_gives_the_slide_and_closes_it() -> None:
 def test_bad_arrays_and_downsamples_are_value_errors(rgb: np.ndarray, kw: dict, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         MemorySlide(rgb, **kw)
+
+
+@pytest.mark.parametrize(
+    ("mpp", "size", "message"),
+    [
+        (25400 / 72, (4000, 3000), "this slide's resolution metadata looks wrong (72 dpi: 352.8 um/px"),
+        (25400 / 300, (4000, 3000), "(300 dpi: 84.7 um/px"),
+        (26.0, (100_000, 80_000), "(26 um/px makes its 100000 px 2,600 mm long"),
+        (1e-6, (100_000, 80_000), "(1e-06 um/px is finer than a microscope resolves)"),
+    ],
+)
+def test_a_resolution_no_microscope_gives_counts_as_none(mpp: float, size: tuple[int, int], message: str) -> None:
+    properties = MemorySlide(RGB, mpp=mpp).properties
+    with pytest.raises(MissingMppError, match=re.escape(message) + ".*give its mpp with --mpp-csv or --default-mpp"):
+        resolve_mpp("m", properties, None, None, size)
+    assert resolve_mpp("m", properties, None, 0.5, size) == (0.5, "default")  # as for a slide without one
+    assert resolve_mpp("m", properties, 0.25, None, size) == (0.25, "csv")
+
+
+def test_real_scanners_resolutions_are_kept() -> None:
+    for mpp in (0.2520, 0.2631, 0.2265, 0.2425, 0.25, 0.5, 1.0, 2.0):  # up to a 75 mm slide at 40x
+        properties = MemorySlide(RGB, mpp=mpp).properties
+        assert resolve_mpp("m", properties, None, None, (int(75_000 / mpp), int(50_000 / mpp))) == (pytest.approx(mpp),
+                                                                                             "openslide")  # fmt: skip

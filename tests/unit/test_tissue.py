@@ -248,3 +248,17 @@ def test_options_are_keyword_only_and_frozen() -> None:
 def test_bad_input_raises(rgb: np.ndarray, mpp: float) -> None:
     with pytest.raises(ValueError):
         detect_tissue(rgb, mpp)
+
+
+def test_a_view_claimed_far_finer_than_it_is_is_reduced_to_no_less_than_one_px() -> None:
+    rgb = np.full((64, 48, 3), 235, np.uint8)  # (h, w, 3) glass
+    rgb[16:48, 12:36] = (150, 60, 150)  # tissue
+    mask = detect_tissue(rgb, 1e-9)  # a slide whose mpp metadata is wrong: a 8e9x reduction asked for
+    assert mask.shape == (64, 48)
+
+
+@pytest.mark.parametrize("thumb_mpp", [1e9, 1000.5, float("inf"), float("nan")])
+def test_a_detection_view_coarser_than_a_mm_per_px_is_refused(thumb_mpp: float) -> None:
+    with pytest.raises(OptionError, match=r"thumb_mpp: .* \(need 0 < UM <= 1000\)"):
+        TissueOptions(thumb_mpp=thumb_mpp)
+    assert TissueOptions(thumb_mpp=1000).thumb_mpp == 1000

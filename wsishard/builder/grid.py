@@ -27,6 +27,8 @@ class PatchOptions:
         min_tissue: keep patches with at least this fraction of tissue (0..1).
         max_patches_per_slide: keep a seeded random subset of at most this many (None: all).
         allow_upsample: allow a target finer than level 0 (patches are then upsampled).
+        max_upsample: with ``allow_upsample``, the largest factor level 0 is upsampled by; a slide needing more
+            is failed (its mpp metadata is likely wrong, and its patches would be blur).
         mpp_tolerance: 0 (default): patches at exactly ``target_mpp``, resampled from whatever the scanner gives.
             Above 0: where an integer reduction of a pyramid level lands within this fraction of the target, it is
             used as it is (the nominal-magnification convention; hs2p's default is 0.05), and the patches' actual
@@ -51,6 +53,9 @@ class PatchOptions:
     max_patches_per_slide: int | None = field(default=None, metadata={
         "metavar": "N", "parse": "positive_int", "help": "keep a seeded random subset"})  # fmt: skip
     allow_upsample: bool = field(default=False, metadata={"help": "allow a target finer than the slide's level 0"})
+    max_upsample: float = field(default=4.0, metadata={
+        "metavar": "X", "parse": "positive_float",
+        "help": "with --allow-upsample: fail a slide whose level 0 would be upsampled more than X times"})  # fmt: skip
     mpp_tolerance: float = field(default=0.0, metadata={
         "metavar": "FRAC", "parse": "non_negative",
         "help": "0: patches at exactly --mpp; above 0: an integer reduction of a pyramid level within this fraction "
@@ -68,6 +73,8 @@ class PatchOptions:
         _check(0.0 <= self.min_tissue <= 1.0, "min_tissue", self.min_tissue, "0 <= FRAC <= 1")
         _check(self.max_patches_per_slide is None or self.max_patches_per_slide >= 1, "max_patches_per_slide",
                self.max_patches_per_slide, ">= 1")  # fmt: skip
+        _check(math.isfinite(self.max_upsample) and self.max_upsample >= 1.0, "max_upsample", self.max_upsample,
+               "a finite X >= 1")  # fmt: skip
         _check(0.0 <= self.mpp_tolerance < 0.5, "mpp_tolerance", self.mpp_tolerance, "0 <= FRAC < 0.5")
         _check(1 <= self.block_patches <= 64, "block_patches", self.block_patches, "1..64")
         _check(0.0 <= self.max_artefact <= 1.0, "max_artefact", self.max_artefact, "0 <= FRAC <= 1")
@@ -90,10 +97,15 @@ def choose_level(path: str, mpp0: float, level_downsamples: tuple[float, ...], o
     ``mpp_tolerance`` when larger: a 0.2522 mpp scanner's 4x level serves a 1.0 mpp target).
 
     Raises:
-        SlideError: the target is finer than level 0 and upsampling is not allowed.
+        SlideError: the target is finer than level 0 and upsampling is not allowed, or allowed but by less than the
+            factor needed (``max_upsample``).
     """
     l0_per_o = options.target_mpp / mpp0  # level-0 px per output px
     slack = 1.0 + max(LEVEL_SLACK, options.mpp_tolerance)
+    if l0_per_o * options.max_upsample < 1.0:
+        raise SlideError(path, f"target {options.target_mpp:g} mpp would upsample level 0 ({mpp0:.4g} mpp) "
+                               f"{1.0 / l0_per_o:.3g}x, more than --max-upsample {options.max_upsample:g} allows "
+                               "(is the slide's mpp right?)")  # fmt: skip
     if l0_per_o * slack < 1.0 and not options.allow_upsample:
         raise SlideError(
             path,

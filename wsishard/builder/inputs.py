@@ -15,7 +15,8 @@ import fsspec
 from wsishard.builder.options import MPP_RULE, BuildOptions, valid_label, valid_mpp
 from wsishard.errors import OptionError
 from wsishard.slide import SLIDE_SUFFIXES
-from wsishard.storage.urls import StorageOptions, is_url
+from wsishard.storage.secrets import refuse_url_credentials
+from wsishard.storage.urls import StorageOptions, is_url, public_location
 
 _LIST_SUFFIXES = (".txt", ".lst", ".list", ".csv")
 T = TypeVar("T")
@@ -24,7 +25,9 @@ logger = logging.getLogger(__name__)
 
 def find_slides(inputs: Sequence[str], storage_options: StorageOptions | None = None) -> list[str]:
     """Slide files from folders (recursive), slide files, text files listing slides (one per line), and URLs
-    (``s3://bucket/slides/``: every slide under the prefix; or one object).
+    (``s3://bucket/slides/``: every slide under the prefix; or one object), sorted, each file once (the same file
+    under two paths, a symlink or a hard link is built once, with a warning; a dangling symlink is kept, for its
+    scan to record it failed).
 
     Raises:
         OptionError: an input does not exist, or nothing that looks like a slide was found.
@@ -32,6 +35,7 @@ def find_slides(inputs: Sequence[str], storage_options: StorageOptions | None = 
     found: list[str] = []
     for item in inputs:
         if is_url(item):
+            refuse_url_credentials(item)
             found.extend(list_slides(item, storage_options))
         elif os.path.isdir(item):
             found.extend(_walk(item))
@@ -41,10 +45,39 @@ def find_slides(inputs: Sequence[str], storage_options: StorageOptions | None = 
             found.append(item)
         else:
             raise OptionError(f"no such file or folder: {item}")
-    paths = sorted(dict.fromkeys(p if is_url(p) else os.path.normpath(p) for p in found))
+    paths = _distinct(sorted(dict.fromkeys(p if is_url(p) else os.path.normpath(p) for p in found)))
     if not paths:
         raise OptionError(f"no slide files ({', '.join(SLIDE_SUFFIXES)}) found in: {', '.join(inputs)}")
     return paths
+
+
+def _distinct(paths: list[str]) -> list[str]:
+    """``paths`` (sorted) with each file once: of the paths to one file (relative and absolute, symlinks, hard
+    links) the first that is no symlink is kept (else the first), and each other is dropped with a warning."""
+    same: dict[object, list[str]] = {}
+    for path in paths:
+        same.setdefault(_identity(path), []).append(path)
+    kept = []
+    for names in same.values():
+        real = [p for p in names if is_url(p) or os.path.realpath(p) == os.path.abspath(p)]
+        kept.append((real or names)[0])
+        for other in names:
+            if other != kept[-1]:
+                logger.warning("%s is the same file as %s: built once, as the latter", public_location(other),
+                               public_location(kept[-1]))  # fmt: skip
+    return sorted(kept)
+
+
+def _identity(path: str) -> object:
+    """What tells one file from another: its device and inode (local), its URL without query string or user info
+    (else: the same object presigned twice is one slide)."""
+    if is_url(path):
+        return public_location(path)
+    try:
+        st = os.stat(path)
+    except OSError:  # a dangling symlink, say: its own entry (its scan records why it cannot be read)
+        return os.path.abspath(path)
+    return (st.st_dev, st.st_ino)
 
 
 def _walk(folder: str) -> Iterator[str]:
@@ -54,10 +87,26 @@ def _walk(folder: str) -> Iterator[str]:
 
 
 def _read_list(list_path: str) -> list[str]:
+    """The slides a list file names, one a line (a UTF-8 byte-order mark, blank and ``#`` lines skipped); a line
+    may be a CSV row whose first column is the path, but a whole line that is a file (``a,b.svs``) is taken whole."""
     here = os.path.dirname(list_path)
-    with open(list_path, encoding="utf-8") as fh:
-        lines = [ln.split(",", 1)[0].strip() for ln in fh]
-    return [p if os.path.isabs(p) or is_url(p) else os.path.join(here, p) for p in lines if p and not p.startswith("#")]
+    with open(list_path, encoding="utf-8-sig") as fh:
+        lines = [ln.strip() for ln in fh]
+    return [_list_entry(line, here) for line in lines if line and not line.startswith("#")]
+
+
+def _list_entry(line: str, here: str) -> str:
+    """The slide a list-file line names: the whole line if it is a file or ends in a slide suffix, else its first
+    CSV column (``path,label``; quotes allowed)."""
+    whole, first = _listed(line, here), _listed(next(csv.reader([line]), [""])[0].strip() or line, here)
+    if os.path.exists(whole) or (not os.path.exists(first) and line.lower().endswith(SLIDE_SUFFIXES)):
+        return whole
+    return first
+
+
+def _listed(entry: str, here: str) -> str:
+    """A list file's entry as a path: relative ones are relative to the list file's folder ``here``."""
+    return entry if os.path.isabs(entry) or is_url(entry) else os.path.join(here, entry)
 
 
 def lookup(table: Mapping[str, T], path: str) -> T | None:
@@ -125,7 +174,7 @@ def _rows(path: str, what: str) -> list[tuple[int, str, str]]:
     rows: list[tuple[int, str, str]] = []
     seen: dict[str, int] = {}
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with open(path, newline="", encoding="utf-8-sig") as fh:  # a byte-order mark (Excel's) is not a name
             reader = csv.reader(fh)
             for row in reader:
                 if not row or not row[0].strip() or row[0].startswith("#"):
@@ -148,7 +197,7 @@ def mpp_table(path: str) -> dict[str, float]:
     """``slide,mpp`` lines (an optional header line first) as slide -> level-0 mpp.
 
     Raises:
-        OptionError: unreadable, a slide listed twice, or an mpp that is not a number, not finite, or not
+        OptionError: unreadable, no mpp at all, a slide listed twice, or an mpp that is not a number, not finite, or not
             above 0 and below :data:`~wsishard.builder.options.MAX_MPP` (naming the slide, line and value).
     """
     out = {}
@@ -162,6 +211,8 @@ def mpp_table(path: str) -> dict[str, float]:
         if not valid_mpp(mpp):
             raise OptionError(f"--mpp-csv {path}: mpp of {slide!r} (line {line}) is {value}: need {MPP_RULE}")
         out[slide] = mpp
+    if not out:
+        raise OptionError(f"--mpp-csv {path}: no slide,mpp line (the file is empty, or only a header or comments)")
     return out
 
 
@@ -170,12 +221,14 @@ def label_table(path: str) -> tuple[dict[str, int], list[str]]:
     numbered in sorted order (the names are returned too, for the manifest).
 
     Raises:
-        OptionError: unreadable, a line without a label, a slide listed twice, integers mixed with names
-            (naming the lines that differ from the rest), or an integer outside 0..2**63-1.
+        OptionError: unreadable, no label at all, a line without a label, a slide listed twice, integers mixed with
+            names (naming the lines that differ from the rest), or an integer outside 0..2**63-1.
     """
     rows = _rows(path, "--labels")
     if rows and _is_header(rows[0][1], rows[0][2]):
         rows = rows[1:]
+    if not rows:
+        raise OptionError(f"--labels {path}: no slide,label line (the file is empty, or only a header or comments)")
     integers = [r for r in rows if _INTEGER.fullmatch(r[2])]
     if integers and len(integers) < len(rows):
         names = [r for r in rows if not _INTEGER.fullmatch(r[2])]
@@ -236,15 +289,20 @@ def _match(paths: Sequence[str], table: Mapping[str, object], what: str) -> tupl
     """The slides ``table`` has no entry for (their file names), and the table's names that match no slide.
 
     Raises:
-        OptionError: a slide is in the table under two names (say ``a.svs`` and ``a``).
+        OptionError: a slide is in the table under two names (say ``a.svs`` and ``a``), or one name matches two
+            slides (``a`` for ``x/a.svs`` and ``y/a.svs``: list them by path).
     """
     missing: list[str] = []
-    used: set[str] = set()
+    used: dict[str, str] = {}
     for path in paths:
         keys = [key for key in _keys(path) if key in table]
         if len(keys) > 1:
             raise OptionError(f"{what}: {os.path.basename(path)} is listed twice: as {keys[0]!r} and {keys[1]!r}")
-        used.update(keys)
+        if keys and keys[0] in used:
+            raise OptionError(f"{what}: {keys[0]!r} matches two slides, {public_location(used[keys[0]])} and "
+                              f"{public_location(path)}: name each by its "
+                              "path (or by a file name that is unique)")  # fmt: skip
+        used.update((key, path) for key in keys)
         if not keys:
             missing.append(os.path.basename(path))
     return missing, [key for key in table if key not in used]

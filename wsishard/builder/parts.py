@@ -3,7 +3,8 @@
 Each engine's own convention, read from a mapping the caller passes (the CLI passes ``os.environ``; the library
 reads no environment itself):
 
-- Slurm job arrays: ``SLURM_ARRAY_TASK_ID``, ``SLURM_ARRAY_TASK_COUNT`` (and ``SLURM_ARRAY_TASK_MIN``).
+- Slurm job arrays: ``SLURM_ARRAY_TASK_ID``, ``SLURM_ARRAY_TASK_COUNT`` (and ``SLURM_ARRAY_TASK_MIN``, ``_MAX``,
+  ``_STEP``): an evenly spaced range of task ids (``--array=0-9``, ``--array=1-19:2``).
 - Kubernetes Indexed Jobs: ``JOB_COMPLETION_INDEX`` (0-based); the part count is the Job's ``completions``,
   which Kubernetes does not put in the environment: it is given as ``--part-count N``.
 - AWS Batch array jobs: ``AWS_BATCH_JOB_ARRAY_INDEX`` (0-based), with ``AWS_BATCH_JOB_ARRAY_SIZE`` where set,
@@ -24,13 +25,41 @@ _INDEXED = (
 
 
 def slurm_part(environ: Mapping[str, str]) -> tuple[int, int] | None:
-    """The part of a Slurm array task (1-based), from ``SLURM_ARRAY_TASK_ID``/``_COUNT``/``_MIN``, or None."""
-    try:
-        task = int(environ["SLURM_ARRAY_TASK_ID"]) - int(environ.get("SLURM_ARRAY_TASK_MIN", "0"))
-        count = int(environ["SLURM_ARRAY_TASK_COUNT"])
-    except (KeyError, ValueError):
+    """The part of a Slurm array task (1-based), from ``SLURM_ARRAY_TASK_ID``/``_COUNT``/``_MIN`` (and ``_STEP``,
+    ``_MAX`` where set), or None outside a Slurm array job.
+
+    Raises:
+        OptionError: a variable that is not an integer, a task id that is not one of the array's ``COUNT``
+            evenly spaced ids from ``MIN``, or an array that is not such a range (``--array=0,5,7``): each task
+            must know which part it is, or parts would be built twice or never.
+    """
+    if "SLURM_ARRAY_TASK_ID" not in environ:
         return None
-    return (task + 1, count) if 0 <= task < count else None
+    names = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX",
+             "SLURM_ARRAY_TASK_STEP")  # fmt: skip
+    values: dict[str, int] = {}
+    for name in names:
+        text = environ.get(name, "").strip()
+        if text and not text.lstrip("-").isdigit():
+            raise OptionError(f"a Slurm array job: {name}={text!r} is not an integer")
+        if text:
+            values[name] = int(text)
+    task, count = values.get("SLURM_ARRAY_TASK_ID"), values.get("SLURM_ARRAY_TASK_COUNT")
+    if task is None or count is None or count < 1:
+        given = ", ".join(f"{name}={environ.get(name)!r}" for name in names[:2])
+        raise OptionError(f"a Slurm array job without its task id and count ({given}): pass --part I/N")
+    first, step = values.get("SLURM_ARRAY_TASK_MIN", 0), max(1, values.get("SLURM_ARRAY_TASK_STEP", 1))
+    last = values.get("SLURM_ARRAY_TASK_MAX", first + (count - 1) * step)
+    if last != first + (count - 1) * step:
+        raise OptionError(f"a Slurm array job of {count} tasks from {first} to {last} (SLURM_ARRAY_TASK_COUNT, _MIN, "
+                          "_MAX) is not an evenly spaced range "
+                          "(--array=0,5,7?): its task ids cannot be numbered as parts; use --array=0-N or "
+                          "--part I/N")  # fmt: skip
+    index, off = divmod(task - first, step)
+    if off or not 0 <= index < count:
+        ids = f"{first}..{last}" + (f" step {step}" if step > 1 else "")
+        raise OptionError(f"a Slurm array job: SLURM_ARRAY_TASK_ID={task} is not one of its {count} task ids ({ids})")
+    return index + 1, count
 
 
 def array_part(environ: Mapping[str, str], parts: int | None = None) -> tuple[int, int] | None:

@@ -21,6 +21,7 @@ from wsishard.builder.quality import QualityOptions, quality_scores
 from wsishard.errors import OptionError
 from wsishard.format import IMAGE_FORMATS, PatchMeta, sample_key
 from wsishard.slide import SlideReader
+from wsishard.storage.urls import public_location
 
 _PIL_FORMAT = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}
 # Stage 1 may reduce by the integer just above the scale when the rest is then an upsampling of at most 6%: that
@@ -68,11 +69,11 @@ class SlideWork:
     cands: Candidates
     blocks: list[Block]
     label: int | None
-    file_name: str = ""  # recorded in each sample's .json (default: the path's base name)
+    file_name: str = ""  # recorded in each sample's .json (default: the path's base name, without a URL's query)
 
     @property
     def name(self) -> str:
-        return self.file_name or os.path.basename(self.path)
+        return self.file_name or os.path.basename(public_location(self.path))
 
 
 def encode_image(image: Image.Image, image_format: str, quality: int) -> bytes:

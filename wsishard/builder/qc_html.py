@@ -7,7 +7,18 @@ from __future__ import annotations
 import html
 import os
 
-from wsishard.format import QC_INDEX_NAME, Manifest, SlideRecord
+from wsishard.builder.state import STATE_DIR
+from wsishard.errors import OptionError
+from wsishard.format import (
+    MANIFEST_NAME,
+    QC_INDEX_NAME,
+    Manifest,
+    SlideRecord,
+    is_shard_name,
+    is_slides_name,
+    parse_part_manifest,
+    temp_target,
+)
 from wsishard.report import headline
 from wsishard.storage.urls import is_url
 
@@ -41,12 +52,35 @@ def qc_index(manifest: Manifest, picture_prefix: str = "") -> str:
 
 def write_qc_page(manifest: Manifest, root: str, path: str) -> None:
     """Write :func:`qc_index` to the local file ``path``, linking the pictures of the build at ``root`` (a folder:
-    relative to the page, so the two can be moved together; a URL: by URL)."""
+    relative to the page, so the two can be moved together; a URL: by URL).
+
+    Raises:
+        OptionError: ``path`` is a folder, or one of the build's own files (its manifest, slide records, a shard, a
+            QC picture, its state), which the page would replace; its own ``qc/index.html`` may be rewritten.
+    """
+    _check_target(root, path)
     qc = root.rstrip("/") + "/qc/"
     if not is_url(root):
         qc = os.path.relpath(os.path.join(root, "qc"), os.path.dirname(os.path.abspath(path))) + "/"
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(qc_index(manifest, qc.replace(os.sep, "/")))
+
+
+def _check_target(root: str, path: str) -> None:
+    if os.path.isdir(path):
+        raise OptionError(f"--html {path}: is a folder; give the page's file name ({os.path.join(path, 'qc.html')})")
+    if is_url(root):
+        return
+    rel = os.path.relpath(os.path.realpath(path), os.path.realpath(root)).replace(os.sep, "/")
+    name = temp_target(rel) or rel
+    if rel.startswith("../") or name == INDEX_NAME:
+        return
+    picture = name.startswith("qc/") and name.endswith(".png")
+    state = name == STATE_DIR or name.startswith(STATE_DIR + "/")
+    listing = name == MANIFEST_NAME or parse_part_manifest(name) is not None or is_slides_name(name)
+    if state or picture or listing or is_shard_name(name):
+        raise OptionError(f"--html {path}: that is the build's own {name}, which the page would replace; write it "
+                          f"elsewhere (the build's page is {os.path.join(root, INDEX_NAME)})")  # fmt: skip
 
 
 _ORDER = {"failed": 0, "skipped": 1, "ok": 2}  # failed slides first, then skipped ones

@@ -56,7 +56,7 @@ from wsishard.format import (
 )
 from wsishard.progress import ProgressCallback, ignore_progress
 from wsishard.storage.output import Destination
-from wsishard.storage.urls import StorageOptions, is_url
+from wsishard.storage.urls import StorageOptions, is_url, public_location
 
 logger = logging.getLogger(__name__)
 
@@ -101,23 +101,26 @@ def build(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out
     if part is not None and not 1 <= part[0] <= part[1]:
         raise OptionError(f"invalid part {part[0]}/{part[1]}: need 1 <= i <= n")
     paths = find_slides(sources, storage_options)
+    shown = [public_location(p) for p in paths]  # as stored: no query string or user info of an URL
     check_tables(paths, options)  # warnings logged; an OptionError before anything is written
     annotations = match_annotations(options.roi.path, paths)  # likewise: a bad --roi never claims the output
     dest = Destination(out, storage_options)
     dest.makedirs()
-    state = BuildState(dest, fingerprint(paths, _options_dict(options, for_fingerprint=True)), part)
+    state = BuildState(dest, fingerprint(shown, _options_dict(options, for_fingerprint=True)), part)
     jobs = options.jobs or os.cpu_count() or 1
     with state.lock():  # one build (or the parts of one) at a time; released on errors and interrupts too
-        stamps = input_stamps(paths, storage_options)
+        stamps = {public_location(p): stamp for p, stamp in input_stamps(paths, storage_options).items()}
         state.claim(overwrite=overwrite, stamps=stamps)
         groups = make_groups(len(paths), options.group_slides, options.seed)
-        mine = part_groups(groups, [int(stamps[p].get("size") or 0) for p in paths], part)
+        mine = part_groups(groups, [int(stamps[p].get("size") or 0) for p in shown], part)
+        if part is not None and not mine:
+            logger.warning("%s", _empty_part(part, len(paths), len(groups), options.group_slides))
         _remove_leftovers(dest, set(mine))
         with _scratch_for(paths, scratch, storage_options) as remote, WorkerPool(jobs) as pool:
             early = _scan_all(pool, paths, annotations, sorted(s for g in mine for s in groups[g]), dest, options,
                               state.refreshing(progress), remote, state)  # fmt: skip
-            slides, shards = _extract_groups(pool, [(g, groups[g]) for g in mine], dest, options, state, progress,
-                                             remote, early)  # fmt: skip
+            slides, shards = _extract_groups(pool, [(g, groups[g]) for g in mine], paths, dest, options, state,
+                                             progress, remote, early)  # fmt: skip
         manifest = _manifest(sources, options, slides, shards, state.digest, part, len(paths))
         for name, data in manifest_files(manifest, part):
             dest.write_bytes(name, data)
@@ -135,6 +138,15 @@ def _arguments(inputs: Inputs, output: str | os.PathLike[str], options: BuildOpt
     options with the flat keywords applied."""
     sources = [os.fspath(inputs)] if isinstance(inputs, str | os.PathLike) else [os.fspath(i) for i in inputs]
     return sources, os.fspath(output), with_keywords(options, keywords) if keywords else options or BuildOptions()
+
+
+def _empty_part(part: tuple[int, int], n_slides: int, n_groups: int, group_slides: int) -> str:
+    """Why part ``part`` got no slides: a part builds whole groups, and there are fewer groups than parts."""
+    fits = max(1, -(-n_slides // part[1]))  # ceil: the --group-slides that gives every part a group
+    return (f"part {part[0]}/{part[1]} got no group of slides, so it builds nothing: the {n_slides} slides make "
+            f"{n_groups} group{'s' if n_groups != 1 else ''} of at most --group-slides {group_slides} slides, a part "
+            f"builds whole groups, and the groups went to the other parts (--group-slides {fits} gives each of "
+            f"{part[1]} parts a group)")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -164,7 +176,7 @@ def _scan_all(pool: WorkerPool, paths: list[str], annotations: list[str | None],
               state: BuildState) -> dict[int, StagedSlide]:  # fmt: skip
     """Scan the slides ``indices`` not scanned yet; each result is saved as it arrives, and none is kept here but
     the staged patches of slides copied from object storage to be scanned (by slide index)."""
-    ids = unique_slide_ids(paths)
+    ids = unique_slide_ids([public_location(p) for p in paths])  # never from a query string
     if options.qc:
         dest.makedirs("qc")
     store = state.scans
@@ -192,19 +204,22 @@ def _scan_all(pool: WorkerPool, paths: list[str], annotations: list[str | None],
     return staged
 
 
-def _extract_groups(pool: WorkerPool, groups: list[tuple[int, list[int]]], dest: Destination, options: BuildOptions,
+def _extract_groups(pool: WorkerPool, groups: list[tuple[int, list[int]]], paths: list[str], dest: Destination,
+                    options: BuildOptions,
                     state: BuildState, progress: ProgressCallback[BuildProgress],
                     remote: _Scratch, early: dict[int, StagedSlide]) -> tuple[dict[int, SlideRecord],
                                                                               list[ShardRecord]]:  # fmt: skip
     """Plan and write each group's shards, one group's scans in memory at a time; the final slide records (by slide
-    index) and shard records (in shard order) of these groups. ``early``: slides staged while scanning (their
-    files are removed as their group is done)."""
+    index) and shard records (in shard order) of these groups. ``paths``: every slide's location as read (a scan
+    records it without a URL's query string or user info). ``early``: slides staged while scanning (their files are
+    removed as their group is done)."""
     previous, failed = state.load_done(), state.load_failed()
     tally = _Tally(progress, 0, 0)
     slides: dict[int, SlideRecord] = {}
     shards: list[ShardRecord] = []
     for g, members in groups:
-        scans = state.scans.load_many(members, options.patch.block_patches)
+        loaded = state.scans.load_many(members, options.patch.block_patches)
+        scans = {s: _read_from(scan, paths[s]) for s, scan in loaded.items()}
         if len(scans) != len(members):
             raise OutputError(dest.path(state.scans.folder), f"scans of group {g} went missing during the build")
         per_shard = _samples_per_shard(options, list(scans.values()))
@@ -229,11 +244,19 @@ def _extract_groups(pool: WorkerPool, groups: list[tuple[int, list[int]]], dest:
     return slides, shards
 
 
+def _read_from(scan: ScanResult, path: str) -> ScanResult:
+    """``scan`` with its slide read from ``path`` (its record holds the slide's public location)."""
+    return dataclasses.replace(scan, record=dataclasses.replace(scan.record, file=path))
+
+
 def _final_record(scan: ScanResult, failure: str | None, patches: int) -> SlideRecord:
-    """A slide's manifest record: its scan's, with the patches written or the reason extraction failed."""
-    record = scan.record
+    """A slide's manifest record: its scan's, with the patches written or the reason extraction failed (the file
+    as stored: no query string or user info)."""
+    public = public_location(scan.record.file)
+    record = dataclasses.replace(scan.record, file=public)
     if failure is not None:
-        return dataclasses.replace(record, status="failed", reason=f"extraction: {failure}", patches=0)
+        reason = f"extraction: {failure}".replace(scan.record.file, public)
+        return dataclasses.replace(record, status="failed", reason=reason, patches=0)
     if record.status != "ok":
         return record
     quality = len(scan.cands or ()) - patches  # planned patches not written: left out by the quality filters
@@ -371,7 +394,8 @@ def _manifest(inputs: Sequence[str], options: BuildOptions, slides: dict[int, Sl
     if part is not None:
         extra.update(part=list(part), slide_indices=indices, slides_total=n_slides)
     return Manifest(
-        options={"inputs": list(inputs), **_options_dict(options)}, shards=shards, slides=[slides[i] for i in indices],
+        options={"inputs": [public_location(i) for i in inputs], **_options_dict(options)}, shards=shards,
+        slides=[slides[i] for i in indices],
         image_format=options.image_format, wsishard_version=__version__, extra=extra, slides_file=slides_name(part),
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )  # fmt: skip

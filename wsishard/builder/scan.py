@@ -36,7 +36,7 @@ from wsishard.format import SlideRecord
 from wsishard.slide import SlideReader, open_slide, read_lowres, resolve_mpp
 from wsishard.slide.remote_tiff import open_in_place
 from wsishard.storage.output import Destination
-from wsishard.storage.urls import StorageOptions, is_url
+from wsishard.storage.urls import StorageOptions, is_url, public_location
 
 logger = logging.getLogger(__name__)
 
@@ -101,9 +101,9 @@ def scan_slide(task: ScanTask) -> ScanResult:
         OutputError: the QC picture cannot be written into the output, or a disk is full: not the slide's failure
             (a failed record is kept by a resumed build), and every slide would fail the same way.
     """
-    record = SlideRecord(slide_id=task.slide_id, file=task.path, status="failed", label=task.label)
+    record = SlideRecord(slide_id=task.slide_id, file=public_location(task.path), status="failed", label=task.label)
     stop: OutputError | None = None
-    with SlideFailure(task.path) as failure:
+    with SlideFailure(record.file) as failure:  # logged (-v) without a URL's query string or user info
         try:
             if not is_url(task.path):
                 return _scan_path(task, task.path, record)
@@ -125,14 +125,14 @@ def scan_slide(task: ScanTask) -> ScanResult:
             stop = OutputError(exc.filename or task.scratch or task.path, exc.strerror or str(exc))
     if stop is not None:
         raise stop
-    return ScanResult(replace(record, reason=failure.reason or ""))
+    return ScanResult(replace(record, reason=(failure.reason or "").replace(task.path, record.file)))
 
 
 def crashed_scan(task: ScanTask) -> ScanResult:
     """The result for a slide whose scan killed its worker process twice (an out-of-memory kill, say)."""
     reason = "the worker process scanning it died twice (killed: out of memory?)"
-    return ScanResult(SlideRecord(slide_id=task.slide_id, file=task.path, status="failed", label=task.label,
-                                  reason=reason))  # fmt: skip
+    return ScanResult(SlideRecord(slide_id=task.slide_id, file=public_location(task.path), status="failed",
+                                  label=task.label, reason=reason))  # fmt: skip
 
 
 def _stage_from_copy(task: ScanTask, local: str, result: ScanResult) -> StagedSlide | None:
@@ -144,7 +144,7 @@ def _stage_from_copy(task: ScanTask, local: str, result: ScanResult) -> StagedSl
     out_path = staging_path(task.scratch, task.index)
     with SlideFailure(task.path) as failure:
         return stage_copy(local, work, task.encode, out_path)
-    logger.debug("%s not staged while scanning: %s", task.path, failure.reason)
+    logger.debug("%s not staged while scanning: %s", public_location(task.path), failure.reason)
     if os.path.exists(out_path):
         os.remove(out_path)
     return None
@@ -227,7 +227,8 @@ def _write_qc(task: ScanTask, reader: SlideReader, thumb: tuple[np.ndarray, floa
         try:
             view, l0_per_v = read_lowres(reader, wanted)
         except SlideError as exc:  # a tile no kept patch needs may be corrupt: the slide is not failed for it
-            logger.debug("%s: QC view unreadable (%s); the detection view is used", task.path, exc.reason)
+            logger.debug("%s: QC view unreadable (%s); the detection view is used", public_location(task.path),
+                         exc.reason)  # fmt: skip
     legend = legend_lines(tissue_mm2=record.tissue_mm2, ink_mm2=record.ink_mm2, artefact_mm2=record.artefact_mm2,
                           kept=len(cands), filtered=record.filtered, roi=record.roi)  # fmt: skip
     picture = qc_picture(view, l0_per_v, layers, cands.l0_x, cands.l0_y, cands.l0_extent, legend=legend,
@@ -245,7 +246,9 @@ def _write_qc(task: ScanTask, reader: SlideReader, thumb: tuple[np.ndarray, floa
 def _resolution(task: ScanTask, reader: SlideReader, record: SlideRecord) -> SlideRecord:
     """The record with the slide's mpp, the level read and the patches' actual mpp; or with the reason it has none."""
     try:
-        mpp0, mpp_source = resolve_mpp(task.path, reader.properties, task.mpp_override, task.default_mpp)
+        mpp0, mpp_source = resolve_mpp(
+            task.path, reader.properties, task.mpp_override, task.default_mpp, (record.width or 0, record.height or 0)
+        )
         record = replace(record, mpp=mpp0, mpp_source=mpp_source)
         level = choose_level(task.path, mpp0, reader.level_downsamples, task.patch)
     except SlideError as exc:

@@ -28,7 +28,7 @@ from wsishard.builder.patches import EncodeOptions, Samples, SlideWork, block_sa
 from wsishard.errors import SlideError, SlideFailure
 from wsishard.slide import SlideReader, open_slide
 from wsishard.slide.remote_tiff import open_in_place
-from wsishard.storage.urls import StorageOptions
+from wsishard.storage.urls import StorageOptions, public_location
 
 _LEN = struct.Struct("<I")
 
@@ -92,7 +92,7 @@ class StageOutcome:
 def stage_slide(task: StageTask) -> StageOutcome:
     """Encode every planned block of one slide into a staging file: read in place, or from a copy deleted after."""
     out_path = staging_path(task.scratch, task.index)
-    with SlideFailure(task.url) as failure:
+    with SlideFailure(public_location(task.url)) as failure:  # logged (-v) without a query string or user info
         remote = open_in_place(task.url, task.scratch, task.storage_options, fast=task.encode.fast_path)
         if remote is not None:  # tiles read by range
             with remote:

@@ -72,7 +72,11 @@ def input_stamps(paths: Sequence[str], storage_options: StorageOptions | None = 
             tag = next(filter(None, map(info.get, _TAGS)), "")
             stamps[path] = {"size": int(info.get("size") or 0), "tag": str(tag)}
         else:
-            st = os.stat(path)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:  # a dangling symlink: its scan records it failed
+                stamps[path] = {"size": 0, "mtime_ns": 0}
+                continue
             stamps[path] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
     return stamps
 

@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 GLASS_MIN_VALUE = 128  # the glass is the most common HSV value in [GLASS_MIN_VALUE, 254]
 
 
+MAX_THUMB_MPP = 1000.0  # a view of 1 mm per px: a glass slide is 75 px long; coarser sees no tissue
+
+
 @dataclass(frozen=True, kw_only=True)
 class TissueOptions:
     """Tissue-detection options; lengths in microns, areas in square microns.
@@ -105,7 +108,7 @@ class TissueOptions:
 
     def __post_init__(self) -> None:
         """Validate every field; the message names the field, the bad value and what is needed."""
-        _check(math.isfinite(self.thumb_mpp) and self.thumb_mpp > 0, "thumb_mpp", self.thumb_mpp, "a finite UM > 0")
+        _check(0 < self.thumb_mpp <= MAX_THUMB_MPP, "thumb_mpp", self.thumb_mpp, f"0 < UM <= {MAX_THUMB_MPP:g}")
         ok_px = isinstance(self.max_thumb_px, int) and not isinstance(self.max_thumb_px, bool)
         _check(ok_px and self.max_thumb_px >= 16, "max_thumb_px", self.max_thumb_px, "an integer >= 16")
         _check(isinstance(self.use_darkness, bool), "use_darkness", self.use_darkness, "True or False")
@@ -172,7 +175,8 @@ def find_tissue(rgb: np.ndarray, mpp: float, options: TissueOptions | None = Non
         empty = np.zeros((h, w), dtype=bool)
         return TissueResult(empty, empty, empty)
     rgb = composite_on_white(rgb)
-    factor = max(1, int(opts.thumb_mpp / mpp + 1e-6), math.ceil(max(h, w) / opts.max_thumb_px))
+    # never below one px: a view claimed far finer than it is (a wrong mpp) must not pad to terabytes
+    factor = min(max(1, int(opts.thumb_mpp / mpp + 1e-6), math.ceil(max(h, w) / opts.max_thumb_px)), max(h, w))
     small = _block_mean(rgb, factor) if factor > 1 else rgb
     found = find_artefacts(small, mpp * factor, ink=opts.ink_filter, dark=opts.dark_filter,
                            ink_min_saturation=opts.ink_min_saturation,

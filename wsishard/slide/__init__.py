@@ -42,6 +42,8 @@ def open_slide(path: str, *, fast: bool = True, cache: openslide.OpenSlideCache 
         SlideError: the file does not exist or no backend can open it.
     """
     if not os.path.isfile(path):
+        if os.path.islink(path):
+            raise SlideError(path, f"a symlink to {os.readlink(path)}, which is not there (a dangling link)")
         raise SlideError(path, "no such file")
     reader = OpenSlideReader(path, cache=cache)
     if not fast or not path.lower().endswith(_FAST_SUFFIXES):

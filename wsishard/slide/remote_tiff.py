@@ -24,7 +24,7 @@ import tifffile
 from wsishard.errors import SlideError
 from wsishard.slide.reader import one_line
 from wsishard.slide.tiff import TILES, TiffTileReader, _TiledLevel
-from wsishard.storage.urls import StorageOptions
+from wsishard.storage.urls import StorageOptions, public_location
 
 logger = logging.getLogger(__name__)
 
@@ -143,10 +143,10 @@ def open_in_place(url: str, scratch: str, storage_options: StorageOptions | None
                   fast: bool) -> RemoteTiffReader | None:  # fmt: skip
     """A URL slide read by range (SVS, pyramidal TIFF), or None when it needs a local copy: the direct-tile path
     is off (``fast`` False), its suffix is another format's, or :class:`RemoteTiffReader` cannot read it."""
-    if not (fast and url.lower().endswith(REMOTE_SUFFIXES)):
+    if not (fast and public_location(url).lower().endswith(REMOTE_SUFFIXES)):  # a presigned URL's query aside
         return None
     try:
         return RemoteTiffReader(url, scratch, storage_options)
     except SlideError as exc:
-        logger.debug("%s is copied: %s", url, exc.reason)
+        logger.debug("%s is copied: %s", public_location(url), exc.reason)
         return None

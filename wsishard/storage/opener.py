@@ -28,7 +28,7 @@ import fsspec.core
 from wsishard.errors import ManifestError
 from wsishard.format import Manifest, parse_slide_lines
 from wsishard.storage.retry import RetryPolicy, call_with_retries, is_past_end
-from wsishard.storage.secrets import describe, redact, redacted_options
+from wsishard.storage.secrets import describe, redact, redacted_options, refuse_url_credentials
 from wsishard.storage.urls import StorageOptions, is_url, join, local_path, manifest_location
 
 _MiB = 2**20
@@ -131,7 +131,9 @@ def load_manifest(source: str, storage_options: StorageOptions | None = None, *,
 
     Raises:
         ManifestError: no manifest (or slide records file) there, or not a readable wsishard manifest.
+        OptionError: credentials written into an object-storage URL (``s3://KEY:SECRET@bucket``).
     """
+    refuse_url_credentials(source)
     url, root = manifest_location(source)
     manifest = Manifest.from_json(_read_text(url, storage_options), redact(url, storage_options))
     if slides and manifest.slides_file:

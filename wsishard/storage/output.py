@@ -21,7 +21,7 @@ import fsspec
 
 from wsishard.format import temp_name
 from wsishard.storage.opener import list_names
-from wsishard.storage.secrets import redact
+from wsishard.storage.secrets import redact, refuse_url_credentials
 from wsishard.storage.urls import is_url, local_path
 
 _UPLOAD_BLOCK_BYTES = 16 * 2**20
@@ -87,6 +87,7 @@ class Destination:
     """
 
     def __init__(self, location: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        refuse_url_credentials(location)
         self.location = location.rstrip("/") or location
         self.storage_options = dict(storage_options or {})
         self.remote = is_url(location)

@@ -9,6 +9,7 @@ import os
 import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from wsishard.format import MANIFEST_NAME
 
@@ -20,6 +21,16 @@ StorageOptions = Mapping[str, Any]  # fsspec options for URLs (endpoint, credent
 def is_url(location: str) -> bool:
     """True for ``scheme://...`` locations other than ``file://``."""
     return bool(_SCHEME.match(location)) and not location.startswith("file://")
+
+
+def public_location(location: str) -> str:
+    """``location`` as a build may store or show it: a URL without user info, query string or fragment (a presigned
+    URL's signature, a basic-auth password); a local path as it is."""
+    if not is_url(location):
+        return location
+    parts = urlsplit(location)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def local_path(location: str) -> str:
