@@ -50,10 +50,12 @@ from wsishard.format import (
     shard_name,
     shard_order,
     slides_name,
+    summary_name,
     temp_target,
     unique_slide_ids,
 )
 from wsishard.progress import ProgressCallback, ignore_progress
+from wsishard.shards.index import write_summary
 from wsishard.storage.output import Destination
 from wsishard.storage.urls import StorageOptions, is_url
 
@@ -116,6 +118,7 @@ def build(inputs: Sequence[str], output: str, options: BuildOptions | None = Non
             slides, shards = _extract_groups(pool, [(g, groups[g]) for g in mine], dest, options, state, progress,
                                              remote, early)  # fmt: skip
         manifest = _manifest(inputs, options, slides, shards, state.digest, part, len(paths))
+        write_summary(dest, [s.name for s in shards], summary_name(part))  # before the manifest, which comes last
         for name, data in manifest_files(manifest, part):
             dest.write_bytes(name, data)
         if options.qc and part is None:  # a cluster build's parts would overwrite each other's: inspect --html
