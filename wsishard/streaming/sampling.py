@@ -25,7 +25,7 @@ import numpy as np
 
 from wsishard.streaming.partition import EpochPlan, resample_order
 
-Table = dict[str, np.ndarray]  # a shard index's columns, as select= and weight functions see them
+Table = Mapping[str, np.ndarray]  # a shard index's columns, as select= and weight functions see them
 Select = Callable[[Table], np.ndarray]
 WeightFunction = Callable[[Table], np.ndarray]
 Weights = Literal["class", "slide"] | Mapping[int, float] | WeightFunction
