@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -237,7 +238,8 @@ class ReadIndexed:
 
     Unweighted: the selected samples, the reader's slice of them (``phase``/``step`` count selected samples).
     Weighted: at position ``p``, ``visit_count(expected[url])`` draws by weight among the reader's slice of the
-    selected samples, from ``rng((seed, rank, worker, p, DRAW_STREAM))``.
+    selected samples, from ``rng((seed, rank, worker, p, DRAW_STREAM))``. The next shard's index is read ahead in a
+    thread while a shard is read, so on object storage its request costs no wait.
 
     Args:
         plan: the stream's :class:`SamplingPlan`.
@@ -258,18 +260,31 @@ class ReadIndexed:
     _in_a_row: int = field(default=0, init=False)
 
     def __call__(self, src: Iterator[Unit]) -> Iterator[RawSample]:
-        first = True
-        for position, ref in src:
-            samples = shuffled(self._read(position, ref), self.size, (*self.seed, position))
-            if first and self.skip:
-                samples = islice(samples, self.skip, None)
-            first = False
-            yield from samples
+        pool = ThreadPoolExecutor(1, thread_name_prefix="wsishard-index")  # the next shard's index, read ahead
+        try:
+            units = iter(src)
+            unit = next(units, None)
+            ahead = pool.submit(self._index, unit[1]) if unit is not None else None
+            first = True
+            while unit is not None and ahead is not None:
+                (position, ref), index = unit, ahead
+                unit = next(units, None)
+                ahead = pool.submit(self._index, unit[1]) if unit is not None else None
+                samples = shuffled(self._read(position, ref, index), self.size, (*self.seed, position))
+                if first and self.skip:
+                    samples = islice(samples, self.skip, None)
+                first = False
+                yield from samples
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
 
-    def _read(self, position: int, ref: ShardRef) -> Iterator[RawSample]:
+    def _index(self, ref: ShardRef) -> ShardIndex:
+        return load_shard_index(self.plan, self.plan.urls[ref.url], self.opener)
+
+    def _read(self, position: int, ref: ShardRef, index: Future[ShardIndex]) -> Iterator[RawSample]:
         s = self.plan.urls[ref.url]
         try:
-            wanted = self._wanted(s, position, ref)
+            wanted = self._wanted(s, position, ref, index.result())
             if wanted:
                 whole = ShardRef(ref.url, int(self.plan.rows[s]))
                 for raw in read_shard(whole, self.opener, self.on_error):
@@ -284,9 +299,8 @@ class ReadIndexed:
             if self._in_a_row >= self.max_failures:
                 raise ShardError(ref.url, f"all {self._in_a_row} shards of this worker failed") from exc
 
-    def _wanted(self, s: int, position: int, ref: ShardRef) -> dict[str, int]:
-        """key -> times to yield it, for shard ``s`` at ``position``."""
-        index = load_shard_index(self.plan, s, self.opener)
+    def _wanted(self, s: int, position: int, ref: ShardRef, index: ShardIndex) -> dict[str, int]:
+        """key -> times to yield it, for shard ``s`` (whose index is ``index``) at ``position``."""
         table = index.table(_shard_of(self.plan.index_urls[s])) if self.plan.select or callable(self.plan.weights) \
             else None  # fmt: skip
         chosen = np.flatnonzero(self.plan.mask(s, index, table))
