@@ -15,6 +15,7 @@ reads the shard once, in order, keeping those (a sample drawn twice is yielded t
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -258,18 +259,19 @@ class ReadIndexed:
     reader: tuple[int, int, int] = (0, 0, 0)
     expected: dict[str, float] | None = None
     _in_a_row: int = field(default=0, init=False)
+    _kept: OrderedDict[str, _Visit] = field(default_factory=OrderedDict, init=False)
 
     def __call__(self, src: Iterator[Unit]) -> Iterator[RawSample]:
         pool = ThreadPoolExecutor(1, thread_name_prefix="wsishard-index")  # the next shard's index, read ahead
         try:
             units = iter(src)
             unit = next(units, None)
-            ahead = pool.submit(self._index, unit[1]) if unit is not None else None
+            ahead = pool.submit(self._prepare, unit[1]) if unit is not None else None
             first = True
             while unit is not None and ahead is not None:
                 (position, ref), index = unit, ahead
                 unit = next(units, None)
-                ahead = pool.submit(self._index, unit[1]) if unit is not None else None
+                ahead = pool.submit(self._prepare, unit[1]) if unit is not None else None
                 samples = shuffled(self._read(position, ref, index), self.size, (*self.seed, position))
                 if first and self.skip:
                     samples = islice(samples, self.skip, None)
@@ -278,13 +280,31 @@ class ReadIndexed:
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _index(self, ref: ShardRef) -> ShardIndex:
-        return load_shard_index(self.plan, self.plan.urls[ref.url], self.opener)
+    def _prepare(self, ref: ShardRef) -> _Visit:
+        """What a visit of ``ref`` needs of its shard's index, position aside (in the read-ahead thread; the last
+        :data:`VISITS_KEPT` are kept, so a small build's shards are not read and selected again at every pass)."""
+        kept = self._kept
+        if ref.url in kept:
+            kept.move_to_end(ref.url)
+            return kept[ref.url]
+        plan, s = self.plan, self.plan.urls[ref.url]
+        index = load_shard_index(plan, s, self.opener)
+        table = index.table(_shard_of(plan.index_urls[s])) if plan.select or callable(plan.weights) else None
+        chosen = np.flatnonzero(plan.mask(s, index, table))
+        if len(chosen) != int(plan.selected[s]):
+            raise ShardError(redact(ref.url), f"select= keeps {len(chosen)} samples now, {int(plan.selected[s])} "
+                                              "when the stream was planned (select must be deterministic)")  # fmt: skip
+        mine = chosen[ref.phase :: ref.step]
+        weights = plan.sample_weights(s, index, table)[mine] if self.expected is not None else None
+        visit = kept[ref.url] = _Visit(index.key[mine].astype(str).tolist(), weights)
+        if len(kept) > VISITS_KEPT:
+            kept.popitem(last=False)
+        return visit
 
-    def _read(self, position: int, ref: ShardRef, index: Future[ShardIndex]) -> Iterator[RawSample]:
+    def _read(self, position: int, ref: ShardRef, ahead: Future[_Visit]) -> Iterator[RawSample]:
         s = self.plan.urls[ref.url]
         try:
-            wanted = self._wanted(s, position, ref, index.result())
+            wanted = self._wanted(position, ref, ahead.result())
             if wanted:
                 whole = ShardRef(ref.url, int(self.plan.rows[s]))
                 for raw in read_shard(whole, self.opener, self.on_error):
@@ -299,22 +319,23 @@ class ReadIndexed:
             if self._in_a_row >= self.max_failures:
                 raise ShardError(ref.url, f"all {self._in_a_row} shards of this worker failed") from exc
 
-    def _wanted(self, s: int, position: int, ref: ShardRef, index: ShardIndex) -> dict[str, int]:
-        """key -> times to yield it, for shard ``s`` (whose index is ``index``) at ``position``."""
-        table = index.table(_shard_of(self.plan.index_urls[s])) if self.plan.select or callable(self.plan.weights) \
-            else None  # fmt: skip
-        chosen = np.flatnonzero(self.plan.mask(s, index, table))
-        if len(chosen) != int(self.plan.selected[s]):
-            raise ShardError(redact(ref.url), f"select= keeps {len(chosen)} samples now, {int(self.plan.selected[s])} "
-                                              "when the stream was planned (select must be deterministic)")  # fmt: skip
-        mine = chosen[ref.phase :: ref.step]
-        keys = index.key[mine].astype(str).tolist()
-        if self.expected is None:
-            return dict.fromkeys(keys, 1)
+    def _wanted(self, position: int, ref: ShardRef, visit: _Visit) -> dict[str, int]:
+        """key -> times to yield it, for ``ref`` at ``position``."""
+        if self.expected is None or visit.weights is None:
+            return dict.fromkeys(visit.keys, 1)
         rng = sampling.visit_rng(*self.reader, position)
         n = sampling.visit_count(self.expected[ref.url], rng)
-        counts = sampling.draw_counts(self.plan.sample_weights(s, index, table)[mine], n, rng)
-        return {k: int(c) for k, c in zip(keys, counts.tolist(), strict=True) if c}
+        counts = sampling.draw_counts(visit.weights, n, rng)
+        return {k: int(c) for k, c in zip(visit.keys, counts.tolist(), strict=True) if c}
+
+
+VISITS_KEPT = 16  # shards a reader keeps prepared (keys and weights of its samples: ~60 bytes a sample)
+
+
+@dataclass(frozen=True)
+class _Visit:
+    keys: list[str]  # the reader's chosen samples of the shard, in shard order
+    weights: np.ndarray | None  # (len(keys),) their weights (weighted mode)
 
 
 @dataclass
