@@ -71,11 +71,15 @@ def make_output(
     slide_prefix: str = "slide",
     seed: int = 0,
     extra_members: dict[str, bytes] | None = None,
+    slide_labels: list[int] | tuple[int, ...] | None = None,
 ) -> Output:
     """Write shards holding ``shard_samples[i]`` noise patches each, then the manifest.
 
+    Samples go to the slides in turn (sample ``j`` of the output to slide ``j % slides``).
+
     Args:
         extra_members: members added to every sample (e.g. ``{"pyd": pickle_bytes}``), not in the format.
+        slide_labels: each slide's label (default: the slide's number).
     """
     os.makedirs(root, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -90,7 +94,8 @@ def make_output(
             used = set()
             for _ in range(count):
                 slide = serial % slides
-                key, members = _sample(rng, slide_ids[slide], serial, size_px, labelled, slide, image_format, out)
+                label = slide if slide_labels is None else slide_labels[slide]
+                key, members = _sample(rng, slide_ids[slide], serial, size_px, labelled, label, image_format, out)
                 members.update(extra_members or {})
                 writer.write({"__key__": key, **members})
                 out.keys[name].append(key)
@@ -112,7 +117,7 @@ def make_output(
             mpp_source="openslide",
             level=0,
             downsample=1.0,
-            label=(i if labelled else None),
+            label=((i if slide_labels is None else slide_labels[i]) if labelled else None),
             patches=sum(1 for k in out.labels if k.startswith(s + "_")),
         )
         for i, s in enumerate(slide_ids)
@@ -120,7 +125,9 @@ def make_output(
     options = {  # what ``wsishard build`` records (the stream and verify read the patch size from here)
         "patch": {"target_mpp": 0.5, "patch_size_px": size_px, "mpp_tolerance": 0.0},
         "image_format": image_format,
-        "labels": {f"{s}.svs": i for i, s in enumerate(slide_ids)} if labelled else {},
+        "labels": {f"{s}.svs": (i if slide_labels is None else slide_labels[i]) for i, s in enumerate(slide_ids)}
+        if labelled
+        else {},
         "patch_size": size_px,
         "seed": seed,
     }

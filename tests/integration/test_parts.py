@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 from buildtools import SMALL_BUILD, read_output
 
@@ -17,7 +18,8 @@ from wsishard.builder.options import BuildProgress
 from wsishard.builder.plan import make_groups, part_groups
 from wsishard.builder.run import build
 from wsishard.errors import ManifestError
-from wsishard.format import MANIFEST_NAME, SLIDES_NAME, Manifest, parse_slide_lines, unique_slide_ids
+from wsishard.format import MANIFEST_NAME, SLIDES_NAME, SUMMARY_NAME, Manifest, parse_slide_lines, unique_slide_ids
+from wsishard.shards.index import Summary
 from wsishard.storage.opener import load_manifest
 from wsishard.testing.synthetic import make_slides
 
@@ -35,6 +37,11 @@ def _same(a: Path, b: Path) -> None:
         (s.name, s.sha256, s.samples, s.bytes) for s in mb.shards]  # fmt: skip
     assert ma.slides == mb.slides and [s.key for s in sa] == [s.key for s in sb]
     assert (a / SLIDES_NAME).read_bytes() == (b / SLIDES_NAME).read_bytes()
+    sum_a, sum_b = (Summary.from_bytes((out / SUMMARY_NAME).read_bytes()) for out in (a, b))  # the index summary too
+    assert all(
+        np.array_equal(getattr(sum_a, f), getattr(sum_b, f))
+        for f in ("shards", "label_counts", "slides", "slide_ptr", "slide_index", "slide_count")
+    )
 
 
 def test_a_part_scans_only_its_own_slides_and_two_parts_merge_to_the_one_machine_build(

@@ -13,7 +13,9 @@ from wsishard.format import (
     manifest_files,
     parse_part_manifest,
     shard_order,
+    summary_name,
 )
+from wsishard.shards.index import Summary, write_summary
 from wsishard.storage.opener import load_manifest
 from wsishard.storage.output import Destination
 from wsishard.storage.urls import StorageOptions
@@ -21,7 +23,7 @@ from wsishard.storage.urls import StorageOptions
 
 def merge(output: str, storage_options: StorageOptions | None = None) -> Manifest:
     """Check that every part of ``output`` is there and consistent, then write and return ``manifest.json`` (and
-    its ``slides.jsonl``): the files a one-machine build of the same slides and options writes.
+    its ``slides.jsonl`` and ``index.npz``): the files a one-machine build of the same slides and options writes.
 
     Raises:
         ManifestError: no part manifests, a part missing, or parts of different builds (other options).
@@ -43,6 +45,13 @@ def merge(output: str, storage_options: StorageOptions | None = None) -> Manifes
         raise ManifestError(dest.location, f"parts {', '.join(map(str, missing))} of {n} are not finished yet")
     parts = [load_manifest(dest.path(found[i][1]), storage_options)[0] for i in range(1, n + 1)]  # with slides
     manifest = _join(parts, dest.location)
+    summaries = [dest.read_bytes(summary_name((i, n))) for i in range(1, n + 1)]
+    write_summary(
+        dest,
+        [s.name for s in manifest.shards],
+        summary_name(),
+        [Summary.from_bytes(b, dest.path(summary_name((i + 1, n)))) for i, b in enumerate(summaries) if b],
+    )
     for name, data in manifest_files(manifest):
         dest.write_bytes(name, data)
     return manifest

@@ -51,10 +51,12 @@ from wsishard.format import (
     shard_name,
     shard_order,
     slides_name,
+    summary_name,
     temp_target,
     unique_slide_ids,
 )
 from wsishard.progress import ProgressCallback, ignore_progress
+from wsishard.shards.index import write_summary
 from wsishard.storage.output import Destination
 from wsishard.storage.urls import StorageOptions, is_url, public_location
 
@@ -122,6 +124,7 @@ def build(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out
             slides, shards = _extract_groups(pool, [(g, groups[g]) for g in mine], paths, dest, options, state,
                                              progress, remote, early)  # fmt: skip
         manifest = _manifest(sources, options, slides, shards, state.digest, part, len(paths))
+        write_summary(dest, [s.name for s in shards], summary_name(part))  # before the manifest, which comes last
         for name, data in manifest_files(manifest, part):
             dest.write_bytes(name, data)
         if options.qc and part is None:  # a cluster build's parts would overwrite each other's: inspect --html

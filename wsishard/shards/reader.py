@@ -42,6 +42,15 @@ def tar_members(stream: IO[bytes], wanted: Callable[[str], bool]) -> Iterator[tu
             yield name, _take(src, name, size, at)
 
 
+def tar_spans(stream: IO[bytes], wanted: Callable[[str], bool]) -> Iterator[tuple[str, int, int, bytes | None]]:
+    """``(name, start, end, data)`` of each regular file of an uncompressed tar, in order: the byte offsets of its
+    header and of the byte after its padded data (its records are ``[start, end)``), and its data where its name is
+    ``wanted`` (None otherwise, read past). Raises as :func:`tar_members`."""
+    src = _Chunks(stream)
+    for name, size, at in _files(src):
+        yield name, at, at + _BLOCK + size + (-size % _BLOCK), _take(src, name, size, at) if wanted(name) else None
+
+
 class TarSamples:
     """The samples of an uncompressed tar, as :func:`group_members` groups :func:`tar_members`' members (runs of
     members sharing a key, ``(key, {ext: data})``), in one pass: only members named ``<key>.<ext>`` with ``ext``

@@ -16,8 +16,9 @@ import tarfile
 from collections.abc import Iterable
 from types import TracebackType
 
-from wsishard.format import ShardRecord
+from wsishard.format import ShardRecord, index_name
 from wsishard.shards.hashing import HashingFile
+from wsishard.shards.index import IndexWriter
 from wsishard.storage.output import Destination
 
 _TAR_MTIME = 0  # fixed member mtime: the same samples give byte-identical shards
@@ -43,6 +44,7 @@ class ShardWriter:
 
     The shard appears under ``name`` only on a clean exit (or :meth:`commit`); on an exception (or
     :meth:`abort`) nothing appears: see :class:`~wsishard.storage.output.Destination` for how each store does it.
+    Its per-sample index (:mod:`wsishard.shards.index`) is written beside it, atomically too, as it is committed.
 
     Args:
         dest: the build output.
@@ -55,6 +57,8 @@ class ShardWriter:
         self._hashing = HashingFile(self._out)
         self._samples = 0
         self._slides: set[str] = set()
+        self._dest = dest
+        self._index = IndexWriter()
         self.record: ShardRecord | None = None
 
     def write(self, key: str, members: dict[str, bytes], slide_id: str) -> None:
@@ -63,6 +67,7 @@ class ShardWriter:
 
     def append(self, records: bytes, samples: int, slide_ids: Iterable[str]) -> None:
         """Append the :func:`sample_records` of ``samples`` samples (made elsewhere) from ``slide_ids``."""
+        self._index.add(records, self._hashing.nbytes)
         self._hashing.write(records)
         self._samples += samples
         self._slides.update(slide_ids)
@@ -72,6 +77,7 @@ class ShardWriter:
         end = self._hashing.nbytes + 2 * _BLOCK  # two zero blocks end the archive...
         self._hashing.write(bytes(2 * _BLOCK + -end % _RECORD))  # ...padded to a whole record, as tarfile does
         self._out.commit()
+        self._dest.write_bytes(index_name(self.name), self._index.to_bytes())
         self.record = ShardRecord(
             name=self.name,
             samples=self._samples,

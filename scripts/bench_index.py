@@ -1,0 +1,256 @@
+#!/usr/bin/env python
+"""Benchmark the per-sample index at archive scale: its size and load time, and weighted start-up at ~3e8 samples.
+
+Example::
+
+    python scripts/bench_index.py --quick            # start-up at 3e7 samples; index rows at 1k, 100k, 1M
+    python scripts/bench_index.py                    # start-up at 3e8 samples (a TCGA-sized build)
+
+Synthetic, no pixels (the index does not depend on them). Three parts, each in its own child process (peak RSS is
+the part's, interpreter and torch included; an idle child's is printed as the baseline):
+
+- ``rows``: one shard index of N samples (1k, 100k, 1M) written by :class:`~wsishard.shards.index.IndexWriter`:
+  its ``.npz`` bytes per sample, and the time to load it and make the column table a ``select=`` function sees.
+  Also the build's own cost of indexing (parsing back the tar records the shard writer appends), per sample.
+- ``scan``: a build of N samples in shards of 18,000 (bench_scale.py's shard size): the main process's one pass over
+  every shard index for ``select=`` (:func:`~wsishard.streaming.indexed.plan_sampling`), time and peak RSS.
+- ``startup``: a build of ~3e8 samples (``--samples``): 16,667 shards of 18,000, groups of 32 slides of ~3,000
+  samples each (100,000 slides), labels 80/20, as ``manifest.json`` + ``index.npz`` (no shard, no shard index:
+  class and slide weights need only the summary). ``stream(..., weights=...)`` in a fresh process, then one
+  reader's pipeline set-up (64 ranks x 8 workers): time and peak RSS against 10 s and 1 GB per rank.
+
+Prints a table and one line ``JSON: {...}``; saves it under ``benchmarks/results/`` if that folder exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SHARD_SAMPLES, GROUP_SLIDES, SLIDE_SAMPLES = 18_000, 32, 3_000
+TARGETS = {"startup_s": 10.0, "startup_rss_mb": 1024.0}
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _index_bytes(n: int, seed: int = 0) -> bytes:
+    """A shard index of ``n`` samples: its rows filled in directly (the build's cost of making them, parsing its
+    tar records back, is :func:`_build_cost`'s)."""
+    from wsishard.shards.index import IndexWriter
+
+    rng = np.random.default_rng(seed)
+    writer = IndexWriter()
+    slides = [f"TCGA-{seed:02d}-{s:04d}-01Z-00-DX1" for s in range(GROUP_SLIDES)]
+    for s in slides:
+        writer._slides[s] = len(writer._slides)
+    x, y = rng.integers(0, 100_000, n), rng.integers(0, 80_000, n)
+    tissue, background, sharp = rng.random(n).round(4), (rng.random(n) * 0.2).round(4), rng.gamma(4, 50, n).round(2)
+    size = 14_000 + 3 * 512
+    for i in range(n):
+        writer._rows.append((i * size, size, i % GROUP_SLIDES, int(i % 5 == 4), int(x[i]), int(y[i]), 0.5039,
+                             float(tissue[i]), float(background[i]), 0.0, float(sharp[i])))  # fmt: skip
+        writer._keys.append(f"{slides[i % GROUP_SLIDES]}_x{x[i]}_y{y[i]}".encode())
+    return writer.to_bytes()
+
+
+def _build_cost(n: int = 2048) -> float:
+    """Seconds per sample the shard writer spends indexing: parsing back the tar records it appends."""
+    from wsishard.shards.index import IndexWriter
+    from wsishard.shards.writer import sample_records
+
+    records = []
+    for i in range(n):
+        meta = {"slide_id": f"s{i % GROUP_SLIDES}", "x": i, "y": i, "mpp": 0.5039, "tissue": 0.75, "background": 0.1,
+                "dark": 0.0, "sharpness": 212.5, "label": 1}  # fmt: skip
+        members = {"jpg": b"\xff" * 14_000, "json": json.dumps(meta).encode(), "cls": b"1"}
+        records.append(sample_records(f"s{i % GROUP_SLIDES}_x{i}_y{i}", members))
+    chunks = [b"".join(records[k : k + 256]) for k in range(0, n, 256)]  # a segment's records at a time
+    writer, t0 = IndexWriter(), time.perf_counter()
+    for chunk in chunks:
+        writer.add(chunk, 0)
+    writer.to_bytes()
+    return (time.perf_counter() - t0) / n
+
+
+def part_rows(n: int, _args: argparse.Namespace) -> dict[str, Any]:
+    from wsishard.shards.index import load_index
+
+    t0 = time.perf_counter()
+    data = _index_bytes(n)
+    made = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    index = load_index(data)
+    loaded = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    table = index.table("shard-000000-0000.tar")
+    mask = table["tissue"] >= 0.5
+    tabled = time.perf_counter() - t0
+    return {"samples": n, "bytes": len(data), "bytes_per_sample": len(data) / n, "fill_s": made, "load_s": loaded,
+            "table_select_s": tabled, "selected": int(mask.sum()), "rss_mb": _rss_mb()}  # fmt: skip
+
+
+def _write_build(root: Path, shards: int, *, with_indexes: bool) -> None:
+    """A build's manifest and index summary of ``shards`` shards (and, ``with_indexes``, every shard index)."""
+    from wsishard.format import SUMMARY_NAME, Manifest, ShardRecord, index_name, shard_name
+    from wsishard.shards.index import Summary
+
+    names = [shard_name(s) for s in range(shards)]
+    records = [ShardRecord(name=n, samples=SHARD_SAMPLES, bytes=SHARD_SAMPLES * 14_000, sha256="0" * 64, slides=32)
+               for n in names]  # fmt: skip
+    options = {"patch": {"target_mpp": 0.5, "patch_size_px": 256, "mpp_tolerance": 0.0}, "patch_size": 256}
+    manifest = Manifest(options=options, shards=records, slides=[], wsishard_version="bench")
+    (root / "manifest.json").write_text(manifest.to_json())
+    # groups of 32 slides of ~3,000 samples each: a group's ~96,000 samples fill ~5.3 shards, each shard mixing
+    # all 32 of its group's slides (the build's interleaving); slide s of group g is global slide 32 g + s
+    group_of = np.arange(shards) * SHARD_SAMPLES // (GROUP_SLIDES * SLIDE_SAMPLES)
+    per = SHARD_SAMPLES // GROUP_SLIDES
+    slide_index = (group_of[:, None] * GROUP_SLIDES + np.arange(GROUP_SLIDES)[None, :]).reshape(-1).astype(np.int32)
+    n_slides = int(slide_index.max()) + 1
+    summary = Summary(
+        shards=np.array(names, dtype="S"), labels=np.array([0, 1]),
+        label_counts=np.tile([SHARD_SAMPLES * 4 // 5, SHARD_SAMPLES // 5], (shards, 1)).astype(np.int64),
+        slides=np.array([f"TCGA-{i:06d}".encode() for i in range(n_slides)]),
+        slide_ptr=np.arange(0, shards * GROUP_SLIDES + 1, GROUP_SLIDES, dtype=np.int64), slide_index=slide_index,
+        slide_count=np.full(shards * GROUP_SLIDES, per, dtype=np.int64),
+    )  # fmt: skip
+    (root / SUMMARY_NAME).write_bytes(summary.to_bytes())
+    if with_indexes:
+        data = _index_bytes(SHARD_SAMPLES)  # the same rows in every shard: only the reading is measured
+        for n in names:
+            (root / index_name(n)).write_bytes(data)
+
+
+def part_scan(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    from wsishard.streaming.dataset import stream
+    from wsishard.streaming.world import World
+
+    shards = max(1, n // SHARD_SAMPLES)
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        _write_build(Path(tmp), shards, with_indexes=True)
+        base = _rss_mb()
+        t0 = time.perf_counter()
+        ds = stream(tmp, batch_size=256, resampled=False, select=lambda t: t["tissue"] >= 0.5,
+                    world=World(rank=0, world_size=8))  # fmt: skip
+        took = time.perf_counter() - t0
+    return {"samples": shards * SHARD_SAMPLES, "shards": shards, "scan_s": took, "selected": int(ds.counts.sum()),
+            "rss_mb": _rss_mb(), "rss_before_mb": base}  # fmt: skip
+
+
+def part_startup(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    from wsishard.streaming.dataset import stream
+    from wsishard.streaming.world import World
+
+    shards = n // SHARD_SAMPLES
+    out: dict[str, Any] = {"samples": shards * SHARD_SAMPLES, "shards": shards}
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        _write_build(Path(tmp), shards, with_indexes=False)
+        out["summary_bytes"] = os.path.getsize(Path(tmp) / "index.npz")
+        base = _rss_mb()
+        for weights in ("class", "slide"):
+            t0 = time.perf_counter()
+            ds = stream(tmp, batch_size=256, weights=weights, seed=1, world=World(rank=3, world_size=64))
+            stream_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            ds.pipeline(World(rank=3, world_size=64, worker=5, num_workers=8), 0, done=1000)  # a resumed reader
+            out[weights] = {"stream_s": stream_s, "reader_s": time.perf_counter() - t0,
+                            "plan_pickle_bytes": len(_pickled(ds))}  # fmt: skip
+    out.update(rss_mb=_rss_mb(), rss_before_mb=base)
+    return out
+
+
+def _pickled(obj: Any) -> bytes:
+    import pickle
+
+    buf = io.BytesIO()
+    pickle.dump(obj.sampling, buf)
+    return buf.getvalue()
+
+
+def baseline(_n: int, _args: argparse.Namespace) -> dict[str, Any]:
+    import torch  # noqa: F401  # what every rank imports anyway
+
+    import wsishard.streaming.dataset  # noqa: F401
+
+    return {"rss_mb": _rss_mb()}
+
+
+PARTS = {"rows": part_rows, "scan": part_scan, "startup": part_startup, "baseline": baseline}
+
+
+def _child(part: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", part, "--n", str(n)] + (["--workdir", args.workdir] if args.workdir
+                                                                         else [])  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"{part} {n}: {done.stderr[-3000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="start-up at 3e7 samples instead of 3e8")
+    ap.add_argument("--samples", type=int, default=300_000_000, help="samples of the start-up build")
+    ap.add_argument("--rows", default="1000,100000,1000000", help="index sizes (samples), comma-separated")
+    ap.add_argument("--workdir", default=None, help="where temporary files go (default: the system's)")
+    ap.add_argument("--child", choices=tuple(PARTS), help=argparse.SUPPRESS)
+    ap.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(PARTS[args.child](args.n, args)))
+        return
+    sizes = [int(s) for s in args.rows.split(",")]
+    total = 30_000_000 if args.quick else args.samples
+    result: dict[str, Any] = {"baseline": _child("baseline", 0, args), "build_us_per_sample": 1e6 * _build_cost()}
+    result["rows"] = [_child("rows", n, args) for n in sizes]
+    result["scan"] = [_child("scan", n, args) for n in sizes if n >= SHARD_SAMPLES]
+    result["startup"] = _child("startup", total, args)
+    _print(result)
+    line = json.dumps(result)
+    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    if folder.is_dir():
+        (folder / f"bench_index-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(line + "\n")
+    print("JSON: " + line)
+
+
+def _print(r: dict[str, Any]) -> None:
+    rows = [
+        ("idle child (torch + wsishard imported)", f"{r['baseline']['rss_mb']:.0f} MB RSS", "", ""),
+        ("build: indexing the records it writes", f"{r['build_us_per_sample']:.0f} us/sample", "", ""),
+    ]
+    for x in r["rows"]:
+        rows.append((f"shard index of {x['samples']:,} samples", f"{x['bytes'] / 1e6:.2f} MB "
+                     f"({x['bytes_per_sample']:.1f} B/sample)", f"load {1000 * x['load_s']:.1f} ms",
+                     f"table + select {1000 * x['table_select_s']:.1f} ms"))  # fmt: skip
+    for x in r["scan"]:
+        rows.append((f"select= scan, {x['samples']:,} samples / {x['shards']} shards", f"{x['scan_s']:.2f} s",
+                     f"peak RSS {x['rss_mb']:.0f} MB", f"(before {x['rss_before_mb']:.0f} MB)"))  # fmt: skip
+    s = r["startup"]
+    summary = f"{s['summary_bytes'] / 1e6:.1f} MB"
+    rows.append((f"summary of {s['samples']:.2e} samples / {s['shards']:,} shards", summary, "", ""))
+    for w in ("class", "slide"):
+        ok = s[w]["stream_s"] + s[w]["reader_s"] < TARGETS["startup_s"]
+        rows.append((f"weights={w!r} start-up (stream + one reader)", f"{s[w]['stream_s']:.2f} s + "
+                     f"{s[w]['reader_s']:.2f} s", f"plan pickled {s[w]['plan_pickle_bytes'] / 1e6:.1f} MB",
+                     "PASS" if ok else "MISS"))  # fmt: skip
+    rows.append(("start-up peak RSS (one rank)", f"{s['rss_mb']:.0f} MB", f"(before {s['rss_before_mb']:.0f} MB)",
+                 "PASS" if s["rss_mb"] < TARGETS["startup_rss_mb"] else "MISS"))  # fmt: skip
+    width = max(len(row[0]) for row in rows)
+    for row in rows:
+        print(f"{row[0]:<{width}}  {row[1]:<28} {row[2]:<30} {row[3]}")
+
+
+if __name__ == "__main__":
+    main()

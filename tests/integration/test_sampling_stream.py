@@ -1,0 +1,225 @@
+"""select=, weights=, proportions= and pad_last= end to end: on hand-made outputs indexed after the fact, on a real
+build's own index, on moto S3; 2 ranks x 2 workers simulated in one process (tests/distributed runs torchrun)."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import shardmaker as sm
+
+from wsishard.errors import ManifestError
+from wsishard.format import SUMMARY_NAME, index_name
+from wsishard.shards.index import Summary, index_build, load_index
+from wsishard.shards.reader import TarSamples
+from wsishard.streaming.dataset import ShardStream, stream
+from wsishard.streaming.loader import loader
+from wsishard.streaming.world import World
+
+pytest_plugins = ("servers",)
+COUNTS = (60, 45, 70, 50, 55, 40, 65, 35)  # 420 samples
+LABELS = (0, 0, 0, 0, 1)  # five slides, samples dealt to them in turn: labels 80/20
+TWO = [World(rank=r, world_size=2, worker=w, num_workers=2) for r in range(2) for w in range(2)]
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> sm.Output:
+    made = sm.make_output(str(tmp_path_factory.mktemp("sampling") / "out"), COUNTS, slides=5, slide_labels=LABELS)
+    index_build(made.root)
+    return made
+
+
+def _keys(batches: Any) -> list[str]:
+    return [k for b in batches for k in b["key"]]
+
+
+def _draw(ds: ShardStream, world: World, samples: int) -> list[str]:
+    """The first ``samples`` keys ``world``'s reader yields (its pipeline run here, as its worker would)."""
+    batches = iter(ds.pipeline(world, 0))
+    return _keys(itertools.islice(batches, samples // ds.config.batch_size))
+
+
+def test_select_never_yields_outside_the_mask_in_either_mode(out: sm.Output) -> None:
+    chosen = {k for keys in out.keys.values() for i, k in enumerate(keys) if i % 3 == 0 and out.labels[k] == 0}
+
+    def select(t: dict[str, np.ndarray]) -> np.ndarray:
+        return (t["position"] % 3 == 0) & (t["label"] == 0)
+
+    epoch = stream(out.root, batch_size=4, resampled=False, select=select, pad_last=True, world=TWO[0])
+    seen = [_keys(epoch.pipeline(w, 0)) for w in TWO]
+    batches = [b for w in TWO for b in epoch.pipeline(w, 0)]
+    valid = [k for b in batches for k, v in zip(b["key"], b["valid"].tolist(), strict=True) if v]
+    assert sorted(valid) == sorted(chosen)  # every selected sample once, nothing else
+    assert set(itertools.chain(*seen)) == chosen
+    resampled = stream(out.root, batch_size=4, select=select, seed=3, world=TWO[0])
+    assert set(itertools.chain(*(_draw(resampled, w, 200) for w in TWO))) <= chosen
+
+
+def test_epoch_batches_count_only_selected_samples(out: sm.Output) -> None:
+    def select(t: dict[str, np.ndarray]) -> np.ndarray:
+        return t["label"] == 1
+
+    ds = stream(out.root, batch_size=5, resampled=False, select=select, world=World(rank=0, world_size=1))
+    assert int(ds.counts.sum()) == sum(v == 1 for v in out.labels.values()) == 84
+    assert ds.batches_per_rank(0) == 84 // 5
+    assert len(list(ds)) == ds.batches_per_rank(0)
+
+
+def test_class_weights_balance_80_20_labels_over_2_ranks_x_2_workers(out: sm.Output) -> None:
+    ds = stream(out.root, batch_size=25, weights="class", seed=11, shuffle=50, world=TWO[0])
+    keys = list(itertools.chain(*(_draw(ds, w, 5_000) for w in TWO)))  # 20,000 samples (scripts: 100,000)
+    share = sum(out.labels[k] for k in keys) / len(keys)
+    assert len(keys) == 20_000 and abs(share - 0.5) < 0.02
+
+
+def test_slide_weights_give_every_slide_its_share(out: sm.Output) -> None:
+    ds = stream(out.root, batch_size=20, weights="slide", seed=2, world=TWO[0])
+    keys = list(itertools.chain(*(_draw(ds, w, 3_000) for w in TWO)))
+    per_slide = collections.Counter(k.split("_x")[0] for k in keys)
+    assert len(per_slide) == 5 and all(abs(n / len(keys) - 0.2) < 0.02 for n in per_slide.values())
+
+
+def test_a_mapping_and_a_function_weigh_samples(out: sm.Output) -> None:
+    mapped = stream(out.root, batch_size=10, weights={1: 1.0}, seed=4, world=World(rank=0, world_size=1))
+    assert {out.labels[k] for k in _draw(mapped, World(), 400)} == {1}
+    fn = stream(out.root, batch_size=10, weights=lambda t: np.where(t["label"] == 1, 3.0, 1.0), seed=4,
+                world=World(rank=0, world_size=1))  # fmt: skip
+    keys = _draw(fn, World(), 4_000)
+    share = sum(out.labels[k] for k in keys) / len(keys)  # 84 x 3 against 336 x 1: 3/7 of the draws
+    assert abs(share - 3 / 7) < 0.03
+
+
+def test_proportions_mix_sources(out: sm.Output, tmp_path: Path) -> None:
+    other = sm.make_output(str(tmp_path / "b"), (30, 30), slides=2, slide_prefix="other", seed=1)
+    index_build(other.root)
+    ds = stream([out.root, other.root], batch_size=10, weights="class", proportions=[0.3, 0.7], seed=5,
+                world=World(rank=0, world_size=1))  # fmt: skip
+    keys = _draw(ds, World(), 5_000)
+    share = sum(k.startswith("other") for k in keys) / len(keys)
+    assert abs(share - 0.7) < 0.05
+    with pytest.raises(ValueError, match="needs weights"):
+        stream([out.root, other.root], batch_size=10, proportions=[0.5, 0.5])
+
+
+@pytest.mark.parametrize("kw", [{"weights": "class"}, {"select": "tissue"}, {"weights": "slide", "select": "odd"}])
+def test_weighted_and_selected_streams_resume_exactly(out: sm.Output, kw: dict[str, Any]) -> None:
+    chosen = {"tissue": _tissue_select, "odd": _odd_select}
+    options = {k: chosen.get(v, v) for k, v in kw.items()}
+
+    def fresh() -> Any:
+        return loader(stream(out.root, batch_size=6, shuffle=12, seed=8, **options), num_workers=2)
+
+    reference = [tuple(b["key"]) for b in itertools.islice(fresh(), 30)]
+    first = fresh()
+    taken = [tuple(b["key"]) for b in itertools.islice(first, 13)]
+    state = json.loads(json.dumps(first.state_dict()))
+    again = fresh()
+    again.load_state_dict(state)
+    assert taken + [tuple(b["key"]) for b in itertools.islice(again, 17)] == reference
+
+
+def _tissue_select(t: dict[str, np.ndarray]) -> np.ndarray:
+    return t["tissue"] >= 0.5
+
+
+def _odd_select(t: dict[str, np.ndarray]) -> np.ndarray:
+    return t["position"] % 2 == 1
+
+
+def test_pad_last_reads_a_706_sample_shard_exactly_once_on_2_ranks_x_2_workers(tmp_path: Path,
+                                                                                 caplog: Any) -> None:  # fmt: skip
+    one = sm.make_output(str(tmp_path / "one"), (706,), slides=3)
+    worlds = [World(rank=r, world_size=2) for r in range(2)]
+    runs = [list(loader(stream(one.root, batch_size=64, resampled=False, pad_last=True, world=w), num_workers=2))
+            for w in worlds]  # fmt: skip
+    assert len(runs[0]) == len(runs[1]) > 0
+    valid = [k for run in runs for b in run for k, v in zip(b["key"], b["valid"].tolist(), strict=True) if v]
+    assert sorted(valid) == sorted(one.shard_of)
+    assert all(b["valid"].dtype == torch_bool() and len(b["key"]) == 64 for run in runs for b in run)
+    with caplog.at_level(logging.WARNING, logger="wsishard.streaming.dataset"):
+        plain = loader(stream(one.root, batch_size=64, resampled=False, world=worlds[0]), num_workers=2)
+        dropped = _keys(plain)
+    assert "reads 512 of 706 samples each epoch (194 dropped" in caplog.text
+    assert len(dropped) == 256 and all(
+        "valid" not in b for b in loader(stream(one.root, batch_size=64, resampled=False), num_workers=0)
+    )
+
+
+def torch_bool() -> Any:
+    import torch
+
+    return torch.bool
+
+
+def test_a_build_without_an_index_streams_as_before_and_refuses_select(tmp_path: Path) -> None:
+    old = sm.make_output(str(tmp_path / "old"), (5, 6))
+    assert len(_keys(stream(old.root, batch_size=1, resampled=False))) == 11
+    with pytest.raises(ManifestError, match="no per-sample index"):
+        stream(old.root, batch_size=1, select=_odd_select)
+    with pytest.raises(ManifestError, match="no per-sample index"):
+        stream(old.root, batch_size=1, weights="class")
+
+
+def test_bad_combinations_are_refused(out: sm.Output) -> None:
+    with pytest.raises(ValueError, match="weights= needs resampled=True"):
+        stream(out.root, batch_size=4, resampled=False, weights="class")
+    with pytest.raises(ValueError, match="pad_last=True needs resampled=False"):
+        stream(out.root, batch_size=4, pad_last=True)
+    with pytest.raises(ValueError, match="weights= must be"):
+        stream(out.root, batch_size=4, weights="balanced")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="bool array"):
+        stream(out.root, batch_size=4, select=lambda t: t["tissue"])
+    with pytest.raises(ValueError, match="keeps no sample"):
+        stream(out.root, batch_size=4, select=lambda t: t["label"] > 5)
+
+
+def test_a_build_writes_an_index_of_its_shards_and_a_summary(cohort_build: Path) -> None:
+    manifest = json.loads((cohort_build / "manifest.json").read_text())
+    summary = Summary.from_bytes((cohort_build / SUMMARY_NAME).read_bytes())
+    assert summary.shards.astype(str).tolist() == [s["name"] for s in manifest["shards"]]
+    assert summary.samples.tolist() == [s["samples"] for s in manifest["shards"]]
+    for rec in manifest["shards"][:3]:
+        index = load_index((cohort_build / index_name(rec["name"])).read_bytes())
+        data = (cohort_build / rec["name"]).read_bytes()
+        keys = [k for k, _ in TarSamples(open(cohort_build / rec["name"], "rb"), {"json"})]  # noqa: SIM115
+        assert index.key.astype(str).tolist() == keys
+        for row in (0, len(keys) - 1):
+            lo, size = int(index.columns["offset"][row]), int(index.columns["size"][row])
+            meta = json.loads(next(iter(TarSamples(_bytes(data[lo : lo + size]), {"json"})))[1]["json"])
+            assert (meta["x"], meta["y"]) == (index.columns["x"][row], index.columns["y"][row])
+            assert index.columns["tissue"][row] == pytest.approx(meta["tissue"])
+    strict = stream(str(cohort_build), batch_size=4, resampled=False, select=lambda t: t["tissue"] >= 0.9,
+                    world=World(rank=0, world_size=1), pad_last=True)  # fmt: skip
+    want = sum(int((load_index((cohort_build / index_name(r["name"])).read_bytes()).columns["tissue"] >= 0.9).sum())
+               for r in manifest["shards"])  # fmt: skip
+    got = [b for b in strict]
+    assert sum(int(b["valid"].sum()) for b in got) == want > 0
+    assert all(m["tissue"] >= 0.9 for b in got for m, v in zip(b["meta"], b["valid"].tolist(), strict=True) if v)
+
+
+def _bytes(data: bytes) -> Any:
+    import io
+
+    return io.BytesIO(data)
+
+
+def test_select_and_weights_read_the_index_from_s3(out: sm.Output, s3: Any, s3_bucket: str) -> None:
+    url = f"s3://{s3_bucket}/out"
+    s3.upload(out.root, url)
+    assert {n for n in os.listdir(out.root) if n.endswith(".npz")} >= {SUMMARY_NAME, index_name(sm.shard_name(0))}
+    ds = stream(url, batch_size=5, resampled=False, select=_odd_select, pad_last=True,
+                storage_options=s3.storage_options, world=World(rank=0, world_size=1))  # fmt: skip
+    odd = {k for keys in out.keys.values() for i, k in enumerate(keys) if i % 2}
+    valid = [k for b in ds for k, v in zip(b["key"], b["valid"].tolist(), strict=True) if v]
+    assert sorted(valid) == sorted(odd)
+    weighted = stream(url, batch_size=10, weights="class", seed=1, storage_options=s3.storage_options,
+                      world=World(rank=0, world_size=1))  # fmt: skip
+    keys = _draw(weighted, World(), 1_000)
+    assert abs(sum(out.labels[k] for k in keys) / len(keys) - 0.5) < 0.06

@@ -1,0 +1,83 @@
+"""The per-sample index: rows match the shard's bytes, it loads without unpickling, the summary adds up."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+from wsishard.errors import ManifestError
+from wsishard.format import index_name, index_shard, is_summary_name, summary_name
+from wsishard.shards.index import IndexWriter, Summary, combine, load_index, per_shard
+from wsishard.shards.reader import group_members, tar_members
+from wsishard.shards.writer import sample_records
+
+
+def _sample(i: int, slide: str, label: int | None) -> tuple[str, dict[str, bytes]]:
+    meta = {"slide_id": slide, "x": 10 * i, "y": 20 * i, "mpp": 0.5, "tissue": i / 10, "background": 0.1,
+            "dark": 0.0, "sharpness": 50.0 + i}  # fmt: skip
+    members = {"jpg": bytes(100 + 37 * i), "json": json.dumps(meta).encode()}
+    if label is not None:
+        members["cls"] = str(label).encode()
+    return f"{slide}_x{10 * i}_y{20 * i}", members
+
+
+def test_rows_point_at_each_samples_records_and_carry_its_fields() -> None:
+    samples = [_sample(i, f"s{i % 2}", i % 3) for i in range(7)]
+    head = b"\0" * 1024  # records written after some bytes: offsets count from the shard's start
+    writer = IndexWriter()
+    writer.add(b"".join(sample_records(k, m) for k, m in samples[:3]), len(head))
+    rest = b"".join(sample_records(k, m) for k, m in samples[3:])
+    writer.add(rest, len(head) + sum(len(sample_records(k, m)) for k, m in samples[:3]))
+    shard = head + b"".join(sample_records(k, m) for k, m in samples)
+    index = load_index(writer.to_bytes())
+    assert len(index) == 7
+    for row, (key, members) in enumerate(samples):
+        lo, size = int(index.columns["offset"][row]), int(index.columns["size"][row])
+        [(got_key, got)] = list(group_members(tar_members(io.BytesIO(shard[lo : lo + size]), lambda n: True)))
+        assert got_key == key == index.key[row].decode() and got == members
+        assert index.slide_names[index.columns["slide"][row]].decode() == f"s{row % 2}"
+        assert index.columns["label"][row] == row % 3
+        assert index.columns["x"][row] == 10 * row and index.columns["sharpness"][row] == pytest.approx(50 + row)
+    table = index.table("shard-000000-0000.tar")
+    assert table["slide_id"].tolist() == [f"s{i % 2}" for i in range(7)] and table["position"].tolist() == list(
+        range(7)
+    )
+
+
+def test_a_sample_without_cls_takes_its_json_label_or_minus_one() -> None:
+    key, members = _sample(1, "a", None)
+    writer = IndexWriter()
+    writer.add(sample_records(key, members), 0)
+    assert load_index(writer.to_bytes()).columns["label"].tolist() == [-1]
+
+
+def test_an_index_holding_objects_is_refused_never_unpickled() -> None:
+    out = io.BytesIO()
+    np.savez(out, version=np.int64(1), key=np.array([object()], dtype=object))
+    with pytest.raises(ManifestError, match="not a shard index"):
+        load_index(out.getvalue(), "evil.idx.npz")
+    with pytest.raises(ManifestError, match="not a shard index"):
+        load_index(b"not a zip", "junk.idx.npz")
+
+
+def test_summaries_combine_and_split_back_per_shard() -> None:
+    items = [(np.array([0, 1]), np.array([8, 2]), np.array([b"a", b"b"]), np.array([6, 4])),
+             (np.array([1]), np.array([5]), np.array([b"c", b"a"]), np.array([1, 4]))]  # fmt: skip
+    summary = combine(["shard-000000-0000.tar", "shard-000000-0001.tar"], items)
+    assert summary.label_counts.tolist() == [[8, 2], [0, 5]] and summary.samples.tolist() == [10, 5]
+    assert summary.slides.tolist() == [b"a", b"b", b"c"]
+    again = Summary.from_bytes(summary.to_bytes())
+    back = per_shard(again)["shard-000000-0001.tar"]
+    assert back[0].tolist() == [1] and back[2].tolist() == [b"c", b"a"] and back[3].tolist() == [1, 4]
+
+
+def test_index_names_belong_to_their_shard() -> None:
+    assert index_name("shard-000012-0003.tar") == "shard-000012-0003.idx.npz"
+    assert index_shard("shard-000012-0003.idx.npz") == "shard-000012-0003.tar"
+    assert index_shard("../x.idx.npz") is None and index_shard("shard-000012-0003.tar") is None
+    assert summary_name() == "index.npz" and is_summary_name(summary_name((2, 8)))
+    with pytest.raises(ValueError, match="not a shard name"):
+        index_name("../evil.tar")

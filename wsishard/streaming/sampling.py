@@ -1,0 +1,180 @@
+"""What training sees: per-sample selection and weights, weighted draws, and padded exact epochs.
+
+Pure numpy, no I/O, no global state (as :mod:`wsishard.streaming.partition`): every function takes counts, weights,
+seeds and positions and returns the same answer in every process.
+
+Weighted resampled mode. A reader (rank, worker) keeps the shards (or slices of them) it reads today, disjoint from
+every other reader's, and visits them in its endless seeded passes (:class:`~wsishard.streaming.stages.Resample`).
+At the visit at position ``p`` it draws ``n_p`` samples of that shard, with replacement, each with probability
+proportional to its weight: ``n_p`` is the shard's expected share, ``E[n_p] = W_s / w_bar`` (``W_s`` the shard's
+total weight, ``w_bar`` the reader's mean weight per sample), rounded up or down at random. A sample's chance per
+visit is then ``w_i / w_bar`` whatever its shard, so across the reader's shards every sample is drawn in
+proportion to its weight; readers draw from disjoint shards at the same rate, exact where their shards hold the
+same mix (shards mix slides and labels by construction). Everything drawn at ``p`` comes from
+``rng((seed, rank, worker, p, DRAW_STREAM))``, and ``n_p`` is the first number drawn from it: a resumed reader
+finds its position from the counts alone (:func:`weighted_resume`), no index opened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Literal
+
+import numpy as np
+
+from wsishard.streaming.partition import EpochPlan, resample_order
+
+Table = Mapping[str, np.ndarray]  # a shard index's columns, as select= and weight functions see them
+Select = Callable[[Table], np.ndarray]
+WeightFunction = Callable[[Table], np.ndarray]
+Weights = Literal["class", "slide"] | Mapping[int, float] | WeightFunction
+DRAW_STREAM = 3  # the seed word after a reader's (seed, rank, worker, position) that its weighted draws use
+
+
+def checked_mask(mask: object, n: int, where: str) -> np.ndarray:
+    """``select``'s answer as an (n,) bool array.
+
+    Raises:
+        ValueError: not a boolean array of ``n`` values (naming ``where``).
+    """
+    arr = np.asarray(mask)
+    if arr.shape != (n,) or arr.dtype != np.bool_:
+        raise ValueError(f"select= must return a bool array of {n} values (one per sample) for {where}, got "
+                         f"{arr.dtype} of shape {arr.shape}")  # fmt: skip
+    return arr
+
+
+def checked_weights(weights: object, n: int, where: str) -> np.ndarray:
+    """A weight function's answer as an (n,) float64 array.
+
+    Raises:
+        ValueError: not ``n`` finite non-negative numbers (naming ``where``).
+    """
+    try:
+        arr = np.asarray(weights, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"weights= must return {n} numbers for {where} ({exc})") from exc
+    if arr.shape != (n,) or not np.all(np.isfinite(arr)) or (n and arr.min() < 0):
+        raise ValueError(f"weights= must return {n} finite weights >= 0 for {where}, got shape {arr.shape}"
+                         f"{'' if arr.shape != (n,) else ' with negative or non-finite values'}")  # fmt: skip
+    return arr
+
+
+def label_weights(labels: np.ndarray, counts: np.ndarray, weights: Weights) -> np.ndarray:
+    """(L,) weight of one sample of each label in ``labels``: ``"class"``: 1 / the label's count (each label then
+    weighs the same in all); a mapping: its value (0 for a label it does not name)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    if isinstance(weights, str):
+        return np.divide(1.0, counts, out=np.zeros_like(counts), where=counts > 0)
+    assert isinstance(weights, Mapping)
+    return np.array([float(weights.get(int(label), 0.0)) for label in labels], dtype=np.float64)
+
+
+def check_mapping(weights: Mapping[int, float]) -> None:
+    """Raises ValueError unless every value is a finite weight >= 0 and one is > 0."""
+    values = np.array(list(weights.values()), dtype=np.float64)
+    if not len(values) or not np.all(np.isfinite(values)) or values.min() < 0 or values.max() <= 0:
+        raise ValueError(f"weights= as a mapping needs finite label weights >= 0, one > 0, got {dict(weights)!r}")
+
+
+def inverse(counts: np.ndarray) -> np.ndarray:
+    """1 / counts, 0 where a count is 0 (``"slide"`` weights: each slide then weighs the same in all)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    return np.divide(1.0, counts, out=np.zeros_like(counts), where=counts > 0)
+
+
+def csr_totals(ptr: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """(len(ptr) - 1,) sums of ``values[ptr[s]:ptr[s + 1]]`` (0 for an empty range)."""
+    cum = np.concatenate([[0.0], np.cumsum(np.asarray(values, dtype=np.float64))])
+    return np.asarray(cum[ptr[1:]] - cum[ptr[:-1]])
+
+
+def proportion_scales(totals: Sequence[float] | np.ndarray, proportions: Sequence[float] | None) -> np.ndarray:
+    """Per source, the factor its weights are multiplied by so that source ``i`` holds ``proportions[i]`` of the
+    total weight (None: sources keep their own totals).
+
+    Raises:
+        ValueError: a proportion < 0 or not finite, none > 0, another count than sources, or a source with a
+            positive proportion and no weight to scale.
+    """
+    totals_a = np.asarray(totals, dtype=np.float64)
+    if proportions is None:
+        return np.ones_like(totals_a)
+    props = np.asarray(proportions, dtype=np.float64)
+    if props.shape != totals_a.shape or not np.all(np.isfinite(props)) or props.min() < 0 or props.sum() <= 0:
+        raise ValueError(f"proportions= needs one finite value >= 0 per source ({len(totals_a)}), one > 0, got "
+                         f"{list(proportions)!r}")  # fmt: skip
+    if np.any((props > 0) & (totals_a <= 0)):
+        raise ValueError("proportions=: a source given a share has no sample with a weight (all selected out?)")
+    return np.divide(props / props.sum(), totals_a, out=np.zeros_like(props), where=totals_a > 0)
+
+
+def visit_rng(seed: int, rank: int, worker: int, position: int) -> np.random.Generator:
+    """The generator of every draw a weighted reader makes at ``position`` (its visit's count comes first)."""
+    return np.random.default_rng((seed, rank, worker, position, DRAW_STREAM))
+
+
+def visit_count(expected: float, rng: np.random.Generator) -> int:
+    """``expected`` rounded down or up at random, up with probability its fraction (the first draw of ``rng``)."""
+    return int(np.floor(expected + rng.random()))
+
+
+def draw_counts(weights: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """(m,) times each of ``m`` samples is drawn in ``n`` draws with replacement, ``P(i) = w_i / sum(w)``."""
+    total = float(np.sum(weights))
+    if n <= 0 or total <= 0:
+        return np.zeros(len(weights), dtype=np.int64)
+    return rng.multinomial(n, np.asarray(weights, dtype=np.float64) / total)
+
+
+def expected_draws(weights: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """(n,) expected draws per visit of each of a reader's shards: ``W_s / w_bar``, ``w_bar`` its mean weight per
+    kept sample, so that a pass draws as many samples as its shards keep."""
+    weights = np.asarray(weights, dtype=np.float64)
+    total = float(weights.sum())
+    return weights * (float(np.sum(kept)) / total) if total > 0 else np.zeros_like(weights)
+
+
+def weighted_resume(expected: np.ndarray, samples: int, *, seed: int, rank: int, worker: int) -> tuple[int, int]:
+    """Where a weighted reader is after yielding ``samples`` samples: ``(position, skip)``, the visit it stopped in
+    and the samples of that visit already yielded. Only the visits' counts are drawn again (no index opened)."""
+    n = len(expected)
+    done, position = 0, 0
+    while True:
+        pass_index, j = divmod(position, n)
+        if j == 0:
+            order = resample_order(n, seed=seed, rank=rank, worker=worker, pass_index=pass_index)
+        count = visit_count(float(expected[int(order[j])]), visit_rng(seed, rank, worker, position))
+        if done + count > samples:
+            return position, samples - done
+        done += count
+        position += 1
+
+
+def pad_plan(plan: EpochPlan) -> EpochPlan:
+    """``plan`` made exact: every worker yields all its samples, its last batch filled up with repeats, and a
+    rank with fewer batches than the most gets batches of repeats only, one per worker in turn, so that every rank
+    yields the same number (``batches_per_rank``). ``kept`` is then every sample."""
+    size = plan.batch_size
+    budgets = -(-plan.samples // size)  # (W, K) ceil: every sample, the last batch padded
+    target = int(budgets.sum(axis=1).max())
+    for r in range(budgets.shape[0]):
+        extra = target - int(budgets[r].sum())
+        workers = budgets.shape[1]
+        budgets[r] += extra // workers + (np.arange(workers) < extra % workers)
+    return replace(plan, budgets=budgets, kept=plan.samples.copy(), batches_per_rank=target, drop_last=False)
+
+
+def dropped_message(plan: EpochPlan) -> str | None:
+    """Why and how many samples an epoch of ``plan`` drops (None when it reads them all)."""
+    total, kept = int(plan.samples.sum()), int(plan.kept.sum())
+    if kept >= total:
+        return None
+    world_size, workers = plan.samples.shape
+    return (f"epoch mode reads {kept} of {total} samples each epoch ({total - kept} dropped, "
+            f"{100 * (total - kept) / total:.1f}%): every rank yields the same number of batches "
+            f"({plan.batches_per_rank} of {plan.batch_size}) with {world_size} rank(s) x {workers} worker(s)"
+            f"{', and each worker drops its last incomplete batch (drop_last)' if plan.drop_last else ''}; "
+            "stream(..., pad_last=True) reads every sample exactly once, padding with repeats marked "
+            "batch['valid'] == False")  # fmt: skip
