@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from wsishard.errors import ShardError
-from wsishard.format import PatchMeta, image_header
+from wsishard.format import LABEL_RANGE, PatchMeta, image_header
 from wsishard.streaming.ring import BatchBuffers, Lending, Lent
 from wsishard.streaming.stages import ErrorMode, RawSample
 
@@ -116,13 +116,21 @@ def decode_sample(raw: RawSample) -> Sample:
 
 def _fields(raw: RawSample) -> tuple[PatchMeta, int]:
     """The sample's ``.json`` (UTF-8, as wsishard writes it) and its label (``.cls``, else the json's ``label``,
-    else -1)."""
+    else -1), an int64."""
     try:
         meta = _json(raw["meta"].decode("utf-8"))  # a str skips json's guess of the encoding (~1 us a sample)
         label = int(raw["label"]) if raw["label"] is not None else int(meta.get("label", -1))
-    except (ValueError, TypeError, AttributeError, RecursionError) as exc:  # RecursionError: JSON nested too deep
-        raise _undecodable(raw, exc) from exc
-    return meta, label
+    except (ValueError, TypeError, AttributeError, RecursionError, OverflowError) as exc:
+        raise _undecodable(raw, exc) from exc  # RecursionError: JSON nested too deep; OverflowError: a label of inf
+    return meta, _in_range(raw, label)
+
+
+def _in_range(raw: RawSample, label: int) -> int:
+    """``label`` when a batch's int64 labels can hold it."""
+    if label not in LABEL_RANGE:
+        text = str(label) if len(str(label)) <= 24 else f"{str(label)[:12]}...({len(str(label))} digits)"
+        raise ShardError(raw["shard"], f"sample {raw['key']} does not decode (label {text} is outside int64)")
+    return label
 
 
 _scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
@@ -277,9 +285,10 @@ def checked_label(raw: RawSample, height: int, width: int) -> tuple[int, bool]:
 def _cls_label(raw: RawSample) -> int:
     """The label of the sample's ``.cls``."""
     try:
-        return int(raw["label"])  # type: ignore[arg-type]
+        label = int(raw["label"])  # type: ignore[arg-type]
     except (ValueError, TypeError) as exc:
         raise _undecodable(raw, exc) from exc
+    return _in_range(raw, label)
 
 
 def _jpeg_into(raw: RawSample, slot: np.ndarray) -> None:
