@@ -194,6 +194,26 @@ class Destination:
         except FileNotFoundError:
             return []
 
+    def file_stats(self, name: str = "") -> dict[str, tuple[int, int | None]]:
+        """``{name: (bytes, modification time in ns)}`` of the files directly under ``name``, from a fresh listing
+        (the time: None where the store gives none); empty when ``name`` does not exist."""
+        if not self.remote:
+            try:
+                with os.scandir(self.path(name) if name else self.path("")) as entries:
+                    return {e.name: (st.st_size, st.st_mtime_ns) for e in entries if e.is_file()
+                            for st in (e.stat(),)}  # fmt: skip
+            except FileNotFoundError:
+                return {}
+        folder = self.path(name) if name else self.location
+        fs_path = fsspec.core.url_to_fs(folder, **self.storage_options)[1]
+        self.fs.invalidate_cache(fs_path)
+        try:
+            entries = self.fs.ls(fs_path, detail=True)
+        except FileNotFoundError:
+            return {}
+        return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: (int(e.get("size") or 0), None)
+                for e in entries if e.get("type") != "directory"}  # fmt: skip
+
     def open_atomic(self, name: str) -> AtomicFile:
         """Open ``name`` for writing; it appears only on :meth:`AtomicFile.commit`."""
         final = self.path(name)
