@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -219,3 +221,38 @@ def test_workers_see_the_environment_of_their_pool_not_of_the_forkserver(monkeyp
     finally:
         stop.set()
         other.join()
+
+
+# ---- issue 28, item 12: errors of the machine stop the build; they are no slide's failure -----------------------
+
+
+def _cli_build(*args: str, open_files: int | None = None) -> subprocess.CompletedProcess[str]:
+    def limit() -> None:  # in the child only: the limit a user sets with ulimit -n
+        import resource  # Unix only
+
+        if open_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    return subprocess.run([sys.executable, "-m", "wsishard.cli", "build", *args], capture_output=True, text=True,
+                          timeout=600, preexec_fn=limit)  # fmt: skip
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_NOFILE")
+def test_running_out_of_file_descriptors_stops_the_build_and_a_rerun_builds_every_slide(tmp_path: Path) -> None:
+    made = make_slides(tmp_path / "made", 2, seed=5, width=1024, height=1024)
+    (tmp_path / "in").mkdir()
+    for i, slide in itertools.product(range(15), made):  # 30 slides: a worker keeps them open as it extracts
+        shutil.copy(slide.path, tmp_path / "in" / f"{i:02d}-{Path(slide.path).name}")
+    out = tmp_path / "out"
+    args = (str(tmp_path / "in"), "-o", str(out), "--patch-size", "64", "--jobs", "1", "-q")
+    short = _cli_build(*args, open_files=56)  # enough to scan the slides one by one, not to hold 30 open
+    assert short.returncode == 2, short.stderr[-2000:]
+    assert len(short.stderr.strip().splitlines()) == 1 and "Traceback" not in short.stderr
+    assert "too many open files" in short.stderr and "the limit is 56" in short.stderr
+    assert "run the build again" in short.stderr
+    assert not (out / "manifest.json").exists() and not (out / ".wsishard" / "failed.json").exists()
+    again = _cli_build(*args)
+    assert again.returncode == 0, again.stderr[-2000:]
+    manifest, samples = read_output(str(out))
+    assert len(manifest.slides) == 30 and not manifest.failed_slides
+    assert {s.meta["slide_id"] for s in samples} == {s.slide_id for s in manifest.slides}
