@@ -256,3 +256,24 @@ def test_running_out_of_file_descriptors_stops_the_build_and_a_rerun_builds_ever
     manifest, samples = read_output(str(out))
     assert len(manifest.slides) == 30 and not manifest.failed_slides
     assert {s.meta["slide_id"] for s in samples} == {s.slide_id for s in manifest.slides}
+
+
+# ---- issue 28, item 3: damaged JPEG tiles on the fast path -------------------------------------------------------
+
+
+def test_a_slide_with_tiles_that_end_early_fails_and_leaves_no_patch(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    make_slide(tmp_path / "in" / "good.svs", width=2048, height=2048, mpp=0.5, seed=11)
+    bad = make_slide(tmp_path / "in" / "bad.svs", width=2048, height=2048, mpp=0.5, seed=12)
+    with tifffile.TiffFile(bad.path) as tif:  # at 0.5 mpp level 0 is read as stored: full-size tile decodes
+        offsets, counts = tif.pages[0].dataoffsets, tif.pages[0].databytecounts
+    with open(bad.path, "r+b") as fh:
+        for t in range(0, len(offsets), 2):  # every other tile's second half zeroed, as a copy cut short leaves it
+            fh.seek(offsets[t] + counts[t] // 2)
+            fh.write(bytes(counts[t] - counts[t] // 2))
+    manifest = build([str(tmp_path / "in")], str(tmp_path / "out"), BuildOptions(jobs=1))
+    status = {s.slide_id: (s.status, s.reason) for s in manifest.slides}
+    assert status["good"] == ("ok", "")
+    assert status["bad"][0] == "failed" and "is damaged: its JPEG data ends before its end marker" in status["bad"][1]
+    _, samples = read_output(str(tmp_path / "out"))
+    assert samples and {s.meta["slide_id"] for s in samples} == {"good"}
