@@ -85,7 +85,7 @@ class SlideFailure:
             return False
         shortage = machine_shortage(exc)
         if shortage is not None:
-            reason = f"{shortage} ({one_line_of(exc)}); not the slide's failure: run the build again to go on"
+            reason = f"{shortage} ({_one_line(exc)}); not the slide's failure: run the build again to go on"
             raise ResourceError(self.path, reason) from exc
         if not isinstance(exc, SlideError):
             logger.debug("slide %s failed", self.path, exc_info=(exc_type, exc, tb))  # type: ignore[arg-type]
@@ -146,7 +146,7 @@ def _physical_bytes() -> int:
         return 2**62
 
 
-def one_line_of(exc: BaseException) -> str:
+def _one_line(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}".strip().splitlines()
     return _ADDRESS.sub("", text[0][:200])
 

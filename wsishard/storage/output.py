@@ -21,6 +21,7 @@ import fsspec
 
 from wsishard.format import temp_name
 from wsishard.storage.opener import list_names
+from wsishard.storage.retry import RetryPolicy, call_with_retries
 from wsishard.storage.secrets import redact
 from wsishard.storage.urls import is_url, local_path
 
@@ -206,13 +207,19 @@ class Destination:
                 return {}
         folder = self.path(name) if name else self.location
         fs_path = fsspec.core.url_to_fs(folder, **self.storage_options)[1]
-        self.fs.invalidate_cache(fs_path)
+
+        def listing() -> list[dict[str, Any]]:
+            self.fs.invalidate_cache(fs_path)
+            found: list[dict[str, Any]] = self.fs.ls(fs_path, detail=True)
+            return found
+
         try:
-            entries = self.fs.ls(fs_path, detail=True)
+            listed = call_with_retries(listing, f"{folder} (listing)", policy=RetryPolicy(),
+                                       storage_options=self.storage_options)  # fmt: skip
         except FileNotFoundError:
             return {}
         return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: (int(e.get("size") or 0), None)
-                for e in entries if e.get("type") != "directory"}  # fmt: skip
+                for e in listed if e.get("type") != "directory"}  # fmt: skip
 
     def open_atomic(self, name: str) -> AtomicFile:
         """Open ``name`` for writing; it appears only on :meth:`AtomicFile.commit`."""
