@@ -12,6 +12,7 @@ nothing silently wrong. Prints one line per case, a summary, and one ``JSON: {..
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import io
 import json
@@ -27,10 +28,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import tifffile
 from PIL import Image
 
 from wsishard import Batch, ManifestError, ShardError, stream
 from wsishard.format import Manifest
+from wsishard.shards.verify import verify
 from wsishard.shards.writer import ShardWriter
 from wsishard.storage.opener import load_manifest
 from wsishard.storage.output import Destination
@@ -443,6 +446,181 @@ CASES.update({
     "a part that gets no group": empty_part_says_why,
 })  # fmt: skip
 # ---- end of issue 28 (items 1, 2, 5, 6, 8, 13) ----------------------------------------------------------------
+
+
+# ---- issue 28, second run (b): damaged tiles, trusted records, orphaned workers, overflowing labels, deep JSON,
+# ---- shortages of the machine -----------------------------------------------------------------------------------
+
+
+def damaged_tiles_fail_the_slide(work: Path) -> str:
+    folder = work / "damaged-in"
+    make_slides(folder, 1, seed=7, width=2048, height=2048, mpp=0.5)  # at 0.5 mpp level 0 is decoded as stored
+    path = folder / "slide-000.svs"
+    with tifffile.TiffFile(path) as tif:
+        offsets, counts = tif.pages[0].dataoffsets, tif.pages[0].databytecounts
+    with open(path, "r+b") as fh:
+        for t in range(0, len(offsets), 2):  # every other tile's second half zeroed: a copy cut short
+            fh.seek(offsets[t] + counts[t] // 2)
+            fh.write(bytes(counts[t] - counts[t] // 2))
+    out = work / "damaged-out"
+    proc = _cli("build", str(folder), "-o", str(out), *SMALL)
+    assert proc.returncode == 1, f"exit {proc.returncode}: {proc.stderr[-500:]}"
+    manifest, _ = load_manifest(str(out))
+    (failed,) = manifest.failed_slides
+    assert "is damaged" in failed.reason, failed.reason
+    assert not _metas(out), "patches of the damaged slide were written"
+    return f"slide failed: {failed.reason[:80]}..."
+
+
+def rerun_redoes_missing_and_damaged_shards(work: Path) -> str:
+    out = _copy_build(work, "shards-lost")
+    shards = sorted(out.glob("shard-*.tar"))
+    assert len(shards) >= 2, "the build needs two shards"
+    shards[0].unlink()
+    with open(shards[1], "r+b") as fh:
+        fh.truncate(shards[1].stat().st_size // 2)
+    proc = _cli("build", str(_slides(work)), "-o", str(out), *SMALL)
+    assert proc.returncode == 0, proc.stderr[-500:]
+    assert "recorded as written, is missing" in proc.stderr and "recorded as written, holds" in proc.stderr
+    report = verify(str(out))
+    assert report.ok, report.problems
+    return f"2 shards written again, verify: {report.shards_checked} shards OK"
+
+
+_STALL = textwrap.dedent(
+    """
+    import os, time
+    import wsishard.builder.scan as scan
+
+    def stalled_scan(task, reader, record):  # a worker that says it is scanning, then scans for a long time
+        open(os.path.join(os.environ["TORTURE_MARKS"], str(os.getpid())), "w").close()
+        time.sleep(300)
+
+    scan._scan_open = stalled_scan
+    """
+)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def workers_die_with_a_killed_build(work: Path) -> str:
+    if not sys.platform.startswith("linux"):
+        return "skipped: reads /proc"
+    marks = work / "marks"
+    marks.mkdir()
+    env = {**_site(work, "stall", _STALL), "TORTURE_MARKS": str(marks)}
+    cmd = [sys.executable, "-m", "wsishard.cli", "build", str(_slides(work)), "-o", str(work / "orphans"), "--jobs",
+           "2", "-q"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "the workers never started"
+            time.sleep(0.05)
+            workers = [int(p.name) for p in marks.iterdir()]
+        proc.kill()
+        proc.wait(timeout=30)
+        start = time.monotonic()
+        while any(map(_running, workers)) and time.monotonic() - start < 30:
+            time.sleep(0.05)
+        left = [pid for pid in workers if _running(pid)]
+        assert not left, f"workers {left} outlived the build's process"
+        return f"both workers gone {time.monotonic() - start:.1f} s after the SIGKILL"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in workers:  # only processes whose environment is this case's own
+            with contextlib.suppress(OSError):
+                if f"TORTURE_MARKS={marks}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _rewrite_member(out: Path, ext: str, change: Callable[[bytes], bytes]) -> str:
+    """Replace the first sample's ``.ext`` of shard 0 with ``change(old)``; the manifest's bytes and sha256 follow."""
+    manifest = Manifest.from_json((out / "manifest.json").read_text())
+    name = manifest.shards[0].name
+    with tarfile.open(out / name) as tar:
+        members = [(m.name, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
+    key = members[0][0].split(".", 1)[0]
+    writer = ShardWriter(Destination(str(out)), name)
+    samples: dict[str, dict[str, bytes]] = {}
+    for member, data in members:
+        k, e = member.split(".", 1)
+        samples.setdefault(k, {})[e] = change(data) if (k, e) == (key, ext) else data
+    for k, m in samples.items():
+        writer.write(k, m, k.rsplit("_x", 1)[0])
+    record = writer.commit()
+    shards = [record if s.name == name else s for s in manifest.shards]
+    (out / "manifest.json").write_text(dataclasses.replace(manifest, shards=shards).to_json())
+    return key
+
+
+def overflowing_labels(work: Path) -> str:
+    out = _copy_build(work, "overflow")
+    key = _rewrite_member(out, "json", lambda data: json.dumps({**json.loads(data), "label": 2**70}).encode())
+    try:
+        _stream_all(out, "raise")
+        raise AssertionError("no ShardError")
+    except ShardError as exc:
+        assert key in str(exc) and "int64" in str(exc), str(exc)
+    kept = sum(len(b["key"]) for b in _stream_all(out, "skip"))
+    total = Manifest.from_json((out / "manifest.json").read_text()).total_samples
+    assert kept == total - 1, (kept, total)
+    report = verify(str(out))
+    assert not report.ok and key in str(report.problems), report.problems
+    return f"stream: ShardError naming {key}, skip keeps {kept} of {total}; verify names it"
+
+
+def deep_json_in_verify(work: Path) -> str:
+    out = _copy_build(work, "deep-json")
+    key = _rewrite_member(out, "json", lambda _: b"[" * 500_000 + b"]" * 500_000)
+    report = verify(str(out))
+    assert not report.ok and key in str(report.problems), report.problems
+    return f"verify: {report.problems[0][0]}: {report.problems[0][1][:60]}..."
+
+
+def too_few_file_descriptors(work: Path) -> str:
+    if sys.platform == "win32":
+        return "skipped: RLIMIT_NOFILE"
+    import resource
+
+    folder = work / "many-in"
+    folder.mkdir()
+    for i in range(10):  # 30 slides: a worker keeps them open as it extracts
+        for slide in sorted(_slides(work).iterdir()):
+            shutil.copy(slide, folder / f"{i}-{slide.name}")
+    out = work / "many-out"
+    args = ("build", str(folder), "-o", str(out), "--patch-size", "64", "--jobs", "1", "-q")
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (56, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    short = subprocess.run([sys.executable, "-m", "wsishard.cli", *args], capture_output=True, text=True,
+                           timeout=600, preexec_fn=limit)  # fmt: skip
+    err = _usage_error(short, "too many open files", "run the build again")
+    assert not (out / ".wsishard" / "failed.json").exists(), "slides recorded as failed"
+    again = _cli(*args)
+    assert again.returncode == 0, again.stderr[-500:]
+    manifest, _ = load_manifest(str(out))
+    assert not manifest.failed_slides and len(manifest.slides) == 30
+    return f"stopped ({err.split('error: ', 1)[-1][:70]}...), the re-run built all 30"
+
+
+CASES.update({
+    "JPEG tiles that end early (fast path)": damaged_tiles_fail_the_slide,
+    "shards deleted or truncated before a re-run": rerun_redoes_missing_and_damaged_shards,
+    "the build's process SIGKILLed": workers_die_with_a_killed_build,
+    "a label of 2**70": overflowing_labels,
+    "a .json nested 500,000 deep (verify)": deep_json_in_verify,
+    "ulimit -n 56 with 30 slides": too_few_file_descriptors,
+})  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

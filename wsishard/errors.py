@@ -7,9 +7,13 @@ that builtin, as fsspec's exceptions do. Errors carry structured fields so a cal
 
 from __future__ import annotations
 
+import errno
 import logging
+import math
+import os
 import re
 from types import TracebackType
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -77,12 +81,91 @@ class SlideFailure:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> bool:  # fmt: skip
-        if exc is None or not isinstance(exc, Exception):
+        if exc is None or not isinstance(exc, Exception) or isinstance(exc, ResourceError | OutputError):
             return False
+        shortage = machine_shortage(exc)
+        if shortage is not None:
+            reason = f"{shortage} ({_one_line(exc)}); not the slide's failure: run the build again to go on"
+            raise ResourceError(self.path, reason) from exc
         if not isinstance(exc, SlideError):
             logger.debug("slide %s failed", self.path, exc_info=(exc_type, exc, tb))  # type: ignore[arg-type]
         self.reason = failure_reason(exc)
         return True
+
+
+_SHORTAGES = {
+    errno.EMFILE: "too many open files in this process",
+    errno.ENFILE: "too many open files on this machine",
+    errno.ENOMEM: "out of memory",
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "over the disk quota",
+}
+
+
+def machine_shortage(exc: BaseException) -> str | None:
+    """What the machine ran out of, when ``exc`` says it did (file descriptors, memory, disk space), else None.
+
+    A ``MemoryError`` for one array larger than this machine's memory is no shortage: the slide asked for it (its
+    tags claim an impossible size), and would fail the same way on any run.
+    """
+    if isinstance(exc, OSError) and exc.errno in _SHORTAGES:
+        code: int | None = exc.errno
+    elif isinstance(exc, MemoryError):
+        asked = _array_bytes(exc)
+        code = None if asked is not None and asked > _physical_bytes() else errno.ENOMEM
+    else:  # OpenSlide's errors carry the system's message only
+        code = next((e for e in (errno.EMFILE, errno.ENFILE) if os.strerror(e) in str(exc)), None)
+    if code == errno.EMFILE:
+        return f"{_SHORTAGES[code]} (the limit is {_open_files_limit()}: raise it with ulimit -n)"
+    return None if code is None else _SHORTAGES[code]
+
+
+def _open_files_limit() -> str:
+    try:
+        import resource  # Unix only
+
+        return str(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    except (ImportError, OSError, ValueError):
+        return "unknown"
+
+
+def _array_bytes(exc: MemoryError) -> int | None:
+    """The bytes numpy was asked for, where its ``MemoryError`` says (its ``shape`` and ``dtype``)."""
+    shape: Any = getattr(exc, "shape", None)
+    dtype: Any = getattr(exc, "dtype", None)
+    try:
+        return math.prod(int(n) for n in shape) * int(dtype.itemsize)
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def _physical_bytes() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # no such names here
+        return 2**62
+
+
+def _one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    return _ADDRESS.sub("", text[0][:200])
+
+
+class ResourceError(_Located, OSError):
+    """The machine ran out of something every slide needs (file descriptors, memory, disk space) while working on
+    ``where``: the build stops. It is not recorded as that slide's failure: a re-run, once there is more of it,
+    goes on where this one stopped and builds the slide.
+
+    Attributes:
+        location: the slide (path or URL) being worked on.
+        reason: what ran out, and the system's one-line message.
+    """
+
+    _label = "the machine ran out of resources working on "
+
+    @property
+    def location(self) -> str:
+        return self.where
 
 
 class MissingMppError(SlideError):

@@ -47,6 +47,7 @@ SHARD_SUFFIX = ".tar"
 IMAGE_FORMATS: tuple[str, ...] = ("jpg", "png", "webp")
 META_EXT = "json"
 LABEL_EXT = "cls"
+LABEL_RANGE = range(-(2**63), 2**63)  # a sample's label as the stream hands it over: int64 (-1: unlabelled)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 _SHARD_NAME = re.compile(re.escape(SHARD_PREFIX) + r"(\d{6,})(?:-(\d{4,}))?" + re.escape(SHARD_SUFFIX))

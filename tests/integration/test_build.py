@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -250,3 +252,59 @@ def test_a_72_dpi_tiff_is_said_to_have_wrong_resolution_metadata(tmp_path: Path)
     fixed = build([str(tmp_path / "in")], str(tmp_path / "out2"),
                   BuildOptions(patch=SMALL, jobs=1, qc=False, default_mpp=0.25))  # fmt: skip
     assert (fixed.slides[0].status, fixed.slides[0].mpp_source) == ("ok", "default")
+
+
+# ---- issue 28, item 12: errors of the machine stop the build; they are no slide's failure -----------------------
+
+
+def _cli_build(*args: str, open_files: int | None = None) -> subprocess.CompletedProcess[str]:
+    def limit() -> None:  # in the child only: the limit a user sets with ulimit -n
+        import resource  # Unix only
+
+        if open_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    return subprocess.run([sys.executable, "-m", "wsishard.cli", "build", *args], capture_output=True, text=True,
+                          timeout=600, preexec_fn=limit)  # fmt: skip
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_NOFILE")
+def test_running_out_of_file_descriptors_stops_the_build_and_a_rerun_builds_every_slide(tmp_path: Path) -> None:
+    made = make_slides(tmp_path / "made", 2, seed=5, width=1024, height=1024)
+    (tmp_path / "in").mkdir()
+    for i, slide in itertools.product(range(15), made):  # 30 slides: a worker keeps them open as it extracts
+        shutil.copy(slide.path, tmp_path / "in" / f"{i:02d}-{Path(slide.path).name}")
+    out = tmp_path / "out"
+    args = (str(tmp_path / "in"), "-o", str(out), "--patch-size", "64", "--jobs", "1", "-q")
+    short = _cli_build(*args, open_files=56)  # enough to scan the slides one by one, not to hold 30 open
+    assert short.returncode == 2, short.stderr[-2000:]
+    assert len(short.stderr.strip().splitlines()) == 1 and "Traceback" not in short.stderr
+    assert "too many open files" in short.stderr and "the limit is 56" in short.stderr
+    assert "run the build again" in short.stderr
+    assert not (out / "manifest.json").exists() and not (out / ".wsishard" / "failed.json").exists()
+    again = _cli_build(*args)
+    assert again.returncode == 0, again.stderr[-2000:]
+    manifest, samples = read_output(str(out))
+    assert len(manifest.slides) == 30 and not manifest.failed_slides
+    assert {s.meta["slide_id"] for s in samples} == {s.slide_id for s in manifest.slides}
+
+
+# ---- issue 28, item 3: damaged JPEG tiles on the fast path -------------------------------------------------------
+
+
+def test_a_slide_with_tiles_that_end_early_fails_and_leaves_no_patch(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    make_slide(tmp_path / "in" / "good.svs", width=2048, height=2048, mpp=0.5, seed=11)
+    bad = make_slide(tmp_path / "in" / "bad.svs", width=2048, height=2048, mpp=0.5, seed=12)
+    with tifffile.TiffFile(bad.path) as tif:  # at 0.5 mpp level 0 is read as stored: full-size tile decodes
+        offsets, counts = tif.pages[0].dataoffsets, tif.pages[0].databytecounts
+    with open(bad.path, "r+b") as fh:
+        for t in range(0, len(offsets), 2):  # every other tile's second half zeroed, as a copy cut short leaves it
+            fh.seek(offsets[t] + counts[t] // 2)
+            fh.write(bytes(counts[t] - counts[t] // 2))
+    manifest = build([str(tmp_path / "in")], str(tmp_path / "out"), BuildOptions(jobs=1))
+    status = {s.slide_id: (s.status, s.reason) for s in manifest.slides}
+    assert status["good"] == ("ok", "")
+    assert status["bad"][0] == "failed" and "is damaged: its JPEG data ends before its end marker" in status["bad"][1]
+    _, samples = read_output(str(tmp_path / "out"))
+    assert samples and {s.meta["slide_id"] for s in samples} == {"good"}

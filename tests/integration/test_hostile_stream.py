@@ -154,3 +154,22 @@ def test_a_member_name_outside_the_key_grammar_is_a_broken_sample(tmp_path: Path
         _epoch(out.root)
     assert info.value.shard.endswith(out.manifest.shards[0].name) and repr(key) in info.value.reason
     _check_batches(_epoch(out.root, on_error="skip"), out, list(out.shard_of))
+
+
+# ---- issue 28, item 10: a label that does not fit a batch's int64 labels ----------------------------------
+
+
+@pytest.mark.parametrize(("ext", "value"), [("cls", b"18446744073709551616"), ("cls", b"-9223372036854775809"),
+                                            ("json", 2**70), ("json", -1e23)])  # fmt: skip
+def test_a_label_outside_int64_is_a_shard_error_naming_the_sample(tmp_path: Path, ext: str, value: object) -> None:
+    out = sm.make_output(str(tmp_path / "o"), (5, 5), size_px=PX, labelled=ext == "cls")
+    bad = out.keys[out.manifest.shards[1].name][3]
+    if ext == "cls":
+        sm.rewrite_member(out, 1, bad, "cls", lambda _: value)  # type: ignore[arg-type,return-value]
+    else:
+        sm.rewrite_member(out, 1, bad, "json", lambda data: json.dumps({**json.loads(data), "label": value}).encode())
+    with pytest.raises(ShardError) as info:
+        _epoch(out.root)
+    assert info.value.shard.endswith(out.manifest.shards[1].name)
+    assert bad in info.value.reason and "outside int64" in info.value.reason and "\n" not in str(info.value)
+    _check_batches(_epoch(out.root, on_error="skip"), out, [k for k in out.shard_of if k != bad])

@@ -156,3 +156,29 @@ def _bomb(_: bytes) -> bytes:
         pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
     data[pos + 5 : pos + 9] = struct.pack(">HH", 30000, 30000)
     return bytes(data)
+
+
+# ---- issue 28, items 10 and 11: labels that overflow, JSON nested past the parser's depth -------------------
+
+
+@pytest.mark.parametrize("label", [2**70, -1e23, "3", True])
+def test_a_json_label_that_is_no_int64_is_a_problem(small_output: sm.Output, label: object) -> None:
+    key = _edit_json(small_output, 2, 1, label=label)
+    problems = _problems(small_output)
+    assert list(problems) == [shard_name(2)]
+    assert "label is not an integer in int64's range" in problems[shard_name(2)] and key in problems[shard_name(2)]
+
+
+def test_a_cls_outside_int64_is_a_problem_where_no_label_is_recorded(small_output: sm.Output) -> None:
+    _edit_manifest(small_output, lambda d: d.update(slides=[]))  # labelled build, slides not listed: no label to match
+    key = _edit_sample(small_output, 0, 2, "cls", lambda _: str(2**64).encode())
+    problems = _problems(small_output)
+    assert list(problems) == [shard_name(0)]
+    assert ".cls is not an integer in int64's range" in problems[shard_name(0)] and key in problems[shard_name(0)]
+
+
+def test_a_json_nested_past_the_parsers_depth_is_a_problem_naming_its_shard(small_output: sm.Output) -> None:
+    key = _edit_sample(small_output, 3, 0, "json", lambda _: b"[" * 500_000 + b"]" * 500_000)
+    problems = _problems(small_output)
+    assert list(problems) == [shard_name(3)]
+    assert ".json is not a JSON object" in problems[shard_name(3)] and key in problems[shard_name(3)]

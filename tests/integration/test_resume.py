@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -69,6 +70,31 @@ def test_rerun_of_a_finished_build_changes_nothing(cohort: Path, cohort_build: P
     second = build([str(cohort)], str(out), opts)
     assert first.shards == second.shards
     assert stamps == {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.tar")}
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_a_rerun_rewrites_shards_deleted_truncated_or_altered_since(cohort: Path, cohort_build: Path, tmp_path: Path,
+                                                                     finished: bool) -> None:  # fmt: skip
+    out = tmp_path / "out"
+    shutil.copytree(cohort_build, out)  # times kept: the shards are older than their done records, as written
+    if not finished:  # interrupted before its manifest
+        (out / "manifest.json").unlink()
+    shards = sorted(out.glob("shard-*.tar"))
+    assert len(shards) >= 4
+    shards[0].unlink()
+    with open(shards[1], "r+b") as fh:
+        fh.truncate(shards[1].stat().st_size // 2)
+    with open(shards[2], "r+b") as fh:  # the same size, a block of zeros in the middle
+        fh.seek(shards[2].stat().st_size // 2)
+        fh.write(bytes(4096))
+    kept = {p.name: p.stat().st_mtime_ns for p in shards[3:]}
+    again = _cli("build", str(cohort), "-o", str(out), "--jobs", "2", *ARGS)
+    assert again.returncode == 0, again.stderr
+    for shard, damage in zip(shards, ("is missing", "holds", "was altered"), strict=False):
+        assert f"{shard.name}, recorded as written, {damage}" in again.stderr
+    _same_output(out, cohort_build)
+    assert all(out.joinpath(n).read_bytes() == cohort_build.joinpath(n).read_bytes() for n in (p.name for p in shards))
+    assert kept == {n: out.joinpath(n).stat().st_mtime_ns for n in kept}  # intact shards are not rewritten
 
 
 def test_other_options_are_refused_unless_overwrite(cohort: Path, tmp_path: Path) -> None:

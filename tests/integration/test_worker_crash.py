@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
+import pytest
 from buildtools import read_output
 
 from wsishard.testing.synthetic import make_slides
@@ -67,3 +71,75 @@ def test_killed_workers_fail_their_slides_and_the_build_finishes(tmp_path: Path)
     manifest, samples = read_output(str(out))
     assert {s.meta["slide_id"] for s in samples} == ok  # nothing of a failed slide in any shard
     assert sum(s.patches for s in manifest.slides) == len(samples) == manifest.total_samples
+
+
+# ---- issue 28, item 9: workers end with the build's process, however it ends -----------------------------------
+
+_STALL = textwrap.dedent(
+    """
+    import os, time
+    import wsishard.builder.scan as scan
+
+    def stalled_scan(task, reader, record):  # a worker that says it is scanning, then scans for a long time
+        open(os.path.join(os.environ["WSISHARD_TEST_MARKS"], str(os.getpid())), "w").close()
+        time.sleep(300)
+
+    scan._scan_open = stalled_scan
+    """
+)
+_BUILD = textwrap.dedent(
+    """
+    import sys, threading, time
+    from wsishard.builder.options import BuildOptions
+    from wsishard.builder.run import build
+
+    if sys.argv[3] == "threads":  # a caller running threads gets workers from a forkserver
+        threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+    build([sys.argv[1]], sys.argv[2], BuildOptions(jobs=2, qc=False))
+    """
+)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (an ended process not yet reaped holds no memory)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("caller", ["plain", "threads"])
+def test_workers_end_when_the_build_process_is_killed(tmp_path: Path, caller: str) -> None:
+    make_slides(tmp_path / "in", 2, seed=3, width=1024, height=1024)
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(_STALL)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {**os.environ, "WSISHARD_TEST_MARKS": str(marks),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", _BUILD, str(tmp_path / "in"), str(tmp_path / "out"), caller],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers) < 2:
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "the workers never started scanning"
+            time.sleep(0.05)
+            workers = [int(p.name) for p in marks.iterdir()]
+        assert all(map(_running, workers)) and proc.pid not in workers
+        proc.kill()  # SIGKILL: no handler, no cleanup runs in the build's process
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 30  # a bound for a loaded machine, not a speed requirement
+        while any(map(_running, workers)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in workers if _running(pid)], "workers outlived the build's process"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in workers:  # what the old behaviour left running (and only that: not a pid reused since)
+            with contextlib.suppress(OSError):
+                if f"WSISHARD_TEST_MARKS={marks}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    os.kill(pid, signal.SIGKILL)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tifffile
 
 from wsishard.errors import MissingMppError, SlideError
 from wsishard.slide import OpenSlideReader, TiffTileReader, open_slide, read_lowres, resolve_mpp
@@ -91,3 +92,32 @@ def test_truncated_tile_data_is_a_slide_error(tmp_path: Path) -> None:
     with pytest.raises(SlideError):
         reader.read_level(0, 0, 0, 2048, 2048)
     reader.close()
+
+
+def _damage_tiles(path: Path, page: int, tiles: list[int], tail: str) -> None:
+    """Overwrite the second half of each of ``tiles`` of ``page`` in place (the file keeps its size and tags): with
+    zeros, or random bytes, as a disk or a copy that stopped early leaves a tile."""
+    with tifffile.TiffFile(path) as tif:
+        offsets, counts = tif.pages[page].dataoffsets, tif.pages[page].databytecounts
+    rng = np.random.default_rng(0)
+    with open(path, "r+b") as fh:
+        for t in tiles:
+            half = counts[t] // 2
+            fh.seek(offsets[t] + half)
+            noise = rng.integers(0, 256, counts[t] - half, dtype=np.uint8).tobytes()
+            fh.write(bytes(counts[t] - half) if tail == "zeros" else noise)
+
+
+@pytest.mark.parametrize("kind", ["svs", "tiff"])
+@pytest.mark.parametrize("tail", ["zeros", "random"])
+def test_a_tile_whose_data_ends_early_is_a_slide_error_not_grey_pixels(tmp_path: Path, kind: str, tail: str) -> None:
+    path = tmp_path / f"t.{kind}"
+    make_slide(path, width=1024, height=1024, seed=1)
+    _damage_tiles(path, 0, [5], tail)  # tile 5 of level 0: x 256..512, y 256..512 (4 tiles across)
+    with open_slide(str(path)) as reader:
+        assert isinstance(reader, TiffTileReader)
+        assert reader.read_level(0, 0, 0, 256, 256).shape == (256, 256, 3)  # tile 0: intact
+        with pytest.raises(SlideError, match="tile 5 of page 0"):
+            reader.read_level(0, 256, 256, 256, 256)  # full-size decode (imagecodecs)
+        with pytest.raises(SlideError, match="tile 5 of page 0"):
+            reader.read_level_reduced(0, 256, 256, 256, 256, 2)  # scaled decode (libjpeg's DCT scaling)

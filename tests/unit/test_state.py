@@ -144,6 +144,8 @@ def test_done_shards_round_trip_with_their_excluded_slides(tmp_path: Path) -> No
     record = ShardRecord(name="shard-000003.tar", samples=12, bytes=40_960, sha256="ab" * 32, slides=2)
     written = ShardOutcome(3, record=record, patches_by_slide={0: 5, 2: 7})
     empty = ShardOutcome(4)  # every block of it belonged to excluded slides
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "shard-000003.tar").write_bytes(bytes(40_960))  # a done record stands for its shard's file
     state.save_done(written, "shard-000003.tar", frozenset({1}))
     state.save_done(empty, "shard-000004.tar", frozenset({0, 2}))
     done = _state(tmp_path / "out").load_done()
@@ -174,6 +176,8 @@ def test_a_done_record_being_written_by_another_part_is_not_read(tmp_path: Path)
     temporary name, still empty) must not break another part's resume (it did: JSONDecodeError)."""
     state = _state(tmp_path / "out")
     record = ShardRecord(name="shard-000000.tar", samples=3, bytes=10240, sha256="0" * 64, slides=1)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "shard-000000.tar").write_bytes(bytes(10240))
     state.save_done(ShardOutcome(0, record, {0: 3}), "shard-000000.tar", frozenset())
     done_dir = tmp_path / "out" / ".wsishard" / "done"
     (done_dir / ".shard-000001.tar.json.tmp-4242").write_bytes(b"")  # another part's record, being written

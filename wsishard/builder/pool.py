@@ -8,11 +8,16 @@ and a task that kills its worker again, alone, is handed to the caller's ``on_cr
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import multiprocessing as mp
 import os
+import select
+import signal
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -28,6 +33,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
 _END: Any = object()
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent ends
+_WATCH_S = 1.0  # how often a worker with neither that signal nor a pidfd looks whether the caller is still there
 
 
 class WorkerPool:
@@ -123,10 +130,12 @@ class WorkerPool:
 
 def _executor(jobs: int) -> ProcessPoolExecutor:
     if _fork_is_safe():
-        return ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"), initializer=_start_worker)
+        return ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"), initializer=_start_worker,
+                                   initargs=(None, os.getpid()))  # fmt: skip
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["wsishard.builder.scan", "wsishard.builder.extract"])
-    return ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_start_worker, initargs=(dict(os.environ),))
+    return ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_start_worker,
+                               initargs=(dict(os.environ), os.getpid()))  # fmt: skip
 
 
 def _fork_is_safe() -> bool:
@@ -134,10 +143,55 @@ def _fork_is_safe() -> bool:
     return sys.platform.startswith("linux") and threading.active_count() == 1
 
 
-def _start_worker(environ: dict[str, str] | None = None) -> None:
+def _start_worker(environ: dict[str, str] | None, caller: int) -> None:
     """A worker is one core: OpenCV's own threads would compete with the other workers. A forkserver's worker
-    takes on the caller's ``environ``."""
+    takes on the caller's ``environ``. A worker ends when the ``caller`` (the build's process) ends."""
+    _end_with(caller)
     cv2.setNumThreads(1)
     if environ is not None:
         os.environ.clear()
         os.environ.update(environ)
+
+
+def _end_with(caller: int) -> None:
+    """End this worker when the process ``caller`` ends, however it ends (SIGKILL included), instead of going on
+    as an orphan holding its memory and its slides open.
+
+    A worker forked by the caller on Linux asks the kernel for SIGKILL when its parent ends (``PR_SET_PDEATHSIG``).
+    A forkserver's worker cannot: its parent is the forkserver, which outlives the caller for as long as a worker
+    holds its pipe open. It (and any worker where the signal is not to be had) runs a thread that waits for the
+    caller to end, on a pidfd where Linux has them, else looking every :data:`_WATCH_S`.
+    """
+    if os.getppid() == caller and sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+                if os.getppid() != caller:  # it ended before the signal was asked for
+                    os._exit(1)
+                return
+    pidfd = None
+    with contextlib.suppress(OSError, AttributeError):
+        pidfd = os.pidfd_open(caller)  # type: ignore[attr-defined,unused-ignore]  # Linux 5.3+
+    if pidfd is None and not _running(caller):
+        os._exit(1)
+    threading.Thread(target=_watch, args=(caller, pidfd), name="wsishard-caller-watch", daemon=True).start()
+
+
+def _watch(caller: int, pidfd: int | None) -> None:
+    """Wait for the process ``caller`` to end (its ``pidfd`` becomes readable then), and end this process."""
+    if pidfd is not None:
+        select.select([pidfd], [], [])
+    else:
+        while _running(caller):
+            time.sleep(_WATCH_S)
+    os._exit(1)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it exists
+        pass
+    return True

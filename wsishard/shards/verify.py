@@ -27,6 +27,7 @@ from typing import IO, Any, cast
 from wsishard.format import (
     IMAGE_FORMATS,
     LABEL_EXT,
+    LABEL_RANGE,
     META_EXT,
     Manifest,
     ShardRecord,
@@ -274,11 +275,13 @@ def _image_problems(data: bytes, ext: str, rules: SampleRules) -> list[tuple[str
 def _meta_problems(data: bytes, rules: SampleRules) -> list[tuple[str, str]]:
     try:
         meta = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep for the parser
         meta = None
     if not isinstance(meta, dict):
         return [(f"samples' .{META_EXT} is not a JSON object", "")]
     problems = []
+    if "label" in meta and not _is_label(meta["label"]):
+        problems.append((f"samples' .{META_EXT} label is not an integer in int64's range", _short(meta["label"])))
     size, mpp = meta.get("patch_size"), _number(meta.get("mpp"))
     if size != rules.patch_size_px or isinstance(size, bool):
         problems.append((f"samples' .{META_EXT} patch_size is not {rules.patch_size_px}", f"patch_size {size!r}"))
@@ -295,6 +298,8 @@ def _label_problems(key: str, cls: bytes | None, rules: SampleRules) -> list[tup
     labelled = label is not None if slide in rules.labels else rules.labelled
     if not labelled:
         return [] if cls is None else [(f"samples have .{LABEL_EXT} though their slide has no label", "")]
+    if cls is not None and not _is_label(cls):
+        return [(f"samples' .{LABEL_EXT} is not an integer in int64's range", f".{LABEL_EXT} {cls[:20]!r}")]
     if cls is None:
         return [(f"samples lack .{LABEL_EXT} though their slide is labelled", "")]
     if label is not None and cls.strip() != str(label).encode():
@@ -302,6 +307,21 @@ def _label_problems(key: str, cls: bytes | None, rules: SampleRules) -> list[tup
             (f"samples' .{LABEL_EXT} differs from their slide's label", f".{LABEL_EXT} {cls[:20]!r}, label {label}")
         ]
     return []
+
+
+def _is_label(value: object) -> bool:
+    """Whether ``value`` (a ``.json`` label, or a ``.cls``'s bytes) is a label the stream can hand over."""
+    if isinstance(value, bytes):
+        try:
+            value = int(value)
+        except ValueError:  # not digits, or more than Python reads
+            return False
+    return isinstance(value, int) and not isinstance(value, bool) and value in LABEL_RANGE
+
+
+def _short(value: object) -> str:
+    text = json.dumps(value) if isinstance(value, int | float | str | bool) or value is None else type(value).__name__
+    return f"label {text if len(text) <= 24 else text[:12] + f'... ({len(text)} characters)'}"
 
 
 def _duplicates(shards: list[ShardRecord]) -> list[str]:

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import openslide
 
-from wsishard.errors import SlideError
+from wsishard.errors import SlideError, machine_shortage
 from wsishard.slide.reader import Rect, SlideReader, composite_on_white, one_line
 
 
@@ -21,6 +21,7 @@ class OpenSlideReader(SlideReader):
         try:
             self._slide = openslide.OpenSlide(path)
         except (openslide.OpenSlideError, OSError) as exc:
+            _can_open(path)
             raise SlideError(path, f"OpenSlide cannot open it ({one_line(exc)})") from exc
         if cache is not None:
             self._slide.set_cache(cache)
@@ -40,3 +41,14 @@ class OpenSlideReader(SlideReader):
 
     def close(self) -> None:
         self._slide.close()
+
+
+def _can_open(path: str) -> None:
+    """Raise the system's ``OSError`` if ``path`` cannot be opened for want of file descriptors (or memory):
+    OpenSlide reports that as an "unsupported or missing image file", which would blame the slide."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        if machine_shortage(exc) is not None:
+            raise

@@ -45,6 +45,20 @@ class _TiledLevel:
     compression: int
 
 
+def _jpeg_complete(data: bytes) -> bool:
+    """Whether a JPEG tile's data holds its end-of-image marker after the start of its scan.
+
+    libjpeg (through imagecodecs) decodes a tile whose data stops early, or whose tail was zeroed, into grey
+    garbage after a warning nobody sees; OpenSlide, which makes that warning an error, fails the slide ("Premature
+    end of JPEG file"). Entropy-coded data never holds ``FF D9`` (an ``FF`` there is followed by ``00`` or a
+    restart marker), so a tile cut or overwritten before its end lacks it. Padding after the marker is allowed.
+    Two ``bytes`` searches, from either end: a few microseconds for an intact tile, against a millisecond or more
+    to decode it. A tile overwritten in its middle, its end intact, is not caught here (libjpeg may then raise).
+    """
+    scan = data.find(b"\xff\xda")
+    return scan >= 0 and data.rfind(b"\xff\xd9") > scan
+
+
 def _decode_scaled(data: bytes, level: _TiledLevel, factor: int) -> np.ndarray:
     """A tile decoded at 1/``factor`` scale: JPEG by libjpeg's DCT scaling, JPEG 2000 by OpenJPEG's resolution
     reduction (PIL's ``reduce``)."""
@@ -202,6 +216,9 @@ class TiffTileReader(SlideReader):
         data = os.pread(self._fd, count, offset)
         if len(data) != count:
             raise SlideError(self.path, f"truncated: tile {index} of page {level.page_index} runs past the end")
+        if level.compression == _JPEG and not _jpeg_complete(data):
+            raise SlideError(self.path, f"tile {index} of page {level.page_index} is damaged: its JPEG data ends "
+                                        "before its end marker (a truncated or overwritten tile)")  # fmt: skip
         try:
             if factor > 1:
                 return _decode_scaled(data, level, factor)

@@ -21,6 +21,7 @@ import fsspec
 
 from wsishard.format import temp_name
 from wsishard.storage.opener import list_names
+from wsishard.storage.retry import RetryPolicy, call_with_retries
 from wsishard.storage.secrets import redact, refuse_url_credentials
 from wsishard.storage.urls import is_url, local_path
 
@@ -194,6 +195,32 @@ class Destination:
             return list_names(self.path(name) if name else self.location, self.storage_options, files_only=False)
         except FileNotFoundError:
             return []
+
+    def file_stats(self, name: str = "") -> dict[str, tuple[int, int | None]]:
+        """``{name: (bytes, modification time in ns)}`` of the files directly under ``name``, from a fresh listing
+        (the time: None where the store gives none); empty when ``name`` does not exist."""
+        if not self.remote:
+            try:
+                with os.scandir(self.path(name) if name else self.path("")) as entries:
+                    return {e.name: (st.st_size, st.st_mtime_ns) for e in entries if e.is_file()
+                            for st in (e.stat(),)}  # fmt: skip
+            except FileNotFoundError:
+                return {}
+        folder = self.path(name) if name else self.location
+        fs_path = fsspec.core.url_to_fs(folder, **self.storage_options)[1]
+
+        def listing() -> list[dict[str, Any]]:
+            self.fs.invalidate_cache(fs_path)
+            found: list[dict[str, Any]] = self.fs.ls(fs_path, detail=True)
+            return found
+
+        try:
+            listed = call_with_retries(listing, f"{folder} (listing)", policy=RetryPolicy(),
+                                       storage_options=self.storage_options)  # fmt: skip
+        except FileNotFoundError:
+            return {}
+        return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: (int(e.get("size") or 0), None)
+                for e in listed if e.get("type") != "directory"}  # fmt: skip
 
     def open_atomic(self, name: str) -> AtomicFile:
         """Open ``name`` for writing; it appears only on :meth:`AtomicFile.commit`."""

@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from wsishard.errors import ShardError
-from wsishard.format import PatchMeta, image_header
+from wsishard.format import LABEL_RANGE, PatchMeta, image_header
 from wsishard.streaming.ring import BatchBuffers, Lending, Lent
 from wsishard.streaming.stages import ErrorMode, RawSample
 
@@ -111,13 +111,21 @@ def decode_sample(raw: RawSample) -> Sample:
 
 def _fields(raw: RawSample) -> tuple[PatchMeta, int]:
     """The sample's ``.json`` (UTF-8, as wsishard writes it) and its label (``.cls``, else the json's ``label``,
-    else -1)."""
+    else -1), an int64."""
     try:
         meta = json.loads(raw["meta"].decode("utf-8"))
         label = int(raw["label"]) if raw["label"] is not None else int(meta.get("label", -1))
-    except (ValueError, TypeError, AttributeError, RecursionError) as exc:  # RecursionError: JSON nested too deep
-        raise _undecodable(raw, exc) from exc
-    return meta, label
+    except (ValueError, TypeError, AttributeError, RecursionError, OverflowError) as exc:
+        raise _undecodable(raw, exc) from exc  # RecursionError: JSON nested too deep; OverflowError: a label of inf
+    return meta, _in_range(raw, label)
+
+
+def _in_range(raw: RawSample, label: int) -> int:
+    """``label`` when a batch's int64 labels can hold it."""
+    if label not in LABEL_RANGE:
+        text = str(label) if len(str(label)) <= 24 else f"{str(label)[:12]}...({len(str(label))} digits)"
+        raise ShardError(raw["shard"], f"sample {raw['key']} does not decode (label {text} is outside int64)")
+    return label
 
 
 def _pil_rgb(raw: RawSample, shape: tuple[int, ...] | None = None) -> np.ndarray:
