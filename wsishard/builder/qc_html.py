@@ -32,7 +32,8 @@ def qc_index(manifest: Manifest, picture_prefix: str = "") -> str:
     parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>wsishard QC: {html.escape(head)}</title><style>{_STYLE}</style></head><body>",
              f"<h1>wsishard QC</h1><p>{html.escape(head)}. Failed slides first. Colours: tissue contour green, kept "
-             "patches blue, ink removed magenta, dark artefacts removed orange, annotations yellow.</p>"]  # fmt: skip
+             "patches blue, ink removed magenta, dark artefacts removed orange, dark pigment kept cyan, annotations "
+             "yellow.</p>"]  # fmt: skip
     parts += [_card(s, picture_prefix) for s in slides]
     parts.append("</body></html>\n")
     return "\n".join(parts)
@@ -55,6 +56,7 @@ def _card(s: SlideRecord, prefix: str) -> str:
         ("size", f"{s.width} x {s.height} px{at}"),
         ("tissue", f"{s.tissue_mm2:.2f} mm2 ({s.tissue_fraction:.1%} of the slide)"),
         ("removed", f"ink {s.ink_mm2:.2f} mm2, dark artefacts {s.artefact_mm2:.2f} mm2"),
+        ("kept pigment", f"{s.pigment_mm2:.2f} mm2"),
         ("patches", f"{s.patches:,} kept of {s.candidates:,} cells with tissue"),
     ]  # fmt: skip
     if s.filtered:
