@@ -213,8 +213,9 @@ def test_old_dark_flags_refuse_bad_values_as_the_new_ones_do(capsys: pytest.Capt
     assert info.value.code == 2 and "must be between 0 and 1" in capsys.readouterr().err
 
 
-def test_dark_flags_are_grouped_with_help_and_old_spellings_hidden(monkeypatch: pytest.MonkeyPatch,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_dark_flags_are_grouped_with_help_and_old_spellings_hidden(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     text = _build_help(monkeypatch, capsys)
     section = text[text.index("\nink, dark artefacts and pigment") :]
     section = section[: section.index("\n\n")]

@@ -15,9 +15,10 @@ heavily stained tissue is a deep saturated purple. So:
 - **pigment**: a connected region of dark candidates (8-connected, at the view's resolution) most of whose pixels
   look like pigmented tissue: *brown* (hue in :data:`BROWN_HUES_DEG`, saturation >= :data:`BROWN_MIN_SATURATION`),
   *deeply stained* (hue in :data:`STAIN_HUES_DEG`, saturation >= :data:`STAIN_MIN_SATURATION`) or *textured*
-  (the value's local coefficient of variation over 3x3 pixels >= :data:`TEXTURE_MIN_CV`, saturation above the grey
-  limit: specks inside tissue). Ink, dots, edge bands and bubble rims are flat and neutral (black ink over tissue
-  keeps the tissue's hue at a low saturation), so their regions stay dark artefacts. Pigment stays tissue.
+  (the value's local coefficient of variation over 3x3 pixels >= :data:`TEXTURE_MIN_CV`: specks), and which lies
+  in tissue (less than :data:`PIGMENT_MAX_GLASS` of the pixels around it are glass). Ink, dots, edge bands and
+  bubble rims are flat and neutral (black ink over tissue keeps the tissue's hue at a low saturation) or lie on
+  the glass, so their regions stay dark artefacts. Pigment stays tissue.
 
 Ink and dark artefacts are grown by a small margin (an ink stroke's soft edge) before tissue detection removes
 them. Tissue under a light stroke keeps an H&E hue and stays tissue; it is lost only where the ink dominates the
@@ -39,7 +40,9 @@ BROWN_MIN_SATURATION = 0.35  # ...and saturated (black ink over eosin is about 0
 STAIN_HUES_DEG = (250.0, 340.0)  # deeply stained tissue: purple to pink (navy and blue ink are below 250)...
 STAIN_MIN_SATURATION = 0.5  # ...and strongly saturated
 TEXTURE_MIN_CV = 0.3  # specks: the value's 3x3 standard deviation over its mean (flat ink and edges: below 0.1)
-PIGMENT_MIN_SHARE = 0.5  # a dark region is pigment when at least this share of its pixels looks like pigment
+PIGMENT_MIN_SHARE = 0.5  # a dark region is pigment when at least this share of its pixels looks like pigment...
+PIGMENT_MAX_GLASS = 0.5  # ...and less than this share of the pixels around it are glass:
+GLASS_MIN_VALUE, GLASS_MAX_SATURATION = 0.8, 0.1  # bright and grey
 
 
 @dataclass(frozen=True)
@@ -122,13 +125,14 @@ def pigment_like(hue: np.ndarray, sat: np.ndarray, val: np.ndarray) -> np.ndarra
     stained = in_hue_band(hue, *STAIN_HUES_DEG) & (sat >= STAIN_MIN_SATURATION)
     mean = ndi.uniform_filter(val, 3, mode="nearest")
     spread = ndi.uniform_filter(val * val, 3, mode="nearest") - mean * mean  # local variance of the value
-    textured = (spread >= (TEXTURE_MIN_CV * mean) ** 2) & (sat >= GREY_MAX_SATURATION)
+    textured = spread >= (TEXTURE_MIN_CV * mean) ** 2
     return brown | stained | textured
 
 
 def pigment_regions(candidate: np.ndarray, hue: np.ndarray, sat: np.ndarray, val: np.ndarray) -> np.ndarray:
     """(h, w) bool: the 8-connected regions of ``candidate`` (dark pixels) in which at least
-    :data:`PIGMENT_MIN_SHARE` of the pixels are :func:`pigment_like`."""
+    :data:`PIGMENT_MIN_SHARE` of the pixels are :func:`pigment_like`, and less than :data:`PIGMENT_MAX_GLASS` of the
+    pixels around which are glass (pigment lies inside tissue; a dot or a stroke on the glass does not)."""
     labels, n = ndi.label(candidate, structure=np.ones((3, 3), dtype=bool))
     if n == 0:
         return np.zeros(candidate.shape, dtype=bool)
@@ -140,6 +144,13 @@ def pigment_regions(candidate: np.ndarray, hue: np.ndarray, sat: np.ndarray, val
     votes = np.bincount(labels[like], minlength=n + 1)
     keep = votes >= PIGMENT_MIN_SHARE * sizes
     keep[0] = False
+    if keep.any():  # the place: what lies around each region (a 1 px ring)
+        around = ndi.grey_dilation(labels, size=(3, 3))
+        ring = (labels == 0) & (around > 0)
+        glass = (val >= GLASS_MIN_VALUE) & (sat < GLASS_MAX_SATURATION)
+        ring_px = np.bincount(around[ring], minlength=n + 1)
+        glass_px = np.bincount(around[ring & glass], minlength=n + 1)
+        keep &= glass_px < PIGMENT_MAX_GLASS * np.maximum(ring_px, 1)
     return keep[labels]
 
 

@@ -26,7 +26,7 @@ from wsishard.testing.tissue_field import blur_wrap, normalized, pick, smooth_no
 
 PIGMENT_KINDS: tuple[str, ...] = ("melanin", "carbon", "dense")
 MELANIN_T = (0.35, 0.25, 0.18)  # brown: the pixels' per-channel transmittance where melanin covers them
-DENSE_T = (0.42, 0.34, 0.55)  # dark purple over the synthetic stain: packed nuclei, heavy haematoxylin
+DENSE_T = (0.26, 0.2, 0.33)  # dark purple over the synthetic stain: packed nuclei, heavy haematoxylin
 CARBON_T = (0.09, 0.09, 0.10)  # a carbon speck over the tissue
 CARBON_COVER = 0.35  # fraction of a carbon blob's area under specks
 
