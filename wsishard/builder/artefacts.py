@@ -118,14 +118,22 @@ def brown_like(hue: np.ndarray, sat: np.ndarray) -> np.ndarray:
     return in_hue_band(hue, *BROWN_HUES_DEG) & (sat >= BROWN_MIN_SATURATION)
 
 
-def pigment_like(hue: np.ndarray, sat: np.ndarray, val: np.ndarray) -> np.ndarray:
-    """(h, w) bool: pixels coloured or textured as pigmented tissue is (brown, deeply stained, or speckled); the
-    planes are :func:`hsv_planes`'."""
-    brown = brown_like(hue, sat)
-    stained = in_hue_band(hue, *STAIN_HUES_DEG) & (sat >= STAIN_MIN_SATURATION)
-    mean = ndi.uniform_filter(val, 3, mode="nearest")
-    spread = ndi.uniform_filter(val * val, 3, mode="nearest") - mean * mean  # local variance of the value
-    textured = spread >= (TEXTURE_MIN_CV * mean) ** 2
+def pigment_like(hue: np.ndarray, sat: np.ndarray, val: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """(k,) bool: whether the ``where`` (h, w) pixels are coloured or textured as pigmented tissue is (brown, deeply
+    stained, or speckled), in ``np.nonzero(where)`` order; the planes are :func:`hsv_planes`'."""
+    rows, cols = np.nonzero(where)
+    h, s = hue[rows, cols], sat[rows, cols]
+    brown = brown_like(h, s)
+    stained = in_hue_band(h, *STAIN_HUES_DEG) & (s >= STAIN_MIN_SATURATION)
+    padded = np.pad(val, 1, mode="edge")  # the 3x3 neighbourhood of the pixels only: they are few
+    total, squares = np.zeros(rows.size, dtype=np.float32), np.zeros(rows.size, dtype=np.float32)
+    for dy in range(3):
+        for dx in range(3):
+            v = padded[rows + dy, cols + dx]
+            total += v
+            squares += v * v
+    mean = total / 9
+    textured = squares / 9 - mean * mean >= (TEXTURE_MIN_CV * mean) ** 2  # local variance against the mean
     return brown | stained | textured
 
 
@@ -136,20 +144,21 @@ def pigment_regions(candidate: np.ndarray, hue: np.ndarray, sat: np.ndarray, val
     labels, n = ndi.label(candidate, structure=np.ones((3, 3), dtype=bool))
     if n == 0:
         return np.zeros(candidate.shape, dtype=bool)
-    box = ndi.find_objects(labels)  # the planes are read only around dark regions
-    like = np.zeros(candidate.shape, dtype=bool)
-    for sl in _merged_boxes(box, candidate.shape):
-        like[sl] = pigment_like(hue[sl], sat[sl], val[sl])
     sizes = np.bincount(labels.ravel(), minlength=n + 1)
-    votes = np.bincount(labels[like], minlength=n + 1)
+    votes = np.bincount(labels[candidate][pigment_like(hue, sat, val, candidate)], minlength=n + 1)
     keep = votes >= PIGMENT_MIN_SHARE * sizes
     keep[0] = False
     if keep.any():  # the place: what lies around each region (a 1 px ring)
-        around = ndi.grey_dilation(labels, size=(3, 3))
-        ring = (labels == 0) & (around > 0)
-        glass = (val >= GLASS_MIN_VALUE) & (sat < GLASS_MAX_SATURATION)
-        ring_px = np.bincount(around[ring], minlength=n + 1)
-        glass_px = np.bincount(around[ring & glass], minlength=n + 1)
+        ring = ndi.binary_dilation(candidate, structure=np.ones((3, 3), dtype=bool)) & ~candidate
+        rows, cols = np.nonzero(ring)
+        padded = np.pad(labels, 1, mode="edge")
+        around = np.zeros(rows.size, dtype=labels.dtype)  # the region each ring pixel borders (the largest label)
+        for dy in range(3):
+            for dx in range(3):
+                np.maximum(around, padded[rows + dy, cols + dx], out=around)
+        glass = (val[rows, cols] >= GLASS_MIN_VALUE) & (sat[rows, cols] < GLASS_MAX_SATURATION)
+        ring_px = np.bincount(around, minlength=n + 1)
+        glass_px = np.bincount(around[glass], minlength=n + 1)
         keep &= glass_px < PIGMENT_MAX_GLASS * np.maximum(ring_px, 1)
     return keep[labels]
 
@@ -161,17 +170,6 @@ def _joined(core: np.ndarray, extra: np.ndarray) -> np.ndarray:
     keep[np.unique(labels[core])] = True
     keep[0] = False
     return keep[labels]
-
-
-def _merged_boxes(boxes: list[tuple[slice, slice] | None], shape: tuple[int, ...]) -> list[tuple[slice, slice]]:
-    """The regions' bounding boxes grown by one px (the texture's window); one box around all when they cover much
-    of the view (fewer, larger array operations)."""
-    grown = [(slice(max(b[0].start - 1, 0), min(b[0].stop + 1, shape[0])),
-              slice(max(b[1].start - 1, 0), min(b[1].stop + 1, shape[1]))) for b in boxes if b is not None]  # fmt: skip
-    area = sum((b[0].stop - b[0].start) * (b[1].stop - b[1].start) for b in grown)
-    if len(grown) > 64 or area > 0.25 * shape[0] * shape[1]:
-        return [(slice(0, shape[0]), slice(0, shape[1]))]
-    return grown
 
 
 def _grow(mask: np.ndarray, radius: int) -> np.ndarray:

@@ -1,5 +1,5 @@
 """Per-patch quality scores, computed while a patch's pixels are in memory, written into its ``.json``, and
-optionally used to leave patches out at build time (``--max-background``, ``--max-dark``, ``--min-sharpness``).
+optionally used to leave patches out at build time (``--max-background``, ``--max-dark-pixels``, ``--min-sharpness``).
 
 The scores are taken on :data:`SCORE_PX` x :data:`SCORE_PX` pixels sampled evenly from the patch (nearest: a box
 filter would read every pixel and cost three times as much), which keeps their cost a small fraction of reading,
