@@ -94,6 +94,7 @@ _GROUPS = {  # "group" in the metadata -> help section, in the order shown
     "patches": "patches",
     "resolution": "resolution",
     "tissue": "tissue detection (Otsu on a low-resolution view; lengths in microns)",
+    "artefacts": "ink, dark artefacts and pigment (found on the tissue-detection view; dark pigment is tissue)",
     "roi": "annotation regions (GeoJSON polygons in level-0 px, as QuPath exports them)",
     "output": "output",
     "run": "run",
@@ -140,6 +141,24 @@ def _add_option(group: Any, dest: str, f: Field[Any], owner: Any = None) -> None
         check = None if choices else owner  # with choices, argparse's "invalid choice" says it best
         kw.update(type=_flag_type(_PARSE[meta.get("parse", "str")], check, f), choices=choices, metavar=metavar)
     group.add_argument(option_flag(f), **kw)
+    for old in meta.get("old_flags", ()):
+        hidden = {**kw, "help": argparse.SUPPRESS, "action": _OldFlag, "new_flag": option_flag(f)}
+        if isinstance(default, bool):
+            hidden.update(nargs=0, const=not default)
+        group.add_argument(old, **hidden)
+
+
+class _OldFlag(argparse.Action):
+    """A former spelling of a flag: does what ``new_flag`` does, after a one-line deprecation warning on stderr."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, new_flag: str, **kw: Any) -> None:
+        self.new_flag = new_flag
+        super().__init__(option_strings, dest, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:  # fmt: skip
+        print(f"{parser.prog}: warning: {option_string} is deprecated, use {self.new_flag}", file=sys.stderr)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
 
 
 def _options(args: argparse.Namespace) -> BuildOptions:

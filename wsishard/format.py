@@ -78,6 +78,7 @@ class PatchMeta(TypedDict, total=False):
     tissue: float  # fraction of the patch inside the tissue mask, 0..1
     background: float  # fraction of the patch that looks like glass, 0..1 (builder/quality.py)
     dark: float  # fraction of the patch that is very dark, 0..1
+    pigment: float  # fraction of the patch that tissue detection found to be dark pigment (kept as tissue), 0..1
     sharpness: float  # variance of the Laplacian of the grey patch (reduced to 64 px): low is blurred
     label: int  # only when the build had labels
     label_name: str  # the label's class name, when labels came from annotation classes (--roi-labels)
@@ -268,6 +269,7 @@ class SlideRecord:
     tissue_mm2: float = 0.0  # tissue area found (after ink and artefacts were removed)
     ink_mm2: float = 0.0  # area removed as marker ink
     artefact_mm2: float = 0.0  # area removed as dark artefacts (scanner edges, dots, bubble rims), ink aside
+    pigment_mm2: float = 0.0  # dark area kept as tissue for looking like pigment (melanin, carbon, dense tissue)
     candidates: int = 0
     patches: int = 0
     filtered: dict[str, int] = field(default_factory=dict)  # patches with enough tissue left out, per reason

@@ -133,7 +133,8 @@ def test_tissue_options_reach_the_build() -> None:
     from wsishard.cli import _options, parser
 
     args = parser().parse_args(["build", "x", "-o", "y", "--tissue-median-um", "12", "--min-object-um2", "500",
-                                "--no-darkness", "--tissue-threshold", "0.2", "--thumb-mpp", "4"])  # fmt: skip
+                                "--tissue-saturation-only", "--tissue-threshold", "0.2",
+                                "--thumb-mpp", "4"])  # fmt: skip
     tissue = _options(args).tissue
     assert (tissue.median_um, tissue.min_object_um2, tissue.use_darkness) == (12.0, 500.0, False)
     assert (tissue.fixed_threshold, tissue.thumb_mpp, tissue.close_um) == (0.2, 4.0, 16.0)

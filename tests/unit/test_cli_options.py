@@ -67,7 +67,7 @@ def test_flags_cover_the_option_fields_the_cli_had() -> None:
     assert {"--mpp", "--patch-size", "--stride", "--min-tissue", "--max-patches-per-slide", "--allow-upsample",
             "--mpp-tolerance"} <= flags  # fmt: skip
     assert {"--thumb-mpp", "--tissue-median-um", "--tissue-close-um", "--min-object-um2", "--min-hole-um2",
-            "--no-darkness", "--tissue-threshold"} <= flags  # fmt: skip
+            "--tissue-saturation-only", "--tissue-threshold"} <= flags  # fmt: skip
     assert {"--format", "--quality", "--shard-size", "--shard-samples", "--group-slides", "--seed", "--jobs",
             "--no-qc", "--no-fast-path", "--default-mpp", "--mpp-csv", "--labels",
             "--require-labels"} <= flags  # fmt: skip
@@ -97,7 +97,9 @@ def test_no_flags_gives_the_dataclass_defaults() -> None:
 
 
 def test_flags_change_only_their_own_field() -> None:
-    args = parser().parse_args(["build", "S", "-o", "O", "--mpp", "1", "--no-darkness", "--no-qc", "--seed", "7"])
+    args = parser().parse_args(
+        ["build", "S", "-o", "O", "--mpp", "1", "--tissue-saturation-only", "--no-qc", "--seed", "7"]
+    )
     expected = dataclasses.replace(
         BuildOptions(), patch=PatchOptions(target_mpp=1.0), tissue=TissueOptions(use_darkness=False), qc=False, seed=7
     )
@@ -130,7 +132,7 @@ def test_help_groups_and_shown_defaults(monkeypatch: pytest.MonkeyPatch, capsys:
     assert re.search(r"--shard-size BYTES +about this many bytes per shard: .* \(default: 256MB\)\n", text)
     assert re.search(r"--format \{jpg,png,webp\}\s+jpg \(lossy\)", text)
     assert re.search(r"--quality 1\.\.100 +JPEG quality \(default: 90\)\n", text)
-    assert "--seed SEED" in text and "--no-darkness " in text and "(default: True)" not in text
+    assert "--seed SEED" in text and re.search(r"--tissue-saturation-only\s", text) and "(default: True)" not in text
     assert parse_size(format_size(BuildOptions().shard_size_bytes or 0)) == BuildOptions().shard_size_bytes
 
 
@@ -250,3 +252,46 @@ def test_a_keyword_value_the_option_refuses_is_an_option_error() -> None:
         BuildOptions.from_keywords(quality=0)
     with pytest.raises(OptionError, match="not a size"):
         BuildOptions.from_keywords(shard_size="lots")
+
+
+# the five "dark" flags a new user found overlapping (issue 29), each renamed to say what it does; the old
+# spellings still work with a one-line warning
+RENAMED = [
+    ("--no-darkness", "--tissue-saturation-only", [], ("tissue", "use_darkness", False)),
+    ("--no-dark-filter", "--keep-dark-artefacts", [], ("tissue", "dark_filter", False)),
+    ("--dark-max-value", "--dark-threshold", ["0.2"], ("tissue", "dark_max_value", 0.2)),
+    ("--max-dark", "--max-dark-pixels", ["0.3"], ("patch_quality", "max_dark", 0.3)),
+    ("--max-artefact", "--max-artefact-fraction", ["1"], ("patch", "max_artefact", 1.0)),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "words", "want"), RENAMED, ids=[r[0] for r in RENAMED])
+def test_old_dark_flags_still_work_with_a_one_line_warning(old: str, new: str, words: list[str],
+                                                          want: tuple[str, str, Any],
+                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    group, name, value = want
+    via_new = _options(parser().parse_args(["build", "S", "-o", "O", new, *words]))
+    assert capsys.readouterr().err == ""
+    via_old = _options(parser().parse_args(["build", "S", "-o", "O", old, *words]))
+    assert getattr(getattr(via_old, group), name) == value != getattr(getattr(BuildOptions(), group), name)
+    assert via_old == via_new
+    assert capsys.readouterr().err == f"wsishard build: warning: {old} is deprecated, use {new}\n"
+
+
+def test_old_dark_flags_refuse_bad_values_as_the_new_ones_do(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parser().parse_args(["build", "S", "-o", "O", "--dark-max-value", "7"])
+    assert info.value.code == 2 and "must be between 0 and 1" in capsys.readouterr().err
+
+
+def test_dark_flags_are_grouped_with_help_and_old_spellings_hidden(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = _build_help(monkeypatch, capsys)
+    section = text[text.index("\nink, dark artefacts and pigment") :]
+    section = section[: section.index("\n\n")]
+    for flag in ("--keep-dark-artefacts", "--dark-pigment-as-artefact", "--dark-threshold", "--max-artefact-fraction"):
+        entry = re.search(rf"^  {flag}(?![-\w]).*(?:\n {{20,}}\S.*)?$", section, re.M)  # the flag and its help
+        assert entry is not None and len(entry.group(0).split()) > 4, flag
+    for old, *_ in RENAMED:
+        assert not re.search(rf"{old}(?![-\w])", text), old

@@ -62,8 +62,10 @@ class PatchOptions:
                 "of --mpp is used as it is (actual mpp recorded; 0.05 is hs2p's default)"})  # fmt: skip
     block_patches: int = 4
     max_artefact: float = field(default=0.2, metadata={
-        "metavar": "FRAC", "parse": "fraction",
-        "help": "drop patches more than this fraction marker ink or dark artefact"})  # fmt: skip
+        "flag": "--max-artefact-fraction", "old_flags": ("--max-artefact",), "metavar": "FRAC", "parse": "fraction",
+        "group": "artefacts",
+        "help": "leave out patches more than this fraction marker ink or dark artefact, as tissue detection found "
+                "them (1 keeps them all; pigment is not artefact)"})  # fmt: skip
 
     def __post_init__(self) -> None:
         """Validate every field; the message names the field, the bad value and what is needed."""
@@ -144,8 +146,9 @@ class Candidates:
     dropped_cap: int = 0  # cells left out of the seeded subset max_patches_per_slide keeps
     label: np.ndarray | None = None  # (n,) int64 per-patch label (annotation classes), None: the slide's label
     label_names: tuple[str, ...] = ()  # the names of the per-patch labels
+    pigment: np.ndarray | None = None  # (n,) float32 fraction of dark pigment kept as tissue, None: not measured
 
-    ARRAYS: ClassVar[tuple[str, ...]] = ("col", "row", "tissue", "label", "label_names")  # what arrays() gives
+    ARRAYS: ClassVar[tuple[str, ...]] = ("col", "row", "tissue", "label", "label_names", "pigment")  # arrays() gives
 
     def __len__(self) -> int:
         return int(self.col.shape[0])
@@ -155,6 +158,8 @@ class Candidates:
         out = {"col": self.col, "row": self.row, "tissue": self.tissue}
         if self.label is not None:
             out.update(label=self.label, label_names=np.array(self.label_names, dtype=str))
+        if self.pigment is not None:
+            out["pigment"] = self.pigment
         return out
 
     @classmethod
@@ -164,7 +169,7 @@ class Candidates:
         got = {name: arrays[name + suffix] for name in cls.ARRAYS if name + suffix in arrays}
         names = tuple(str(n) for n in got["label_names"]) if "label_names" in got else ()
         return cls(col=got["col"], row=got["row"], tissue=got["tissue"], label=got.get("label"), label_names=names,
-                   **geometry)  # fmt: skip
+                   pigment=got.get("pigment"), **geometry)  # fmt: skip
 
     @property
     def l0_x(self) -> np.ndarray:
@@ -208,7 +213,8 @@ def tissue_fractions(mask: np.ndarray, m_x0: np.ndarray, m_y0: np.ndarray, m_siz
 
 def candidates(l0_dims: tuple[int, int], mpp0: float, mask: np.ndarray, l0_per_m: float, options: PatchOptions,
                seed: int = 0, *, level_downsample: float = 1.0, artefact: np.ndarray | None = None,
-               roi: np.ndarray | None = None, min_roi_coverage: float = 0.5) -> Candidates:  # fmt: skip
+               roi: np.ndarray | None = None, min_roi_coverage: float = 0.5,
+               pigment: np.ndarray | None = None) -> Candidates:  # fmt: skip
     """The slide's patches with at least ``min_tissue`` tissue (and the seeded subset if capped).
 
     Args:
@@ -222,6 +228,8 @@ def candidates(l0_dims: tuple[int, int], mpp0: float, mask: np.ndarray, l0_per_m
             are dropped (counted in ``dropped_artefact``).
         roi: (h, w) bool annotated regions, the mask's frame: only tissue inside them counts, and cells less than
             ``min_roi_coverage`` inside them are dropped (those with enough tissue counted in ``dropped_roi``).
+        pigment: (h, w) bool dark pigment kept as tissue, the mask's frame: each kept cell's fraction of it is
+            recorded (``Candidates.pigment``; None: not recorded).
     """
     l0_per_o = output_scale(mpp0, level_downsample, options)
     patch, stride = options.patch_size_px, options.stride
@@ -251,9 +259,17 @@ def candidates(l0_dims: tuple[int, int], mpp0: float, mask: np.ndarray, l0_per_m
     capped = max(0, idx.size - cap) if cap is not None else 0
     if capped:
         idx = np.sort(np.random.default_rng((seed, 0x5A3D)).choice(idx, size=cap, replace=False))
+    pig = None
+    if pigment is not None:  # only the kept cells are measured
+        m_col, m_row = col[idx] * stride * m_per_o, row[idx] * stride * m_per_o
+        pig = (
+            tissue_fractions(pigment, m_col, m_row, patch * m_per_o)
+            if pigment.any()
+            else np.zeros(idx.size, np.float32)
+        )
     return Candidates(col=col[idx], row=row[idx], tissue=frac[idx], l0_per_o=l0_per_o, stride=stride, patch=patch,
                       total=total, dropped_artefact=dropped[0], dropped_roi=dropped[1], dropped_low=low,
-                      dropped_cap=capped)  # fmt: skip
+                      dropped_cap=capped, pigment=pig)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,9 @@ def option_fields(cls: Any = BuildOptions, prefix: str = "", group: str = "") ->
     A field has a flag when its ``metadata`` has ``help``; the metadata may also name ``flag`` (default:
     ``--field-name``, or ``--no-field-name`` for a field that defaults to True, which the flag turns off),
     ``metavar`` (default: FIELD_NAME), ``parse`` (how the flag's text is read; default ``str``), ``choices``,
-    ``group`` (the help section; nested option classes give theirs on the field holding them) and ``fills`` (names
-    of the fields the parsed tuple is spread over). Defaults come from the field and nowhere else.
+    ``group`` (the help section; nested option classes give theirs on the field holding them), ``fills`` (names
+    of the fields the parsed tuple is spread over) and ``old_flags`` (former spellings, still accepted with a
+    one-line deprecation warning). Defaults come from the field and nowhere else.
     """
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(f.default_factory):

@@ -235,6 +235,7 @@ def block_samples(reader: SlideReader, work: SlideWork, block: Block, encode: En
             "slide_id": work.slide_id, "file": work.name, "x": x, "y": y, "extent": extent,
             "mpp": work.mpp, "level": work.level, "patch_size": size,
             "tissue": round(float(cands.tissue[i]), 4), **scores,  # type: ignore[typeddict-item]
+            "pigment": round(float(cands.pigment[i]), 4) if cands.pigment is not None else 0.0,
         }  # fmt: skip
         members = {encode.image_format: encode_image(patch, encode.image_format, encode.quality)}
         label = work.label if cands.label is None else int(cands.label[i])

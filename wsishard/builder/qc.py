@@ -1,8 +1,9 @@
 """Quality-control pictures: the slide at about ``--qc-size`` px with what the build saw and kept.
 
-Drawn over a low-resolution view of the slide: removed ink (magenta) and dark artefacts (orange) as translucent
-fills, the kept patches as a translucent blue fill (the tissue under them stays visible), the tissue contour
-(green), the annotation regions' outlines (yellow), and a legend band under the picture with the counts.
+Drawn over a low-resolution view of the slide: removed ink (magenta) and dark artefacts (orange), and dark pigment
+kept as tissue (cyan), as translucent fills, the kept patches as a translucent blue fill (the tissue under them stays
+visible), the tissue contour (green), the annotation regions' outlines (yellow), and a legend band under the picture
+with the counts.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ CONTOUR_RGB = (0, 170, 0)
 PATCH_RGB = (30, 60, 230)
 INK_RGB = (230, 0, 200)
 DARK_RGB = (255, 140, 0)
+PIGMENT_RGB = (0, 200, 220)
 ROI_RGB = (255, 215, 0)
 FILL_ALPHA = 0.35  # kept patches
 ARTEFACT_ALPHA = 0.5  # removed ink and dark artefacts
@@ -28,13 +30,14 @@ DEFAULT_SIZE_PX = 2000
 class QcLayers:
     """What a QC picture shows, each (h, w) bool on the tissue mask's grid (``l0_per_m`` level-0 px per px).
 
-    ``ink``, ``dark`` and ``roi`` may be None (nothing of the kind)."""
+    ``ink``, ``dark``, ``roi`` and ``pigment`` (dark pigment kept as tissue) may be None (nothing of the kind)."""
 
     tissue: np.ndarray
     l0_per_m: float
     ink: np.ndarray | None = None
     dark: np.ndarray | None = None
     roi: np.ndarray | None = None
+    pigment: np.ndarray | None = None
 
 
 def qc_picture(view: np.ndarray, l0_per_v: float, layers: QcLayers, l0_x: np.ndarray, l0_y: np.ndarray,
@@ -55,7 +58,7 @@ def qc_picture(view: np.ndarray, l0_per_v: float, layers: QcLayers, l0_x: np.nda
         image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
                              Image.Resampling.BOX)  # fmt: skip
     size = (image.width, image.height)
-    for layer, color in ((layers.ink, INK_RGB), (layers.dark, DARK_RGB)):
+    for layer, color in ((layers.ink, INK_RGB), (layers.dark, DARK_RGB), (layers.pigment, PIGMENT_RGB)):
         if layer is not None and layer.any():
             image = _blend(image, _resized(layer, size), color, ARTEFACT_ALPHA)
     t_per_l0 = scale / l0_per_v  # picture px per level-0 px
@@ -100,11 +103,12 @@ def _outline(mask: np.ndarray, width: int) -> np.ndarray:
 
 
 def legend_lines(*, tissue_mm2: float, ink_mm2: float, artefact_mm2: float, kept: int,
-                 filtered: dict[str, int], roi: str = "") -> list[str]:  # fmt: skip
+                 filtered: dict[str, int], roi: str = "", pigment_mm2: float = 0.0) -> list[str]:  # fmt: skip
     """The legend's lines: the colour key with each layer's figure, then the patches left out per reason."""
     key = (f"tissue contour (green): {tissue_mm2:.2f} mm2 | kept patches (blue): {kept:,} | "
            f"ink removed (magenta): {ink_mm2:.2f} mm2 | "
-           f"dark artefacts removed (orange): {artefact_mm2:.2f} mm2")  # fmt: skip
+           f"dark artefacts removed (orange): {artefact_mm2:.2f} mm2 | "
+           f"dark pigment kept as tissue (cyan): {pigment_mm2:.2f} mm2")  # fmt: skip
     lines = [key + (f" | annotations (yellow): {roi}" if roi else "")]
     if filtered:
         lines.append("left out: " + ", ".join(f"{reason} {n:,}" for reason, n in sorted(filtered.items())))

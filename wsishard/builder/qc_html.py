@@ -43,8 +43,8 @@ def qc_index(manifest: Manifest, picture_prefix: str = "") -> str:
     parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>wsishard QC: {html.escape(head)}</title><style>{_STYLE}</style></head><body>",
              f"<h1>wsishard QC</h1><p>{html.escape(head)}. Failed slides first, then skipped ones. Colours: tissue "
-             "contour green, kept "
-             "patches blue, ink removed magenta, dark artefacts removed orange, annotations yellow.</p>"]  # fmt: skip
+             "contour green, kept patches blue, ink removed magenta, dark artefacts removed orange, dark pigment kept "
+             "cyan, annotations yellow.</p>"]  # fmt: skip
     parts += [_card(s, picture_prefix) for s in slides]
     parts.append("</body></html>\n")
     return "\n".join(parts)
@@ -93,6 +93,7 @@ def _card(s: SlideRecord, prefix: str) -> str:
         ("size", f"{s.width} x {s.height} px{at}"),
         ("tissue", f"{s.tissue_mm2:.2f} mm2 ({s.tissue_fraction:.1%} of the slide)"),
         ("removed", f"ink {s.ink_mm2:.2f} mm2, dark artefacts {s.artefact_mm2:.2f} mm2"),
+        ("kept pigment", f"{s.pigment_mm2:.2f} mm2"),
         ("patches", f"{s.patches:,} kept of {s.candidates:,} cells with tissue"
                     + (f", at {s.patch_mpp:.4f} mpp" if s.patch_mpp else "")),
     ]  # fmt: skip

@@ -1,5 +1,5 @@
 """Per-patch quality scores, computed while a patch's pixels are in memory, written into its ``.json``, and
-optionally used to leave patches out at build time (``--max-background``, ``--max-dark``, ``--min-sharpness``).
+optionally used to leave patches out at build time (``--max-background``, ``--max-dark-pixels``, ``--min-sharpness``).
 
 The scores are taken on :data:`SCORE_PX` x :data:`SCORE_PX` pixels sampled evenly from the patch (nearest: a box
 filter would read every pixel and cost three times as much), which keeps their cost a small fraction of reading,
@@ -46,8 +46,10 @@ class QualityOptions:
         "metavar": "FRAC", "parse": "fraction",
         "help": "leave out patches more than this fraction background (glass)"})  # fmt: skip
     max_dark: float = field(default=1.0, metadata={
-        "metavar": "FRAC", "parse": "fraction",
-        "help": "leave out patches more than this fraction very dark"})  # fmt: skip
+        "flag": "--max-dark-pixels", "old_flags": ("--max-dark",), "metavar": "FRAC", "parse": "fraction",
+        "help": "leave out patches more than this fraction very dark pixels (HSV value below 0.25), pigment "
+                "included, counted on the patch itself (by default none is left out: the .json's dark and "
+                "pigment scores let training leave them out instead)"})  # fmt: skip
     min_sharpness: float = field(default=0.0, metadata={
         "metavar": "VAR", "parse": "non_negative",
         "help": "leave out patches whose Laplacian variance (blur measure) is below this"})  # fmt: skip

@@ -290,4 +290,5 @@ def label_patches(cands: Candidates, roi: SlideRoi, names: Sequence[str], l0_per
     labels = patch_labels(roi.classes, names, fractions)
     keep = labels >= 0
     return replace(cands, col=cands.col[keep], row=cands.row[keep], tissue=cands.tissue[keep], label=labels[keep],
-                   label_names=tuple(names), dropped_class=int(np.count_nonzero(~keep)))  # fmt: skip
+                   label_names=tuple(names), dropped_class=int(np.count_nonzero(~keep)),
+                   pigment=None if cands.pigment is None else cands.pigment[keep])  # fmt: skip

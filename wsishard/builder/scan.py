@@ -179,12 +179,12 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
     cands = candidates((l0_w, l0_h), mpp0, mask, l0_per_t, patch,
                        seed=_slide_seed(task), level_downsample=float(record.downsample or 1),
                        artefact=found.ink | found.dark, roi=None if roi is None else roi.mask,
-                       min_roi_coverage=task.roi.min_roi_coverage)  # fmt: skip
+                       min_roi_coverage=task.roi.min_roi_coverage, pigment=found.pigment)  # fmt: skip
     if roi is not None and task.roi.labels:
         cands = label_patches(cands, roi, task.roi.labels, l0_per_t)
     record = replace(record, **_tissue_report(found, l0_per_t * mpp0, cands))
     if task.qc_name is not None:
-        layers = QcLayers(mask, l0_per_t, found.ink, found.dark, None if roi is None else roi.mask)
+        layers = QcLayers(mask, l0_per_t, found.ink, found.dark, None if roi is None else roi.mask, found.pigment)
         _write_qc(task, reader, (thumb, l0_per_t), layers, cands, record)
     if len(cands) == 0:
         reason = "no tissue found" if not mask.any() else f"no patch with >= {patch.min_tissue:.0%} tissue"
@@ -209,7 +209,8 @@ def _tissue_report(found: TissueResult, t_mpp: float, cands: Candidates) -> dict
     filtered = {reason: n for reason, n in counts.items() if n}
     return dict(tissue_fraction=round(float(found.mask.mean()), 4), candidates=cands.total,
                 tissue_mm2=round(int(found.mask.sum()) * mm2, 4), ink_mm2=round(int(found.ink.sum()) * mm2, 4),
-                artefact_mm2=round(int((found.dark & ~found.ink).sum()) * mm2, 4), filtered=filtered)  # fmt: skip
+                artefact_mm2=round(int((found.dark & ~found.ink).sum()) * mm2, 4),
+                pigment_mm2=round(int(found.pigment.sum()) * mm2, 4), filtered=filtered)  # fmt: skip
 
 
 def _write_qc(task: ScanTask, reader: SlideReader, thumb: tuple[np.ndarray, float], layers: QcLayers,
@@ -230,7 +231,8 @@ def _write_qc(task: ScanTask, reader: SlideReader, thumb: tuple[np.ndarray, floa
             logger.debug("%s: QC view unreadable (%s); the detection view is used", public_location(task.path),
                          exc.reason)  # fmt: skip
     legend = legend_lines(tissue_mm2=record.tissue_mm2, ink_mm2=record.ink_mm2, artefact_mm2=record.artefact_mm2,
-                          kept=len(cands), filtered=record.filtered, roi=record.roi)  # fmt: skip
+                          kept=len(cands), filtered=record.filtered, roi=record.roi,
+                          pigment_mm2=record.pigment_mm2)  # fmt: skip
     picture = qc_picture(view, l0_per_v, layers, cands.l0_x, cands.l0_y, cands.l0_extent, legend=legend,
                          max_side_px=task.qc_size_px)  # fmt: skip
     buf = io.BytesIO()

@@ -2,9 +2,10 @@
 
 The method is the one CLAM, Trident and hs2p use, with every size given in microns:
 
-0. marker ink and dark artefacts (scanner edges, black dots, pen strokes, bubble rims) are found by colour
-   (:mod:`wsishard.builder.artefacts`) and left out of everything that follows: they count as glass for the blur,
-   are not in Otsu's histogram, and are cut out of the final mask;
+0. marker ink and dark artefacts (scanner edges, black dots, pen strokes, bubble rims) are found by colour and
+   texture (:mod:`wsishard.builder.artefacts`) and left out of everything that follows: they count as glass for the
+   blur, are not in Otsu's histogram, and are cut out of the final mask. Dark pigment (melanin, haemosiderin,
+   carbon, dense tissue) is told apart from them and stays tissue;
 1. a per-pixel "stain" feature: HSV saturation, optionally maxed with darkness, where darkness is measured
    against the glass (``1 - value / glass_value``, the glass value being the most common bright value, pure
    white excluded) rather than against white, so a dim scan's background is not read as tissue while dark
@@ -49,7 +50,8 @@ class TissueOptions:
     Attributes:
         thumb_mpp: microns per px of the low-res view detection runs on (the build picks a level near this).
         max_thumb_px: the low-res view's longest side is capped at this (bounded memory).
-        use_darkness: combine HSV saturation with darkness against the glass (max of the two).
+        use_darkness: combine HSV saturation with darkness against the glass (max of the two); False: saturation
+            alone.
         median_um: median blur radius (24 um: a 7 px wide disk at 8 um/px, CLAM's ``mthresh=7``).
         close_um: morphological closing radius.
         min_object_um2: objects at most this large are dropped (dust; a 224 px patch at 0.5 mpp is 12544).
@@ -59,8 +61,11 @@ class TissueOptions:
         ink_filter: remove marker ink (saturated colours outside the H&E hue band).
         ink_min_saturation: HSV saturation (0..1) from which a colour outside the H&E band counts as ink.
         he_hue_from_deg, he_hue_to_deg: the H&E hue band, degrees, going up from ``from`` (it may wrap past 360).
-        dark_filter: remove dark artefacts (HSV value below ``dark_max_value``, or dark and grey).
-        dark_max_value: HSV value (0..1) below which a pixel is a dark artefact whatever its colour.
+        dark_filter: remove dark artefacts (dark regions, HSV value below ``dark_max_value`` or dark and grey, that
+            do not look like pigment).
+        keep_pigment: tell dark pigment (brown, deeply stained or speckled dark regions) from dark artefacts and keep
+            it as tissue; False: every dark region is an artefact.
+        dark_max_value: HSV value (0..1) below which a pixel is dark: an artefact unless its region is pigment.
         artefact_margin_um: ink and dark artefacts are grown by this much before they are removed.
 
     A field's ``metadata`` describes its ``wsishard build`` flag as plain data (read by :mod:`wsishard.cli`).
@@ -73,8 +78,9 @@ class TissueOptions:
         "metavar": "UM", "parse": "positive_float", "help": "resolution detection runs at"})  # fmt: skip
     max_thumb_px: int = 4096
     use_darkness: bool = field(default=True, metadata={
-        "flag": "--no-darkness",
-        "help": "saturation only (by default darkness against the glass counts too)"})  # fmt: skip
+        "flag": "--tissue-saturation-only", "old_flags": ("--no-darkness",),
+        "help": "find tissue by HSV saturation alone (by default darkness against the glass counts too; "
+                "dark artefacts are removed either way)"})  # fmt: skip
     median_um: float = field(default=24.0, metadata={
         "flag": "--tissue-median-um", "metavar": "UM", "parse": "non_negative",
         "help": "median blur radius"})  # fmt: skip
@@ -89,22 +95,33 @@ class TissueOptions:
         "flag": "--tissue-threshold", "metavar": "T", "parse": "fraction",
         "help": "fixed threshold (0..1) on the stain feature instead of Otsu's"})  # fmt: skip
     ink_filter: bool = field(default=True, metadata={
-        "help": "keep marker ink (by default blue, green, black and other non-H&E colours are removed)"})  # fmt: skip
+        "group": "artefacts",
+        "help": "keep marker ink (by default blue, green and other non-H&E colours are removed)"})  # fmt: skip
     ink_min_saturation: float = field(default=0.15, metadata={
-        "metavar": "S", "parse": "fraction",
+        "metavar": "S", "parse": "fraction", "group": "artefacts",
         "help": "saturation (0..1) from which a non-H&E colour is ink"})  # fmt: skip
     he_hue_from_deg: float = field(default=235.0, metadata={
-        "flag": "--he-hue-from", "metavar": "DEG", "parse": "degrees",
+        "flag": "--he-hue-from", "metavar": "DEG", "parse": "degrees", "group": "artefacts",
         "help": "H&E hue band start, degrees (the band goes up from here, through 360)"})  # fmt: skip
     he_hue_to_deg: float = field(default=20.0, metadata={
-        "flag": "--he-hue-to", "metavar": "DEG", "parse": "degrees", "help": "H&E hue band end, degrees"})  # fmt: skip
+        "flag": "--he-hue-to", "metavar": "DEG", "parse": "degrees", "group": "artefacts",
+        "help": "H&E hue band end, degrees"})  # fmt: skip
     dark_filter: bool = field(default=True, metadata={
-        "help": "keep dark artefacts (by default scanner edges, black dots and bubble rims are removed)"})  # fmt: skip
+        "flag": "--keep-dark-artefacts", "old_flags": ("--no-dark-filter",), "group": "artefacts",
+        "help": "keep dark artefacts too (by default scanner edges, black ink and dots and bubble rims are "
+                "removed, and dark pigment is kept)"})  # fmt: skip
+    keep_pigment: bool = field(default=True, metadata={
+        "flag": "--dark-pigment-as-artefact", "group": "artefacts",
+        "help": "remove dark pigment with the dark artefacts (by default brown, deeply stained or speckled dark "
+                "regions, as melanin, haemosiderin, carbon and dense tissue are, stay tissue)"})  # fmt: skip
     dark_max_value: float = field(default=0.25, metadata={
-        "metavar": "V", "parse": "fraction",
-        "help": "brightness (0..1) below which a pixel is a dark artefact"})  # fmt: skip
+        "flag": "--dark-threshold", "old_flags": ("--dark-max-value",), "metavar": "V", "parse": "fraction",
+        "group": "artefacts",
+        "help": "brightness (HSV value, 0..1) below which a pixel is dark: removed as an artefact unless its "
+                "region looks like pigment"})  # fmt: skip
     artefact_margin_um: float = field(default=8.0, metadata={
-        "metavar": "UM", "parse": "non_negative", "help": "ink and dark artefacts are grown by this much"})  # fmt: skip
+        "metavar": "UM", "parse": "non_negative", "group": "artefacts",
+        "help": "ink and dark artefacts are grown by this much (microns) before they are removed"})  # fmt: skip
 
     def __post_init__(self) -> None:
         """Validate every field; the message names the field, the bad value and what is needed."""
@@ -118,7 +135,7 @@ class TissueOptions:
         _check(0.0 <= self.min_threshold < 1.0, "min_threshold", self.min_threshold, "0 <= T < 1")
         fixed = self.fixed_threshold
         _check(fixed is None or 0.0 <= fixed < 1.0, "fixed_threshold", fixed, "0 <= T < 1")
-        for name in ("ink_filter", "dark_filter"):
+        for name in ("ink_filter", "dark_filter", "keep_pigment"):
             _check(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
         for name in ("ink_min_saturation", "dark_max_value"):
             _check(0.0 <= getattr(self, name) <= 1.0, name, getattr(self, name), "0..1")
@@ -135,11 +152,13 @@ def _check(ok: bool, name: str, value: object, rule: str) -> None:
 
 @dataclass(frozen=True)
 class TissueResult:
-    """A view's tissue mask and the artefacts removed from it; (H, W) bool each, the input's size."""
+    """A view's tissue mask, the artefacts removed from it and the dark pigment kept in it; (H, W) bool each, the
+    input's size."""
 
     mask: np.ndarray  # tissue
     ink: np.ndarray  # marker ink removed (empty when the ink filter is off)
     dark: np.ndarray  # dark artefacts removed (empty when the dark filter is off)
+    pigment: np.ndarray  # dark pigment kept as tissue (inside ``mask``; empty when not told apart)
 
 
 def detect_tissue(rgb: np.ndarray, mpp: float, options: TissueOptions | None = None) -> np.ndarray:
@@ -173,16 +192,17 @@ def find_tissue(rgb: np.ndarray, mpp: float, options: TissueOptions | None = Non
     h, w = rgb.shape[:2]
     if h == 0 or w == 0:
         empty = np.zeros((h, w), dtype=bool)
-        return TissueResult(empty, empty, empty)
+        return TissueResult(empty, empty, empty, empty)
     rgb = composite_on_white(rgb)
     # never below one px: a view claimed far finer than it is (a wrong mpp) must not pad to terabytes
     factor = min(max(1, int(opts.thumb_mpp / mpp + 1e-6), math.ceil(max(h, w) / opts.max_thumb_px)), max(h, w))
     small = _block_mean(rgb, factor) if factor > 1 else rgb
     found = find_artefacts(small, mpp * factor, ink=opts.ink_filter, dark=opts.dark_filter,
-                           ink_min_saturation=opts.ink_min_saturation,
+                           pigment=opts.keep_pigment, ink_min_saturation=opts.ink_min_saturation,
                            he_hues_deg=(opts.he_hue_from_deg, opts.he_hue_to_deg),
                            dark_max_value=opts.dark_max_value, margin_um=opts.artefact_margin_um)  # fmt: skip
-    planes = [_detect(small, mpp * factor, opts, found.any), found.ink, found.dark]
+    mask = _detect(small, mpp * factor, opts, found.any)
+    planes = [mask, found.ink, found.dark, found.pigment & mask]
     if factor > 1:
         planes = [np.repeat(np.repeat(p, factor, axis=0), factor, axis=1)[:h, :w] for p in planes]
     return TissueResult(*planes)

@@ -17,6 +17,7 @@ import numpy as np
 from scipy import ndimage as ndi
 from skimage.draw import ellipse
 
+from wsishard.testing.pigment import CARBON_T, carbon_swatch
 from wsishard.testing.tissue_field import blur_wrap, normalized, pick, smooth_noise
 
 MASK_DOWNSAMPLE = 16  # level-0 px per true-mask px
@@ -59,6 +60,8 @@ class Scene:
     specks: tuple[_Speck, ...]
     tile_px: int
     overlay: np.ndarray | None = None  # (rows, cols, 3) float32 artefacts' pixel factor (padded), None: none
+    carbon: np.ndarray | None = None  # (rows, cols) float32 weight of the carbon specks (padded), None: none
+    specks_alpha: np.ndarray | None = None  # (S, S) float32 periodic carbon-speck opacity at level 0
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -147,9 +150,11 @@ def make_scene(
     tile_px: int,
     dust: bool,
     overlay: np.ndarray | None = None,
+    carbon: np.ndarray | None = None,
 ) -> Scene:
-    """Pad the fields for tile rendering and make the textures and dust; ``overlay`` is the artefacts' (rows, cols,
-    3) pixel factor at mask resolution (:attr:`wsishard.testing.artefacts.Artefacts.factor`)."""
+    """Pad the fields for tile rendering and make the textures and dust; ``overlay`` is the artefacts' (and
+    pigments') (rows, cols, 3) pixel factor at mask resolution (:attr:`wsishard.testing.artefacts.Artefacts.factor`),
+    ``carbon`` the (rows, cols) weight of carbon specks (:attr:`wsishard.testing.pigment.Pigments.carbon`)."""
     k = tile_px // MASK_DOWNSAMPLE
     need = (math.ceil(shape[0] / tile_px) * k + 2, math.ceil(shape[1] / tile_px) * k + 2)
     pad = ((1, need[0] - field.shape[0] - 1), (1, need[1] - field.shape[1] - 1))
@@ -169,6 +174,8 @@ def make_scene(
         specks=_dust_specks(rng, field, shape, mpp) if dust else (),
         tile_px=tile_px,
         overlay=None if overlay is None else np.pad(overlay, (*pad, (0, 0)), mode="edge").astype(np.float32),
+        carbon=None if carbon is None else np.pad(carbon, pad, mode="edge").astype(np.float32),
+        specks_alpha=None if carbon is None else carbon_swatch(rng, swatch, mpp),
     )
 
 
@@ -207,16 +214,25 @@ def render_tile(sc: Scene, ty: int, tx: int) -> np.ndarray:
 
 
 def _overlaid(sc: Scene, ty: int, tx: int, out: np.ndarray) -> np.ndarray:
-    """The tile multiplied by the artefacts' factor (bilinear from mask resolution), where there are any."""
-    if sc.overlay is None:
-        return out
-    k = sc.tile_px // MASK_DOWNSAMPLE
-    patch = sc.overlay[ty * k : ty * k + k + 2, tx * k : tx * k + k + 2]  # (k + 2, k + 2, 3)
-    if patch.min() >= 1.0:
+    """The tile with carbon specks, then multiplied by the artefacts' factor (bilinear from mask resolution), where
+    there are any."""
+    k, t = sc.tile_px // MASK_DOWNSAMPLE, sc.tile_px
+    rows, cols = slice(ty * k, ty * k + k + 2), slice(tx * k, tx * k + k + 2)
+    patch = None if sc.overlay is None else sc.overlay[rows, cols]  # (k + 2, k + 2, 3)
+    if patch is not None and patch.min() >= 1.0:
+        patch = None
+    cover = None  # (t, t) float32 carbon-speck opacity
+    if sc.carbon is not None and sc.specks_alpha is not None and sc.carbon[rows, cols].max() > 0.0:
+        sy, sx = (ty * t) % sc.specks_alpha.shape[0], (tx * t) % sc.specks_alpha.shape[1]
+        cover = _bilinear(sc, np.ascontiguousarray(sc.carbon[rows, cols])) * sc.specks_alpha[sy : sy + t, sx : sx + t]
+    if patch is None and cover is None:
         return out
     painted = out.astype(np.float32)
     for c in range(3):
-        painted[..., c] *= _bilinear(sc, np.ascontiguousarray(patch[..., c]))
+        if cover is not None:
+            painted[..., c] *= 1 - cover + cover * CARBON_T[c]
+        if patch is not None:
+            painted[..., c] *= _bilinear(sc, np.ascontiguousarray(patch[..., c]))
     return np.clip(painted + 0.5, 0, 255).astype(np.uint8)
 
 

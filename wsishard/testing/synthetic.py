@@ -30,6 +30,7 @@ import tifffile
 from PIL import Image
 
 from wsishard.testing.artefacts import Artefacts, make_artefacts
+from wsishard.testing.pigment import make_pigments
 from wsishard.testing.scene import MASK_DOWNSAMPLE, Scene, make_scene, render_tile
 from wsishard.testing.tissue_field import tissue_field
 
@@ -55,6 +56,7 @@ class SyntheticSlide:
         mask_downsample: level-0 px per mask px (mask px ``(i, j)`` covers level-0 rows ``i*d..(i+1)*d``).
         artefacts: the artefact layers at mask resolution (None when the slide has none); ``mask`` excludes
             where they dominate (``artefacts.mask``).
+        pigment: (H_m, W_m) bool true pigmented tissue (inside ``mask``; None when the slide has none).
     """
 
     path: str
@@ -64,6 +66,7 @@ class SyntheticSlide:
     mask: np.ndarray
     mask_downsample: float
     artefacts: Artefacts | None = None
+    pigment: np.ndarray | None = None
 
 
 def make_slide(
@@ -82,6 +85,7 @@ def make_slide(
     tile_px: int = 256,
     codec: Codec = "jpeg",
     artefacts: Sequence[str] = (),
+    pigments: Sequence[str] = (),
 ) -> SyntheticSlide:
     """Write one synthetic slide and return it with its true tissue mask.
 
@@ -101,6 +105,8 @@ def make_slide(
             ``quality / 2`` dB PSNR, as older TCGA slides are); tiff is always JPEG.
         artefacts: kinds of artefacts to add (:data:`~wsishard.testing.artefacts.ARTEFACT_KINDS`: ``ink``,
             ``dots``, ``edge``, ``bubbles``); none by default (the slide is then the same as without them).
+        pigments: kinds of pigment to add inside the tissue (:data:`~wsishard.testing.pigment.PIGMENT_KINDS`:
+            ``melanin``, ``carbon``, ``dense``); none by default. Pigment is tissue: the true mask keeps it.
 
     Raises:
         ValueError: a bad argument (the message names it and its value).
@@ -113,15 +119,20 @@ def make_slide(
     frac = tissue_fraction if tissue else 0.0
     field = tissue_field(np.random.default_rng((seed, 1)), mask_shape, px_um, frac)
     arts = make_artefacts(np.random.default_rng((seed, 3)), field, px_um, artefacts) if artefacts else None
+    pigs = make_pigments(np.random.default_rng((seed, 4)), field, px_um, pigments) if pigments else None
     overlay = None if arts is None else arts.factor
-    scene = make_scene(np.random.default_rng((seed, 2)), field, (height, width), mpp, tile_px, dust, overlay)
+    if pigs is not None:
+        overlay = pigs.factor if overlay is None else overlay * pigs.factor
+    carbon = None if pigs is None or not pigs.carbon.any() else pigs.carbon
+    scene = make_scene(np.random.default_rng((seed, 2)), field, (height, width), mpp, tile_px, dust, overlay, carbon)
     if kind == "svs":
         _write_svs(str(path), scene, (height, width), mpp, include_mpp, quality, codec)
     else:
         _write_tiff(str(path), scene, (height, width), mpp, include_mpp, quality)
     logger.debug("wrote %s (%s, %dx%d, seed %d)", path, kind, width, height, seed)
     mask = (field > 0) if arts is None else (field > 0) & ~arts.mask
-    return SyntheticSlide(str(path), width, height, mpp, mask, float(MASK_DOWNSAMPLE), arts)
+    pigment = None if pigs is None else pigs.mask & mask
+    return SyntheticSlide(str(path), width, height, mpp, mask, float(MASK_DOWNSAMPLE), arts, pigment)
 
 
 def make_slides(
