@@ -43,7 +43,7 @@ def tables(text: str) -> str:
         if line.startswith("|"):
             if i == 0 or not lines[i - 1].startswith("|"):
                 caption = lines[i - 1] if i and not lines[i - 1].startswith("JSON:") else ""
-                out += ["", caption] if caption.strip() else [""]
+                out += ["", caption, ""] if caption.strip() else [""]
             out.append(line)
     return "\n".join(out).strip() + "\n"
 

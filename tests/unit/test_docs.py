@@ -68,4 +68,4 @@ def test_a_benchmark_run_saves_its_tables_and_report(tmp_path: Path) -> None:
     path = bench.save("bench_x", printed, ["--quick"], tmp_path)
     run = json.loads(path.read_text())
     assert run["command"] == "python scripts/bench_x.py --quick" and run["report"] == {"a": 1}
-    assert run["output_md"] == "the table:\n| a | b |\n|---|---|\n| 1 | 2 |\n"
+    assert run["output_md"] == "the table:\n\n| a | b |\n|---|---|\n| 1 | 2 |\n"
