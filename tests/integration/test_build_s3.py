@@ -17,6 +17,7 @@ import pytest
 from buildtools import SMALL_BUILD, SMALL_BUILD_ARGS, read_output
 
 from wsishard.builder.run import build
+from wsishard.format import SUMMARY_NAME, index_name
 from wsishard.storage.output import Destination
 from wsishard.streaming.dataset import stream
 
@@ -47,7 +48,9 @@ def test_build_to_s3_equals_the_local_build_and_streams_back(s3: S3Server, s3_bu
     manifest = build([str(cohort)], url, OPTS, storage_options=s3.storage_options)
     s3.fs().invalidate_cache()
     names = sorted(p.rsplit("/", 1)[-1] for p in s3.fs().ls(url, detail=False))
-    assert names == sorted([".wsishard", "manifest.json", "slides.jsonl", "qc", *(s.name for s in manifest.shards)])
+    indexes = [SUMMARY_NAME, *(index_name(s.name) for s in manifest.shards)]  # the per-sample index
+    assert names == sorted([".wsishard", "manifest.json", "slides.jsonl", "qc", *(s.name for s in manifest.shards),
+                            *indexes])  # fmt: skip
     copy = _download(s3, url, tmp_path / "copy")
     local_manifest, local_samples = read_output(str(cohort_build))
     s3_manifest, _ = read_output(str(copy))
