@@ -402,14 +402,12 @@ def parse_slide_lines(text: str, location: str = "<slides>") -> list[SlideRecord
 
 
 def _known(klass: type, data: dict[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in fields(klass)}
-    return {k: v for k, v in data.items() if k in names}
+    return {k: v for k, v in data.items() if k in {f.name for f in fields(klass)}}
 
 
 def check_shard_records(shards: list[ShardRecord], location: str) -> None:
-    """Every shard name is a :func:`shard_name` (a file directly in the output: never a folder, an absolute path
-    or an URL), listed once, and every count a count. :meth:`Manifest.from_dict` calls it, so a stream or
-    ``verify`` never follows a name from the data out of the output, nor reads a shard twice.
+    """Every shard name is a :func:`shard_name` (in the output: no folder, absolute path or URL), once, and every count
+    a count. :meth:`Manifest.from_dict` calls it: a stream or ``verify`` never leaves the output nor reads twice.
 
     Raises:
         ManifestError: naming the first bad entry (by its index in ``shards``).
@@ -419,10 +417,8 @@ def check_shard_records(shards: list[ShardRecord], location: str) -> None:
         if not isinstance(rec.name, str) or not is_shard_name(rec.name):
             raise ManifestError(location, f"shard entry {i} is named {_shown(rec.name)}, not a shard file name "
                                           f"like {shard_name(0)} (no folder, absolute path or URL)")  # fmt: skip
-        if rec.name in seen:
-            raise ManifestError(location, f"shard entry {i} ({rec.name}) is entry {seen[rec.name]} again: its "
-                                          "samples would be read twice")  # fmt: skip
-        seen[rec.name] = i
+        if (first := seen.setdefault(rec.name, i)) != i:
+            raise ManifestError(location, f"shard entry {i} ({rec.name}) is entry {first} again: read twice")
         for count in ("samples", "bytes"):
             value = getattr(rec, count)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -290,3 +290,12 @@ def part_groups(groups: Sequence[Sequence[int]], sizes: Sequence[int], part: tup
     if not weights.any():
         weights = lengths
     return [g for g, p in enumerate(assign_parts(weights.tolist(), part[1])) if p == part[0] - 1]
+
+
+def empty_part_reason(part: tuple[int, int], n_slides: int, n_groups: int, group_slides: int) -> str:
+    """Why part ``part`` got no slides: a part builds whole groups, and there are fewer groups than parts."""
+    fits = max(1, -(-n_slides // part[1]))  # ceil: the --group-slides that gives every part a group
+    return (f"part {part[0]}/{part[1]} got no group of slides, so it builds nothing: the {n_slides} slides make "
+            f"{n_groups} group{'s' if n_groups != 1 else ''} of at most --group-slides {group_slides} slides, a part "
+            f"builds whole groups, and the groups went to the other parts (--group-slides {fits} gives each of "
+            f"{part[1]} parts a group)")  # fmt: skip

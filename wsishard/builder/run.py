@@ -33,7 +33,7 @@ from wsishard.builder.extract import (
 from wsishard.builder.inputs import check_tables, find_slides, lookup
 from wsishard.builder.keywords import with_keywords
 from wsishard.builder.options import BuildOptions, BuildProgress
-from wsishard.builder.plan import ShardPlan, make_groups, part_groups, plan_group
+from wsishard.builder.plan import ShardPlan, empty_part_reason, make_groups, part_groups, plan_group
 from wsishard.builder.pool import WorkerPool
 from wsishard.builder.qc_html import INDEX_NAME, qc_index
 from wsishard.builder.roi import match_annotations
@@ -103,20 +103,19 @@ def build(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out
     if part is not None and not 1 <= part[0] <= part[1]:
         raise OptionError(f"invalid part {part[0]}/{part[1]}: need 1 <= i <= n")
     paths = find_slides(sources, storage_options)
-    shown = [public_location(p) for p in paths]  # as stored: no query string or user info of an URL
     check_tables(paths, options)  # warnings logged; an OptionError before anything is written
     annotations = match_annotations(options.roi.path, paths)  # likewise: a bad --roi never claims the output
     dest = Destination(out, storage_options)
     dest.makedirs()
-    state = BuildState(dest, fingerprint(shown, _options_dict(options, for_fingerprint=True)), part)
+    state = BuildState(dest, fingerprint(paths, _options_dict(options, for_fingerprint=True)), part)
     jobs = options.jobs or os.cpu_count() or 1
     with state.lock():  # one build (or the parts of one) at a time; released on errors and interrupts too
-        stamps = {public_location(p): stamp for p, stamp in input_stamps(paths, storage_options).items()}
+        stamps = input_stamps(paths, storage_options)  # by location as stored (no query string or user info)
         state.claim(overwrite=overwrite, stamps=stamps)
         groups = make_groups(len(paths), options.group_slides, options.seed)
-        mine = part_groups(groups, [int(stamps[p].get("size") or 0) for p in shown], part)
+        mine = part_groups(groups, [int(stamps[public_location(p)].get("size") or 0) for p in paths], part)
         if part is not None and not mine:
-            logger.warning("%s", _empty_part(part, len(paths), len(groups), options.group_slides))
+            logger.warning("%s", empty_part_reason(part, len(paths), len(groups), options.group_slides))
         _remove_leftovers(dest, set(mine))
         with _scratch_for(paths, scratch, storage_options) as remote, WorkerPool(jobs) as pool:
             early = _scan_all(pool, paths, annotations, sorted(s for g in mine for s in groups[g]), dest, options,
@@ -141,15 +140,6 @@ def _arguments(inputs: Inputs, output: str | os.PathLike[str], options: BuildOpt
     options with the flat keywords applied."""
     sources = [os.fspath(inputs)] if isinstance(inputs, str | os.PathLike) else [os.fspath(i) for i in inputs]
     return sources, os.fspath(output), with_keywords(options, keywords) if keywords else options or BuildOptions()
-
-
-def _empty_part(part: tuple[int, int], n_slides: int, n_groups: int, group_slides: int) -> str:
-    """Why part ``part`` got no slides: a part builds whole groups, and there are fewer groups than parts."""
-    fits = max(1, -(-n_slides // part[1]))  # ceil: the --group-slides that gives every part a group
-    return (f"part {part[0]}/{part[1]} got no group of slides, so it builds nothing: the {n_slides} slides make "
-            f"{n_groups} group{'s' if n_groups != 1 else ''} of at most --group-slides {group_slides} slides, a part "
-            f"builds whole groups, and the groups went to the other parts (--group-slides {fits} gives each of "
-            f"{part[1]} parts a group)")  # fmt: skip
 
 
 @dataclass(frozen=True)

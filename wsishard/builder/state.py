@@ -34,7 +34,7 @@ from wsishard.builder.extract import ShardOutcome
 from wsishard.builder.scanstate import ScanStore
 from wsishard.errors import OptionError
 from wsishard.storage.output import Destination
-from wsishard.storage.urls import StorageOptions, is_url
+from wsishard.storage.urls import StorageOptions, is_url, public_location
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +48,9 @@ Stamp = dict[str, Any]  # {"size", "mtime_ns"} of a file, {"size", "tag"} of an 
 
 
 def fingerprint(slides: Sequence[str], options: dict[str, Any]) -> str:
-    """A digest of what determines the output: the slide list, every option, the format version and the build
-    revision."""
-    text = json.dumps({"slides": list(slides), "options": options, "format": fmt.FORMAT_VERSION,
+    """A digest of what determines the output: the slide list (URLs as stored: a presigned slide signed again is the
+    same slide), every option, the format version and the build revision."""
+    text = json.dumps({"slides": [public_location(s) for s in slides], "options": options, "format": fmt.FORMAT_VERSION,
                        "revision": fmt.BUILD_REVISION}, sort_keys=True)  # fmt: skip
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -58,7 +58,8 @@ def fingerprint(slides: Sequence[str], options: dict[str, Any]) -> str:
 def input_stamps(paths: Sequence[str], storage_options: StorageOptions | None = None) -> dict[str, Stamp]:
     """What tells whether each input changed, without reading it: a file's size and modification time (ns), an
     object's size and ETag (or version or time where a store has none), from one fresh listing per prefix. A
-    replacement of the same size and time (``cp -p``) goes unnoticed."""
+    replacement of the same size and time (``cp -p``) goes unnoticed. Keyed by location as stored (URLs without query
+    string or user info)."""
     options, listed, stamps = dict(storage_options or {}), {}, {}
     for parent in {p.rsplit("/", 1)[0] for p in paths if is_url(p)}:
         fs, root = fsspec.core.url_to_fs(parent, **options)
@@ -70,7 +71,7 @@ def input_stamps(paths: Sequence[str], storage_options: StorageOptions | None = 
             fs, root = fsspec.core.url_to_fs(path, **options)
             info = listed.get(path) or fs.info(root)
             tag = next(filter(None, map(info.get, _TAGS)), "")
-            stamps[path] = {"size": int(info.get("size") or 0), "tag": str(tag)}
+            stamps[public_location(path)] = {"size": int(info.get("size") or 0), "tag": str(tag)}
         else:
             try:
                 st = os.stat(path)
