@@ -104,7 +104,8 @@ def part_rows(n: int, _args: argparse.Namespace) -> dict[str, Any]:
 
 def _write_build(root: Path, shards: int, *, with_indexes: bool) -> None:
     """A build's manifest and index summary of ``shards`` shards (and, ``with_indexes``, every shard index)."""
-    from wsishard.format import SUMMARY_NAME, Manifest, ShardRecord, index_name, shard_name
+    from wsishard.format import SUMMARY_NAME, index_name, shard_name
+    from wsishard.manifest import Manifest, ShardRecord
     from wsishard.shards.index import Summary
 
     names = [shard_name(s) for s in range(shards)]
@@ -134,7 +135,7 @@ def _write_build(root: Path, shards: int, *, with_indexes: bool) -> None:
 
 
 def part_scan(n: int, args: argparse.Namespace) -> dict[str, Any]:
-    from wsishard.streaming.dataset import stream
+    from wsishard.streaming.sources import stream
     from wsishard.streaming.world import World
 
     shards = max(1, n // SHARD_SAMPLES)
@@ -150,7 +151,7 @@ def part_scan(n: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def part_startup(n: int, args: argparse.Namespace) -> dict[str, Any]:
-    from wsishard.streaming.dataset import stream
+    from wsishard.streaming.sources import stream
     from wsishard.streaming.world import World
 
     shards = n // SHARD_SAMPLES

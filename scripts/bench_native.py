@@ -32,8 +32,8 @@ import torch
 
 from wsishard.shards.reader import TarSamples
 from wsishard.streaming.collate import GpuCollate
-from wsishard.streaming.dataset import stream
 from wsishard.streaming.decode import checked_label, decode_into
+from wsishard.streaming.sources import stream
 from wsishard.streaming.stages import RawSample
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

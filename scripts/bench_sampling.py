@@ -60,8 +60,8 @@ def labelled(workdir: Path, mode: Mode) -> Path:
 
 def time_loader(source: str, kind: str, batches: int, storage_options: dict[str, Any] | None) -> float:
     """Samples/s of a resampled loader (2 workers, batch 256) after one warm-up batch per worker."""
-    from wsishard.streaming.dataset import stream
     from wsishard.streaming.loader import loader
+    from wsishard.streaming.sources import stream
 
     extra: dict[str, Any] = {"class": {"weights": "class"}, "select": {"select": _tissue}}.get(kind, {})
     ds = stream(source, batch_size=BATCH, seed=0, storage_options=storage_options, **extra)

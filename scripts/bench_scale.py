@@ -124,7 +124,7 @@ def stage_plan(n: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _record(slide: int) -> Any:
-    from wsishard.format import SlideRecord
+    from wsishard.manifest import SlideRecord
 
     count = _patches(slide)
     return SlideRecord(slide_id=f"TCGA-{slide:07d}-01Z-00-DX1", file=f"s3://archive/slides/TCGA-{slide:07d}.svs",
@@ -167,7 +167,8 @@ def stage_state(n: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _manifest(n: int, n_shards: int) -> Any:
-    from wsishard.format import Manifest, ShardRecord, shard_index, shard_name
+    from wsishard.format import shard_index, shard_name
+    from wsishard.manifest import Manifest, ShardRecord
 
     per_group = max(1, n_shards // max(1, math.ceil(n / GROUP_SLIDES)))
     shards = [ShardRecord(name=shard_name(shard_index(i // per_group, i % per_group)), samples=SAMPLES_PER_SHARD,
@@ -186,7 +187,7 @@ def _shard_count(n: int) -> int:
 
 
 def stage_manifest(n: int, args: argparse.Namespace) -> dict[str, Any]:
-    from wsishard.format import manifest_files
+    from wsishard.manifest import manifest_files
     from wsishard.storage.output import Destination
 
     manifest = _manifest(n, _shard_count(n))
@@ -202,7 +203,7 @@ def stage_manifest(n: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _startup(n_slides: int, n_shards: int, workdir: str | None) -> tuple[float, int]:
-    from wsishard.format import manifest_files
+    from wsishard.manifest import manifest_files
     from wsishard.storage.opener import load_manifest
     from wsishard.storage.urls import join
 

@@ -176,8 +176,8 @@ def time_wsishard(source: str, workers: int, batches: int, *, to_device: bool = 
     second of the worker processes: what one worker would deliver with a core of its own.
     """
     from wsishard.streaming.collate import GpuCollate
-    from wsishard.streaming.dataset import stream
     from wsishard.streaming.loader import loader
+    from wsishard.streaming.sources import stream
 
     collate = GpuCollate(DEVICE, mean=MEAN, std=STD)
     ds = stream(source, batch_size=BATCH, resampled=True, seed=SEED, storage_options=storage_options)
@@ -292,8 +292,8 @@ def time_collate(repeats: int = 5) -> dict[str, Any]:
 
 def time_metas(shards_dir: str, repeats: int = 20) -> dict[str, Any]:
     """Reading every sample's ``.json`` of a batch in the training loop (``Metas`` parses them when read): ms."""
-    from wsishard.streaming.dataset import stream
     from wsishard.streaming.decode import Metas
+    from wsishard.streaming.sources import stream
     from wsishard.streaming.stages import read_shard
 
     ds = stream(shards_dir, batch_size=BATCH, resampled=False, seed=SEED)
@@ -355,7 +355,7 @@ _BUCKETS = [("jpeg8_decode", "JPEG decode (libjpeg-turbo)"), ("ring", "batch buf
 
 def profile_pipeline(shards_dir: Path, batches: int) -> tuple[str, dict[str, float]]:
     """cProfile one worker's pipeline run in-process (``iter(ds)``, no DataLoader): top functions by own time."""
-    from wsishard.streaming.dataset import stream
+    from wsishard.streaming.sources import stream
 
     it: Iterator[Any] = iter(stream(str(shards_dir), batch_size=BATCH, resampled=True, seed=SEED))
     next(it)  # fill the shuffle buffer outside the profile

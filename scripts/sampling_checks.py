@@ -37,7 +37,7 @@ def _tissue(t: Any) -> Any:
 
 
 def _readers(source: str, per_reader: int, **kw: Any) -> list[dict[str, Any]]:
-    from wsishard.streaming.dataset import stream
+    from wsishard.streaming.sources import stream
     from wsishard.streaming.world import World
 
     ds = stream(source, batch_size=250, seed=1, shuffle=500, world=World(rank=0, world_size=2), **kw)
@@ -65,8 +65,8 @@ def check_slide(source: str, total: int) -> dict[str, Any]:
 
 
 def check_select(source: str) -> dict[str, Any]:
-    from wsishard.streaming.dataset import stream
     from wsishard.streaming.loader import loader
+    from wsishard.streaming.sources import stream
     from wsishard.streaming.world import World
 
     valid, inside, batches = [], True, []
@@ -88,8 +88,8 @@ def check_select(source: str) -> dict[str, Any]:
 
 
 def check_resume(source: str) -> dict[str, Any]:
-    from wsishard.streaming.dataset import stream
     from wsishard.streaming.loader import loader
+    from wsishard.streaming.sources import stream
 
     def fresh() -> Any:
         return loader(stream(source, batch_size=64, seed=4, weights="class", select=_tissue), num_workers=2)

@@ -63,7 +63,7 @@ def huge_page_slot(shape: tuple[int, ...]) -> np.ndarray:
 
 def _blobs(shards_dir: str) -> list[bytes]:
     """Every sample's image bytes, in shard order, read by the stream's own reader."""
-    from wsishard.streaming.dataset import stream
+    from wsishard.streaming.sources import stream
     from wsishard.streaming.stages import read_shard
 
     ds = stream(shards_dir, batch_size=1, resampled=False, seed=0)
@@ -164,8 +164,8 @@ class _StageProbe(torch.utils.data.IterableDataset[dict[str, float]]):
         self.shards_dir, self.batch, self.shuffle = shards_dir, batch, shuffle
 
     def __iter__(self) -> Iterator[dict[str, float]]:
-        from wsishard.streaming.dataset import stream
         from wsishard.streaming.decode import DecodeIntoBatches, checked_label, decode_into
+        from wsishard.streaming.sources import stream
         from wsishard.streaming.stages import read_shard, shuffled
 
         ds = stream(self.shards_dir, batch_size=self.batch, resampled=False, seed=0)

@@ -64,8 +64,8 @@ def interleaved(source: str, workers: int, pairs: int, k: int, *, batch: int, se
 
     Returns the per-pair ratios (loader samples/s per worker over floor samples/s per process) and both rates.
     """
-    from wsishard.streaming.dataset import stream
     from wsishard.streaming.loader import loader
+    from wsishard.streaming.sources import stream
 
     ctx = mp.get_context("fork")
     pool: list[tuple[Any, Connection]] = []

@@ -28,8 +28,8 @@ def resume_state(state: dict[str, Any], step: int, workers: int) -> dict[str, An
 def _run(source: str, workers: int, batch: int, seed: int, n: int, step: int | None) -> tuple[float, list[list[str]]]:
     """Seconds from creating the loader (and loading the state of ``step``, if given) to its first batch, and the
     keys of its first ``n`` batches."""
-    from wsishard.streaming.dataset import stream
     from wsishard.streaming.loader import loader
+    from wsishard.streaming.sources import stream
 
     t0 = time.perf_counter()
     dl = loader(stream(source, batch_size=batch, resampled=True, seed=seed), num_workers=workers)

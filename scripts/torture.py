@@ -32,7 +32,7 @@ import tifffile
 from PIL import Image
 
 from wsishard import Batch, ManifestError, ShardError, stream
-from wsishard.format import Manifest
+from wsishard.manifest import Manifest
 from wsishard.shards.verify import verify
 from wsishard.shards.writer import ShardWriter
 from wsishard.storage.opener import load_manifest

@@ -15,7 +15,7 @@ from PIL import Image
 
 from wsishard.builder.grid import PatchOptions
 from wsishard.builder.options import BuildOptions
-from wsishard.format import Manifest
+from wsishard.manifest import Manifest
 from wsishard.shards.reader import group_members
 from wsishard.storage.opener import load_manifest
 

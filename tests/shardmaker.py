@@ -20,15 +20,8 @@ import numpy as np
 import webdataset as wds
 from PIL import Image
 
-from wsishard.format import (
-    Manifest,
-    PatchMeta,
-    ShardRecord,
-    SlideRecord,
-    is_sample_member,
-    sample_key,
-    shard_name,
-)
+from wsishard.format import PatchMeta, is_sample_member, sample_key, shard_name
+from wsishard.manifest import Manifest, ShardRecord, SlideRecord
 from wsishard.shards.reader import group_members
 
 _PIL = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}

@@ -7,8 +7,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from wsishard.streaming.dataset import ShardStream, stream
+from wsishard.streaming.dataset import ShardStream
 from wsishard.streaming.pinning import Cuda
+from wsishard.streaming.sources import stream
 from wsishard.streaming.world import World
 
 COUNTS = (10, 7, 12, 5, 9, 14, 6, 11)  # samples per shard of conftest's ``stream_out``: uneven on purpose

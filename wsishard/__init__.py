@@ -20,14 +20,14 @@ _EXPORTS: dict[str, str] = {
     "PatchOptions": "wsishard.builder.grid",
     "TissueOptions": "wsishard.builder.tissue",
     "detect_tissue": "wsishard.builder.tissue",
-    "Manifest": "wsishard.format",
-    "ShardRecord": "wsishard.format",
-    "SlideRecord": "wsishard.format",
+    "Manifest": "wsishard.manifest",
+    "ShardRecord": "wsishard.manifest",
+    "SlideRecord": "wsishard.manifest",
     "PatchMeta": "wsishard.format",
     "load_manifest": "wsishard.storage.opener",
     "open_slide": "wsishard.slide",
     # training side
-    "stream": "wsishard.streaming.dataset",
+    "stream": "wsishard.streaming.sources",
     "loader": "wsishard.streaming.loader",
     "ShardStream": "wsishard.streaming.dataset",
     "ShardLoader": "wsishard.streaming.loader",
@@ -145,16 +145,18 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         TopologyError,
         WsiShardError,
     )
-    from wsishard.format import Manifest, PatchMeta, ShardRecord, SlideRecord, is_sample_member
+    from wsishard.format import PatchMeta, is_sample_member
+    from wsishard.manifest import Manifest, ShardRecord, SlideRecord
     from wsishard.shards.verify import VerifyReport, verify
     from wsishard.slide import open_slide
     from wsishard.storage.opener import StreamOpener, load_manifest
     from wsishard.storage.retry import RetryPolicy
     from wsishard.streaming.collate import DeviceBatch, GpuCollate
-    from wsishard.streaming.dataset import ShardStream, StreamConfig, stream
+    from wsishard.streaming.dataset import ShardStream, StreamConfig
     from wsishard.streaming.decode import Batch, Metas, Sample
     from wsishard.streaming.loader import ShardLoader, loader
     from wsishard.streaming.monitor import LoaderReport, MonitoredLoader
     from wsishard.streaming.partition import EpochPlan, plan_epoch
     from wsishard.streaming.plain import register_gopen_schemes, shard_urls
+    from wsishard.streaming.sources import stream
     from wsishard.streaming.world import World, detect_world

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from wsishard.errors import ManifestError
 
 if TYPE_CHECKING:
-    from wsishard.format import Manifest
+    from wsishard.manifest import Manifest
 
 ImageHeader = tuple[str, int, int]  # (image format "jpg" | "png" | "webp", width px, height px)
 _JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOF markers (not DHT, JPG, DAC)

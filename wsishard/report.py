@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from wsishard.format import Manifest, SlideRecord
+from wsishard.manifest import Manifest, SlideRecord
 from wsishard.storage.urls import is_url
 
 

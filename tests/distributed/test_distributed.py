@@ -85,8 +85,8 @@ def _rank_main(source: str, result_dir: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from wsishard.streaming.dataset import stream
     from wsishard.streaming.loader import loader
+    from wsishard.streaming.sources import stream
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, results = dist.get_rank(), {"epochs": [], "resampled": []}

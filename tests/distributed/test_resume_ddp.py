@@ -82,8 +82,8 @@ def _rank_main(source: str, work: str, mode: str, phase: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from wsishard.streaming.dataset import stream
     from wsishard.streaming.loader import loader
+    from wsishard.streaming.sources import stream
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()

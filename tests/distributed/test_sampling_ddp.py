@@ -56,8 +56,8 @@ def _rank_main(one: str, mixed: str, result_dir: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from wsishard.streaming.dataset import stream
     from wsishard.streaming.loader import loader
+    from wsishard.streaming.sources import stream
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()

@@ -19,7 +19,7 @@ from buildtools import SMALL_BUILD, SMALL_BUILD_ARGS, read_output
 from wsishard.builder.run import build
 from wsishard.format import SUMMARY_NAME, index_name
 from wsishard.storage.output import Destination
-from wsishard.streaming.dataset import stream
+from wsishard.streaming.sources import stream
 
 if TYPE_CHECKING:
     from servers import HttpServer, S3Server

@@ -33,7 +33,7 @@ def test_an_s3_stream_with_two_workers_prints_nothing(s3: S3Server, s3_bucket: s
     url = f"s3://{s3_bucket}/out"
     s3.upload(out.root, url)
     run = _python(f"""
-        from wsishard.streaming.dataset import stream
+        from wsishard.streaming.sources import stream
         from wsishard.streaming.loader import loader
         ds = stream({url!r}, batch_size=4, resampled=False, drop_last=False, shuffle=8, seed=0,
                     storage_options={s3.storage_options!r})

@@ -18,8 +18,8 @@ from PIL import Image
 from streamtools import keys_of
 
 from wsishard.errors import ManifestError, ShardError
-from wsishard.streaming.dataset import stream
 from wsishard.streaming.loader import loader
+from wsishard.streaming.sources import stream
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,7 +13,7 @@ from buildtools import read_output, usage_error
 
 from wsishard.builder.options import BuildOptions
 from wsishard.builder.run import build
-from wsishard.format import Manifest
+from wsishard.manifest import Manifest
 from wsishard.report import summary
 from wsishard.testing.synthetic import make_slides
 
@@ -91,7 +91,7 @@ class _Collect(logging.Handler):
 def partly_labelled(slides: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Built]:
     """``slides`` built with labels for slide-000 (1) and slide-001 (7), none for slide-002, and one for a
     slide-009 that is not among the inputs; an --mpp-csv line names a slide that is not there either."""
-    from wsishard.streaming.dataset import stream
+    from wsishard.streaming.sources import stream
 
     out = tmp_path_factory.mktemp("partly-labelled") / "out"
     options = BuildOptions(labels={"slide-000.svs": 1, "slide-001": 7, "slide-009": 3},

@@ -23,8 +23,8 @@ from wsishard.format import shard_name
 from wsishard.storage.opener import StreamOpener, list_names, read_bytes
 from wsishard.storage.retry import RetryPolicy, is_transient
 from wsishard.storage.secrets import redact
-from wsishard.streaming.dataset import stream
 from wsishard.streaming.loader import loader
+from wsishard.streaming.sources import stream
 
 if TYPE_CHECKING:  # imported by pytest_plugins below, with assertion rewriting
     from servers import HttpServer, S3Server

@@ -22,7 +22,8 @@ from buildtools import read_output
 from wsishard.builder.grid import PatchOptions
 from wsishard.builder.options import BuildOptions
 from wsishard.builder.run import build
-from wsishard.builder.state import BuildState, input_stamps
+from wsishard.builder.stamps import input_stamps
+from wsishard.builder.state import BuildState
 from wsishard.errors import OptionError, OutputError, WsiShardError
 from wsishard.storage.output import Destination
 from wsishard.testing.synthetic import make_slides

@@ -18,7 +18,8 @@ from wsishard.builder.options import BuildProgress
 from wsishard.builder.plan import make_groups, part_groups
 from wsishard.builder.run import build
 from wsishard.errors import ManifestError
-from wsishard.format import MANIFEST_NAME, SLIDES_NAME, SUMMARY_NAME, Manifest, parse_slide_lines, unique_slide_ids
+from wsishard.format import MANIFEST_NAME, SLIDES_NAME, SUMMARY_NAME, unique_slide_ids
+from wsishard.manifest import Manifest, parse_slide_lines
 from wsishard.shards.index import Summary
 from wsishard.storage.opener import load_manifest
 from wsishard.testing.synthetic import make_slides

@@ -10,7 +10,7 @@ import pytest
 from buildtools import Sample, read_output
 
 from wsishard.cli import main
-from wsishard.format import Manifest
+from wsishard.manifest import Manifest
 from wsishard.testing.artefacts import patch_fractions
 from wsishard.testing.synthetic import SyntheticSlide, make_slide
 

@@ -19,8 +19,9 @@ from wsishard.errors import ManifestError
 from wsishard.format import SUMMARY_NAME, index_name
 from wsishard.shards.index import Summary, index_build, load_index
 from wsishard.shards.reader import TarSamples
-from wsishard.streaming.dataset import ShardStream, stream
+from wsishard.streaming.dataset import ShardStream
 from wsishard.streaming.loader import loader
+from wsishard.streaming.sources import stream
 from wsishard.streaming.world import World
 
 pytest_plugins = ("servers",)

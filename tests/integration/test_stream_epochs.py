@@ -15,7 +15,7 @@ import torch
 from streamtools import COUNTS, keys_of, two_ranks
 
 from wsishard.errors import ManifestError
-from wsishard.streaming.dataset import stream
+from wsishard.streaming.sources import stream
 from wsishard.streaming.world import World
 
 

@@ -13,7 +13,7 @@ import shardmaker as sm
 from streamtools import COUNTS, keys_of, two_ranks
 
 from wsishard.errors import ShardError
-from wsishard.streaming.dataset import stream
+from wsishard.streaming.sources import stream
 from wsishard.streaming.world import World
 
 

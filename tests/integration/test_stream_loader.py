@@ -13,9 +13,9 @@ import shardmaker as sm
 from streamtools import keys_of, two_ranks
 
 from wsishard.errors import ShardError, TopologyError
-from wsishard.streaming.dataset import stream
 from wsishard.streaming.loader import loader
 from wsishard.streaming.monitor import MonitoredLoader
+from wsishard.streaming.sources import stream
 from wsishard.streaming.world import World
 
 

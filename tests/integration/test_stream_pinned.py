@@ -20,9 +20,9 @@ from streamtools import FakeCuda
 
 from wsishard.streaming import loader as loader_module
 from wsishard.streaming.collate import GpuCollate
-from wsishard.streaming.dataset import stream
 from wsishard.streaming.loader import loader
 from wsishard.streaming.ring import RING_SLOTS
+from wsishard.streaming.sources import stream
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -8,7 +8,7 @@ import itertools
 import shardmaker as sm
 from streamtools import COUNTS, keys_of, two_ranks
 
-from wsishard.streaming.dataset import stream
+from wsishard.streaming.sources import stream
 from wsishard.streaming.world import World
 
 

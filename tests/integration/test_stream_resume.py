@@ -11,8 +11,8 @@ import pytest
 import shardmaker as sm
 from streamtools import kept, keys_of
 
-from wsishard.streaming.dataset import stream
 from wsishard.streaming.loader import ShardLoader, loader
+from wsishard.streaming.sources import stream
 from wsishard.streaming.world import World
 
 COUNTS = (9, 7, 12, 5, 10, 8)

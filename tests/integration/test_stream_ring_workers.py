@@ -14,9 +14,9 @@ import pytest
 import shardmaker as sm
 import torch
 
-from wsishard.streaming.dataset import stream
 from wsishard.streaming.loader import loader
 from wsishard.streaming.ring import RING_SLOTS
+from wsishard.streaming.sources import stream
 
 
 def _check(batch: dict, out: sm.Output) -> None:

@@ -9,8 +9,8 @@ import shardmaker as sm
 import webdataset as wds
 from streamtools import keys_of
 
-from wsishard.streaming.dataset import stream
 from wsishard.streaming.plain import register_gopen_schemes
+from wsishard.streaming.sources import stream
 
 
 def test_streams_from_an_fsspec_url_and_plain_webdataset_can_too(stream_out: sm.Output) -> None:

@@ -19,7 +19,7 @@ from wsishard.builder.qc import DARK_RGB, PIGMENT_RGB, QcLayers, legend_lines, q
 from wsishard.builder.scan import ScanResult
 from wsishard.builder.scanstate import decode_scan, encode_scan
 from wsishard.builder.tissue import TissueOptions
-from wsishard.format import SlideRecord
+from wsishard.manifest import SlideRecord
 from wsishard.testing.artefacts import patch_fractions
 from wsishard.testing.pigment import PIGMENT_KINDS, make_pigments
 from wsishard.testing.real_tissue import cmu_region, pen_marked_region, pigmented_region

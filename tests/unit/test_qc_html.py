@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from wsishard.builder.qc_html import qc_index
-from wsishard.format import Manifest, SlideRecord
+from wsishard.manifest import Manifest, SlideRecord
 
 
 def _manifest() -> Manifest:

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from wsishard.format import Manifest, ShardRecord, SlideRecord
+from wsishard.manifest import Manifest, ShardRecord, SlideRecord
 from wsishard.report import details, human_bytes, summary
 
 

@@ -11,9 +11,10 @@ import pytest
 from wsishard.builder.extract import ShardOutcome
 from wsishard.builder.grid import Candidates, blocks
 from wsishard.builder.scan import ScanResult
-from wsishard.builder.state import BuildState, fingerprint
+from wsishard.builder.stamps import fingerprint
+from wsishard.builder.state import BuildState
 from wsishard.errors import OptionError
-from wsishard.format import Manifest, ShardRecord, SlideRecord
+from wsishard.manifest import Manifest, ShardRecord, SlideRecord
 from wsishard.storage.output import Destination
 
 DIGEST = fingerprint(["/slides/a.svs", "/slides/b.svs"], {"patch": {"patch_size_px": 64}, "seed": 1})

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from wsishard.builder import state as state_module
-from wsishard.builder.state import BuildState, input_stamps
+from wsishard.builder.stamps import input_stamps
+from wsishard.builder.state import BuildState
 from wsishard.errors import OptionError
-from wsishard.format import Manifest, ShardRecord, SlideRecord
+from wsishard.manifest import Manifest, ShardRecord, SlideRecord
 from wsishard.storage.output import Destination
 
 DIGEST = "this build"

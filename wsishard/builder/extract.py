@@ -20,7 +20,8 @@ from wsishard.builder.plan import ShardPlan
 from wsishard.builder.pool import WorkerPool
 from wsishard.builder.staging import StagedSlide
 from wsishard.errors import SlideFailure
-from wsishard.format import ShardRecord, shard_name
+from wsishard.format import shard_name
+from wsishard.manifest import ShardRecord
 from wsishard.shards.writer import ShardWriter, sample_records
 from wsishard.slide.cache import READERS
 from wsishard.storage.output import Destination

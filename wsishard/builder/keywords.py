@@ -13,7 +13,7 @@ import dataclasses
 import difflib
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import Field
 from typing import Any
 
@@ -142,3 +142,14 @@ def _apply(obj: Any, changes: Mapping[str, Any]) -> Any:
         inner = {k.split(".", 1)[1]: v for k, v in changes.items() if k.startswith(child + ".")}
         direct[child] = _apply(getattr(obj, child), inner)
     return dataclasses.replace(obj, **direct) if direct else obj
+
+
+Inputs = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]  # a slide path, a folder, a list, ...
+
+
+def build_arguments(inputs: Inputs, output: str | os.PathLike[str], options: BuildOptions | None,
+                    keywords: Mapping[str, Any]) -> tuple[list[str], str, BuildOptions]:  # fmt: skip
+    """``build``'s inputs as a list of paths (one path alone is one input), its output as a path, and its options
+    with the flat keywords applied."""
+    sources = [os.fspath(inputs)] if isinstance(inputs, str | os.PathLike) else [os.fspath(i) for i in inputs]
+    return sources, os.fspath(output), with_keywords(options, keywords) if keywords else options or BuildOptions()

@@ -6,15 +6,8 @@ import dataclasses
 import datetime
 
 from wsishard.errors import ManifestError
-from wsishard.format import (
-    MANIFEST_NAME,
-    Manifest,
-    SlideRecord,
-    manifest_files,
-    parse_part_manifest,
-    shard_order,
-    summary_name,
-)
+from wsishard.format import MANIFEST_NAME, parse_part_manifest, shard_order, summary_name
+from wsishard.manifest import Manifest, SlideRecord, manifest_files
 from wsishard.shards.index import Summary, write_summary
 from wsishard.storage.opener import load_manifest
 from wsishard.storage.output import Destination

@@ -12,13 +12,12 @@ from wsishard.errors import OptionError
 from wsishard.format import (
     MANIFEST_NAME,
     QC_INDEX_NAME,
-    Manifest,
-    SlideRecord,
     is_shard_name,
     is_slides_name,
     parse_part_manifest,
     temp_target,
 )
+from wsishard.manifest import Manifest, SlideRecord
 from wsishard.report import headline
 from wsishard.storage.urls import is_url
 

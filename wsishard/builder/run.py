@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import logging
 import os
 import shutil
@@ -19,7 +18,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from wsishard import __version__
 from wsishard.builder.extract import (
     ShardOutcome,
     SlideSource,
@@ -31,32 +29,20 @@ from wsishard.builder.extract import (
     segment_tasks,
 )
 from wsishard.builder.inputs import check_tables, find_slides, lookup
-from wsishard.builder.keywords import with_keywords
+from wsishard.builder.keywords import build_arguments
 from wsishard.builder.options import BuildOptions, BuildProgress
 from wsishard.builder.plan import ShardPlan, empty_part_reason, make_groups, part_groups, plan_group
 from wsishard.builder.pool import WorkerPool
-from wsishard.builder.qc_html import INDEX_NAME, qc_index
+from wsishard.builder.records import make_manifest, options_dict, write_outputs
 from wsishard.builder.roi import match_annotations
 from wsishard.builder.scan import ScanResult, ScanTask, crashed_scan, scan_slide
 from wsishard.builder.staging import StagedSlide, StageTask, crashed_stage, remove_staging, stage_slide
-from wsishard.builder.state import BuildState, fingerprint, input_stamps
+from wsishard.builder.stamps import fingerprint, input_stamps
+from wsishard.builder.state import BuildState
 from wsishard.errors import OptionError, OutputError
-from wsishard.format import (
-    Manifest,
-    ShardRecord,
-    SlideRecord,
-    is_shard_name,
-    manifest_files,
-    qc_picture_name,
-    shard_name,
-    shard_order,
-    slides_name,
-    summary_name,
-    temp_target,
-    unique_slide_ids,
-)
+from wsishard.format import is_shard_name, qc_picture_name, shard_name, shard_order, temp_target, unique_slide_ids
+from wsishard.manifest import Manifest, ShardRecord, SlideRecord
 from wsishard.progress import ProgressCallback, ignore_progress
-from wsishard.shards.index import write_summary
 from wsishard.storage.output import Destination
 from wsishard.storage.urls import StorageOptions, is_url, public_location
 
@@ -99,7 +85,7 @@ def build(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out
             another build right now. Bad slides never raise: they are failed records.
         OutputError: ``output`` cannot be written (permissions, a full disk): the build stops.
     """
-    sources, out, options = _arguments(inputs, output, options, keywords)
+    sources, out, options = build_arguments(inputs, output, options, keywords)
     if part is not None and not 1 <= part[0] <= part[1]:
         raise OptionError(f"invalid part {part[0]}/{part[1]}: need 1 <= i <= n")
     paths = find_slides(sources, storage_options)
@@ -107,7 +93,7 @@ def build(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out
     annotations = match_annotations(options.roi.path, paths)  # likewise: a bad --roi never claims the output
     dest = Destination(out, storage_options)
     dest.makedirs()
-    state = BuildState(dest, fingerprint(paths, _options_dict(options, for_fingerprint=True)), part)
+    state = BuildState(dest, fingerprint(paths, options_dict(options, for_fingerprint=True)), part)
     jobs = options.jobs or os.cpu_count() or 1
     with state.lock():  # one build (or the parts of one) at a time; released on errors and interrupts too
         stamps = input_stamps(paths, storage_options)  # by location as stored (no query string or user info)
@@ -122,24 +108,9 @@ def build(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out
                               state.refreshing(progress), remote, state)  # fmt: skip
             slides, shards = _extract_groups(pool, [(g, groups[g]) for g in mine], paths, dest, options, state,
                                              progress, remote, early)  # fmt: skip
-        manifest = _manifest(sources, options, slides, shards, state.digest, part, len(paths))
-        write_summary(dest, [s.name for s in shards], summary_name(part))  # before the manifest, which comes last
-        for name, data in manifest_files(manifest, part):
-            dest.write_bytes(name, data)
-        if options.qc and part is None:  # a cluster build's parts would overwrite each other's: inspect --html
-            dest.write_bytes(INDEX_NAME, qc_index(manifest).encode())
+        manifest = make_manifest(sources, options, slides, shards, state.digest, part, len(paths))
+        write_outputs(dest, manifest, part, qc=options.qc)
     return manifest
-
-
-Inputs = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]  # a slide path, a folder, a list, ...
-
-
-def _arguments(inputs: Inputs, output: str | os.PathLike[str], options: BuildOptions | None,
-               keywords: Mapping[str, Any]) -> tuple[list[str], str, BuildOptions]:  # fmt: skip
-    """:func:`build`'s inputs as a list of paths (one path alone is one input), its output as a path, and its
-    options with the flat keywords applied."""
-    sources = [os.fspath(inputs)] if isinstance(inputs, str | os.PathLike) else [os.fspath(i) for i in inputs]
-    return sources, os.fspath(output), with_keywords(options, keywords) if keywords else options or BuildOptions()
 
 
 @dataclass(frozen=True)
@@ -374,36 +345,6 @@ def _still_valid(previous: Done, shards: list[ShardPlan],
         for sp in shards
         if sp.index in previous and previous[sp.index][1] == _excluded(sp, failed)
     }
-
-
-def _manifest(inputs: Sequence[str], options: BuildOptions, slides: dict[int, SlideRecord],
-              shards: list[ShardRecord], digest: str, part: tuple[int, int] | None,
-              n_slides: int) -> Manifest:  # fmt: skip
-    """The manifest of the build (or of a part: its slides' records, with their indices among all slides)."""
-    extra: dict[str, Any] = {"fingerprint": digest}
-    if options.class_names:
-        extra["label_names"] = list(options.class_names)
-    indices = sorted(slides)
-    if part is not None:
-        extra.update(part=list(part), slide_indices=indices, slides_total=n_slides)
-    return Manifest(
-        options={"inputs": [public_location(i) for i in inputs], **_options_dict(options)}, shards=shards,
-        slides=[slides[i] for i in indices],
-        image_format=options.image_format, wsishard_version=__version__, extra=extra, slides_file=slides_name(part),
-        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    )  # fmt: skip
-
-
-def _options_dict(options: BuildOptions, *, for_fingerprint: bool = False) -> dict[str, Any]:
-    """Every option as plain data; the fingerprint leaves out what does not change the output (``jobs``)."""
-    data = dataclasses.asdict(options)
-    data["mpp_overrides"] = dict(options.mpp_overrides)
-    data["labels"] = dict(options.labels)
-    data["label_names"] = list(options.label_names)
-    if for_fingerprint:
-        data.pop("jobs")
-        data.pop("require_labels")  # a check, not a change to the output
-    return data
 
 
 def _remove_leftovers(dest: Destination, groups: set[int]) -> None:

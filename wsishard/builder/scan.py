@@ -32,7 +32,7 @@ from wsishard.builder.roi import RoiOptions, label_patches, roi_status, slide_ro
 from wsishard.builder.staging import StagedSlide, local_copy, stage_copy, staging_path
 from wsishard.builder.tissue import TissueOptions, TissueResult, find_tissue
 from wsishard.errors import OutputError, SlideError, SlideFailure
-from wsishard.format import SlideRecord
+from wsishard.manifest import SlideRecord
 from wsishard.slide import SlideReader, open_slide, read_lowres, resolve_mpp
 from wsishard.slide.remote_tiff import open_in_place
 from wsishard.storage.output import Destination

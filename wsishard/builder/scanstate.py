@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from wsishard import format as fmt
+from wsishard import manifest as manifest_records
 from wsishard.builder.grid import Candidates, blocks
 from wsishard.builder.scan import ScanResult
 from wsishard.storage.output import Destination
@@ -56,7 +56,7 @@ def decode_scan(data: bytes, block_patches: int) -> ScanResult:
     """A scan result from :func:`encode_scan`'s bytes, its blocks laid out with ``block_patches``."""
     with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
         meta = json.loads(arrays["meta"].tobytes())
-        record = fmt.SlideRecord(**meta["record"])
+        record = manifest_records.SlideRecord(**meta["record"])
         if meta["cands"] is None:
             return ScanResult(record)
         got = {k: arrays[k].astype(np.int64) if k in _GRID else arrays[k] for k in arrays.files}

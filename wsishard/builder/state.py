@@ -27,14 +27,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import fsspec
-
 from wsishard import format as fmt
+from wsishard import manifest as manifest_records
 from wsishard.builder.extract import ShardOutcome
 from wsishard.builder.scanstate import ScanStore
+from wsishard.builder.stamps import Stamp
 from wsishard.errors import OptionError
 from wsishard.storage.output import Destination
-from wsishard.storage.urls import StorageOptions, is_url, public_location
 
 logger = logging.getLogger(__name__)
 
@@ -42,44 +41,6 @@ STATE_DIR = ".wsishard"
 LOCK_REFRESH_S = 120.0  # a running build re-writes its lock at most this often, when it records progress
 LOCK_LEASE_S = 3600.0  # another host's lock not re-written for this long is stale
 _BUILD, _FAILED, _DONE = "build.json", "failed.json", "done"
-_TAGS = ("ETag", "etag", "VersionId", "LastModified", "mtime", "updated")  # what tells an object's version, best first
-
-Stamp = dict[str, Any]  # {"size", "mtime_ns"} of a file, {"size", "tag"} of an object
-
-
-def fingerprint(slides: Sequence[str], options: dict[str, Any]) -> str:
-    """A digest of what determines the output: the slide list (URLs as stored: a presigned slide signed again is the
-    same slide), every option, the format version and the build revision."""
-    text = json.dumps({"slides": [public_location(s) for s in slides], "options": options, "format": fmt.FORMAT_VERSION,
-                       "revision": fmt.BUILD_REVISION}, sort_keys=True)  # fmt: skip
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def input_stamps(paths: Sequence[str], storage_options: StorageOptions | None = None) -> dict[str, Stamp]:
-    """What tells whether each input changed, without reading it: a file's size and modification time (ns), an
-    object's size and ETag (or version or time where a store has none), from one fresh listing per prefix. A
-    replacement of the same size and time (``cp -p``) goes unnoticed. Keyed by location as stored (URLs without query
-    string or user info)."""
-    options, listed, stamps = dict(storage_options or {}), {}, {}
-    for parent in {p.rsplit("/", 1)[0] for p in paths if is_url(p)}:
-        fs, root = fsspec.core.url_to_fs(parent, **options)
-        fs.invalidate_cache(root)  # not what an earlier listing in this process saw
-        with contextlib.suppress(Exception):  # cannot list (HTTP: its own error types)? info() asks, and raises
-            listed.update({fs.unstrip_protocol(e["name"]): e for e in fs.ls(root, detail=True)})
-    for path in paths:
-        if is_url(path):
-            fs, root = fsspec.core.url_to_fs(path, **options)
-            info = listed.get(path) or fs.info(root)
-            tag = next(filter(None, map(info.get, _TAGS)), "")
-            stamps[public_location(path)] = {"size": int(info.get("size") or 0), "tag": str(tag)}
-        else:
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:  # a dangling symlink: its scan records it failed
-                stamps[path] = {"size": 0, "mtime_ns": 0}
-                continue
-            stamps[path] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    return stamps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,7 +164,9 @@ class BuildState:
         ids: set[str] = set()
         for name in filter(fmt.is_slides_name, names):
             with contextlib.suppress(ValueError):
-                ids |= {r.slide_id for r in fmt.parse_slide_lines((self.dest.read_bytes(name) or b"").decode())}
+                ids |= {
+                    r.slide_id for r in manifest_records.parse_slide_lines((self.dest.read_bytes(name) or b"").decode())
+                }
         return ids
 
     def _manifest(self, name: str) -> dict[str, Any] | None:
@@ -344,7 +307,7 @@ class BuildState:
             entry = self._json(_DONE, name) if _untemp(name) == name else None
             if entry is None:
                 continue
-            record = fmt.ShardRecord(**entry["record"]) if entry["record"] else None
+            record = manifest_records.ShardRecord(**entry["record"]) if entry["record"] else None
             damage = _damage(self.dest, record, shards.get(record.name), records[name][1]) if record else ""
             if record and damage:
                 logger.warning("%s: %s, recorded as written, %s: writing it again", self.dest.location, record.name,
@@ -355,7 +318,7 @@ class BuildState:
         return done
 
 
-def _damage(dest: Destination, record: fmt.ShardRecord, stat: tuple[int, int | None] | None,
+def _damage(dest: Destination, record: manifest_records.ShardRecord, stat: tuple[int, int | None] | None,
             recorded_ns: int | None) -> str:  # fmt: skip
     """What is wrong with a shard a done record lists ("": nothing seen). Its size is checked always; its sha256
     only where the file changed after the record was written (a local shard's time is then later than the

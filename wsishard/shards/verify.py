@@ -29,8 +29,6 @@ from wsishard.format import (
     LABEL_EXT,
     LABEL_RANGE,
     META_EXT,
-    Manifest,
-    ShardRecord,
     expected_patch_size,
     image_header,
     is_sample_key,
@@ -38,6 +36,7 @@ from wsishard.format import (
     is_shard_name,
     temp_target,
 )
+from wsishard.manifest import Manifest, ShardRecord
 from wsishard.progress import ProgressCallback, ignore_progress
 from wsishard.shards.hashing import HashingFile
 from wsishard.shards.reader import group_members

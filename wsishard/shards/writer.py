@@ -16,7 +16,8 @@ import tarfile
 from collections.abc import Iterable
 from types import TracebackType
 
-from wsishard.format import ShardRecord, index_name
+from wsishard.format import index_name
+from wsishard.manifest import ShardRecord
 from wsishard.shards.hashing import HashingFile
 from wsishard.shards.index import IndexWriter
 from wsishard.storage.output import Destination

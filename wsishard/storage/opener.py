@@ -26,7 +26,7 @@ import fsspec.asyn
 import fsspec.core
 
 from wsishard.errors import ManifestError
-from wsishard.format import Manifest, parse_slide_lines
+from wsishard.manifest import Manifest, parse_slide_lines
 from wsishard.storage.retry import RetryPolicy, call_with_retries, is_past_end
 from wsishard.storage.secrets import describe, redact, redacted_options, refuse_url_credentials
 from wsishard.storage.urls import StorageOptions, is_url, join, local_path, manifest_location

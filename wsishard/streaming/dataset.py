@@ -34,7 +34,6 @@ re-raise as ``RuntimeError`` text.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,11 +42,8 @@ import numpy as np
 import torch
 import webdataset as wds
 
-from wsishard.errors import ManifestError, ShardError, TopologyError
-from wsishard.format import expected_patch_size
-from wsishard.storage.opener import StreamOpener, load_manifest
-from wsishard.storage.secrets import redact
-from wsishard.storage.urls import StorageOptions, join
+from wsishard.errors import ShardError, TopologyError
+from wsishard.storage.opener import StreamOpener
 from wsishard.streaming import redeal
 from wsishard.streaming.decode import Batch, DecodeIntoBatches
 from wsishard.streaming.indexed import (
@@ -55,10 +51,7 @@ from wsishard.streaming.indexed import (
     PadSamples,
     ReadIndexed,
     SamplingPlan,
-    Source,
     Validity,
-    plan_sampling,
-    refs_of,
     weights_of_reader,
 )
 from wsishard.streaming.partition import (
@@ -70,7 +63,7 @@ from wsishard.streaming.partition import (
     resume_position,
 )
 from wsishard.streaming.ring import UNLENT, Lending
-from wsishard.streaming.sampling import Select, Weights, dropped_message, pad_plan, weighted_resume
+from wsishard.streaming.sampling import dropped_message, pad_plan, weighted_resume
 from wsishard.streaming.stages import (
     SHUFFLE_STREAM,
     Budget,
@@ -388,87 +381,3 @@ class Resume:
     batches: tuple[int, ...]
     rotation: int = 0
     last: int | None = None  # the logical worker of the last batch yielded before
-
-
-def stream(
-    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-    *,
-    batch_size: int,
-    resampled: bool = True,
-    shuffle: int = 1000,
-    seed: int | None = None,
-    drop_last: bool = True,
-    on_error: ErrorMode = "raise",
-    storage_options: StorageOptions | None = None,
-    opener: Opener | None = None,
-    world: World | None = None,
-    select: Select | None = None,
-    weights: Weights | None = None,
-    proportions: Sequence[float] | None = None,
-    pad_last: bool = False,
-) -> ShardStream:
-    """Stream batches from one or more build outputs (folder, manifest path or URL prefix).
-
-    Shard names and per-shard sample counts come from each output's manifest. Iterate the result
-    directly, or through :func:`loader` for worker processes. Options are those of :class:`StreamConfig`.
-    ``select``, ``weights`` and ``proportions`` read each output's per-sample index (:mod:`wsishard.shards.index`,
-    written by the build): see ``docs/guide/sampling.md``.
-
-    Args:
-        source: a build output, or a list of them (their shards are combined).
-        storage_options: fsspec options for URLs, used for manifests and shards.
-        opener: ``location -> binary file`` replacing the fsspec/local opener (must pickle).
-        world: rank and world size; detected when None.
-        select: ``columns -> (n,) bool``: only the samples it keeps are streamed (each shard index's columns as
-            numpy arrays: ``label``, ``slide_id``, ``tissue``, ``background``, ``dark``, ``sharpness``, ``mpp``, ``x``,
-            ``y``, ``key``, ``position``, ``shard``...). Must be deterministic and pickle (DataLoader workers call it).
-        weights: resampled mode: ``"class"`` (every label equally likely), ``"slide"`` (every slide equally likely),
-            ``{label: weight}`` (labels not named: 0), or ``columns -> (n,) weights >= 0``.
-        proportions: with several sources and ``weights``, the share of draws of each (MosaicML's ``proportion``).
-        pad_last: epoch mode: every selected sample exactly once over all ranks and workers, every rank the same
-            number of batches, the last ones padded with repeats marked ``batch["valid"] == False``.
-
-    Raises:
-        ManifestError: a manifest is missing or unreadable, names a shard that is no shard file name, lacks the
-            patch size, or the outputs hold no shard or have different patch sizes; with ``select``/``weights``, an
-            output without a per-sample index.
-        ValueError: a bad option.
-    """
-    sources = [source] if isinstance(source, str | os.PathLike) else list(source)
-    tasks: list[ShardRef] = []
-    sizes: dict[str, int] = {}  # source (redacted) -> its patch size, px
-    read: list[Source] = []
-    for src in sources:
-        manifest, root = load_manifest(os.fspath(src), storage_options, slides=False)
-        where = redact(os.fspath(src), storage_options)
-        sizes[where] = expected_patch_size(manifest, where)
-        tasks += [ShardRef(url=join(root, rec.name), samples=rec.samples) for rec in manifest.shards]
-        read.append(Source(root, manifest, where))
-    if not tasks:
-        raise ManifestError(", ".join(sizes), "lists no shards")
-    config = StreamConfig(batch_size=batch_size, resampled=resampled, shuffle=shuffle, seed=seed,
-                          drop_last=drop_last, on_error=on_error, patch_size_px=_one_patch_size(sizes),
-                          pad_last=pad_last)  # fmt: skip
-    opener = opener or StreamOpener(dict(storage_options or {}))
-    if proportions is not None and weights is None:
-        raise ValueError("proportions= weighs sources against each other: it needs weights= too")
-    plan = None
-    if select is not None or weights is not None:
-        plan = plan_sampling(read, select=select, weights=weights, proportions=proportions,
-                             storage_options=storage_options, opener=opener)  # fmt: skip
-        tasks = refs_of(plan, [t.url for t in tasks])
-        if not tasks:
-            raise ValueError(f"select= keeps no sample of {', '.join(sizes)}")
-    return ShardStream(tasks, config, world=world, opener=opener, sampling=plan)
-
-
-def _one_patch_size(sizes: dict[str, int]) -> int:
-    """The patch size all sources share (a batch holds images of one size).
-
-    Raises:
-        ManifestError: the sources have different patch sizes (each is named with its size).
-    """
-    if len(set(sizes.values())) > 1:
-        listed = ", ".join(f"{where}: {px} px" for where, px in sizes.items())
-        raise ManifestError(", ".join(sizes), f"the outputs have different patch sizes ({listed}); stream them apart")
-    return next(iter(sizes.values()))

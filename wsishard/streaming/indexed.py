@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from wsishard.errors import ManifestError, ShardError
-from wsishard.format import SUMMARY_NAME, Manifest, index_name
+from wsishard.format import SUMMARY_NAME, index_name
+from wsishard.manifest import Manifest
 from wsishard.shards.index import ShardIndex, Summary, load_index
 from wsishard.storage.opener import read_bytes
 from wsishard.storage.secrets import redact

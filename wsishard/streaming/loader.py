@@ -78,7 +78,7 @@ class ShardLoader:
     same as an uninterrupted run's (without skipped shards: ``on_error="skip"`` can shift them).
 
     Args:
-        dataset: from :func:`~wsishard.streaming.dataset.stream`.
+        dataset: from :func:`~wsishard.streaming.sources.stream`.
         num_workers: DataLoader worker processes (use the same on every rank).
         pin_memory: page-locked batches (in place on CUDA, else by DataLoader's copy).
         reuse_buffers: the ownership rule above (True), or memory of its own for every batch (False).
@@ -262,7 +262,7 @@ def loader(dataset: ShardStream, *, num_workers: int = 4, pin_memory: bool | Non
     """A :class:`ShardLoader` over ``dataset``, pinned on CUDA.
 
     Args:
-        dataset: from :func:`~wsishard.streaming.dataset.stream`.
+        dataset: from :func:`~wsishard.streaming.sources.stream`.
         num_workers: DataLoader worker processes per rank (use the same on every rank).
         pin_memory: default: True when CUDA is available. With workers, the batches' images are then the workers'
             buffers page-locked in place (:mod:`wsishard.streaming.pinning`), not DataLoader's copy of each batch.

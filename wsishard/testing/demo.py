@@ -53,8 +53,8 @@ def _stream_batches(shards_dir: str, workers: int, say: Say) -> None:
     import torch
 
     from wsishard.streaming.collate import GpuCollate
-    from wsishard.streaming.dataset import stream
     from wsishard.streaming.loader import loader
+    from wsishard.streaming.sources import stream
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dataset = stream(shards_dir, batch_size=DEMO_BATCH, resampled=True, shuffle=1000, seed=0)

@@ -1,0 +1,58 @@
+"""A build's records: its manifest made from the slides' and shards' records, and the files written last (the index
+summary, the manifest and slide records, the QC page)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+from wsishard import __version__
+from wsishard.builder.options import BuildOptions
+from wsishard.builder.qc_html import INDEX_NAME, qc_index
+from wsishard.format import slides_name, summary_name
+from wsishard.manifest import Manifest, ShardRecord, SlideRecord, manifest_files
+from wsishard.shards.index import write_summary
+from wsishard.storage.output import Destination
+from wsishard.storage.urls import public_location
+
+
+def make_manifest(inputs: Sequence[str], options: BuildOptions, slides: dict[int, SlideRecord],
+              shards: list[ShardRecord], digest: str, part: tuple[int, int] | None,
+              n_slides: int) -> Manifest:  # fmt: skip
+    """The manifest of the build (or of a part: its slides' records, with their indices among all slides)."""
+    extra: dict[str, Any] = {"fingerprint": digest}
+    if options.class_names:
+        extra["label_names"] = list(options.class_names)
+    indices = sorted(slides)
+    if part is not None:
+        extra.update(part=list(part), slide_indices=indices, slides_total=n_slides)
+    return Manifest(
+        options={"inputs": [public_location(i) for i in inputs], **options_dict(options)}, shards=shards,
+        slides=[slides[i] for i in indices],
+        image_format=options.image_format, wsishard_version=__version__, extra=extra, slides_file=slides_name(part),
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )  # fmt: skip
+
+
+def options_dict(options: BuildOptions, *, for_fingerprint: bool = False) -> dict[str, Any]:
+    """Every option as plain data; the fingerprint leaves out what does not change the output (``jobs``)."""
+    data = dataclasses.asdict(options)
+    data["mpp_overrides"] = dict(options.mpp_overrides)
+    data["labels"] = dict(options.labels)
+    data["label_names"] = list(options.label_names)
+    if for_fingerprint:
+        data.pop("jobs")
+        data.pop("require_labels")  # a check, not a change to the output
+    return data
+
+
+def write_outputs(dest: Destination, manifest: Manifest, part: tuple[int, int] | None, *, qc: bool) -> None:
+    """Write what a build writes last: its index summary, then its manifest and slide records (the manifest last of
+    all: an output with a manifest is finished), then (a whole build with ``qc``) its QC page."""
+    write_summary(dest, [s.name for s in manifest.shards], summary_name(part))
+    for name, data in manifest_files(manifest, part):
+        dest.write_bytes(name, data)
+    if qc and part is None:  # a cluster build's parts would overwrite each other's: inspect --html
+        dest.write_bytes(INDEX_NAME, qc_index(manifest).encode())

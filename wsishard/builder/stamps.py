@@ -1,0 +1,57 @@
+"""What identifies a build: the fingerprint of its slide list and options, and the stamps that tell whether an input
+changed since (without reading it)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import fsspec
+
+from wsishard import format as fmt
+from wsishard.storage.urls import StorageOptions, is_url, public_location
+
+__all__ = ["Stamp", "fingerprint", "input_stamps"]
+
+_TAGS = ("ETag", "etag", "VersionId", "LastModified", "mtime", "updated")  # what tells an object's version, best first
+
+Stamp = dict[str, Any]  # {"size", "mtime_ns"} of a file, {"size", "tag"} of an object
+
+
+def fingerprint(slides: Sequence[str], options: dict[str, Any]) -> str:
+    """A digest of what determines the output: the slide list (URLs as stored: a presigned slide signed again is the
+    same slide), every option, the format version and the build revision."""
+    text = json.dumps({"slides": [public_location(s) for s in slides], "options": options, "format": fmt.FORMAT_VERSION,
+                       "revision": fmt.BUILD_REVISION}, sort_keys=True)  # fmt: skip
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def input_stamps(paths: Sequence[str], storage_options: StorageOptions | None = None) -> dict[str, Stamp]:
+    """What tells whether each input changed, without reading it: a file's size and modification time (ns), an
+    object's size and ETag (or version or time where a store has none), from one fresh listing per prefix. A
+    replacement of the same size and time (``cp -p``) goes unnoticed. Keyed by location as stored (URLs without query
+    string or user info)."""
+    options, listed, stamps = dict(storage_options or {}), {}, {}
+    for parent in {p.rsplit("/", 1)[0] for p in paths if is_url(p)}:
+        fs, root = fsspec.core.url_to_fs(parent, **options)
+        fs.invalidate_cache(root)  # not what an earlier listing in this process saw
+        with contextlib.suppress(Exception):  # cannot list (HTTP: its own error types)? info() asks, and raises
+            listed.update({fs.unstrip_protocol(e["name"]): e for e in fs.ls(root, detail=True)})
+    for path in paths:
+        if is_url(path):
+            fs, root = fsspec.core.url_to_fs(path, **options)
+            info = listed.get(path) or fs.info(root)
+            tag = next(filter(None, map(info.get, _TAGS)), "")
+            stamps[public_location(path)] = {"size": int(info.get("size") or 0), "tag": str(tag)}
+        else:
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:  # a dangling symlink: its scan records it failed
+                stamps[path] = {"size": 0, "mtime_ns": 0}
+                continue
+            stamps[path] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return stamps
