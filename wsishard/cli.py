@@ -24,6 +24,7 @@ from wsishard.builder.parts import slurm_part as slurm_part  # re-exported: its 
 from wsishard.builder.qc_html import write_qc_page
 from wsishard.builder.roi import parse_names
 from wsishard.builder.run import build
+from wsishard.deprecation import add_old_flag
 from wsishard.errors import OptionError, WsiShardError
 from wsishard.report import details, summary
 from wsishard.shards.verify import VerifyProgress, format_report, verify
@@ -112,9 +113,8 @@ def option_fields(cls: Any = BuildOptions, prefix: str = "", group: str = "") ->
     A field has a flag when its ``metadata`` has ``help``; the metadata may also name ``flag`` (default:
     ``--field-name``, or ``--no-field-name`` for a field that defaults to True, which the flag turns off),
     ``metavar`` (default: FIELD_NAME), ``parse`` (a key of ``_PARSE``; default ``str``), ``choices``, ``group``
-    (a key of ``_GROUPS``; nested option classes give theirs on the field holding them), ``fills`` (names
-    of the fields the parsed tuple is spread over) and ``old_flags`` (former spellings, still accepted with a
-    one-line deprecation warning). Defaults come from the field and nowhere else.
+    (a key of ``_GROUPS``; nested option classes give theirs on the field holding them), ``fills`` (fields the parsed
+    tuple is spread over) and ``old_flags`` (former spellings, accepted with a warning). Defaults: the field's only.
     """
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(f.default_factory):
@@ -170,23 +170,7 @@ def _add_option(group: Any, dest: str, f: Field[Any], owner: Any = None) -> None
         kw.update(type=_flag_type(_PARSE[meta.get("parse", "str")], check, f), choices=choices, metavar=metavar)
     group.add_argument(option_flag(f), **kw)
     for old in meta.get("old_flags", ()):
-        hidden = {**kw, "help": argparse.SUPPRESS, "action": _OldFlag, "new_flag": option_flag(f)}
-        if isinstance(default, bool):
-            hidden.update(nargs=0, const=not default)
-        group.add_argument(old, **hidden)
-
-
-class _OldFlag(argparse.Action):
-    """A former spelling of a flag: does what ``new_flag`` does, after a one-line deprecation warning on stderr."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, new_flag: str, **kw: Any) -> None:
-        self.new_flag = new_flag
-        super().__init__(option_strings, dest, **kw)
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:  # fmt: skip
-        print(f"{parser.prog}: warning: {option_string} is deprecated, use {self.new_flag}", file=sys.stderr)
-        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+        add_old_flag(group, old, option_flag(f), kw, flips=isinstance(default, bool))
 
 
 def _options(args: argparse.Namespace) -> BuildOptions:
