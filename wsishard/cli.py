@@ -25,6 +25,7 @@ from wsishard.builder.parts import slurm_part as slurm_part  # re-exported: its 
 from wsishard.builder.qc_html import write_qc_page
 from wsishard.builder.roi import parse_names
 from wsishard.builder.run import build
+from wsishard.deprecation import add_old_flag
 from wsishard.errors import OptionError, WsiShardError
 from wsishard.report import details, summary
 from wsishard.shards.verify import VerifyProgress, format_report, verify
@@ -142,23 +143,7 @@ def _add_option(group: Any, dest: str, f: Field[Any], owner: Any = None) -> None
         kw.update(type=_flag_type(_PARSE[meta.get("parse", "str")], check, f), choices=choices, metavar=metavar)
     group.add_argument(option_flag(f), **kw)
     for old in meta.get("old_flags", ()):
-        hidden = {**kw, "help": argparse.SUPPRESS, "action": _OldFlag, "new_flag": option_flag(f)}
-        if isinstance(default, bool):
-            hidden.update(nargs=0, const=not default)
-        group.add_argument(old, **hidden)
-
-
-class _OldFlag(argparse.Action):
-    """A former spelling of a flag: does what ``new_flag`` does, after a one-line deprecation warning on stderr."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, new_flag: str, **kw: Any) -> None:
-        self.new_flag = new_flag
-        super().__init__(option_strings, dest, **kw)
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:  # fmt: skip
-        print(f"{parser.prog}: warning: {option_string} is deprecated, use {self.new_flag}", file=sys.stderr)
-        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+        add_old_flag(group, old, option_flag(f), kw, flips=isinstance(default, bool))
 
 
 def _options(args: argparse.Namespace) -> BuildOptions:

@@ -166,9 +166,8 @@ class Manifest:
 
 
 def manifest_files(manifest: Manifest, part: tuple[int, int] | None = None) -> list[tuple[str, bytes]]:
-    """The files that hold ``manifest`` (of the build, or of part ``part``), in the order to write them: its slide
-    records file (:func:`slides_name`), then the manifest (:func:`manifest_name`), whose presence means both are
-    complete."""
+    """The files that hold ``manifest`` (of the build, or of part ``part``), in write order: its slide records file
+    (:func:`slides_name`), then the manifest (:func:`manifest_name`), whose presence means both are complete."""
     manifest = replace(manifest, slides_file=slides_name(part))
     return [(slides_name(part), slide_lines(manifest.slides)), (manifest_name(part), manifest.to_json().encode())]
 

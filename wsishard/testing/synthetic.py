@@ -30,7 +30,7 @@ import tifffile
 from PIL import Image
 
 from wsishard.testing.artefacts import Artefacts, make_artefacts
-from wsishard.testing.pigment import make_pigments
+from wsishard.testing.pigment import Pigments, make_pigments
 from wsishard.testing.scene import MASK_DOWNSAMPLE, Scene, make_scene, render_tile
 from wsishard.testing.tissue_field import tissue_field
 
@@ -105,8 +105,7 @@ def make_slide(
             ``quality / 2`` dB PSNR, as older TCGA slides are); tiff is always JPEG.
         artefacts: kinds of artefacts to add (:data:`~wsishard.testing.artefacts.ARTEFACT_KINDS`: ``ink``,
             ``dots``, ``edge``, ``bubbles``); none by default (the slide is then the same as without them).
-        pigments: kinds of pigment to add inside the tissue (:data:`~wsishard.testing.pigment.PIGMENT_KINDS`:
-            ``melanin``, ``carbon``, ``dense``); none by default. Pigment is tissue: the true mask keeps it.
+        pigments: pigment kinds to add inside the tissue (``melanin``, ``carbon``, ``dense``), kept in the true mask.
 
     Raises:
         ValueError: a bad argument (the message names it and its value).
@@ -119,12 +118,8 @@ def make_slide(
     frac = tissue_fraction if tissue else 0.0
     field = tissue_field(np.random.default_rng((seed, 1)), mask_shape, px_um, frac)
     arts = make_artefacts(np.random.default_rng((seed, 3)), field, px_um, artefacts) if artefacts else None
-    pigs = make_pigments(np.random.default_rng((seed, 4)), field, px_um, pigments) if pigments else None
-    overlay = None if arts is None else arts.factor
-    if pigs is not None:
-        overlay = pigs.factor if overlay is None else overlay * pigs.factor
-    carbon = None if pigs is None or not pigs.carbon.any() else pigs.carbon
-    scene = make_scene(np.random.default_rng((seed, 2)), field, (height, width), mpp, tile_px, dust, overlay, carbon)
+    pigs, paint = _pigmented(seed, field, px_um, pigments, arts)
+    scene = make_scene(np.random.default_rng((seed, 2)), field, (height, width), mpp, tile_px, dust, *paint)
     if kind == "svs":
         _write_svs(str(path), scene, (height, width), mpp, include_mpp, quality, codec)
     else:
@@ -133,6 +128,20 @@ def make_slide(
     mask = (field > 0) if arts is None else (field > 0) & ~arts.mask
     pigment = None if pigs is None else pigs.mask & mask
     return SyntheticSlide(str(path), width, height, mpp, mask, float(MASK_DOWNSAMPLE), arts, pigment)
+
+
+Paint = tuple[np.ndarray | None, np.ndarray | None]  # the scene's pixel factor and carbon-speck weight
+
+
+def _pigmented(seed: int, field: np.ndarray, px_um: float, pigments: Sequence[str],
+               arts: Artefacts | None) -> tuple[Pigments | None, Paint]:  # fmt: skip
+    """The pigment layers (None without pigment), and the scene's pixel factor (artefacts and smooth pigment) and
+    carbon-speck weight, each None when there is none."""
+    pigs = make_pigments(np.random.default_rng((seed, 4)), field, px_um, pigments) if pigments else None
+    overlay = None if arts is None else arts.factor
+    if pigs is not None:
+        overlay = pigs.factor if overlay is None else overlay * pigs.factor
+    return pigs, (overlay, None if pigs is None or not pigs.carbon.any() else pigs.carbon)
 
 
 def make_slides(
