@@ -305,6 +305,6 @@ def test_a_slide_with_tiles_that_end_early_fails_and_leaves_no_patch(tmp_path: P
     manifest = build([str(tmp_path / "in")], str(tmp_path / "out"), BuildOptions(jobs=1))
     status = {s.slide_id: (s.status, s.reason) for s in manifest.slides}
     assert status["good"] == ("ok", "")
-    assert status["bad"][0] == "failed" and "is damaged: its JPEG data ends before its end marker" in status["bad"][1]
+    assert status["bad"][0] == "failed" and "is corrupt: its JPEG data ends before its end marker" in status["bad"][1]
     _, samples = read_output(str(tmp_path / "out"))
     assert samples and {s.meta["slide_id"] for s in samples} == {"good"}

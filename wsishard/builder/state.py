@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import hashlib
 import json
 import logging
 import os
@@ -33,6 +32,7 @@ from wsishard.builder.extract import ShardOutcome
 from wsishard.builder.scanstate import ScanStore
 from wsishard.builder.stamps import Stamp
 from wsishard.errors import OptionError
+from wsishard.shards.verify import recorded_shard_damage
 from wsishard.storage.output import Destination
 
 logger = logging.getLogger(__name__)
@@ -308,7 +308,7 @@ class BuildState:
             if entry is None:
                 continue
             record = manifest_records.ShardRecord(**entry["record"]) if entry["record"] else None
-            damage = _damage(self.dest, record, shards.get(record.name), records[name][1]) if record else ""
+            damage = record and recorded_shard_damage(self.dest, record, shards.get(record.name), records[name][1])
             if record and damage:
                 logger.warning("%s: %s, recorded as written, %s: writing it again", self.dest.location, record.name,
                                damage)  # fmt: skip
@@ -316,25 +316,6 @@ class BuildState:
             by_slide = {int(k): v for k, v in entry["patches_by_slide"].items()}
             done[entry["index"]] = (ShardOutcome(entry["index"], record, by_slide), frozenset(entry["excluded"]))
         return done
-
-
-def _damage(dest: Destination, record: manifest_records.ShardRecord, stat: tuple[int, int | None] | None,
-            recorded_ns: int | None) -> str:  # fmt: skip
-    """What is wrong with a shard a done record lists ("": nothing seen). Its size is checked always; its sha256
-    only where the file changed after the record was written (a local shard's time is then later than the
-    record's: shards are written before their records), so a re-run reads no intact shard."""
-    if stat is None:
-        return "is missing"
-    size, mtime_ns = stat
-    if size != record.bytes:
-        return f"holds {size} bytes, not the {record.bytes} recorded"
-    if mtime_ns is None or recorded_ns is None or mtime_ns <= recorded_ns:
-        return ""
-    digest = hashlib.sha256()
-    with open(dest.path(record.name), "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return "" if digest.hexdigest() == record.sha256 else "was altered since (its sha256 differs)"
 
 
 def _changed(recorded: Mapping[str, Stamp] | None, current: Mapping[str, Stamp] | None) -> list[str]:

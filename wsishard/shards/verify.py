@@ -15,6 +15,7 @@ list, and temporary files of an interrupted build, are warnings.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import tarfile
@@ -41,6 +42,7 @@ from wsishard.progress import ProgressCallback, ignore_progress
 from wsishard.shards.hashing import HashingFile
 from wsishard.shards.reader import group_members
 from wsishard.storage.opener import StreamOpener, list_names, load_manifest
+from wsishard.storage.output import Destination
 from wsishard.storage.secrets import describe, redact
 from wsishard.storage.urls import StorageOptions, join
 
@@ -171,6 +173,26 @@ def check_shard(location: str, record: ShardRecord, opener: Callable[[str], IO[b
     for problem, (count, key, detail) in found.items():
         reasons.append(f"{count} {problem} (first: {key[:120]!r}{', ' + detail if detail else ''})")
     return ShardCheck(record.name, samples, hashing.nbytes, reasons)
+
+
+def recorded_shard_damage(dest: Destination, record: ShardRecord, stat: tuple[int, int | None] | None,
+                          recorded_ns: int | None) -> str:  # fmt: skip
+    """What is wrong with a shard a build recorded as written, in a few words ("": nothing seen), without reading an
+    intact shard: ``stat`` is its ``(bytes, modification time in ns)`` from :meth:`Destination.file_stats` (None:
+    missing), ``recorded_ns`` the record's time. The size is checked always; the sha256 only where the shard
+    changed after its record was written (shards are written before their records)."""
+    if stat is None:
+        return "is missing"
+    size, mtime_ns = stat
+    if size != record.bytes:
+        return f"holds {size} bytes, not the {record.bytes} recorded"
+    if mtime_ns is None or recorded_ns is None or mtime_ns <= recorded_ns:
+        return ""
+    digest = hashlib.sha256()
+    with open(dest.path(record.name), "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return "" if digest.hexdigest() == record.sha256 else "was altered since (its sha256 differs)"
 
 
 def _compare(record: ShardRecord, samples: int, nbytes: int, sha256: str) -> list[str]:

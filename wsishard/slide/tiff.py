@@ -217,7 +217,7 @@ class TiffTileReader(SlideReader):
         if len(data) != count:
             raise SlideError(self.path, f"truncated: tile {index} of page {level.page_index} runs past the end")
         if level.compression == _JPEG and not _jpeg_complete(data):
-            raise SlideError(self.path, f"tile {index} of page {level.page_index} is damaged: its JPEG data ends "
+            raise SlideError(self.path, f"tile {index} of page {level.page_index} is corrupt: its JPEG data ends "
                                         "before its end marker (a truncated or overwritten tile)")  # fmt: skip
         try:
             if factor > 1:
