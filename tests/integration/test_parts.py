@@ -18,8 +18,8 @@ from wsishard.builder.options import BuildProgress
 from wsishard.builder.plan import make_groups, part_groups
 from wsishard.builder.run import build
 from wsishard.errors import ManifestError
-from wsishard.format import MANIFEST_NAME, SLIDES_NAME, SUMMARY_NAME, Manifest, parse_slide_lines, unique_slide_ids
-from wsishard.shards.index import Summary
+from wsishard.format import MANIFEST_NAME, SLIDES_NAME, Manifest, parse_slide_lines, unique_slide_ids
+from wsishard.shards.index import SUMMARY_NAME, Summary
 from wsishard.storage.opener import load_manifest
 
 OPTS = dataclasses.replace(SMALL_BUILD, jobs=1)

@@ -13,9 +13,8 @@ from wsishard.format import (
     manifest_files,
     parse_part_manifest,
     shard_order,
-    summary_name,
 )
-from wsishard.shards.index import Summary, write_summary
+from wsishard.shards.index import Summary, summary_name, write_summary
 from wsishard.storage.opener import load_manifest
 from wsishard.storage.output import Destination
 from wsishard.storage.urls import StorageOptions

@@ -50,12 +50,11 @@ from wsishard.format import (
     shard_name,
     shard_order,
     slides_name,
-    summary_name,
     temp_target,
     unique_slide_ids,
 )
 from wsishard.progress import ProgressCallback, ignore_progress
-from wsishard.shards.index import write_summary
+from wsishard.shards.index import summary_name, write_summary
 from wsishard.storage.output import Destination
 from wsishard.storage.urls import StorageOptions, is_url
 

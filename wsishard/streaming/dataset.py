@@ -48,19 +48,8 @@ from wsishard.format import expected_patch_size
 from wsishard.storage.opener import StreamOpener, load_manifest
 from wsishard.storage.secrets import redact
 from wsishard.storage.urls import StorageOptions, join
-from wsishard.streaming import redeal
+from wsishard.streaming import indexed, redeal, selection
 from wsishard.streaming.decode import Batch, DecodeIntoBatches
-from wsishard.streaming.indexed import (
-    MarkValid,
-    PadSamples,
-    ReadIndexed,
-    SamplingPlan,
-    Source,
-    Validity,
-    plan_sampling,
-    refs_of,
-    weights_of_reader,
-)
 from wsishard.streaming.partition import (
     EpochPlan,
     check_readers,
@@ -70,7 +59,7 @@ from wsishard.streaming.partition import (
     resume_position,
 )
 from wsishard.streaming.ring import Lending
-from wsishard.streaming.sampling import Select, Weights, dropped_message, pad_plan, weighted_resume
+from wsishard.streaming.sampling import Select, Weights, log_dropped, pad_plan
 from wsishard.streaming.stages import (
     SHUFFLE_STREAM,
     Budget,
@@ -103,8 +92,7 @@ class StreamConfig:
         on_error: ``"raise"`` or ``"skip"`` broken shards and samples.
         patch_size_px: width = height of every image, px: the manifests' patch size (:func:`stream` reads it);
             a :class:`ShardStream` needs it. A sample of another size is a broken sample.
-        pad_last: epoch mode: every sample exactly once, every rank the same number of batches, the last ones
-            filled with repeats marked ``batch["valid"] == False`` (:func:`~wsishard.streaming.sampling.pad_plan`).
+        pad_last: epoch mode: every sample once, equal batches per rank, ``batch["valid"]`` False on repeats.
     """
 
     batch_size: int
@@ -165,12 +153,10 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         config: the stream's options.
         world: rank and world size; detected from torch.distributed / torchrun when None.
         opener: ``location -> binary file``; :class:`~wsishard.storage.opener.StreamOpener` when None.
-        sampling: what to read of each shard by its index (``select=``, ``weights=``); ``shards`` then carry their
-            selected counts (:func:`~wsishard.streaming.indexed.refs_of`).
     """
 
     def __init__(self, shards: Sequence[ShardRef], config: StreamConfig, *, world: World | None = None,
-                 opener: Opener | None = None, sampling: SamplingPlan | None = None) -> None:  # fmt: skip
+                 opener: Opener | None = None, sampling: selection.SamplingPlan | None = None) -> None:  # fmt: skip
         super().__init__()
         if config.patch_size_px is None:
             raise ValueError("config.patch_size_px is None: a stream needs the build's patch size (stream() reads it "
@@ -189,10 +175,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         self.resumed: Resume | None = None  # set by a loader's load_state_dict; applies to its epoch only
         self.redealt: tuple[int, tuple[redeal.Piece, ...]] | None = None  # an epoch begun on another topology
         self.lending = Lending()  # how workers lend batch buffers (set by a ShardLoader while its workers start)
-        self.sampling = sampling
-        if sampling is not None and sampling.weighted and not config.resampled:
-            raise ValueError("weights= needs resampled=True (weighted draws never end); select= works in both modes")
-        self._warned = False
+        self.sampling, self._warned = selection.checked(sampling, config.resampled), False
 
     @property
     def plan_seed(self) -> int:
@@ -227,23 +210,16 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
                 f"with {self.world.world_size} rank(s) x {max(num_workers, 1)} worker(s)"
             )
         if not self.config.resampled and not self._warned and self.world.rank == 0:
-            self._warned = True
-            message = dropped_message(self.plan(0, max(num_workers, 1)))
-            if message is not None:
-                logger.warning(message)
+            self._warned = log_dropped(self.plan(0, max(num_workers, 1)))
 
-    def sample_stages(self, seed: tuple[int, ...], max_failures: int = 1, skip: int = 0,
-                      read: dict[str, Any] | None = None) -> list[Any]:  # fmt: skip
+    def sample_stages(self, seed: tuple[int, ...], max_failures: int = 1, skip: int = 0, read: Any = None) -> list[Any]:
         """The stages from shards to batches: read and shuffle (by ``seed`` and each shard's position, passing over
-        ``skip`` samples first; by the index where the stream has a sampling plan, with ``read``'s extra arguments of
-        :class:`~wsishard.streaming.indexed.ReadIndexed`), decode, batch."""
+        ``skip`` samples first; by the index with a sampling plan, ``read`` as ReadIndexed takes it), decode, batch."""
         cfg = self.config
         drop_last = cfg.drop_last or cfg.resampled
-        shuffle_seed = (*seed, SHUFFLE_STREAM)
-        reader: Any = (ReadShuffled(self.opener, cfg.shuffle, shuffle_seed, cfg.on_error, max_failures, skip)
-                       if self.sampling is None else
-                       ReadIndexed(self.sampling, self.opener, cfg.shuffle, shuffle_seed, cfg.on_error, max_failures,
-                                   skip, **(read or {})))  # fmt: skip
+        reader = indexed.read_stage(self.sampling, self.opener, cfg, (*seed, SHUFFLE_STREAM), max_failures, skip,
+                                    read) or ReadShuffled(self.opener, cfg.shuffle, (*seed, SHUFFLE_STREAM),
+                                                          cfg.on_error, max_failures, skip)  # fmt: skip
         return [reader, DecodeIntoBatches(cfg.batch_size, self.image_hw, drop_last=drop_last, on_error=cfg.on_error,
                                           lending=self.lending)]  # fmt: skip
 
@@ -254,7 +230,6 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         check_readers(self.counts, world.world_size, world.num_workers)
         seed = (self.base_seed, world.rank, world.worker, epoch)
         cfg = self.config
-        read: dict[str, Any] | None = None  # the extra arguments of an indexed read (weighted draws)
         if cfg.resampled:
             order = epoch_order(self.counts, world_size=world.world_size, num_workers=world.num_workers,
                                 seed=self.plan_seed, epoch=0)  # fmt: skip
@@ -263,11 +238,9 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
                 raise TopologyError(f"rank {world.rank} worker {world.worker} owns only empty shards")
             start, skip = resume_position([r.kept for r in mine], done * cfg.batch_size, seed=self.base_seed,
                                           rank=world.rank, worker=world.worker)  # fmt: skip
-            if self.sampling is not None and self.sampling.weighted:  # weighted draws: visits of varying sizes
-                expected = weights_of_reader(self.sampling, mine)
-                start, skip = weighted_resume(np.array([expected[r.url] for r in mine]), done * cfg.batch_size,
-                                              seed=self.base_seed, rank=world.rank, worker=world.worker)  # fmt: skip
-                read = {"reader": (self.base_seed, world.rank, world.worker), "expected": expected}
+            start, skip, read = selection.weighted_start(
+                self.sampling, mine, done * cfg.batch_size, (self.base_seed, world.rank, world.worker), (start, skip)
+            )
             source: tuple[Any, ...] = (ShardList(mine), Resample(self.base_seed, world.rank, world.worker, start))
             budget = None
         elif self.redealt is not None and self.redealt[0] == epoch:
@@ -276,40 +249,20 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
             plan = self.plan(epoch, world.num_workers)
             mine = slice_refs(self.shards, plan.slices_of(world))
             start, skip = resume_position([r.kept for r in mine], done * cfg.batch_size)
-            topup = cfg.on_error == "skip" and world.world_size > 1
+            topup, read = cfg.on_error == "skip" and world.world_size > 1, None
             refill = _Refill(self, mine, (*seed, _TOPUP_STREAM)) if topup else None
             source, budget = (ShardList(mine, start),), Budget(max(plan.budget_of(world) - done, 0), refill)
             if cfg.pad_last:
-                return self._padded_pipeline(world, seed, plan, mine, done)
+                return indexed.padded_pipeline(self, world, seed, plan, mine, done)
         logger.debug("rank %d worker %d epoch %d: %d shards, from %d (+%d)", world.rank, world.worker, epoch,
                      len(mine), start, skip)  # fmt: skip
-        return wds.DataPipeline(
-            *source, *self.sample_stages(seed, max_failures=len(mine), skip=skip, read=read), budget
-        )
-
-    def _padded_pipeline(self, world: World, seed: tuple[int, ...], plan: EpochPlan, mine: tuple[ShardRef, ...],
-                         done: int) -> wds.DataPipeline:  # fmt: skip
-        """An epoch with ``pad_last``: this reader's samples, then repeats up to its (padded) budget, after the ``done``
-        batches it had yielded (a resumed loader)."""
-        size, real = self.config.batch_size, int(plan.samples[world.rank, world.worker])
-        budget, past = int(plan.budget_of(world)), done * self.config.batch_size
-        start, skip = resume_position([r.kept for r in mine], past) if past < real else (0, 0)
-        counter = Validity(min(past, real))
-        read, decode = self.sample_stages(seed, max_failures=len(mine), skip=skip)
-        return wds.DataPipeline(
-            ShardList(mine, start),
-            read,
-            PadSamples(max(real - past, 0), (budget - done) * size, size, counter),
-            decode,
-            MarkValid(counter, past),
-            Budget(max(budget - done, 0)),
-        )
+        stages = self.sample_stages(seed, max_failures=len(mine), skip=skip, read=read)
+        return wds.DataPipeline(*source, *stages, budget)
 
     def _redealt_pipeline(self, world: World, seed: tuple[int, ...]) -> wds.DataPipeline:
         """The rest of an epoch begun on another topology: this reader's share of the old readers' remainders."""
         assert self.redealt is not None
-        if self.sampling is not None:
-            raise TopologyError("an epoch with select= resumes on the topology it began on only (same ranks, workers)")
+        selection.check_redeal(self.sampling)
         cfg, pieces = self.config, self.redealt[1]
         caps = redeal.budgets(pieces, world.world_size, world.num_workers, batch_size=cfg.batch_size,
                               drop_last=cfg.drop_last)  # fmt: skip
@@ -400,54 +353,38 @@ def stream(
 
     Shard names and per-shard sample counts come from each output's manifest. Iterate the result
     directly, or through :func:`loader` for worker processes. Options are those of :class:`StreamConfig`.
-    ``select``, ``weights`` and ``proportions`` read each output's per-sample index (:mod:`wsishard.shards.index`,
-    written by the build): see ``docs/guide/sampling.md``.
+    ``select``/``weights``/``proportions`` read the per-sample index (``docs/guide/sampling.md``).
 
     Args:
         source: a build output, or a list of them (their shards are combined).
         storage_options: fsspec options for URLs, used for manifests and shards.
         opener: ``location -> binary file`` replacing the fsspec/local opener (must pickle).
         world: rank and world size; detected when None.
-        select: ``columns -> (n,) bool``: only the samples it keeps are streamed (each shard index's columns as
-            numpy arrays: ``label``, ``slide_id``, ``tissue``, ``background``, ``dark``, ``sharpness``, ``mpp``, ``x``,
-            ``y``, ``key``, ``position``, ``shard``...). Must be deterministic and pickle (DataLoader workers call it).
-        weights: resampled mode: ``"class"`` (every label equally likely), ``"slide"`` (every slide equally likely),
-            ``{label: weight}`` (labels not named: 0), or ``columns -> (n,) weights >= 0``.
-        proportions: with several sources and ``weights``, the share of draws of each (MosaicML's ``proportion``).
-        pad_last: epoch mode: every selected sample exactly once over all ranks and workers, every rank the same
-            number of batches, the last ones padded with repeats marked ``batch["valid"] == False``.
+        select, weights, proportions, pad_last: what training sees (``docs/guide/sampling.md``).
 
     Raises:
         ManifestError: a manifest is missing or unreadable, names a shard that is no shard file name, lacks the
-            patch size, or the outputs hold no shard or have different patch sizes; with ``select``/``weights``, an
-            output without a per-sample index.
+            patch size, or the outputs hold no shard or have different patch sizes (or no index, with ``select``).
         ValueError: a bad option.
     """
     sources = [source] if isinstance(source, str | os.PathLike) else list(source)
     tasks: list[ShardRef] = []
     sizes: dict[str, int] = {}  # source (redacted) -> its patch size, px
-    read: list[Source] = []
+    read: list[selection.Source] = []
     for src in sources:
         manifest, root = load_manifest(os.fspath(src), storage_options, slides=False)
         where = redact(os.fspath(src), storage_options)
         sizes[where] = expected_patch_size(manifest, where)
         tasks += [ShardRef(url=join(root, rec.name), samples=rec.samples) for rec in manifest.shards]
-        read.append(Source(root, manifest, where))
+        read.append(selection.Source(root, manifest, where))
     if not tasks:
         raise ManifestError(", ".join(sizes), "lists no shards")
     config = StreamConfig(batch_size=batch_size, resampled=resampled, shuffle=shuffle, seed=seed,
                           drop_last=drop_last, on_error=on_error, patch_size_px=_one_patch_size(sizes),
                           pad_last=pad_last)  # fmt: skip
     opener = opener or StreamOpener(dict(storage_options or {}))
-    if proportions is not None and weights is None:
-        raise ValueError("proportions= weighs sources against each other: it needs weights= too")
-    plan = None
-    if select is not None or weights is not None:
-        plan = plan_sampling(read, select=select, weights=weights, proportions=proportions,
-                             storage_options=storage_options, opener=opener)  # fmt: skip
-        tasks = refs_of(plan, [t.url for t in tasks])
-        if not tasks:
-            raise ValueError(f"select= keeps no sample of {', '.join(sizes)}")
+    tasks, plan = selection.choose(read, tasks, select=select, weights=weights, proportions=proportions,
+                                   storage_options=storage_options, opener=opener)  # fmt: skip
     return ShardStream(tasks, config, world=world, opener=opener, sampling=plan)
 
 
