@@ -52,7 +52,6 @@ _GROUP_SHIFT = 20  # a shard index packs (group, k): group << 20 | k, k < 2**20 
 _TEMP_INFIX = ".tmp-"
 _TEMP_NAME = re.compile(r"\.(.+)" + re.escape(_TEMP_INFIX) + r"\d+")
 _PART_MANIFEST = re.compile(r"manifest\.part-(\d{4,})-of-(\d{4,})\.json")
-_PART_SUMMARY = re.compile(r"index\.part-(\d{4,})-of-(\d{4,})\.npz")
 _PART_SLIDES = re.compile(r"slides\.part-(\d{4,})-of-(\d{4,})\.jsonl")
 _MAX_ID_CHARS = 96
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*_x[0-9]+_y[0-9]+")  # sample_key(sanitize_slide_id(...), x, y)
@@ -164,34 +163,6 @@ def shard_order(name: str) -> tuple[int, int]:
     if match is None:
         raise ValueError(f"not a shard name: {name!r}")
     return int(match.group(1)), int(match.group(2)) if match.group(2) is not None else -1
-
-
-INDEX_SUFFIX = ".idx.npz"  # a shard's per-sample index: ``shard-000012-0003.idx.npz`` beside ``shard-000012-0003.tar``
-SUMMARY_NAME = "index.npz"  # the per-shard label and slide counts of every shard index, beside the manifest
-_INDEX_NAME = re.compile(r"(" + _SHARD_NAME.pattern[: -len(re.escape(SHARD_SUFFIX))] + r")" + re.escape(INDEX_SUFFIX))
-
-
-def index_name(shard: str) -> str:
-    """The per-sample index file of the shard named ``shard`` (a :func:`shard_name`): ``shard-000012-0003.idx.npz``."""
-    if not is_shard_name(shard):
-        raise ValueError(f"not a shard name: {shard!r}")
-    return shard[: -len(SHARD_SUFFIX)] + INDEX_SUFFIX
-
-
-def index_shard(name: str) -> str | None:
-    """The shard an index file name stands for (:func:`index_name`'s inverse), or None if it is no index name."""
-    match = _INDEX_NAME.fullmatch(name)
-    return match.group(1) + SHARD_SUFFIX if match else None
-
-
-def summary_name(part: tuple[int, int] | None = None) -> str:
-    """``index.npz`` (the shard indexes' summary beside ``manifest.json``), or ``index.part-0002-of-0008.npz``."""
-    return SUMMARY_NAME if part is None else f"index.{part_label(part)}.npz"
-
-
-def is_summary_name(name: str) -> bool:
-    """True for a name :func:`summary_name` makes."""
-    return name == SUMMARY_NAME or _PART_SUMMARY.fullmatch(name) is not None
 
 
 def qc_picture_name(slide_id: str) -> str:

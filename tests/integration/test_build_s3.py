@@ -17,7 +17,7 @@ import pytest
 from buildtools import SMALL_BUILD, SMALL_BUILD_ARGS, read_output
 
 from wsishard.builder.run import build
-from wsishard.format import SUMMARY_NAME, index_name
+from wsishard.shards.index import SUMMARY_NAME, index_name
 from wsishard.storage.output import Destination
 from wsishard.streaming.sources import stream
 

@@ -18,9 +18,9 @@ from wsishard.builder.options import BuildProgress
 from wsishard.builder.plan import make_groups, part_groups
 from wsishard.builder.run import build
 from wsishard.errors import ManifestError
-from wsishard.format import MANIFEST_NAME, SLIDES_NAME, SUMMARY_NAME, unique_slide_ids
+from wsishard.format import MANIFEST_NAME, SLIDES_NAME, unique_slide_ids
 from wsishard.manifest import Manifest, parse_slide_lines
-from wsishard.shards.index import Summary
+from wsishard.shards.index import SUMMARY_NAME, Summary
 from wsishard.storage.opener import load_manifest
 from wsishard.testing.synthetic import make_slides
 

@@ -16,8 +16,7 @@ import pytest
 import shardmaker as sm
 
 from wsishard.errors import ManifestError
-from wsishard.format import SUMMARY_NAME, index_name
-from wsishard.shards.index import Summary, index_build, load_index
+from wsishard.shards.index import SUMMARY_NAME, Summary, index_build, index_name, load_index
 from wsishard.shards.reader import TarSamples
 from wsishard.streaming.dataset import ShardStream
 from wsishard.streaming.loader import loader

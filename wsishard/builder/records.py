@@ -11,9 +11,9 @@ from typing import Any
 from wsishard import __version__
 from wsishard.builder.options import BuildOptions
 from wsishard.builder.qc_html import INDEX_NAME, qc_index
-from wsishard.format import slides_name, summary_name
+from wsishard.format import slides_name
 from wsishard.manifest import Manifest, ShardRecord, SlideRecord, manifest_files
-from wsishard.shards.index import write_summary
+from wsishard.shards.index import summary_name, write_summary
 from wsishard.storage.output import Destination
 from wsishard.storage.urls import public_location
 

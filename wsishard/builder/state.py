@@ -32,6 +32,7 @@ from wsishard.builder.extract import ShardOutcome
 from wsishard.builder.scanstate import ScanStore
 from wsishard.builder.stamps import Stamp
 from wsishard.errors import OptionError
+from wsishard.shards.index import index_shard, is_summary_name
 from wsishard.shards.verify import recorded_shard_damage
 from wsishard.storage.output import Destination
 
@@ -151,8 +152,8 @@ class BuildState:
         def owned(name: str) -> bool:
             if (target := _untemp(name)) != name:  # being written, or left by a killed build, under a temporary name
                 return target in pictures or _build_name(target)
-            return (name in manifests or name in pictures or fmt.is_slides_name(name) or fmt.is_summary_name(name)
-                    or (fmt.is_shard_name(name) and name in listed) or fmt.index_shard(name) in listed)  # fmt: skip
+            return (name in manifests or name in pictures or fmt.is_slides_name(name) or is_summary_name(name)
+                    or (fmt.is_shard_name(name) and name in listed) or index_shard(name) in listed)  # fmt: skip
 
         digest = build.get("fingerprint") or next((m.get("extra", {}).get("fingerprint") for m in manifests.values()),
                                                   None)  # fmt: skip
@@ -339,7 +340,7 @@ def _pictures(slide_ids: Iterable[str]) -> set[str]:
 
 def _build_name(name: str) -> bool:
     return (fmt.is_shard_name(name) or name == fmt.MANIFEST_NAME or fmt.parse_part_manifest(name) is not None
-            or fmt.is_slides_name(name) or fmt.is_summary_name(name) or fmt.index_shard(name) is not None)  # fmt: skip
+            or fmt.is_slides_name(name) or is_summary_name(name) or index_shard(name) is not None)  # fmt: skip
 
 
 def _who(holder: Mapping[str, Any], digest: str) -> str:

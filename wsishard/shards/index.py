@@ -25,6 +25,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from typing import IO, Any
 import numpy as np
 
 from wsishard.errors import ManifestError
-from wsishard.format import LABEL_EXT, META_EXT, SUMMARY_NAME, index_name, split_member
+from wsishard.format import LABEL_EXT, META_EXT, SHARD_SUFFIX, is_shard_name, part_label, split_member
 from wsishard.shards.reader import tar_spans
 from wsishard.storage.output import Destination
 
@@ -43,6 +44,32 @@ COLUMNS: dict[str, str] = {
     "offset": "int64", "size": "int64", "slide": "int32", "label": "int32", "x": "int64", "y": "int64",
     "mpp": "float32", "tissue": "float32", "background": "float32", "dark": "float32", "sharpness": "float32",
 }  # fmt: skip
+INDEX_SUFFIX = ".idx.npz"  # a shard's per-sample index: ``shard-000012-0003.idx.npz`` beside its ``.tar``
+SUMMARY_NAME = "index.npz"  # the summary of every shard index, beside the manifest
+# (index file names live here, not in format.py: that module is at the house limit of 400 lines)
+
+
+def index_name(shard: str) -> str:
+    """The per-sample index file of the shard named ``shard``: ``shard-000012-0003.idx.npz``."""
+    return shard.removesuffix(SHARD_SUFFIX) + INDEX_SUFFIX
+
+
+def index_shard(name: str) -> str | None:
+    """The shard an index file name stands for (:func:`index_name`'s inverse), or None if it is no shard's index."""
+    shard = name.removesuffix(INDEX_SUFFIX) + SHARD_SUFFIX
+    return shard if name.endswith(INDEX_SUFFIX) and is_shard_name(shard) else None
+
+
+def summary_name(part: tuple[int, int] | None = None) -> str:
+    """``index.npz``, or ``index.part-0002-of-0008.npz`` for part 2 of 8 of a cluster build."""
+    return SUMMARY_NAME if part is None else f"index.{part_label(part)}.npz"
+
+
+def is_summary_name(name: str) -> bool:
+    """True for a name :func:`summary_name` makes."""
+    return name == SUMMARY_NAME or re.fullmatch(r"index\.part-\d{4,}-of-\d{4,}\.npz", name) is not None
+
+
 _SCORES = ("mpp", "tissue", "background", "dark", "sharpness")
 INDEX_VERSION = 1
 

@@ -16,10 +16,9 @@ import tarfile
 from collections.abc import Iterable
 from types import TracebackType
 
-from wsishard.format import index_name
 from wsishard.manifest import ShardRecord
 from wsishard.shards.hashing import HashingFile
-from wsishard.shards.index import IndexWriter
+from wsishard.shards.index import IndexWriter, index_name
 from wsishard.storage.output import Destination
 
 _TAR_MTIME = 0  # fixed member mtime: the same samples give byte-identical shards

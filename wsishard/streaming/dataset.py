@@ -44,16 +44,8 @@ import webdataset as wds
 
 from wsishard.errors import ShardError, TopologyError
 from wsishard.storage.opener import StreamOpener
-from wsishard.streaming import redeal
+from wsishard.streaming import indexed, redeal, selection
 from wsishard.streaming.decode import Batch, DecodeIntoBatches
-from wsishard.streaming.indexed import (
-    MarkValid,
-    PadSamples,
-    ReadIndexed,
-    SamplingPlan,
-    Validity,
-    weights_of_reader,
-)
 from wsishard.streaming.partition import (
     EpochPlan,
     check_readers,
@@ -63,7 +55,7 @@ from wsishard.streaming.partition import (
     resume_position,
 )
 from wsishard.streaming.ring import UNLENT, Lending
-from wsishard.streaming.sampling import dropped_message, pad_plan, weighted_resume
+from wsishard.streaming.sampling import log_dropped, pad_plan
 from wsishard.streaming.stages import (
     SHUFFLE_STREAM,
     Budget,
@@ -161,11 +153,11 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         world: rank and world size; detected from torch.distributed / torchrun when None.
         opener: ``location -> binary file``; :class:`~wsishard.storage.opener.StreamOpener` when None.
         sampling: what to read of each shard by its index (``select=``, ``weights=``); ``shards`` then carry their
-            selected counts (:func:`~wsishard.streaming.indexed.refs_of`).
+            selected counts (:func:`~wsishard.streaming.selection.choose`).
     """
 
     def __init__(self, shards: Sequence[ShardRef], config: StreamConfig, *, world: World | None = None,
-                 opener: Opener | None = None, sampling: SamplingPlan | None = None) -> None:  # fmt: skip
+                 opener: Opener | None = None, sampling: selection.SamplingPlan | None = None) -> None:  # fmt: skip
         super().__init__()
         if config.patch_size_px is None:
             raise ValueError("config.patch_size_px is None: a stream needs the build's patch size (stream() reads it "
@@ -180,10 +172,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         self.base_seed = config.seed if config.seed is not None else int(np.random.default_rng().integers(2**63))
         self._next_epoch = 0
         self.redealt: tuple[int, tuple[redeal.Piece, ...]] | None = None  # an epoch begun on another topology
-        self.sampling = sampling
-        if sampling is not None and sampling.weighted and not config.resampled:
-            raise ValueError("weights= needs resampled=True (weighted draws never end); select= works in both modes")
-        self._warned = False
+        self.sampling, self._warned = selection.checked(sampling, config.resampled), False
 
     @property
     def plan_seed(self) -> int:
@@ -231,10 +220,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
                 f"with {self.world.world_size} rank(s) x {max(num_workers, 1)} worker(s)"
             )
         if not self.config.resampled and not self._warned and self.world.rank == 0:
-            self._warned = True
-            message = dropped_message(self.plan(0, max(num_workers, 1)))
-            if message is not None:
-                logger.warning(message)
+            self._warned = log_dropped(self.plan(0, max(num_workers, 1)))
 
     def sample_stages(self, seed: tuple[int, ...], max_failures: int = 1, skip: int = 0,
                       read: dict[str, Any] | None = None, lending: Lending = UNLENT) -> list[Any]:  # fmt: skip
@@ -243,11 +229,9 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         :class:`~wsishard.streaming.indexed.ReadIndexed`), decode, batch (into buffers lent as ``lending`` says)."""
         cfg = self.config
         drop_last = cfg.drop_last or cfg.resampled
-        shuffle_seed = (*seed, SHUFFLE_STREAM)
-        reader: Any = (ReadShuffled(self.opener, cfg.shuffle, shuffle_seed, cfg.on_error, max_failures, skip)
-                       if self.sampling is None else
-                       ReadIndexed(self.sampling, self.opener, cfg.shuffle, shuffle_seed, cfg.on_error, max_failures,
-                                   skip, **(read or {})))  # fmt: skip
+        reader = indexed.read_stage(self.sampling, self.opener, cfg, (*seed, SHUFFLE_STREAM), max_failures, skip,
+                                    read) or ReadShuffled(self.opener, cfg.shuffle, (*seed, SHUFFLE_STREAM),
+                                                          cfg.on_error, max_failures, skip)  # fmt: skip
         return [reader, DecodeIntoBatches(cfg.batch_size, self.image_hw, drop_last=drop_last, on_error=cfg.on_error,
                                           lending=lending)]  # fmt: skip
 
@@ -268,11 +252,9 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
                 raise TopologyError(f"rank {world.rank} worker {world.worker} owns only empty shards")
             start, skip = resume_position([r.kept for r in mine], done * cfg.batch_size, seed=self.base_seed,
                                           rank=world.rank, worker=world.worker)  # fmt: skip
-            if self.sampling is not None and self.sampling.weighted:  # weighted draws: visits of varying sizes
-                expected = weights_of_reader(self.sampling, mine)
-                start, skip = weighted_resume(np.array([expected[r.url] for r in mine]), done * cfg.batch_size,
-                                              seed=self.base_seed, rank=world.rank, worker=world.worker)  # fmt: skip
-                read = {"reader": (self.base_seed, world.rank, world.worker), "expected": expected}
+            start, skip, read = selection.weighted_start(
+                self.sampling, mine, done * cfg.batch_size, (self.base_seed, world.rank, world.worker), (start, skip)
+            )
             source: tuple[Any, ...] = (ShardList(mine), Resample(self.base_seed, world.rank, world.worker, start))
             budget = None
         elif self.redealt is not None and self.redealt[0] == epoch:
@@ -285,29 +267,11 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
             refill = _Refill(self, mine, (*seed, _TOPUP_STREAM), lending) if topup else None
             source, budget = (ShardList(mine, start),), Budget(max(plan.budget_of(world) - done, 0), refill)
             if cfg.pad_last:
-                return self._padded_pipeline(world, seed, plan, mine, done, lending)
+                return indexed.padded_pipeline(self, world, seed, plan, mine, done, lending)
         logger.debug("rank %d worker %d epoch %d: %d shards, from %d (+%d)", world.rank, world.worker, epoch,
                      len(mine), start, skip)  # fmt: skip
         stages = self.sample_stages(seed, max_failures=len(mine), skip=skip, read=read, lending=lending)
         return wds.DataPipeline(*source, *stages, budget)
-
-    def _padded_pipeline(self, world: World, seed: tuple[int, ...], plan: EpochPlan, mine: tuple[ShardRef, ...],
-                         done: int, lending: Lending) -> wds.DataPipeline:  # fmt: skip
-        """An epoch with ``pad_last``: this reader's samples, then repeats up to its (padded) budget, after the ``done``
-        batches it had yielded (a resumed loader)."""
-        size, real = self.config.batch_size, int(plan.samples[world.rank, world.worker])
-        budget, past = int(plan.budget_of(world)), done * self.config.batch_size
-        start, skip = resume_position([r.kept for r in mine], past) if past < real else (0, 0)
-        counter = Validity(min(past, real))
-        read, decode = self.sample_stages(seed, max_failures=len(mine), skip=skip, lending=lending)
-        return wds.DataPipeline(
-            ShardList(mine, start),
-            read,
-            PadSamples(max(real - past, 0), (budget - done) * size, size, counter),
-            decode,
-            MarkValid(counter, past),
-            Budget(max(budget - done, 0)),
-        )
 
     def _redealt_pipeline(self, world: World, seed: tuple[int, ...], lending: Lending) -> wds.DataPipeline:
         """The rest of an epoch begun on another topology: this reader's share of the old readers' remainders."""

@@ -17,6 +17,7 @@ finds its position from the counts alone (:func:`weighted_resume`), no index ope
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Literal
@@ -29,6 +30,7 @@ Table = Mapping[str, np.ndarray]  # a shard index's columns, as select= and weig
 Select = Callable[[Table], np.ndarray]
 WeightFunction = Callable[[Table], np.ndarray]
 Weights = Literal["class", "slide"] | Mapping[int, float] | WeightFunction
+logger = logging.getLogger("wsishard.streaming.dataset")  # the stream's own logger: users filter one name
 DRAW_STREAM = 3  # the seed word after a reader's (seed, rank, worker, position) that its weighted draws use
 
 
@@ -164,6 +166,14 @@ def pad_plan(plan: EpochPlan) -> EpochPlan:
         workers = budgets.shape[1]
         budgets[r] += extra // workers + (np.arange(workers) < extra % workers)
     return replace(plan, budgets=budgets, kept=plan.samples.copy(), batches_per_rank=target, drop_last=False)
+
+
+def log_dropped(plan: EpochPlan) -> bool:
+    """Log (a warning) what an epoch of ``plan`` drops, if anything; True."""
+    message = dropped_message(plan)
+    if message is not None:
+        logger.warning(message)
+    return True
 
 
 def dropped_message(plan: EpochPlan) -> str | None:

@@ -11,8 +11,8 @@ from wsishard.format import expected_patch_size
 from wsishard.storage.opener import StreamOpener, load_manifest
 from wsishard.storage.secrets import redact
 from wsishard.storage.urls import StorageOptions, join
+from wsishard.streaming import selection
 from wsishard.streaming.dataset import ShardStream, StreamConfig
-from wsishard.streaming.indexed import Source, plan_sampling, refs_of
 from wsishard.streaming.sampling import Select, Weights
 from wsishard.streaming.stages import ErrorMode, Opener, ShardRef
 from wsishard.streaming.world import World
@@ -70,15 +70,8 @@ def stream(
                           drop_last=drop_last, on_error=on_error, patch_size_px=_one_patch_size(sizes),
                           pad_last=pad_last)  # fmt: skip
     opener = opener or StreamOpener(dict(storage_options or {}))
-    if proportions is not None and weights is None:
-        raise ValueError("proportions= weighs sources against each other: it needs weights= too")
-    plan = None
-    if select is not None or weights is not None:
-        plan = plan_sampling(read, select=select, weights=weights, proportions=proportions,
-                             storage_options=storage_options, opener=opener)  # fmt: skip
-        tasks = refs_of(plan, [t.url for t in tasks])
-        if not tasks:
-            raise ValueError(f"select= keeps no sample of {', '.join(sizes)}")
+    tasks, plan = selection.choose(read, tasks, select=select, weights=weights, proportions=proportions,
+                                   storage_options=storage_options, opener=opener)  # fmt: skip
     return ShardStream(tasks, config, world=world, opener=opener, sampling=plan)
 
 
@@ -95,7 +88,7 @@ def _one_patch_size(sizes: dict[str, int]) -> int:
 
 
 def _read_manifests(sources: Sequence[str | os.PathLike[str]], storage_options: StorageOptions | None
-                    ) -> tuple[list[ShardRef], dict[str, int], list[Source]]:  # fmt: skip
+                    ) -> tuple[list[ShardRef], dict[str, int], list[selection.Source]]:  # fmt: skip
     """Every source's shards (in manifest order), patch size (by its redacted location) and manifest.
 
     Raises:
@@ -103,13 +96,13 @@ def _read_manifests(sources: Sequence[str | os.PathLike[str]], storage_options: 
     """
     tasks: list[ShardRef] = []
     sizes: dict[str, int] = {}  # source (redacted) -> its patch size, px
-    read: list[Source] = []
+    read: list[selection.Source] = []
     for src in sources:
         manifest, root = load_manifest(os.fspath(src), storage_options, slides=False)
         where = redact(os.fspath(src), storage_options)
         sizes[where] = expected_patch_size(manifest, where)
         tasks += [ShardRef(url=join(root, rec.name), samples=rec.samples) for rec in manifest.shards]
-        read.append(Source(root, manifest, where))
+        read.append(selection.Source(root, manifest, where))
     if not tasks:
         raise ManifestError(", ".join(sizes), "lists no shards")
     return tasks, sizes, read

@@ -1,0 +1,283 @@
+"""The sampling plan of ``select=``/``weights=``/``proportions=``, made once in the main process (see
+:mod:`wsishard.streaming.indexed`): a few numbers per shard and per slide, never a row per sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from wsishard.errors import ManifestError, ShardError, TopologyError
+from wsishard.manifest import Manifest
+from wsishard.shards.index import SUMMARY_NAME, ShardIndex, Summary, index_name, load_index
+from wsishard.storage.opener import read_bytes
+from wsishard.storage.secrets import redact
+from wsishard.storage.urls import StorageOptions, join
+from wsishard.streaming import sampling
+from wsishard.streaming.sampling import Select, Table, Weights
+from wsishard.streaming.stages import Opener, ShardRef
+
+
+@dataclass(frozen=True, eq=False)
+class SamplingPlan:
+    """What to read of each shard, and with which weights: a few numbers per shard and per slide.
+
+    Attributes:
+        select: the user's ``select=`` (None: every sample).
+        weights: the user's ``weights=`` (None: unweighted).
+        urls: shard location -> its row in the arrays below.
+        index_urls: (n,) each shard's index location.
+        rows: (n,) samples in each shard (its manifest count).
+        selected: (n,) samples ``select`` keeps in each shard.
+        totals: (n,) total weight of each shard's selected samples (scaled by its source's proportion).
+        scales: (n,) the factor of each shard's source (``proportions=``).
+        labels, label_weight: (L,) label values and the weight of one sample of each (``"class"``, mapping).
+        slide_ptr, slide_global: shard ``s``'s slides (in its index's order) are global slides
+            ``slide_global[slide_ptr[s]:slide_ptr[s + 1]]``.
+        slide_weight: (S,) the weight of one sample of each global slide (``"slide"``).
+    """
+
+    select: Select | None
+    weights: Weights | None
+    urls: dict[str, int]
+    index_urls: tuple[str, ...]
+    rows: np.ndarray
+    selected: np.ndarray
+    totals: np.ndarray
+    scales: np.ndarray
+    labels: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    label_weight: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    slide_ptr: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    slide_global: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    slide_weight: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def weighted(self) -> bool:
+        return self.weights is not None
+
+    def mask(self, s: int, index: ShardIndex, table: Table | None = None) -> np.ndarray:
+        """(rows,) the samples of shard ``s`` that ``select`` keeps."""
+        if self.select is None:
+            return np.ones(len(index), dtype=bool)
+        where = redact(self.index_urls[s])
+        return sampling.checked_mask(self.select(table or index.table(shard_of(where))), len(index), where)
+
+    def sample_weights(self, s: int, index: ShardIndex, table: Table | None = None) -> np.ndarray:
+        """(rows,) each sample's weight in shard ``s`` (before ``select``), times its source's scale."""
+        w = self.weights
+        if w == "slide":
+            lo, hi = int(self.slide_ptr[s]), int(self.slide_ptr[s + 1])
+            out = self.slide_weight[self.slide_global[lo:hi]][index.columns["slide"]]
+        elif callable(w):
+            where = redact(self.index_urls[s])
+            out = sampling.checked_weights(w(table or index.table(shard_of(where))), len(index), where)
+        else:  # "class" or a mapping: by label
+            labels = index.columns["label"]
+            at = np.searchsorted(self.labels, labels).clip(0, max(len(self.labels) - 1, 0))
+            known = (self.labels[at] == labels) if len(self.labels) else np.zeros(len(labels), bool)
+            out = np.where(known, self.label_weight[at] if len(self.labels) else 0.0, 0.0)
+        return np.asarray(out, dtype=np.float64) * float(self.scales[s])
+
+
+def shard_of(location: str) -> str:
+    """The shard name an index location stands for (its last path part, ``.idx.npz`` made ``.tar``)."""
+    return location.rsplit("/", 1)[-1].replace(".idx.npz", ".tar")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One build output as :func:`plan_sampling` reads it."""
+
+    root: str
+    manifest: Manifest
+    where: str  # redacted, for messages
+
+
+def plan_sampling(sources: Sequence[Source], *, select: Select | None, weights: Weights | None,
+                  proportions: Sequence[float] | None, storage_options: StorageOptions | None,
+                  opener: Opener) -> SamplingPlan:  # fmt: skip
+    """The :class:`SamplingPlan` of ``sources`` (main process): summaries read, and every shard index read once
+    (one at a time) only where ``select`` or a weight function needs the samples.
+
+    Raises:
+        ManifestError: a source without an index summary (built by a wsishard without indexes), or one that does
+            not match its manifest, or a shard index that does not match its shard.
+        ValueError: bad ``weights``/``proportions``, or ``select``/a weight function returning bad values.
+    """
+    if isinstance(weights, str) and weights not in ("class", "slide"):
+        raise ValueError(
+            f"weights= must be 'class', 'slide', a {{label: weight}} mapping or a function, got {weights!r}"
+        )
+    if isinstance(weights, Mapping):
+        sampling.check_mapping(weights)
+    summaries = [_summary(src, storage_options) for src in sources]
+    urls = [join(src.root, rec.name) for src in sources for rec in src.manifest.shards]
+    index_urls = tuple(join(src.root, index_name(rec.name)) for src in sources for rec in src.manifest.shards)
+    rows = np.concatenate([s.samples for s in summaries]).astype(np.int64)
+    source_of = np.concatenate([np.full(len(s.shards), i) for i, s in enumerate(summaries)]).astype(np.int64)
+    labels = np.unique(np.concatenate([s.labels for s in summaries]))
+    label_counts = np.concatenate([_dense(s.labels, s.label_counts, labels) for s in summaries])  # (n, L)
+    offsets = np.cumsum([0] + [len(s.slides) for s in summaries])
+    slide_global = np.concatenate([s.slide_index.astype(np.int64) + offsets[i] for i, s in enumerate(summaries)])
+    slide_ptr = np.concatenate([[0], np.cumsum(np.concatenate([np.diff(s.slide_ptr) for s in summaries]))])
+    slide_count = np.concatenate([s.slide_count for s in summaries]).astype(np.int64)
+    plan = SamplingPlan(select=select, weights=weights, urls={u: i for i, u in enumerate(urls)}, index_urls=index_urls,
+                        rows=rows, selected=rows.copy(), totals=np.zeros(len(rows)), scales=np.ones(len(rows)),
+                        labels=labels, slide_ptr=slide_ptr.astype(np.int64), slide_global=slide_global)  # fmt: skip
+    totals = np.zeros(len(rows))
+    if select is not None or callable(weights):
+        label_counts, slide_count, totals = _scan(plan, opener, len(labels))
+        plan.selected[:] = label_counts.sum(axis=1)
+    if weights is None:
+        return plan
+    if callable(weights):
+        pass
+    elif weights == "slide":
+        per_slide = np.bincount(slide_global, weights=slide_count, minlength=int(offsets[-1]))
+        object.__setattr__(plan, "slide_weight", sampling.inverse(per_slide))
+        totals = sampling.csr_totals(plan.slide_ptr, slide_count * plan.slide_weight[slide_global])
+    else:
+        object.__setattr__(plan, "label_weight", sampling.label_weights(labels, label_counts.sum(axis=0), weights))
+        totals = label_counts @ plan.label_weight
+    per_source = np.bincount(source_of, weights=totals, minlength=len(sources))
+    scales = sampling.proportion_scales(per_source, proportions)[source_of]
+    plan.scales[:] = scales
+    plan.totals[:] = totals * scales
+    if plan.totals.sum() <= 0:
+        raise ValueError("weights= gives every selected sample weight 0: nothing to draw")
+    return plan
+
+
+def _summary(src: Source, storage_options: StorageOptions | None) -> Summary:
+    location = join(src.root, SUMMARY_NAME)
+    try:
+        data = read_bytes(location, storage_options)
+    except FileNotFoundError as exc:
+        raise ManifestError(src.where, f"has no per-sample index ({SUMMARY_NAME}): it was built by a wsishard "
+                                       "without one; select= and weights= need it (rebuild it, or stream it without "
+                                       "them)") from exc  # fmt: skip
+    summary = Summary.from_bytes(data, redact(location, storage_options))
+    names = [rec.name for rec in src.manifest.shards]
+    if summary.shards.astype(str).tolist() != names:
+        raise ManifestError(src.where, f"{SUMMARY_NAME} lists other shards than the manifest (a stale index?)")
+    return summary
+
+
+def _dense(have: np.ndarray, counts: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """(n, L) ``counts`` (over labels ``have``) spread over ``labels``."""
+    out = np.zeros((counts.shape[0], len(labels)), dtype=np.int64)
+    out[:, np.searchsorted(labels, have)] = counts
+    return out
+
+
+def _scan(plan: SamplingPlan, opener: Opener, n_labels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every shard index read once, one at a time: per shard its selected samples per label (n, L), per slide (in
+    CSR order) and its total weight under a weight function."""
+    n = len(plan.rows)
+    label_counts = np.zeros((n, n_labels), dtype=np.int64)
+    slide_count = np.zeros(len(plan.slide_global), dtype=np.int64)
+    totals = np.zeros(n)
+    for s in range(n):
+        index = load_shard_index(plan, s, opener)
+        table = index.table(shard_of(plan.index_urls[s]))
+        mask = plan.mask(s, index, table)
+        labels = index.columns["label"][mask]
+        label_counts[s] = np.bincount(np.searchsorted(plan.labels, labels), minlength=n_labels)
+        lo, hi = int(plan.slide_ptr[s]), int(plan.slide_ptr[s + 1])
+        slide_count[lo:hi] = np.bincount(index.columns["slide"][mask], minlength=hi - lo)[: hi - lo]
+        if callable(plan.weights):
+            totals[s] = float(plan.sample_weights(s, index, table)[mask].sum())
+    return label_counts, slide_count, totals
+
+
+def load_shard_index(plan: SamplingPlan, s: int, opener: Opener) -> ShardIndex:
+    """Shard ``s``'s index, read whole through ``opener``.
+
+    Raises:
+        ShardError: it cannot be read, is no index, or holds another number of samples than the shard.
+    """
+    location = plan.index_urls[s]
+    shown = redact(location)
+    try:
+        with opener(location) as fh:
+            data = fh.read()
+        index = load_index(data, shown)
+    except (OSError, ValueError) as exc:
+        raise ShardError(shown, f"its index cannot be read ({type(exc).__name__}: {exc})") from exc
+    if len(index) != int(plan.rows[s]):
+        raise ShardError(shown, f"indexes {len(index)} samples, the manifest says {int(plan.rows[s])}")
+    return index
+
+
+def weights_of_reader(plan: SamplingPlan, refs: Sequence[ShardRef]) -> dict[str, float]:
+    """Expected draws per visit of each of a reader's shards (their slices' share of each shard's total weight)."""
+    s = [plan.urls[r.url] for r in refs]
+    kept = np.array([r.kept for r in refs], dtype=np.float64)
+    share = kept / np.maximum(plan.selected[s], 1)
+    expected = sampling.expected_draws(plan.totals[s] * share, kept)
+    return {r.url: float(e) for r, e in zip(refs, expected.tolist(), strict=True)}
+
+
+def refs_of(plan: SamplingPlan, urls: Sequence[str]) -> list[ShardRef]:
+    """The stream's shards under ``plan``: each with its selected count, those with nothing to yield left out."""
+    out = []
+    for url in urls:
+        s = plan.urls[url]
+        if plan.selected[s] > 0 and (not plan.weighted or plan.totals[s] > 0):
+            out.append(ShardRef(url=url, samples=int(plan.selected[s])))
+    return out
+
+
+def checked(plan: SamplingPlan | None, resampled: bool) -> SamplingPlan | None:
+    """``plan``, refused in epoch mode where it weighs samples.
+
+    Raises:
+        ValueError: weights in epoch mode.
+    """
+    if plan is not None and plan.weighted and not resampled:
+        raise ValueError("weights= needs resampled=True (weighted draws never end); select= works in both modes")
+    return plan
+
+
+def weighted_start(plan: SamplingPlan | None, mine: Sequence[ShardRef], samples: int, reader: tuple[int, int, int],
+                   unweighted: tuple[int, int]) -> tuple[int, int, dict[str, Any] | None]:  # fmt: skip
+    """Where a resampled reader ``(seed, rank, worker)`` with shards ``mine`` starts after ``samples`` samples, and the
+    extra arguments of its :class:`~wsishard.streaming.indexed.ReadIndexed`: ``unweighted`` and None without
+    weights."""
+    if plan is None or not plan.weighted:
+        return (*unweighted, None)
+    expected = weights_of_reader(plan, mine)
+    seed, rank, worker = reader
+    start, skip = sampling.weighted_resume(np.array([expected[r.url] for r in mine]), samples, seed=seed, rank=rank,
+                                           worker=worker)  # fmt: skip
+    return start, skip, {"reader": reader, "expected": expected}
+
+
+def check_redeal(plan: SamplingPlan | None) -> None:
+    """Raises TopologyError for a stream with a sampling plan: an epoch begun on another topology is dealt out again
+    by its shards' raw counts, which ``select`` changes."""
+    if plan is not None:
+        raise TopologyError("an epoch with select= resumes on the topology it began on only (same ranks, workers)")
+
+
+def choose(sources: Sequence[Source], tasks: list[ShardRef], *, select: Select | None, weights: Weights | None,
+           proportions: Sequence[float] | None, storage_options: StorageOptions | None,
+           opener: Opener) -> tuple[list[ShardRef], SamplingPlan | None]:  # fmt: skip
+    """The stream's shards and sampling plan: ``tasks`` and None without ``select``/``weights``.
+
+    Raises:
+        ValueError: ``proportions`` without ``weights``, or a ``select`` keeping nothing; as :func:`plan_sampling`.
+    """
+    if proportions is not None and weights is None:
+        raise ValueError("proportions= weighs sources against each other: it needs weights= too")
+    if select is None and weights is None:
+        return tasks, None
+    plan = plan_sampling(sources, select=select, weights=weights, proportions=proportions,
+                         storage_options=storage_options, opener=opener)  # fmt: skip
+    chosen = refs_of(plan, [t.url for t in tasks])
+    if not chosen:
+        raise ValueError(f"select= keeps no sample of {', '.join(s.where for s in sources)}")
+    return chosen, plan
