@@ -28,6 +28,7 @@ from wsishard.builder.plan import ShardPlan
 from wsishard.builder.scan import ScanTask, scan_slide
 from wsishard.builder.tissue import TissueOptions
 from wsishard.format import shard_name
+from wsishard.shards.index import index_name
 from wsishard.shards.reader import group_members
 from wsishard.slide import open_slide
 from wsishard.slide.cache import close_readers
@@ -118,7 +119,7 @@ def test_a_shard_holds_the_planned_samples_in_plan_order(
     record = outcome.record
     assert (record.name, record.samples, record.slides) == (shard_name(7), len(expected), 2)
     assert (record.bytes, record.sha256) == (len(data), hashlib.sha256(data).hexdigest())
-    assert os.listdir(tmp_path) == [shard_name(7)]  # no temporary file left
+    assert sorted(os.listdir(tmp_path)) == [index_name(shard_name(7)), shard_name(7)]  # no temporary file left
 
 
 def test_segmentation_never_changes_a_shards_bytes(tmp_path: Path, works: list[SlideWork],
@@ -194,7 +195,7 @@ def test_a_failing_slide_drops_its_shard_names_the_slide_and_leaves_no_file(
     assert dropped.reason and "\n" not in dropped.reason
     assert dropped.record is None and dropped.patches_by_slide is None
     assert kept.index == 8 and kept.record is not None and kept.record.samples == after.patches
-    assert os.listdir(out) == [shard_name(8)]  # neither shard 7 nor a temporary file of it
+    assert sorted(os.listdir(out)) == [index_name(shard_name(8)), shard_name(8)]  # nothing of shard 7, no temp file
     assert sum(written) == after.patches  # what shard 7 had written was taken back
 
 
