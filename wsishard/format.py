@@ -244,9 +244,7 @@ class SlideRecord:
     roi: str = ""  # with --roi: "annotated: <file>", "missing: skipped" or "missing: built whole"
     label: int | None = None
     bytes_read: int = 0  # bytes of the slide file downloaded (scan and extraction); 0: a local file
-    # the slide's H&E stain (builder/stain.py): {"method": "macenko", "matrix": (3, 2) rows R, G, B, columns H, E,
-    # "max_conc": [H, E], "source": "fitted" | "reference", "reason": why the reference, "pixels": n}; {}: none
-    stain: dict[str, Any] = field(default_factory=dict)
+    stain: dict[str, Any] = field(default_factory=dict)  # H&E stain: builder/stain.py StainFit.to_record; {}: none
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,7 +14,7 @@ Nothing in this module knows about shards.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypedDict
 
@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from wsishard.streaming import stain as stain_ops
+from wsishard.streaming.decode import device_decoder
 from wsishard.streaming.ring import unused
 from wsishard.streaming.stain import StainOptions
 
@@ -177,6 +178,7 @@ class GpuCollate:
         self._table: tuple[tuple[Any, ...], np.ndarray] | None = None
         self.seed = seed if seed is not None else int(np.random.default_rng().integers(2**63))
         self.stain = stain
+        self._decode: Callable[[list[bytes], torch.device], torch.Tensor] | None = None  # decode="device" batches
         self.batches = 0  # batches collated so far: the next one's number, which its random parameters follow
         if stain is not None and stain.slides is not None:
             self.stain = replace(stain, slides=stain.slides.to(self.device))
@@ -287,8 +289,14 @@ class GpuCollate:
         return torch.empty(0, dtype=self.dtype).set_(self._spare[spare], 0, shape, strides)
 
     def __call__(self, batch: Mapping[str, Any]) -> DeviceBatch:
-        """Collate a :class:`~wsishard.streaming.decode.Batch`; ``meta`` and ``key`` pass through unchanged."""
+        """Collate a :class:`~wsishard.streaming.decode.Batch`; ``meta`` and ``key`` pass through unchanged. A
+        batch of ``loader(..., decode="device")`` (its ``"jpeg"`` bytes instead of an ``"image"``) is decoded on
+        the device first (torchvision's ``decode_jpeg``)."""
         label = batch["label"].to(self.device, non_blocking=True)
+        if "jpeg" in batch:  # a batch of loader(..., decode="device"): its JPEGs decoded here, on the GPU
+            if self._decode is None:
+                self._decode = device_decoder()
+            batch = {**batch, "image": self._decode(batch["jpeg"], self.device)}
         ids = None
         if self.stain is not None and self.stain.normalize == "macenko":
             ids = [m["slide_id"] for m in batch["meta"]]  # each sample's .json, parsed here (~2 us a sample)

@@ -49,7 +49,7 @@ from wsishard.storage.opener import StreamOpener, load_manifest
 from wsishard.storage.secrets import redact
 from wsishard.storage.urls import StorageOptions, join
 from wsishard.streaming import redeal
-from wsishard.streaming.decode import Batch, DecodeIntoBatches
+from wsishard.streaming.decode import Batch, DecodeIntoBatches, EncodedBatches
 from wsishard.streaming.partition import (
     EpochPlan,
     check_readers,
@@ -170,6 +170,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         self.resumed: Resume | None = None  # set by a loader's load_state_dict; applies to its epoch only
         self.redealt: tuple[int, tuple[redeal.Piece, ...]] | None = None  # an epoch begun on another topology
         self.lending = Lending()  # how workers lend batch buffers (set by a ShardLoader while its workers start)
+        self.decode = "worker"  # "device": batches of JPEG bytes, decoded by GpuCollate (loader(decode=...))
 
     @property
     def plan_seed(self) -> int:
@@ -208,9 +209,18 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         ``skip`` samples first), decode, batch."""
         cfg = self.config
         drop_last = cfg.drop_last or cfg.resampled
-        return [ReadShuffled(self.opener, cfg.shuffle, (*seed, SHUFFLE_STREAM), cfg.on_error, max_failures, skip),
-                DecodeIntoBatches(cfg.batch_size, self.image_hw, drop_last=drop_last, on_error=cfg.on_error,
-                                  lending=self.lending)]  # fmt: skip
+        return [
+            ReadShuffled(self.opener, cfg.shuffle, (*seed, SHUFFLE_STREAM), cfg.on_error, max_failures, skip),
+            self._batches(drop_last),
+        ]
+
+    def _batches(self, drop_last: bool) -> DecodeIntoBatches | EncodedBatches:
+        """The batching stage: decoded into uint8 batches, or (``decode="device"``) batches of JPEG bytes."""
+        cfg = self.config
+        if self.decode == "device":
+            return EncodedBatches(cfg.batch_size, self.image_hw, drop_last=drop_last, on_error=cfg.on_error)
+        return DecodeIntoBatches(cfg.batch_size, self.image_hw, drop_last=drop_last, on_error=cfg.on_error,
+                                 lending=self.lending)  # fmt: skip
 
     def pipeline(self, world: World, epoch: int, done: int = 0) -> wds.DataPipeline:
         """The webdataset pipeline that ``world``'s (rank, worker) runs in ``epoch`` (or for ever), after the
@@ -250,8 +260,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
                               drop_last=cfg.drop_last)  # fmt: skip
         return wds.DataPipeline(redeal.PieceList(tuple(redeal.share(pieces, world))),
                                 redeal.ReadPieces(self.opener, cfg.shuffle, cfg.on_error),
-                                DecodeIntoBatches(cfg.batch_size, self.image_hw, drop_last=cfg.drop_last,
-                                                  on_error=cfg.on_error, lending=self.lending),
+                                self._batches(cfg.drop_last),
                                 Budget(int(caps[world.rank, world.worker])))  # fmt: skip
 
     def __iter__(self) -> Iterator[Batch]:

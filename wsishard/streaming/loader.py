@@ -15,7 +15,7 @@ import webdataset as wds
 from wsishard.errors import ShardError
 from wsishard.streaming import redeal
 from wsishard.streaming.dataset import Resume, ShardStream, WorkerShardError
-from wsishard.streaming.decode import Batch
+from wsishard.streaming.decode import Batch, decode_mode
 from wsishard.streaming.pinning import HostPins, cuda_runtime
 from wsishard.streaming.ring import Lending, Returns
 
@@ -207,7 +207,7 @@ def _resume(dataset: ShardStream, state: dict[str, Any], workers: int) -> Resume
     return Resume(epoch, taken, rotation, last)
 
 
-def loader(dataset: ShardStream, *, num_workers: int = 4, pin_memory: bool | None = None,
+def loader(dataset: ShardStream, *, num_workers: int = 4, pin_memory: bool | None = None, decode: str = "worker",
            **kwargs: Any) -> ShardLoader:  # fmt: skip
     """A :class:`ShardLoader` over ``dataset``: ``batch_size=None`` (the workers batch), pinned on CUDA.
 
@@ -216,12 +216,16 @@ def loader(dataset: ShardStream, *, num_workers: int = 4, pin_memory: bool | Non
         num_workers: DataLoader worker processes per rank (use the same on every rank).
         pin_memory: default: True when CUDA is available. With workers, the batches' images are then the workers'
             buffers page-locked in place (:mod:`wsishard.streaming.pinning`), not DataLoader's copy of each batch.
+        decode: ``"worker"``: JPEGs decoded in the workers; ``"device"``: batches of JPEG bytes, decoded on the GPU
+            by :class:`~wsishard.streaming.collate.GpuCollate` (needs CUDA and torchvision; refused otherwise).
         **kwargs: passed to ``torch.utils.data.DataLoader`` (``prefetch_factor``, ``persistent_workers``...).
 
     Raises:
         TopologyError: too few shards for ranks x ``num_workers`` (raised here, not in a worker).
-        ValueError: ``batch_size`` among ``kwargs`` (batching happens in the workers).
+        ValueError: ``batch_size`` among ``kwargs`` (batching happens in the workers), or ``decode="device"``
+            without CUDA or torchvision.
     """
+    dataset.decode = decode_mode(decode)
     if "batch_size" in kwargs:
         raise ValueError(f"batch_size={kwargs['batch_size']!r}: batch in stream(), the loader gets None")
     if num_workers < 0:
