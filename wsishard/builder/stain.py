@@ -43,6 +43,7 @@ MIN_ANGLE_DEG = 3.0  # H and E closer than this (degrees apart) are one stain se
 INK_MIN_SATURATION = 0.3
 HE_HUES_DEG = (235.0, 20.0)
 _MAX_FIT_PIXELS = 400_000  # pixels the fit uses at most (a seeded subsample beyond): bounded cost per slide
+_STAINED_BELOW = math.floor(IO * math.exp(-BETA) - 1) + 1  # a channel value below this has OD >= BETA
 
 
 @dataclass(frozen=True)
@@ -116,22 +117,23 @@ def fit_or_reference(rgb: np.ndarray, keep: np.ndarray | None = None, *, seed: i
             :data:`~wsishard.builder.artefacts.GREY_MAX_VALUE`) are left out, pixel by pixel.
         seed: seeds the subsample of pixels beyond :data:`_MAX_FIT_PIXELS`.
 
+    The fit uses the stained pixels alone (OD >= ``BETA`` in every channel), the maximum concentrations too (where
+    torchstain takes them over a tile's every pixel), so a slide's share of glass does not move them.
+
     Falls back to the reference (recording why) when fewer than :data:`MIN_PIXELS` stained pixels remain, or the
     fit is degenerate (H and E within :data:`MIN_ANGLE_DEG`, a vector with a negative channel, or a non-positive
     maximum concentration).
     """
     if rgb.size == 0:
         return reference_fit("no tissue patch to fit on")
-    hue, sat, val = hsv_planes(rgb.reshape(-1, rgb.shape[-2], 3))
+    flat = rgb.reshape(-1, 3) if keep is None else rgb[keep]  # (k, 3)
+    flat = flat[(flat < _STAINED_BELOW).all(axis=1)]  # the stained pixels: OD >= beta in every channel
+    if len(flat) > _MAX_FIT_PIXELS:  # a seeded subsample: the cost is bounded, however large the view
+        flat = flat[np.random.default_rng((seed, 0x57A1)).choice(len(flat), _MAX_FIT_PIXELS, replace=False)]
+    hue, sat, val = (p[0] for p in hsv_planes(flat[None]))
     ink = (sat >= INK_MIN_SATURATION) & ~in_hue_band(hue, *HE_HUES_DEG)
-    wanted = ~(ink | ((val < GREY_MAX_VALUE) & (sat < GREY_MAX_SATURATION))).reshape(rgb.shape[:3])
-    if keep is not None:
-        wanted &= keep
-    pixels = rgb[wanted]  # (k, 3)
-    if len(pixels) > _MAX_FIT_PIXELS:
-        pixels = pixels[np.random.default_rng((seed, 0x57A1)).choice(len(pixels), _MAX_FIT_PIXELS, replace=False)]
-    od = optical_density(pixels)
-    stained = int((~np.any(od < BETA, axis=1)).sum())
+    od = optical_density(flat[~(ink | ((val < GREY_MAX_VALUE) & (sat < GREY_MAX_SATURATION)))])
+    stained = len(od)
     if stained < MIN_PIXELS:
         return reference_fit(f"too little stained tissue ({stained} px, {MIN_PIXELS} needed)", stained)
     try:
