@@ -41,6 +41,9 @@ _EXPORTS: dict[str, str] = {
     "plan_epoch": "wsishard.streaming.partition",
     "GpuCollate": "wsishard.streaming.collate",
     "DeviceBatch": "wsishard.streaming.collate",
+    "StainOptions": "wsishard.streaming.stain",
+    "StainTable": "wsishard.streaming.stain",
+    "StainTarget": "wsishard.streaming.stain",
     "MonitoredLoader": "wsishard.streaming.monitor",
     "LoaderReport": "wsishard.streaming.monitor",
     "StreamOpener": "wsishard.storage.opener",
@@ -89,6 +92,9 @@ __all__ = [
     "ShardStream",
     "SlideError",
     "SlideRecord",
+    "StainOptions",
+    "StainTable",
+    "StainTarget",
     "StreamConfig",
     "StreamOpener",
     "TissueOptions",
@@ -159,4 +165,5 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from wsishard.streaming.partition import EpochPlan, plan_epoch
     from wsishard.streaming.plain import register_gopen_schemes, shard_urls
     from wsishard.streaming.sources import stream
+    from wsishard.streaming.stain import StainOptions, StainTable, StainTarget
     from wsishard.streaming.world import World, detect_world

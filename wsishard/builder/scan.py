@@ -30,6 +30,7 @@ from wsishard.builder.patches import EncodeOptions, SlideWork, block_samples
 from wsishard.builder.qc import QcLayers, legend_lines, qc_picture
 from wsishard.builder.roi import RoiOptions, label_patches, roi_status, slide_roi
 from wsishard.builder.staging import StagedSlide, local_copy, stage_copy, staging_path
+from wsishard.builder.stain import fit_or_reference
 from wsishard.builder.tissue import TissueOptions, TissueResult, find_tissue
 from wsishard.errors import OutputError, SlideError, SlideFailure
 from wsishard.manifest import SlideRecord
@@ -191,7 +192,10 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
         left_out = ", ".join(f"{k} {n}" for k, n in sorted(record.filtered.items()))
         return ScanResult(replace(record, reason=reason + (f" (left out: {left_out})" if left_out else "")))
     block_list = blocks(cands, patch.block_patches)
-    measured = _bytes_per_patch(task, reader, _slide_work(record, cands, block_list)) if task.measure else None
+    work = _slide_work(record, cands, block_list)
+    # the stain on the whole view, not the tissue mask: the scan's masks take darker-stained tissue for ink
+    record = replace(record, stain=fit_or_reference(thumb[None], seed=_slide_seed(task)).to_record())
+    measured = _bytes_per_patch(task, reader, work) if task.measure else None
     return ScanResult(replace(record, status="ok"), cands, block_list, measured)
 
 

@@ -14,13 +14,17 @@ the next call, unless ``reuse_output=False``. Nothing in this module knows about
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TypedDict
 
 import numpy as np
 import torch
 
 from wsishard._native import lut_apply as _lut_apply
+from wsishard.streaming import stain as stain_ops
+from wsishard.streaming.decode import device_decoder
+from wsishard.streaming.stain import StainOptions
 
 __all__ = ["DeviceBatch", "GpuCollate", "dihedral"]
 
@@ -54,6 +58,7 @@ def dihedral(x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
     return torch.where((code & 4).bool().view(shape), x.flip(-2), x)
 
 
+_TAG_DIHEDRAL = 0xD1  # the dihedral codes' random stream (np.random.default_rng((seed, batch, tag)))
 _SPARE = 2  # CPU output buffers used in turn: the one the training step holds and the one being written
 # the dtype an output element's bits are written as, by the element's size in bytes
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.float32, 8: torch.float64}
@@ -78,7 +83,12 @@ class GpuCollate:
         dtype: output float dtype (``torch.float32``, ``torch.bfloat16``, ``torch.float16``).
         augment: apply a random flip / 90-degree rotation to each sample (flips only for non-square images).
         channels_last: return tensors in ``torch.channels_last`` memory format.
-        seed: seed of the augmentation's own generator (None: from OS entropy). Give each rank its own.
+        seed: seed of the augmentation (None: from OS entropy). Give each rank its own (e.g. the loader's seed plus
+            the rank). The ``n``-th batch's random parameters come from ``(seed, n)`` alone: :meth:`state_dict` /
+            :meth:`load_state_dict` carry ``n`` over a resume.
+        stain: colour normalisation and augmentation (:class:`~wsishard.streaming.stain.StainOptions`), applied
+            after the dihedral transform, before ``mean``/``std``, in float32 on ``device`` (on a CPU device too:
+            the table pass above then does not apply).
         reuse_output: on a CPU device, write each output into one of two buffers used in turn (True), or into
             memory of its own (False).
 
@@ -96,6 +106,7 @@ class GpuCollate:
         augment: bool = False,
         channels_last: bool = False,
         seed: int | None = None,
+        stain: StainOptions | None = None,
         reuse_output: bool = True,
     ) -> None:
         if len(mean) != 3 or len(std) != 3:
@@ -115,17 +126,43 @@ class GpuCollate:
         self._turn = 0
         # the CPU path's tables: per channel, the output of each uint8 value (see _tables)
         self._table: tuple[tuple[Any, ...], np.ndarray] | None = None
-        self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(seed if seed is not None else int(np.random.default_rng().integers(2**63)))
+        self.seed = seed if seed is not None else int(np.random.default_rng().integers(2**63))
+        self.stain = stain
+        self._decode: Callable[[list[bytes], torch.device], torch.Tensor] | None = None  # decode="device" batches
+        self.batches = 0  # batches collated so far: the next one's number, which its random parameters follow
+        if stain is not None and stain.slides is not None:
+            self.stain = replace(stain, slides=stain.slides.to(self.device))
+
+    def state_dict(self) -> dict[str, int]:
+        """The seed and the number of batches collated so far (plain JSON data, to save with a checkpoint)."""
+        return {"seed": self.seed, "batches": self.batches}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Go on from :meth:`state_dict`: the next batch gets the random parameters (dihedral codes, stain jitter)
+        the saved run's next batch got."""
+        self.seed, self.batches = int(state["seed"]), int(state["batches"])
 
     def codes(self, batch_size: int) -> torch.Tensor:
-        """(b,) dihedral codes for the next batch, drawn from this collate's generator."""
-        return torch.randint(0, 8, (batch_size,), generator=self.generator, device=self.device)
+        """(b,) dihedral codes for the next batch: drawn by ``np.random.default_rng((seed, batch number))``, so
+        a collate resumed at batch ``n`` (:meth:`load_state_dict`) draws what the uninterrupted one drew."""
+        drawn = np.random.default_rng((self.seed, self.batches, _TAG_DIHEDRAL)).integers(0, 8, batch_size)
+        return torch.from_numpy(drawn).to(self.device, non_blocking=True)  # (b,) int64
 
-    def images(self, image: torch.Tensor) -> torch.Tensor:
-        """uint8 (b, h, w, 3) on any device -> normalized (b, 3, h, w) ``dtype`` on ``self.device``."""
+    def images(self, image: torch.Tensor, slide_ids: Sequence[str] | None = None) -> torch.Tensor:
+        """uint8 (b, h, w, 3) on any device -> normalized (b, 3, h, w) ``dtype`` on ``self.device``.
+
+        ``slide_ids``: each sample's slide (``normalize="macenko"`` needs them; :meth:`__call__` reads the meta).
+        """
         if image.dtype != torch.uint8 or image.dim() != 4 or image.shape[-1] != 3:
             raise ValueError(f"expected a uint8 (b, h, w, 3) batch, got {image.dtype} {tuple(image.shape)}")
+        try:
+            return self._images(image, slide_ids)
+        finally:
+            self.batches += 1
+
+    def _images(self, image: torch.Tensor, slide_ids: Sequence[str] | None) -> torch.Tensor:
+        if self.stain is not None:
+            return self._stained(image, self.stain, slide_ids)
         if self.device.type == "cpu" and image.device.type == "cpu":
             return self._cpu_images(image)
         if self.device.type == "cuda" and image.device.type == "cpu" and not image.is_pinned():
@@ -138,6 +175,25 @@ class GpuCollate:
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         x = x.contiguous(memory_format=fmt)
         x = x.float().div_(255).sub_(self.mean).div_(self.std)  # (b, 3, h, w) float32
+        return x.to(dtype=self.dtype, memory_format=fmt)
+
+    def _stained(self, image: torch.Tensor, options: StainOptions, slide_ids: Sequence[str] | None) -> torch.Tensor:
+        """The float path with the stain operations (:mod:`wsishard.streaming.stain`) before mean and std."""
+        rows = None
+        if options.normalize == "macenko":
+            if slide_ids is None or len(slide_ids) != image.shape[0]:
+                raise ValueError("normalize='macenko' needs each sample's slide id: call the collate on the batch "
+                                 "(its meta names them) or pass images(..., slide_ids=...)")  # fmt: skip
+            rows = options.slides.rows(slide_ids)  # type: ignore[union-attr]  # checked by StainOptions
+        if self.device.type == "cuda" and image.device.type == "cpu" and not image.is_pinned():
+            image = image.pin_memory()
+        x = image.to(self.device, non_blocking=True).permute(0, 3, 1, 2)  # (b, 3, h, w) uint8 view
+        if self.augment:
+            x = dihedral(x, self.codes(x.shape[0]))
+        x = x.contiguous().float().div_(255)  # (b, 3, h, w) float32 in [0, 1]
+        x = stain_ops.apply(x, options, seed=self.seed, batch=self.batches, slide_rows=rows)
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        x = x.sub_(self.mean).div_(self.std)
         return x.to(dtype=self.dtype, memory_format=fmt)
 
     def _cpu_images(self, image: torch.Tensor) -> torch.Tensor:
@@ -184,6 +240,16 @@ class GpuCollate:
         return torch.empty(0, dtype=self.dtype).set_(self._spare[turn], 0, shape, strides)
 
     def __call__(self, batch: Mapping[str, Any]) -> DeviceBatch:
-        """Collate a :class:`~wsishard.streaming.decode.Batch`; ``meta`` and ``key`` pass through unchanged."""
+        """Collate a :class:`~wsishard.streaming.decode.Batch`; ``meta`` and ``key`` pass through unchanged. A
+        batch of ``loader(..., decode="device")`` (its ``"jpeg"`` bytes instead of an ``"image"``) is decoded on
+        the device first (torchvision's ``decode_jpeg``)."""
         label = batch["label"].to(self.device, non_blocking=True)
-        return DeviceBatch(image=self.images(batch["image"]), label=label, meta=batch["meta"], key=batch["key"])
+        if "jpeg" in batch:  # a batch of loader(..., decode="device"): its JPEGs decoded here, on the GPU
+            if self._decode is None:
+                self._decode = device_decoder()
+            batch = {**batch, "image": self._decode(batch["jpeg"], self.device)}
+        ids = None
+        if self.stain is not None and self.stain.normalize == "macenko":
+            ids = [m["slide_id"] for m in batch["meta"]]  # each sample's .json, parsed here (~2 us a sample)
+        image = self.images(batch["image"], ids)
+        return DeviceBatch(image=image, label=label, meta=batch["meta"], key=batch["key"])

@@ -45,7 +45,7 @@ import webdataset as wds
 from wsishard.errors import ShardError, TopologyError
 from wsishard.storage.opener import StreamOpener
 from wsishard.streaming import indexed, redeal, selection
-from wsishard.streaming.decode import Batch, DecodeIntoBatches
+from wsishard.streaming.decode import Batch, DecodeIntoBatches, EncodedBatches
 from wsishard.streaming.partition import (
     EpochPlan,
     check_readers,
@@ -232,8 +232,15 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         reader = indexed.read_stage(self.sampling, self.opener, cfg, (*seed, SHUFFLE_STREAM), max_failures, skip,
                                     read) or ReadShuffled(self.opener, cfg.shuffle, (*seed, SHUFFLE_STREAM),
                                                           cfg.on_error, max_failures, skip)  # fmt: skip
-        return [reader, DecodeIntoBatches(cfg.batch_size, self.image_hw, drop_last=drop_last, on_error=cfg.on_error,
-                                          lending=lending)]  # fmt: skip
+        return [reader, self._batches(drop_last, lending)]
+
+    def _batches(self, drop_last: bool, lending: Lending) -> DecodeIntoBatches | EncodedBatches:
+        """The batching stage: decoded into uint8 batches, or (``lending.encoded``) batches of JPEG bytes."""
+        cfg = self.config
+        if lending.encoded:
+            return EncodedBatches(cfg.batch_size, self.image_hw, drop_last=drop_last, on_error=cfg.on_error)
+        return DecodeIntoBatches(cfg.batch_size, self.image_hw, drop_last=drop_last, on_error=cfg.on_error,
+                                 lending=lending)  # fmt: skip
 
     def pipeline(self, world: World, epoch: int, done: int = 0, lending: Lending = UNLENT) -> wds.DataPipeline:
         """The webdataset pipeline that ``world``'s (rank, worker) runs in ``epoch`` (or for ever), after the
@@ -283,8 +290,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
                               drop_last=cfg.drop_last)  # fmt: skip
         return wds.DataPipeline(redeal.PieceList(tuple(redeal.share(pieces, world))),
                                 redeal.ReadPieces(self.opener, cfg.shuffle, cfg.on_error),
-                                DecodeIntoBatches(cfg.batch_size, self.image_hw, drop_last=cfg.drop_last,
-                                                  on_error=cfg.on_error, lending=lending),
+                                self._batches(cfg.drop_last, lending),
                                 Budget(int(caps[world.rank, world.worker])))  # fmt: skip
 
     def __iter__(self) -> Iterator[Batch]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, overload
 
@@ -277,3 +277,85 @@ def _batch(buffers: BatchBuffers, image: torch.Tensor, labels: list[int], metas:
     if sent is not None:
         batch["image"] = sent
     return batch  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class EncodedBatches:
+    """Batch samples without decoding them, for ``loader(..., decode="device")``: each batch carries its samples'
+    JPEG bytes (``"jpeg"``, a list) where :class:`DecodeIntoBatches` would carry pixels, and
+    :class:`~wsishard.streaming.collate.GpuCollate` decodes them on the GPU. Every sample is checked as there (its
+    ``.json``, its label, its image's header: a JPEG of ``image_hw``); one that is no such JPEG raises
+    :class:`~wsishard.errors.ShardError` with ``on_error="raise"`` and is dropped (logged) with ``"skip"``."""
+
+    size: int
+    image_hw: tuple[int, int]
+    drop_last: bool = True
+    on_error: ErrorMode = "raise"
+
+    def __call__(self, src: Iterator[RawSample]) -> Iterator[dict[str, Any]]:
+        height, width = self.image_hw
+        jpegs: list[bytes] = []
+        labels: list[int] = []
+        metas: list[bytes] = []
+        keys: list[str] = []
+        for raw in src:
+            try:
+                label = checked_label(raw)
+                header = image_header(raw["image"])
+                if header is None or header[0] != "jpg" or (header[2], header[1]) != (height, width):
+                    raise ShardError(raw["shard"], f"sample {raw['key']} is no {width}x{height} JPEG: decode='device' "
+                                                   "decodes JPEG only")  # fmt: skip
+            except ShardError as exc:
+                if self.on_error == "raise":
+                    raise
+                logger.warning("skipping %s", exc)
+                continue
+            jpegs.append(bytes(raw["image"]))
+            labels.append(label)
+            metas.append(raw["meta"])
+            keys.append(raw["key"])
+            if len(keys) == self.size:
+                yield _encoded(jpegs, labels, metas, keys)
+                jpegs, labels, metas, keys = [], [], [], []
+        if keys and not self.drop_last:
+            yield _encoded(jpegs, labels, metas, keys)
+
+
+def _encoded(jpegs: list[bytes], labels: list[int], metas: list[bytes], keys: list[str]) -> dict[str, Any]:
+    return {"jpeg": jpegs, "label": torch.tensor(labels, dtype=torch.int64), "meta": Metas(metas), "key": keys}
+
+
+def device_decoder() -> Callable[[list[bytes], torch.device], torch.Tensor]:
+    """torchvision's batched ``decode_jpeg`` on CUDA, as ``(jpegs, device) -> (b, h, w, 3) uint8`` on ``device``.
+
+    Raises:
+        ValueError: no CUDA device, or no torchvision (imported here, on first use: it is no dependency).
+    """
+    if not torch.cuda.is_available():
+        raise ValueError("decode='device' decodes JPEGs on a CUDA GPU, and torch sees none here: use "
+                         "decode='worker' (the default)")  # fmt: skip
+    try:
+        from torchvision.io import ImageReadMode, decode_jpeg
+    except ImportError as exc:
+        raise ValueError(f"decode='device' needs torchvision (the build matching torch {torch.__version__}): "
+                         f"pip install torchvision ({exc})") from exc  # fmt: skip
+
+    def decode(jpegs: list[bytes], device: torch.device) -> torch.Tensor:
+        data = [torch.frombuffer(bytearray(j), dtype=torch.uint8) for j in jpegs]
+        images = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)  # b x (3, h, w) uint8
+        return torch.stack(images).permute(0, 2, 3, 1)  # (b, h, w, 3) uint8 view
+
+    return decode
+
+
+def decode_mode(decode: str) -> str:
+    """``decode`` checked: ``"worker"``, or ``"device"`` where it can run (:func:`device_decoder`).
+
+    Raises:
+        ValueError: another value, or ``"device"`` without CUDA or torchvision.
+    """
+    if decode not in ("worker", "device"):
+        raise ValueError(f"decode must be 'worker' or 'device', got {decode!r}")
+    if decode == "device":
+        device_decoder()
+    return decode

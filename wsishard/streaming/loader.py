@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from wsishard.errors import ShardError
 from wsishard.streaming import redeal
 from wsishard.streaming.dataset import Resume, ShardStream, WorkerShardError
-from wsishard.streaming.decode import Batch
+from wsishard.streaming.decode import Batch, decode_mode
 from wsishard.streaming.pinning import HostPins, cuda_runtime
 from wsishard.streaming.ring import Lending, Returns
 
@@ -82,12 +82,13 @@ class ShardLoader:
         num_workers: DataLoader worker processes (use the same on every rank).
         pin_memory: page-locked batches (in place on CUDA, else by DataLoader's copy).
         reuse_buffers: the ownership rule above (True), or memory of its own for every batch (False).
+        decode: ``"worker"`` (pixels), or ``"device"``: batches of JPEG bytes that ``GpuCollate`` decodes on the GPU.
         **kwargs: passed to ``torch.utils.data.DataLoader`` (``prefetch_factor``, ``persistent_workers``,
             ``collate_fn``, ``multiprocessing_context``, ``timeout``...).
     """
 
     def __init__(self, dataset: ShardStream, *, num_workers: int = 0, pin_memory: bool = False,
-                 reuse_buffers: bool = True, **kwargs: Any) -> None:  # fmt: skip
+                 reuse_buffers: bool = True, decode: str = "worker", **kwargs: Any) -> None:  # fmt: skip
         if "batch_size" in kwargs:
             raise ValueError(f"batch_size={kwargs['batch_size']!r}: batch in stream(), the loader gets None")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
@@ -96,12 +97,15 @@ class ShardLoader:
         self.num_workers = num_workers
         self.persistent = bool(kwargs.get("persistent_workers", False))
         collate_fn = kwargs.pop("collate_fn", None)
-        own = collate_fn is None or collate_fn is as_is  # a user's collate_fn gets the batches: nothing is reused
+        encoded = decode_mode(decode) == "device"  # batches of JPEG bytes: no pixel buffer to lend
+        own = (collate_fn is None or collate_fn is as_is) and not encoded  # a user's collate_fn: nothing is reused
         lend = num_workers > 0 and own and reuse_buffers
         self._cuda = cuda_runtime() if lend and pin_memory else None  # pinned in place, not by DataLoader's copy
         self._pin = bool(pin_memory) and self._cuda is None
         prefill = int(kwargs.get("prefetch_factor") or 2) + 1 if lend else 0  # the prefetched ones and one filled
-        self._lending = Lending(reuse=own and reuse_buffers, by_reference=lend and not self._pin, prefill=prefill)
+        self._lending = Lending(
+            reuse=own and reuse_buffers, by_reference=lend and not self._pin, prefill=prefill, encoded=encoded
+        )
         self._kwargs = {**kwargs, "collate_fn": collate_fn or as_is}
         self._loader: DataLoader[Batch] | None = None  # persistent workers: one DataLoader for every pass
         self._resume: Resume | None = None  # from load_state_dict, for the pass of its epoch
@@ -258,7 +262,7 @@ def _resume(dataset: ShardStream, state: dict[str, Any], workers: int) -> Resume
 
 
 def loader(dataset: ShardStream, *, num_workers: int = 4, pin_memory: bool | None = None,
-           reuse_buffers: bool = True, **kwargs: Any) -> ShardLoader:  # fmt: skip
+           reuse_buffers: bool = True, decode: str = "worker", **kwargs: Any) -> ShardLoader:  # fmt: skip
     """A :class:`ShardLoader` over ``dataset``, pinned on CUDA.
 
     Args:
@@ -268,14 +272,19 @@ def loader(dataset: ShardStream, *, num_workers: int = 4, pin_memory: bool | Non
             buffers page-locked in place (:mod:`wsishard.streaming.pinning`), not DataLoader's copy of each batch.
         reuse_buffers: a batch's images are valid until the loop takes the next batch (True, fast), or every batch
             has memory of its own (False): see :class:`ShardLoader`.
+        decode: ``"worker"``: JPEGs decoded in the workers; ``"device"``: batches of JPEG bytes, decoded on the GPU
+            by :class:`~wsishard.streaming.collate.GpuCollate` (needs CUDA and torchvision; refused otherwise).
         **kwargs: passed to ``torch.utils.data.DataLoader`` (``prefetch_factor``, ``persistent_workers``...).
 
     Raises:
         TopologyError: too few shards for ranks x ``num_workers`` (raised here, not in a worker).
-        ValueError: ``batch_size`` among ``kwargs`` (batching happens in the workers), a bad ``num_workers``.
+        ValueError: ``batch_size`` among ``kwargs`` (batching happens in the workers), a bad ``num_workers``, or
+            ``decode="device"`` without CUDA or torchvision.
     """
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
     dataset.check_topology(num_workers)
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
-    return ShardLoader(dataset, num_workers=num_workers, pin_memory=pin, reuse_buffers=reuse_buffers, **kwargs)
+    return ShardLoader(
+        dataset, num_workers=num_workers, pin_memory=pin, reuse_buffers=reuse_buffers, decode=decode, **kwargs
+    )

@@ -80,11 +80,14 @@ class Lending:
             fresh buffer of its own.
         by_reference: in a worker, a buffer crosses to the main process with its first batch only (see :class:`Lent`).
         prefill: in a worker, buffers made before the first batch, rather than while the first batches are made.
+        encoded: batches of the samples' JPEG bytes, no pixels (``loader(..., decode="device")``: decoded by
+            :class:`~wsishard.streaming.collate.GpuCollate` on the GPU); no buffer is lent.
     """
 
     reuse: bool = False
     by_reference: bool = False
     prefill: int = 0
+    encoded: bool = False
 
 
 @dataclass(frozen=True)
