@@ -89,3 +89,13 @@ def test_index_names_belong_to_their_shard() -> None:
     assert index_shard("../x.idx.npz") is None and index_shard("shard-000012-0003.tar") is None
     assert summary_name() == "index.npz" and is_summary_name(summary_name((2, 8)))
     assert index_shard("../evil.idx.npz") is None
+
+
+def test_any_int64_label_is_indexed_and_one_outside_int64_never_stops_the_writer() -> None:
+    """A build accepts labels across int64 (a 40-bit id); a hand-made shard may hold one beyond it, which the stream
+    refuses when it reads the sample: writing its index must not crash (it did, with an int32 column)."""
+    samples = [_sample(0, "a", 2**40), _sample(1, "a", -(2**63)), _sample(2, "a", 2**64), _sample(3, "a", -(10**30))]
+    writer = IndexWriter()
+    writer.add(b"".join(sample_records(k, m) for k, m in samples), 0)
+    index = load_index(writer.to_bytes())
+    assert index.columns["label"].tolist() == [2**40, -(2**63), -1, -1]

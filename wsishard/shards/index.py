@@ -8,7 +8,7 @@ column is numeric or fixed-width bytes), and an index is small enough (~40 bytes
 whole in one request from object storage, so Parquet's column-chunk range reads would buy nothing here.
 
 Columns (:data:`COLUMNS`): ``offset`` and ``size`` (bytes: the sample's tar records are ``[offset, offset + size)``
-of the shard), ``key`` (bytes), ``slide`` (int32: a row of this file's ``slide_names``), ``label`` (int32: the
+of the shard), ``key`` (bytes), ``slide`` (int32: a row of this file's ``slide_names``), ``label`` (int64: the
 ``.cls`` label, which is the ROI class where the build had ``--roi-labels``; -1 unlabelled), ``x``/``y`` (level-0
 px, int64), ``mpp`` (the patch's microns per pixel), ``tissue``/``background``/``dark``/``sharpness`` (float32,
 the scores each sample's ``.json`` carries). Slides are named per shard (``slide_names``, ``slide_counts``) so that
@@ -34,14 +34,14 @@ from typing import IO, Any
 import numpy as np
 
 from wsishard.errors import ManifestError
-from wsishard.format import LABEL_EXT, META_EXT, SHARD_SUFFIX, is_shard_name, part_label, split_member
+from wsishard.format import LABEL_EXT, LABEL_RANGE, META_EXT, SHARD_SUFFIX, is_shard_name, part_label, split_member
 from wsishard.shards.reader import tar_spans
 from wsishard.storage.output import Destination
 
 logger = logging.getLogger(__name__)
 
 COLUMNS: dict[str, str] = {
-    "offset": "int64", "size": "int64", "slide": "int32", "label": "int32", "x": "int64", "y": "int64",
+    "offset": "int64", "size": "int64", "slide": "int32", "label": "int64", "x": "int64", "y": "int64",
     "mpp": "float32", "tissue": "float32", "background": "float32", "dark": "float32", "sharpness": "float32",
 }  # fmt: skip
 INDEX_SUFFIX = ".idx.npz"  # a shard's per-sample index: ``shard-000012-0003.idx.npz`` beside its ``.tar``
@@ -115,6 +115,7 @@ class IndexWriter:
     def _row(self, key: str, offset: int, size: int, fields: dict[str, bytes]) -> None:
         meta = json.loads(fields[META_EXT]) if META_EXT in fields else {}
         label = int(fields[LABEL_EXT]) if LABEL_EXT in fields else int(meta.get("label", -1))
+        label = label if label in LABEL_RANGE else -1  # no int64: the stream refuses the sample when it reads it
         slide = self._slides.setdefault(str(meta.get("slide_id", "")), len(self._slides))
         scores = tuple(float(meta.get(name, np.nan)) for name in _SCORES)
         self._rows.append((offset, size, slide, label, int(meta.get("x", -1)), int(meta.get("y", -1)), *scores))
