@@ -99,3 +99,19 @@ def test_any_int64_label_is_indexed_and_one_outside_int64_never_stops_the_writer
     writer.add(b"".join(sample_records(k, m) for k, m in samples), 0)
     index = load_index(writer.to_bytes())
     assert index.columns["label"].tolist() == [2**40, -(2**63), -1, -1]
+
+
+def test_members_that_do_not_parse_give_unknowns_and_never_stop_the_writer() -> None:
+    """A hand-made or damaged shard (the hostile-input cases write one): JSON nested too deep, JSON that is no object
+    or does not parse, a .cls that is no number; the stream and verify refuse such samples when they read them."""
+    bad = [
+        ("a_x0_y0", {"jpg": b"x", "json": b"[" * 100_000 + b"]" * 100_000}),
+        ("a_x1_y1", {"jpg": b"x", "json": b"[1, 2]", "cls": b"seven"}),
+        ("a_x2_y2", {"jpg": b"x", "json": b'{"x": "left", "tissue": "much", "label": 1e400}'}),
+        ("a_x3_y3", {"jpg": b"x", "json": b"{not json"}),
+    ]
+    writer = IndexWriter()
+    writer.add(b"".join(sample_records(k, m) for k, m in bad), 0)
+    index = load_index(writer.to_bytes())
+    assert index.columns["label"].tolist() == [-1, -1, -1, -1] and index.columns["x"].tolist() == [-1, -1, -1, -1]
+    assert np.isnan(index.columns["tissue"]).all() and [k.decode() for k in index.key] == [k for k, _ in bad]

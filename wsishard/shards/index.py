@@ -1,23 +1,15 @@
 """The per-sample index: one small columnar file per shard, and a summary of them all beside the manifest.
 
-Each shard ``shard-G-K.tar`` gets ``shard-G-K.idx.npz`` (:func:`wsishard.format.index_name`), written by the build
-as the shard is committed: a numpy ``.npz`` whose arrays are the columns below, one row per sample in shard order
-(row ``k`` is sample ``k``), plus the shard's own small summary. numpy rather than Parquet: numpy is already a
-dependency (pyarrow is ~40 MB more in every worker), ``np.load(..., allow_pickle=False)`` never unpickles (every
-column is numeric or fixed-width bytes), and an index is small enough (~40 bytes a sample, compressed) to be read
-whole in one request from object storage, so Parquet's column-chunk range reads would buy nothing here.
+Each shard ``shard-G-K.tar`` gets ``shard-G-K.idx.npz`` (:func:`index_name`), written as the shard is committed: a
+numpy ``.npz`` of the columns below, row ``k`` for sample ``k``, plus the shard's own small summary. numpy rather
+than Parquet: no extra dependency, ``allow_pickle=False`` never unpickles, and an index is small enough to be read
+whole in one request from object storage. Columns (:data:`COLUMNS`): ``offset`` and ``size`` (bytes of the sample's
+tar records), ``key``, ``slide`` (a row of this file's ``slide_names``, so merging parts never rewrites an index),
+``label`` (int64, -1 unlabelled), level-0 ``x``/``y``, ``mpp`` and the ``.json``'s quality scores.
 
-Columns (:data:`COLUMNS`): ``offset`` and ``size`` (bytes: the sample's tar records are ``[offset, offset + size)``
-of the shard), ``key`` (bytes), ``slide`` (int32: a row of this file's ``slide_names``), ``label`` (int64: the
-``.cls`` label, which is the ROI class where the build had ``--roi-labels``; -1 unlabelled), ``x``/``y`` (level-0
-px, int64), ``mpp`` (the patch's microns per pixel), ``tissue``/``background``/``dark``/``sharpness`` (float32,
-the scores each sample's ``.json`` carries). Slides are named per shard (``slide_names``, ``slide_counts``) so that
-merging the parts of a cluster build never rewrites a shard index.
-
-The summary (:data:`wsishard.format.SUMMARY_NAME`, ``index.npz``) holds, per shard of the manifest and in its order,
-the count of samples of each label and the sparse count of each slide: what class and slide weights need, and
-each shard's total weight, without opening a single shard index (:class:`Summary`). ``build`` and ``merge`` write
-it from the shard indexes' own summaries (:func:`summarize`), which ``np.load`` reads without the columns.
+The summary (``index.npz``, :func:`summary_name`) holds per shard, in manifest order, the count of samples of each
+label and the sparse count of each slide: what class and slide weights need without opening a shard index
+(:class:`Summary`), written by ``build`` and ``merge`` from the shard indexes' own summaries (:func:`summarize`).
 """
 
 from __future__ import annotations
@@ -74,6 +66,14 @@ _SCORES = ("mpp", "tissue", "background", "dark", "sharpness")
 INDEX_VERSION = 1
 
 
+def _number(value: Any, kind: Callable[[Any], Any], unknown: Any) -> Any:
+    """``kind(value)`` (``int``, ``float``, ``json.loads``), or ``unknown`` where the value does not convert."""
+    try:
+        return kind(value)
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        return unknown
+
+
 @dataclass
 class IndexWriter:
     """Collects a shard's index rows from the tar records the shard writer appends (parsed back: the records are
@@ -113,12 +113,16 @@ class IndexWriter:
             self._row(key, base + start, end - start, fields)
 
     def _row(self, key: str, offset: int, size: int, fields: dict[str, bytes]) -> None:
-        meta = json.loads(fields[META_EXT]) if META_EXT in fields else {}
-        label = int(fields[LABEL_EXT]) if LABEL_EXT in fields else int(meta.get("label", -1))
-        label = label if label in LABEL_RANGE else -1  # no int64: the stream refuses the sample when it reads it
+        """One sample's row; a member that does not parse (a hand-made or damaged shard) gives -1 or NaN, never an
+        error: the stream and ``verify`` refuse such a sample when they read it."""
+        meta = _number(fields.get(META_EXT, b"{}"), json.loads, {})
+        meta = meta if isinstance(meta, dict) else {}
+        label = _number(fields[LABEL_EXT] if LABEL_EXT in fields else meta.get("label", -1), int, -1)
+        label = label if label in LABEL_RANGE else -1
         slide = self._slides.setdefault(str(meta.get("slide_id", "")), len(self._slides))
-        scores = tuple(float(meta.get(name, np.nan)) for name in _SCORES)
-        self._rows.append((offset, size, slide, label, int(meta.get("x", -1)), int(meta.get("y", -1)), *scores))
+        scores = tuple(_number(meta.get(name, np.nan), float, np.nan) for name in _SCORES)
+        x, y = (v if v in LABEL_RANGE else -1 for v in (_number(meta.get(c, -1), int, -1) for c in ("x", "y")))
+        self._rows.append((offset, size, slide, label, x, y, *scores))
         self._keys.append(key.encode())
 
     @property
