@@ -213,6 +213,11 @@ def _metas(out: Path) -> list[dict[str, object]]:
 
 def _rewrite_first_image(out: Path, image: bytes) -> str:
     """Replace the first sample's image of shard 0 with ``image``; the manifest's bytes and sha256 follow."""
+    return _rewrite_member(out, "jpg", lambda _: image)
+
+
+def _rewrite_member(out: Path, ext: str, change: Callable[[bytes], bytes]) -> str:
+    """Replace the first sample's ``.ext`` of shard 0 with ``change(old)``; the manifest's bytes and sha256 follow."""
     manifest = Manifest.from_json((out / "manifest.json").read_text())
     name = manifest.shards[0].name
     with tarfile.open(out / name) as tar:
@@ -221,8 +226,8 @@ def _rewrite_first_image(out: Path, image: bytes) -> str:
     writer = ShardWriter(Destination(str(out)), name)
     samples: dict[str, dict[str, bytes]] = {}
     for member, data in members:
-        k, ext = member.split(".", 1)
-        samples.setdefault(k, {})[ext] = image if (k == key and ext == "jpg") else data
+        k, e = member.split(".", 1)
+        samples.setdefault(k, {})[e] = change(data) if (k, e) == (key, ext) else data
     for k, m in samples.items():
         writer.write(k, m, k.rsplit("_x", 1)[0])
     record = writer.commit()
@@ -540,26 +545,6 @@ def workers_die_with_a_killed_build(work: Path) -> str:
             with contextlib.suppress(OSError):
                 if f"TORTURE_MARKS={marks}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
                     os.kill(pid, signal.SIGKILL)
-
-
-def _rewrite_member(out: Path, ext: str, change: Callable[[bytes], bytes]) -> str:
-    """Replace the first sample's ``.ext`` of shard 0 with ``change(old)``; the manifest's bytes and sha256 follow."""
-    manifest = Manifest.from_json((out / "manifest.json").read_text())
-    name = manifest.shards[0].name
-    with tarfile.open(out / name) as tar:
-        members = [(m.name, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
-    key = members[0][0].split(".", 1)[0]
-    writer = ShardWriter(Destination(str(out)), name)
-    samples: dict[str, dict[str, bytes]] = {}
-    for member, data in members:
-        k, e = member.split(".", 1)
-        samples.setdefault(k, {})[e] = change(data) if (k, e) == (key, ext) else data
-    for k, m in samples.items():
-        writer.write(k, m, k.rsplit("_x", 1)[0])
-    record = writer.commit()
-    shards = [record if s.name == name else s for s in manifest.shards]
-    (out / "manifest.json").write_text(dataclasses.replace(manifest, shards=shards).to_json())
-    return key
 
 
 def overflowing_labels(work: Path) -> str:
