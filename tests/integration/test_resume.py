@@ -88,6 +88,9 @@ def test_a_rerun_rewrites_shards_deleted_truncated_or_altered_since(cohort: Path
         fh.seek(shards[2].stat().st_size // 2)
         fh.write(bytes(4096))
     kept = {p.name: p.stat().st_mtime_ns for p in shards[3:]}
+    stem = shards[3].name.removesuffix(".tar")  # a writer killed between writing a file and renaming it:
+    (out / f".{stem}.tar.tmp-99999").write_bytes(b"partial")
+    (out / f".{stem}.idx.npz.tmp-99999").write_bytes(b"partial")
     again = _cli("build", str(cohort), "-o", str(out), "--jobs", "2", *ARGS)
     assert again.returncode == 0, again.stderr
     for shard, damage in zip(shards, ("is missing", "holds", "was altered"), strict=False):
@@ -95,6 +98,7 @@ def test_a_rerun_rewrites_shards_deleted_truncated_or_altered_since(cohort: Path
     _same_output(out, cohort_build)
     assert all(out.joinpath(n).read_bytes() == cohort_build.joinpath(n).read_bytes() for n in (p.name for p in shards))
     assert kept == {n: out.joinpath(n).stat().st_mtime_ns for n in kept}  # intact shards are not rewritten
+    assert not [p.name for p in out.iterdir() if ".tmp-" in p.name]  # leftovers of the killed writer removed
 
 
 def test_other_options_are_refused_unless_overwrite(cohort: Path, tmp_path: Path) -> None:

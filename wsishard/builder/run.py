@@ -43,6 +43,7 @@ from wsishard.errors import OptionError, OutputError
 from wsishard.format import is_shard_name, qc_picture_name, shard_name, shard_order, temp_target, unique_slide_ids
 from wsishard.manifest import Manifest, ShardRecord, SlideRecord
 from wsishard.progress import ProgressCallback, ignore_progress
+from wsishard.shards.index import index_shard
 from wsishard.storage.output import Destination
 from wsishard.storage.urls import StorageOptions, is_url, public_location
 
@@ -353,5 +354,6 @@ def _remove_leftovers(dest: Destination, groups: set[int]) -> None:
     if not dest.remote:
         for name in dest.listdir():
             target = temp_target(name)
-            if target is not None and is_shard_name(target) and shard_order(target)[0] in groups:
-                dest.remove(name)
+            shard = target if target is None or is_shard_name(target) else index_shard(target)
+            if shard is not None and shard_order(shard)[0] in groups:
+                dest.remove(name)  # a shard, or its index (killed between writing the index and renaming it)
