@@ -19,7 +19,7 @@ the part's, interpreter and torch included; an idle child's is printed as the ba
   class and slide weights need only the summary). ``stream(..., weights=...)`` in a fresh process, then one
   reader's pipeline set-up (64 ranks x 8 workers): time and peak RSS against 10 s and 1 GB per rank.
 
-Prints a table and one line ``JSON: {...}``; saves it under ``benchmarks/results/`` if that folder exists.
+Prints a table and one line ``JSON: {...}``, saved as ``benchmarks/results/bench_index.json`` (benchresults.py).
 """
 
 from __future__ import annotations
@@ -219,11 +219,7 @@ def main() -> None:
     result["scan"] = [_child("scan", n, args) for n in sizes if n >= SHARD_SAMPLES]
     result["startup"] = _child("startup", total, args)
     _print(result)
-    line = json.dumps(result)
-    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-    if folder.is_dir():
-        (folder / f"bench_index-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(line + "\n")
-    print("JSON: " + line)
+    print("JSON: " + json.dumps(result))
 
 
 def _print(r: dict[str, Any]) -> None:
@@ -248,10 +244,17 @@ def _print(r: dict[str, Any]) -> None:
                      "PASS" if ok else "MISS"))  # fmt: skip
     rows.append(("start-up peak RSS (one rank)", f"{s['rss_mb']:.0f} MB", f"(before {s['rss_before_mb']:.0f} MB)",
                  "PASS" if s["rss_mb"] < TARGETS["startup_rss_mb"] else "MISS"))  # fmt: skip
-    width = max(len(row[0]) for row in rows)
+    print(
+        f"Per-sample index at archive scale (targets: start-up < {TARGETS['startup_s']} s and "
+        f"< {TARGETS['startup_rss_mb']} MB per rank)"
+    )
+    print("| what | measured | | |")
+    print("|---|---|---|---|")
     for row in rows:
-        print(f"{row[0]:<{width}}  {row[1]:<28} {row[2]:<30} {row[3]}")
+        print("| " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":
-    main()
+    from benchresults import run
+
+    raise SystemExit(run("bench_index", main))

@@ -14,23 +14,20 @@ worker) three ways one after the other: unweighted; ``weights="class"``; ``selec
 >= 0.8x): on a shared machine the rounds are interleaved so that a slow moment weighs on all three. S3: the same
 files served by a moto server in this process.
 
-Prints a table and one line ``JSON: {...}``; saves it under ``benchmarks/results/`` if that folder exists.
+Prints a table and one line ``JSON: {...}``, saved as ``benchmarks/results/bench_sampling.json`` (benchresults.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
 import statistics
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from bench_stream import FULL, QUICK, Mode, log, prepare  # this folder's module (scripts/ is on sys.path)
+from benchs3 import moto_s3
 
 BATCH, WORKERS, TARGET = 256, 2, 0.8
 KINDS = ("unweighted", "class", "select")
@@ -76,29 +73,6 @@ def time_loader(source: str, kind: str, batches: int, storage_options: dict[str,
     return rate
 
 
-@contextmanager
-def moto(folder: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """A moto S3 server holding every file of ``folder`` (shards, indexes, summary, manifest)."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    os.environ["AWS_ACCESS_KEY_ID"] = os.environ["AWS_SECRET_ACCESS_KEY"] = "testing"  # moto's dummy values
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-        client.create_bucket(Bucket="wsishard-sampling")
-        for name in sorted(os.listdir(folder)):
-            if (folder / name).is_file():
-                client.upload_file(str(folder / name), "wsishard-sampling", f"out/{name}")
-        yield "s3://wsishard-sampling/out", {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
-    finally:
-        server.stop()
-
-
 def rounds(source: str, n: int, batches: int, storage_options: dict[str, Any] | None) -> list[dict[str, float]]:
     out = []
     for r in range(n):
@@ -129,19 +103,23 @@ def main() -> None:
     result: dict[str, Any] = {"mode": mode.name, "workers": WORKERS, "batch": BATCH,
                               "local": _summary(rounds(str(out), n, batches, None))}  # fmt: skip
     if not args.no_s3:
-        with moto(out) as (url, options):
+        with moto_s3(out, "wsishard-sampling", "out") as (url, options):
             result["s3"] = _summary(rounds(url, n, batches, options))
+    print(
+        f"Loader samples/s against the unweighted loader, {mode.name} build, batch {BATCH}, {WORKERS} workers "
+        f"(median of {n} interleaved rounds; target >= {TARGET}x)"
+    )
+    print("| source | unweighted samples/s | " + " | ".join(f"{k} (ratio)" for k in KINDS[1:]) + " |")
+    print("|---|---|" + "---|" * (len(KINDS) - 1))
     for where in ("local", "s3"):
         if where in result:
             r = result[where]
-            verdicts = [f"{k}: {r[k]['ratio']:.2f}x {'PASS' if r[k]['pass'] else 'MISS'}" for k in KINDS[1:]]
-            print(f"{where:<6} unweighted {r['unweighted_samples_per_s']:7.0f} samples/s   " + "   ".join(verdicts))
-    line = json.dumps(result)
-    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-    if folder.is_dir():
-        (folder / f"bench_sampling-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(line + "\n")
-    print("JSON: " + line)
+            verdicts = [f"{r[k]['ratio']:.2f}x {'PASS' if r[k]['pass'] else 'MISS'}" for k in KINDS[1:]]
+            print(f"| {where} | {r['unweighted_samples_per_s']:.0f} | " + " | ".join(verdicts) + " |")
+    print("JSON: " + json.dumps(result))
 
 
 if __name__ == "__main__":
-    main()
+    from benchresults import run
+
+    raise SystemExit(run("bench_sampling", main))

@@ -44,7 +44,6 @@ import cProfile
 import io
 import itertools
 import json
-import logging
 import math
 import os
 import platform
@@ -62,6 +61,7 @@ from typing import Any
 import numpy as np
 import psutil
 import torch
+from benchs3 import moto_s3
 from streambench_floor import cpu_s
 
 SLIDE_MPP = 0.25  # level-0 microns per px of the generated slides (40x)
@@ -305,32 +305,6 @@ def time_metas(shards_dir: str, repeats: int = 20) -> dict[str, Any]:
         ids = {m["slide_id"] for m in metas}
         best = min(best, time.perf_counter() - t0)
     return {"read_all_ms": 1000 * best, "slides": len(ids)}
-
-
-@contextlib.contextmanager
-def moto_s3(shards_dir: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """A moto S3 server in this process holding the manifest and shards: yields ``(url, storage_options)``."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    from wsishard.format import MANIFEST_NAME
-    from wsishard.storage.opener import load_manifest
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no per-request lines from the server
-    os.environ["AWS_ACCESS_KEY_ID"] = os.environ["AWS_SECRET_ACCESS_KEY"] = "testing"  # moto's dummy values
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-        client.create_bucket(Bucket=BUCKET)
-        manifest, _ = load_manifest(str(shards_dir))
-        for name in [MANIFEST_NAME, *(rec.name for rec in manifest.shards)]:
-            client.upload_file(str(shards_dir / name), BUCKET, f"{PREFIX}/{name}")
-        yield f"s3://{BUCKET}/{PREFIX}", {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
-    finally:
-        server.stop()
 
 
 def expected_distinct(counts: list[int], k: int) -> float:
@@ -605,7 +579,7 @@ def measure(mode: Mode, slides: list[str], shards_dir: Path, user_dir: Path | No
     s3_error = ""
     with contextlib.ExitStack() as stack:
         try:
-            url, opts = stack.enter_context(moto_s3(shards_dir))
+            url, opts = stack.enter_context(moto_s3(shards_dir, BUCKET, PREFIX))
         except Exception as exc:  # report exactly what fails; the other figures still count
             s3_error = f"{type(exc).__name__}: {exc}"
         for suffix, to_device in (("_loader", False), ("", True)):
