@@ -15,7 +15,8 @@ import pytest
 import shardmaker as sm
 from test_distributed import _torchrun
 
-from wsishard.shards.index import index_build
+from wsishard.format import shard_name
+from wsishard.shards.index import index_build, index_name
 
 BATCH, WORKERS, STEPS = 64, 2, 40
 
@@ -52,6 +53,50 @@ def test_class_weights_balance_labels_across_ranks(outputs: tuple[sm.Output, sm.
     assert abs(sum(labels) / len(labels) - 0.5) < 0.04  # 5,120 draws: 4% is over 5 standard deviations
 
 
+@pytest.mark.timeout(300)
+def test_a_split_scan_reads_each_index_on_one_rank_and_plans_as_one_process(ranks: list[dict]) -> None:
+    whole = ranks[0]["scan_whole"]
+    assert whole["opened"] == [index_name(shard_name(i)) for i in range(6)]  # one process: every index
+    for rank, r in enumerate(ranks):
+        split = r["scan_split"]
+        assert split["opened"] == [index_name(shard_name(i)) for i in range(rank, 6, 2)]  # its share only
+        assert split["selected"] == whole["selected"] and split["totals"] == whole["totals"]
+        assert r["scan_whole"] == whole
+    assert 0 < sum(whole["selected"]) < 120 + 95 + 140 + 101 + 88 + 130
+
+
+def _keep(t: dict) -> object:
+    return t["position"] % 3 != 0
+
+
+def _weigh(t: dict) -> object:
+    return 1.0 + (t["position"] % 2) / 3
+
+
+class _CountingOpener:
+    """The default opener, noting which shard indexes it opened."""
+
+    def __init__(self) -> None:
+        from wsishard.storage.opener import StreamOpener
+
+        self.inner, self.opened = StreamOpener(), []
+
+    def __call__(self, location: str):  # noqa: ANN204
+        if location.endswith(".idx.npz"):
+            self.opened.append(location.rsplit("/", 1)[-1])
+        return self.inner(location)
+
+
+def _scan_record(mixed: str, split: bool) -> dict:
+    from wsishard.streaming.sources import stream
+
+    opener = _CountingOpener()
+    ds = stream(mixed, batch_size=BATCH, select=_keep, weights=_weigh, opener=opener, split_scan=split)
+    assert ds.sampling is not None
+    return {"opened": sorted(opener.opened), "selected": ds.sampling.selected.tolist(),
+            "totals": ds.sampling.totals.tolist()}  # fmt: skip
+
+
 def _rank_main(one: str, mixed: str, result_dir: str) -> None:
     import torch
     import torch.distributed as dist
@@ -75,7 +120,7 @@ def _rank_main(one: str, mixed: str, result_dir: str) -> None:
         dist.all_reduce(torch.ones(1))
         labels += batch["label"].tolist()
     results = {"valid": valid, "sizes": sizes, "batches": len(sizes), "planned": ds.batches_per_rank(WORKERS),
-               "labels": labels}  # fmt: skip
+               "labels": labels, "scan_whole": _scan_record(mixed, False), "scan_split": _scan_record(mixed, True)}  # fmt: skip
     Path(result_dir, f"rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()

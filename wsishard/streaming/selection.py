@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +21,9 @@ from wsishard.storage.urls import StorageOptions, join
 from wsishard.streaming import sampling
 from wsishard.streaming.sampling import Select, Table, Weights
 from wsishard.streaming.stages import Opener, ShardRef
+
+Share = tuple[int, int, Callable[[np.ndarray], np.ndarray] | None]  # (rank, size, sum over the processes)
+_READERS = 8  # shard indexes read at once in the main process's scan
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,9 +103,10 @@ class Source:
 
 def plan_sampling(sources: Sequence[Source], *, select: Select | None, weights: Weights | None,
                   proportions: Sequence[float] | None, storage_options: StorageOptions | None,
-                  opener: Opener) -> SamplingPlan:  # fmt: skip
+                  opener: Opener, share: Share | None = None) -> SamplingPlan:  # fmt: skip
     """The :class:`SamplingPlan` of ``sources`` (main process): summaries read, and every shard index read once
-    (one at a time) only where ``select`` or a weight function needs the samples.
+    only where ``select`` or a weight function needs the samples: by this process alone, or with ``share`` (in a
+    DDP job, :func:`~wsishard.streaming.world.rank_share`) each rank reads its share and the counts are summed.
 
     Raises:
         ManifestError: a source without an index summary (built by a wsishard without indexes), or one that does
@@ -129,7 +135,7 @@ def plan_sampling(sources: Sequence[Source], *, select: Select | None, weights: 
                         labels=labels, slide_ptr=slide_ptr.astype(np.int64), slide_global=slide_global)  # fmt: skip
     totals = np.zeros(len(rows))
     if select is not None or callable(weights):
-        label_counts, slide_count, totals = _scan(plan, opener, len(labels))
+        label_counts, slide_count, totals = scan_shared(plan, opener, len(labels), share)
         plan.selected[:] = label_counts.sum(axis=1)
     if weights is None:
         return plan
@@ -173,24 +179,45 @@ def _dense(have: np.ndarray, counts: np.ndarray, labels: np.ndarray) -> np.ndarr
     return out
 
 
-def _scan(plan: SamplingPlan, opener: Opener, n_labels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every shard index read once, one at a time: per shard its selected samples per label (n, L), per slide (in
-    CSR order) and its total weight under a weight function."""
-    n = len(plan.rows)
-    label_counts = np.zeros((n, n_labels), dtype=np.int64)
+def scan_shared(plan: SamplingPlan, opener: Opener, n_labels: int, share: Share | None = None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """Per shard its selected samples per label (n, L), per slide (in CSR order) and its total weight under a
+    weight function, from every shard index. With ``share`` (``(rank, size, sum)``: ``sum`` adds an array over the
+    ``size`` processes, each calling it with the same shape) this process reads shards ``rank::size`` only."""
+    rank, size, total = share or (0, 1, None)
+    label_counts = np.zeros((len(plan.rows), n_labels), dtype=np.int64)
     slide_count = np.zeros(len(plan.slide_global), dtype=np.int64)
-    totals = np.zeros(n)
-    for s in range(n):
-        index = load_shard_index(plan, s, opener)
-        table = index.table(shard_of(plan.index_urls[s]))
-        mask = plan.mask(s, index, table)
-        labels = index.columns["label"][mask]
-        label_counts[s] = np.bincount(np.searchsorted(plan.labels, labels), minlength=n_labels)
-        lo, hi = int(plan.slide_ptr[s]), int(plan.slide_ptr[s + 1])
-        slide_count[lo:hi] = np.bincount(index.columns["slide"][mask], minlength=hi - lo)[: hi - lo]
-        if callable(plan.weights):
-            totals[s] = float(plan.sample_weights(s, index, table)[mask].sum())
-    return label_counts, slide_count, totals
+    totals = np.zeros(len(plan.rows))
+    with ThreadPoolExecutor(_READERS) as pool:  # reads overlap (object stores: latency); masks in order, here
+        for s, index in zip(range(rank, len(plan.rows), size), _read_ahead(pool, plan, opener, rank, size),
+                            strict=True):  # fmt: skip
+            table = index.table(shard_of(plan.index_urls[s]))
+            mask = plan.mask(s, index, table)
+            label_counts[s] = np.bincount(np.searchsorted(plan.labels, index.columns["label"][mask]),
+                                          minlength=n_labels)  # fmt: skip
+            lo, hi = int(plan.slide_ptr[s]), int(plan.slide_ptr[s + 1])
+            slide_count[lo:hi] = np.bincount(index.columns["slide"][mask], minlength=hi - lo)[: hi - lo]
+            if callable(plan.weights):
+                totals[s] = float(plan.sample_weights(s, index, table)[mask].sum())
+    if total is None or size == 1:
+        return label_counts, slide_count, totals
+    # each entry is non-zero on exactly one process: the sums are exact and the same everywhere
+    flat = total(np.concatenate([label_counts.ravel(), slide_count, totals]).astype(np.float64))
+    cut = label_counts.size + slide_count.size
+    return (flat[: label_counts.size].astype(np.int64).reshape(label_counts.shape),
+            flat[label_counts.size : cut].astype(np.int64), flat[cut:])  # fmt: skip
+
+
+def _read_ahead(pool: ThreadPoolExecutor, plan: SamplingPlan, opener: Opener, rank: int, size: int
+                ) -> Iterator[ShardIndex]:  # fmt: skip
+    """The indexes of shards ``rank::size`` in order, up to ``2 * _READERS`` read ahead."""
+    pending: deque[Future[ShardIndex]] = deque()
+    for s in range(rank, len(plan.rows), size):
+        pending.append(pool.submit(load_shard_index, plan, s, opener))
+        if len(pending) > 2 * _READERS:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
 
 
 def load_shard_index(plan: SamplingPlan, s: int, opener: Opener) -> ShardIndex:
@@ -265,7 +292,7 @@ def check_redeal(plan: SamplingPlan | None) -> None:
 
 def choose(sources: Sequence[Source], tasks: list[ShardRef], *, select: Select | None, weights: Weights | None,
            proportions: Sequence[float] | None, storage_options: StorageOptions | None,
-           opener: Opener) -> tuple[list[ShardRef], SamplingPlan | None]:  # fmt: skip
+           opener: Opener, share: Share | None = None) -> tuple[list[ShardRef], SamplingPlan | None]:  # fmt: skip
     """The stream's shards and sampling plan: ``tasks`` and None without ``select``/``weights``.
 
     Raises:
@@ -276,7 +303,7 @@ def choose(sources: Sequence[Source], tasks: list[ShardRef], *, select: Select |
     if select is None and weights is None:
         return tasks, None
     plan = plan_sampling(sources, select=select, weights=weights, proportions=proportions,
-                         storage_options=storage_options, opener=opener)  # fmt: skip
+                         storage_options=storage_options, opener=opener, share=share)  # fmt: skip
     chosen = refs_of(plan, [t.url for t in tasks])
     if not chosen:
         raise ValueError(f"select= keeps no sample of {', '.join(s.where for s in sources)}")

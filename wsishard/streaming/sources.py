@@ -15,7 +15,7 @@ from wsishard.streaming import selection
 from wsishard.streaming.dataset import ShardStream, StreamConfig
 from wsishard.streaming.sampling import Select, Weights
 from wsishard.streaming.stages import ErrorMode, Opener, ShardRef
-from wsishard.streaming.world import World
+from wsishard.streaming.world import World, rank_share
 
 __all__ = ["stream"]
 
@@ -36,6 +36,7 @@ def stream(
     weights: Weights | None = None,
     proportions: Sequence[float] | None = None,
     pad_last: bool = False,
+    split_scan: bool = False,
 ) -> ShardStream:
     """Stream batches from one or more build outputs (folder, manifest path or URL prefix).
 
@@ -57,6 +58,9 @@ def stream(
         proportions: with several sources and ``weights``, the share of draws of each (MosaicML's ``proportion``).
         pad_last: epoch mode: every selected sample exactly once over all ranks and workers, every rank the same
             number of batches, the last ones padded with repeats marked ``batch["valid"] == False``.
+        split_scan: with ``select`` or a weight function, in a DDP job (torch.distributed initialised): each rank
+            reads 1/world of the shard indexes and the counts are summed over torch.distributed, instead of every
+            rank reading all of them. Every rank must then call :func:`stream` with the same arguments.
 
     Raises:
         ManifestError: a manifest is missing or unreadable, names a shard that is no shard file name, lacks the
@@ -70,8 +74,9 @@ def stream(
                           drop_last=drop_last, on_error=on_error, patch_size_px=_one_patch_size(sizes),
                           pad_last=pad_last)  # fmt: skip
     opener = opener or StreamOpener(dict(storage_options or {}))
+    share = rank_share(world) if split_scan else None
     tasks, plan = selection.choose(read, tasks, select=select, weights=weights, proportions=proportions,
-                                   storage_options=storage_options, opener=opener)  # fmt: skip
+                                   storage_options=storage_options, opener=opener, share=share)  # fmt: skip
     return ShardStream(tasks, config, world=world, opener=opener, sampling=plan)
 
 

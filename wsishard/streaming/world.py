@@ -7,8 +7,10 @@ stages never re-read it from the environment.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from wsishard.errors import TopologyError
@@ -69,3 +71,27 @@ def detect_world() -> World:
     info = torch.utils.data.get_worker_info()
     worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
     return World(rank=rank, world_size=size, worker=worker, num_workers=workers)
+
+
+def rank_share(world: World | None = None) -> tuple[int, int, Callable[[np.ndarray], np.ndarray]] | None:
+    """``(rank, world_size, sum)`` when torch.distributed is initialised with several ranks (and agrees with
+    ``world``): ``sum`` adds a float64 array over the ranks (a collective: every rank must call it). None otherwise.
+
+    Raises:
+        TopologyError: ``world`` names another rank or world size than torch.distributed.
+    """
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if world is not None and (world.rank, world.world_size) != (rank, size):
+        raise TopologyError(f"world= says rank {world.rank} of {world.world_size} but torch.distributed says "
+                            f"{rank} of {size}")  # fmt: skip
+
+    def total(a: np.ndarray) -> np.ndarray:
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+        t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64)).to(device or "cpu")
+        dist.all_reduce(t)
+        return t.cpu().numpy()
+
+    return rank, size, total
