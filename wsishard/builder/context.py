@@ -47,7 +47,7 @@ def padded_fraction(l0_x: float, l0_y: float, l0_side: float, l0_dims: tuple[int
     slide of level-0 size ``l0_dims`` (width, height), rounded to 4 decimals as the quality scores are."""
     inside_w = max(0.0, min(l0_x + l0_side, l0_dims[0]) - max(l0_x, 0.0))
     inside_h = max(0.0, min(l0_y + l0_side, l0_dims[1]) - max(l0_y, 0.0))
-    return round(1.0 - inside_w * inside_h / (l0_side * l0_side), 4)
+    return max(0.0, round(1.0 - inside_w * inside_h / (l0_side * l0_side), 4))  # never -0.0
 
 
 def context_field(l0_cx: float, l0_cy: float, mpp: float, size_px: int, mpp0: float) -> tuple[float, float, float]:
