@@ -21,8 +21,10 @@ from scipy import ndimage as ndi
 from wsishard.builder.grid import PatchOptions
 from wsishard.builder.merge import merge
 from wsishard.builder.options import BuildOptions
+from wsishard.builder.roi import RoiOptions
 from wsishard.builder.run import build
 from wsishard.errors import OptionError
+from wsishard.shards.index import index_name, load_index
 from wsishard.shards.verify import verify
 from wsishard.shards.writer import sample_records
 from wsishard.testing.synthetic import make_slide
@@ -127,6 +129,24 @@ def test_context_centres_and_pixels_match_the_main_patch_on_real_tissue(tmp_path
     _check_context(tmp_path / "out", min_samples=20)
 
 
+def test_context_through_openslide_matches_the_main_patch_too(slides: Path, tmp_path: Path) -> None:
+    build([str(slides)], str(tmp_path / "out"), dataclasses.replace(CONTEXT, fast_path=False))
+    _check_context(tmp_path / "out", min_samples=40)
+
+
+def test_the_per_sample_index_spans_each_whole_sample_with_its_context(builds: tuple[Path, Path]) -> None:
+    manifest, samples = read_output(str(builds[1]))
+    by_key = {s.key: s for s in samples}
+    for shard in manifest.shards:
+        index = load_index((builds[1] / index_name(shard.name)).read_bytes())
+        data = (builds[1] / shard.name).read_bytes()
+        assert len(index) == shard.samples
+        for key, offset, size in zip(index.key, index.columns["offset"], index.columns["size"], strict=True):
+            with tarfile.open(fileobj=io.BytesIO(data[offset : offset + size] + bytes(1024))) as tar:
+                members = {m.name.split(".", 1)[1]: tar.extractfile(m).read() for m in tar}  # type: ignore[union-attr]
+            assert members == by_key[key.decode()].members  # image, both context patches, json: all of it
+
+
 def test_padding_at_the_slide_edge_is_white_and_recorded(builds: tuple[Path, Path], slides: Path) -> None:
     mpp0 = _mpp0(builds[1])
     dims = {"a": (2600, 2200), "b": (2400, 2000)}
@@ -212,6 +232,25 @@ def test_context_with_labels_and_a_context_size(slides: Path, tmp_path: Path) ->
         assert _rgb(s.members["ctx0.jpg"]).shape == _rgb(s.members["ctx1.jpg"]).shape == (64, 64, 3)
         # the 0.5 mpp context is the main patch's centre quarter
         assert _psnr(_area(_rgb(s.members["ctx0.jpg"]), 16), _area(s.image()[32:96, 32:96], 16)) >= 35.0
+
+
+def test_context_with_annotation_regions_and_their_classes(slides: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "roi"
+    folder.mkdir()
+    for stem in ("a", "b"):
+        square = [[[200, 200], [1800, 200], [1800, 1600], [200, 1600], [200, 200]]]
+        feature = {"type": "Feature", "geometry": {"type": "Polygon", "coordinates": square},
+                   "properties": {"classification": {"name": "Tumor"}}}  # fmt: skip
+        (folder / f"{stem}.geojson").write_text(json.dumps({"type": "FeatureCollection", "features": [feature]}))
+    roi = RoiOptions(path=str(folder), labels=("Tumor",))
+    build([str(slides)], str(tmp_path / "plain"), dataclasses.replace(PLAIN, roi=roi))
+    build([str(slides)], str(tmp_path / "context"), dataclasses.replace(CONTEXT, roi=roi))
+    _, plain = read_output(str(tmp_path / "plain"))
+    _, samples = read_output(str(tmp_path / "context"))
+    assert [s.key for s in samples] == [s.key for s in plain] and len(samples) >= 20
+    assert all(s.members["cls"] == b"0" and s.meta["label_name"] == "Tumor" for s in samples)
+    for a, b in zip(samples, plain, strict=True):
+        assert a.members["jpg"] == b.members["jpg"] and "ctx1.jpg" in a.members
 
 
 def test_build_from_and_to_s3_with_context_equals_the_local_build(s3: S3Server, s3_bucket: str, slides: Path,
