@@ -24,9 +24,11 @@ from wsishard.builder.options import BuildOptions
 from wsishard.builder.roi import RoiOptions
 from wsishard.builder.run import build
 from wsishard.errors import OptionError
+from wsishard.report import details
 from wsishard.shards.index import index_name, load_index
 from wsishard.shards.verify import verify
 from wsishard.shards.writer import sample_records
+from wsishard.storage.opener import load_manifest
 from wsishard.testing.synthetic import make_slide
 
 if TYPE_CHECKING:
@@ -117,6 +119,12 @@ def test_members_json_and_manifest_record_the_context(builds: tuple[Path, Path])
     for s in samples:
         assert [c["mpp"] for c in s.meta["context"]] == [2.0, 8.0]
         assert all(c["size"] == 128 and 0.0 <= c["padded"] < 1.0 for c in s.meta["context"])
+
+
+def test_inspect_names_the_context(builds: tuple[Path, Path]) -> None:
+    context, plain = (details(load_manifest(str(root))[0]) for root in (builds[1], builds[0]))
+    assert "context: 2.0, 8.0 mpp at 128 px (members ctx0, ctx1)" in context.splitlines()
+    assert "context:" not in plain
 
 
 def test_context_centres_and_pixels_match_the_main_patch_on_generated_slides(builds: tuple[Path, Path]) -> None:
