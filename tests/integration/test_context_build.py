@@ -261,6 +261,17 @@ def test_context_with_annotation_regions_and_their_classes(slides: Path, tmp_pat
         assert a.members["jpg"] == b.members["jpg"] and "ctx1.jpg" in a.members
 
 
+def test_a_context_finer_than_level_0_fails_the_slide_with_a_reason_unless_upsampling_is_allowed(
+    slides: Path, tmp_path: Path
+) -> None:
+    manifest = build([str(slides)], str(tmp_path / "out"), dataclasses.replace(CONTEXT, context_mpp=(0.1,)))
+    assert len(manifest.failed_slides) == 2 and manifest.total_samples == 0
+    assert all("context target 0.1 mpp" in s.reason and "--allow-upsample" in s.reason for s in manifest.failed_slides)
+    patch = dataclasses.replace(CONTEXT.patch, allow_upsample=True)
+    manifest = build([str(slides)], str(tmp_path / "up"), dataclasses.replace(CONTEXT, context_mpp=(0.2,), patch=patch))
+    assert not manifest.failed_slides and manifest.total_samples >= 40  # 0.2 mpp: level 0 upsampled 1.26x / 1.32x
+
+
 def test_build_from_and_to_s3_with_context_equals_the_local_build(s3: S3Server, s3_bucket: str, slides: Path,
                                                                    builds: tuple[Path, Path]) -> None:  # fmt: skip
     s3.upload(str(slides), f"s3://{s3_bucket}/context/slides")

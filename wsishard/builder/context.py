@@ -20,6 +20,7 @@ from PIL import Image
 
 from wsishard.builder.grid import Block, Candidates, PatchOptions, choose_level
 from wsishard.builder.patches import _REST_SLACK, SlideWork, _ceil_to, _floor_to, _Reduced, _reduced_read, encode_image
+from wsishard.errors import SlideError
 from wsishard.format import ContextMeta, context_ext
 from wsishard.slide import SlideReader
 from wsishard.slide.reader import BACKGROUND
@@ -128,7 +129,10 @@ class BlockContext:
         work, cands, size = self.work, self.work.cands, self.options.size_px
         upsample = PatchOptions(target_mpp=mpp, allow_upsample=self.options.allow_upsample,
                                 max_upsample=self.options.max_upsample)  # fmt: skip
-        level = choose_level(work.path, self.mpp0, self.reader.level_downsamples, upsample)
+        try:
+            level = choose_level(work.path, self.mpp0, self.reader.level_downsamples, upsample)
+        except SlideError as exc:  # a context mpp finer than level 0: name it, the target is not the patches'
+            raise SlideError(work.path, f"context {exc.reason}") from exc
         down = self.reader.level_downsamples[level]
         l0_per_c = mpp / self.mpp0
         scale = l0_per_c / down  # level px per context px
