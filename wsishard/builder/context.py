@@ -79,8 +79,7 @@ def context_legend(options: ContextOptions | None) -> list[str]:
 class _Scale:
     """One context mpp's stage-1 region for a block."""
 
-    reduced: _Reduced  # snap=False: stage 2 starts at the exact corner
-    down: float  # level-0 px per px of the level read
+    reduced: _Reduced  # snap=False: stage 2 starts at the exact corner (floats pass through its cut)
     l0_per_c: float  # level-0 px per context px
 
 
@@ -151,4 +150,4 @@ class BlockContext:
         x0, y0 = _floor_to(min(r[0] for r in rects), k), _floor_to(min(r[1] for r in rects), k)
         x1, y1 = _ceil_to(max(r[2] for r in rects), k), _ceil_to(max(r[3] for r in rects), k)
         image = _reduced_read(self.reader, level, (x0, y0, x1 - x0, y1 - y0), k, rects)  # ((y1-y0)/k, (x1-x0)/k, 3)
-        return _Scale(_Reduced(image, x0, y0, k, scale, snap=False), down, l0_per_c)
+        return _Scale(_Reduced(image, x0, y0, k, scale, snap=False), l0_per_c)
