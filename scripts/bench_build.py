@@ -97,7 +97,8 @@ def child_build(spec: dict[str, Any]) -> dict[str, Any]:
     from wsishard.builder.run import build
 
     overrides = {os.path.basename(p): spec["mpp"] for p in spec["slides"]}
-    options = BuildOptions(jobs=spec["jobs"], mpp_overrides=overrides, shard_samples=spec.get("shard_samples"))
+    options = BuildOptions(jobs=spec["jobs"], mpp_overrides=overrides, shard_samples=spec.get("shard_samples"),
+                           context_mpp=tuple(spec.get("context_mpp", ())))  # fmt: skip
     shutil.rmtree(spec["output"], ignore_errors=True)  # a build into an existing output would resume it
     events: list[tuple[float, str, int]] = []  # (time.monotonic(): one clock for every process, stage, patches)
 
@@ -465,6 +466,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "wsishard-bench",
                    help="slides (cached between runs) and build outputs")  # fmt: skip
     p.add_argument("--json-only", action="store_true", help="print only the final JSON line")
+    p.add_argument("--context", action="store_true", help="only the context rows: build cost of 0, 1 and 2 scales")
     p.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -480,6 +482,9 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         if not args.json_only:
             print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+    if args.context:
+        return context_main(mode, args.workdir, log, args.json_only)
 
     load_before, t0 = os.getloadavg()[0], time.perf_counter()
     raw = measure(mode, args.workdir, log)
@@ -507,7 +512,49 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------ context patches (--context)
+
+CONTEXT_RUNS = {"none": (), "one 4x": (2.0,), "two (4x, 16x)": (2.0, 8.0)}  # context mpp around 0.5 mpp patches
+CONTEXT_TARGET = 1.5  # one 4x context scale costs at most +50% build time
+
+
+def context_main(mode: Mode, workdir: Path, log: Any, json_only: bool) -> int:
+    """Build cost of context patches: default options at Aperio's 0.2520 mpp, ``--jobs 1``, without context, with
+    one 4x scale (2.0 mpp) and with two (2.0, 8.0), each run ``repeats`` times interleaved (the least time kept: a
+    shared machine only adds). Saved as ``bench_build_context.json``."""
+    slides = ensure_slides(workdir / "slides", mode.size, 2 if mode is QUICK else mode.n_slides, log)
+    repeats = 2 if mode is QUICK else 3
+    raw: dict[str, list[dict[str, Any]]] = {name: [] for name in CONTEXT_RUNS}
+    for i in range(repeats):
+        for name, mpps in CONTEXT_RUNS.items():
+            log(f"running context {name} ({i + 1}/{repeats}) ...")
+            spec = {"slides": slides, "output": str(workdir / "out-context"), "jobs": 1, "mpp": MANY_MPP,
+                    "context_mpp": list(mpps)}  # fmt: skip
+            raw[name].append(run_child("build", spec, workdir / f"context-{i}"))
+    best = {name: {key: min(r[key] for r in runs) for key in ("wall_s", "cpu_s")} for name, runs in raw.items()}
+    rows = [{"context": name, "context_mpp": list(CONTEXT_RUNS[name]), "patches": raw[name][0]["patches"],
+             **best[name], "wall_vs_none": best[name]["wall_s"] / best["none"]["wall_s"],
+             "cpu_vs_none": best[name]["cpu_s"] / best["none"]["cpu_s"]} for name in CONTEXT_RUNS]  # fmt: skip
+    one = rows[1]["cpu_vs_none"]
+    verdict = {"target": f"one 4x context scale / none <= {CONTEXT_TARGET}", "cpu_ratio": one,
+               "wall_ratio": rows[1]["wall_vs_none"], "met": one <= CONTEXT_TARGET}  # fmt: skip
+    if not json_only:
+        print(f"Context patches: {len(slides)} slides of {mode.size[0]}x{mode.size[1]} px at {MANY_MPP} mpp, default "
+              f"options, --jobs 1, least of {repeats} runs ({mode.name} mode)")  # fmt: skip
+        print("| context | patches | wall s | CPU s | wall / none | CPU / none |\n|---|---:|---:|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['context']} | {r['patches']:,} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
+                  f"{r['wall_vs_none']:.2f} | {r['cpu_vs_none']:.2f} |")  # fmt: skip
+        print(f"\n{verdict['target']}: {one:.2f} by CPU time ({'met' if verdict['met'] else 'NOT met'})")
+    config = {"mode": mode.name, "size": mode.size, "slides": len(slides), "mpp": MANY_MPP, "jobs": 1,
+              "repeats": repeats, "load_after": os.getloadavg()[0]}  # fmt: skip
+    print("JSON: " + json.dumps({"config": config, "versions": versions(), "rows": rows, "target": verdict,
+                                 "raw": raw}, sort_keys=True))  # fmt: skip
+    shutil.rmtree(workdir / "out-context", ignore_errors=True)
+    return 0
+
+
 if __name__ == "__main__":
     import benchresults  # the script's own names stay its own (bench_tissue has a run())
 
-    sys.exit(benchresults.run("bench_build", main))
+    sys.exit(benchresults.run("bench_build_context" if "--context" in sys.argv else "bench_build", main))

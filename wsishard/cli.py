@@ -19,7 +19,7 @@ from wsishard import __version__
 from wsishard.builder.inputs import check_output, label_table, mpp_table
 from wsishard.builder.keywords import option_fields, option_flag, size_bytes
 from wsishard.builder.merge import merge
-from wsishard.builder.options import BuildOptions, BuildProgress
+from wsishard.builder.options import BuildOptions, BuildProgress, context_mpps
 from wsishard.builder.parts import array_part
 from wsishard.builder.parts import slurm_part as slurm_part  # re-exported: its old home
 from wsishard.builder.qc_html import write_qc_page
@@ -88,7 +88,7 @@ def format_size(n: int) -> str:
 _PARSE: dict[str, Callable[[str], Any]] = {
     "str": str, "int": _int, "positive_int": _positive(int), "positive_float": _positive(float),
     "non_negative": _non_negative, "non_negative_int": _non_negative_int, "fraction": _fraction, "size": parse_size,
-    "degrees": _degrees, "names": parse_names, "mpp_table": mpp_table, "label_table": _labels,
+    "degrees": _degrees, "names": parse_names, "mpp_table": mpp_table, "label_table": _labels, "mpps": context_mpps,
 }  # fmt: skip
 _SHOW: dict[str, Callable[[Any], str]] = {"size": format_size}  # how a default is shown, by "parse" (else str)
 _GROUPS = {  # "group" in the metadata -> help section, in the order shown
@@ -139,7 +139,8 @@ def _add_option(group: Any, dest: str, f: Field[Any], owner: Any = None) -> None
     else:
         choices = meta.get("choices")
         metavar = meta.get("metavar", None if choices else f.name.upper())
-        check = None if choices else owner  # with choices, argparse's "invalid choice" says it best
+        check = None if choices or meta.get("with_others") else owner  # choices: argparse's "invalid choice" says it
+        # best; with_others: BuildOptions checks the value with the other flags' (_options)
         kw.update(type=_flag_type(_PARSE[meta.get("parse", "str")], check, f), choices=choices, metavar=metavar)
     group.add_argument(option_flag(f), **kw)
     for old in meta.get("old_flags", ()):

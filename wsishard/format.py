@@ -10,6 +10,8 @@ Each sample is one tissue patch with the members::
     <key>.jpg | <key>.png | <key>.webp   the encoded RGB patch, ``patch_size`` x ``patch_size`` px
     <key>.json                           :class:`PatchMeta` as UTF-8 JSON
     <key>.cls                            the slide's integer label as ASCII digits (only when labelled)
+    <key>.ctx0.jpg, <key>.ctx1.jpg, ...  context patches, one per ``--context-mpp`` scale in ascending mpp (only
+                                         with context; same format as the patch: :func:`context_ext`)
 
 The key grammar is ``<slide_id>_x<l0_x>_y<l0_y>``: ``slide_id`` is sanitized to ``[A-Za-z0-9_-]`` so a key
 never holds a dot (webdataset splits member names at the first dot) or a path separator, and the
@@ -54,10 +56,21 @@ _TEMP_NAME = re.compile(r"\.(.+)" + re.escape(_TEMP_INFIX) + r"\d+")
 _PART_MANIFEST = re.compile(r"manifest\.part-(\d{4,})-of-(\d{4,})\.json")
 _PART_SLIDES = re.compile(r"slides\.part-(\d{4,})-of-(\d{4,})\.jsonl")
 _MAX_ID_CHARS = 96
+_CONTEXT_EXT = re.compile(r"ctx(0|[1-9][0-9]?)\.(jpg|png|webp)")  # context_ext(i, image_format)
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*_x[0-9]+_y[0-9]+")  # sample_key(sanitize_slide_id(...), x, y)
 
 ImageFormat = Literal["jpg", "png", "webp"]
 SlideStatus = Literal["ok", "failed", "skipped"]  # skipped: left out by an option (--roi-missing skip)
+
+
+class ContextMeta(TypedDict):
+    """One context patch of a sample, in its ``.json``'s ``context`` list (ascending mpp, as ``ctx0``, ``ctx1``)."""
+
+    mpp: float  # microns per pixel of the context patch
+    x: int  # level-0 left of the field it covers (negative where it runs off the slide)
+    y: int  # level-0 top
+    size: int  # px, width = height of the written image
+    padded: float  # fraction of the field that lay off the slide, written as white glass, 0..1
 
 
 class PatchMeta(TypedDict, total=False):
@@ -78,6 +91,7 @@ class PatchMeta(TypedDict, total=False):
     sharpness: float  # variance of the Laplacian of the grey patch (reduced to 64 px): low is blurred
     label: int  # only when the build had labels
     label_name: str  # the label's class name, when labels came from annotation classes (--roi-labels)
+    context: list[ContextMeta]  # only when the build has context patches (--context-mpp)
 
 
 def sanitize_slide_id(name: str) -> str:
@@ -132,9 +146,29 @@ def split_member(name: str) -> tuple[str, str] | None:
 
 
 def is_sample_member(name: str) -> bool:
-    """True for a tar member a reader uses: ``<key>.<ext>`` with ``ext`` in :data:`SAMPLE_EXTS`."""
+    """True for a tar member a reader uses: ``<key>.<ext>`` with ``ext`` in :data:`SAMPLE_EXTS`, or a context
+    patch's (:func:`context_ext`)."""
     parts = split_member(name)
-    return parts is not None and parts[1] in SAMPLE_EXTS
+    return parts is not None and (parts[1] in SAMPLE_EXTS or context_scale(parts[1]) is not None)
+
+
+def context_ext(scale: int, image_format: str) -> str:
+    """The member extension of a sample's context patch at its ``scale``-th context mpp (0: the finest):
+    ``ctx0.jpg``. webdataset's decoders go by the last extension, so they decode it as the image format."""
+    return f"ctx{scale}.{image_format}"
+
+
+def context_scale(ext: str) -> int | None:
+    """The scale index of a context member's extension (:func:`context_ext`'s inverse), or None."""
+    match = _CONTEXT_EXT.fullmatch(ext)
+    return int(match.group(1)) if match else None
+
+
+def member_order(ext: str) -> tuple[str, int]:
+    """The sort key of a sample's members in its tar records: by extension, each context patch right after the image
+    of its format, in scale order (``cls, jpg, ctx0.jpg, ctx1.jpg, json``); without context, plain sorted order."""
+    match = _CONTEXT_EXT.fullmatch(ext)
+    return (match.group(2), 1 + int(match.group(1))) if match else (ext, 0)
 
 
 def shard_index(group: int, k: int) -> int:

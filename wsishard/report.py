@@ -78,6 +78,10 @@ def details(manifest: Manifest, *, max_rows: int = 50) -> str:
         f"{patch.get('stride_px') or patch.get('patch_size_px')}, min tissue {patch.get('min_tissue')}, "
         f"seed {opts.get('seed')}, quality {opts.get('quality')}",
     ]
+    context = opts.get("context_mpp")
+    if context and isinstance(context, list):
+        lines.append(f"context: {', '.join(map(str, context))} mpp at {opts.get('context_size')} px "
+                     f"(members {', '.join(f'ctx{i}' for i in range(len(context)))})")  # fmt: skip
     if manifest.extra.get("label_names"):
         names = manifest.extra["label_names"]
         lines.append("labels: " + ", ".join(f"{i} {name}" for i, name in enumerate(names)))

@@ -44,6 +44,8 @@ def _non_default(f: dataclasses.Field[Any], tmp_path: Path) -> tuple[list[str], 
         return ["Tumor, Stroma"], {f.name: ("Tumor", "Stroma")}
     elif kind == "size":
         return ["512MB"], {f.name: 512_000_000}
+    elif kind == "mpps":  # given in any order, kept ascending
+        return ["8.0,2.0"], {f.name: (2.0, 8.0)}
     elif kind == "mpp_table":
         (tmp_path / "mpp.csv").write_text("slide,mpp\na.svs,0.25\n")
         return [str(tmp_path / "mpp.csv")], {f.name: {"a.svs": 0.25}}

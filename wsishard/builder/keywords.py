@@ -18,7 +18,7 @@ from dataclasses import Field
 from typing import Any
 
 from wsishard.builder.inputs import label_table, mpp_table
-from wsishard.builder.options import BuildOptions
+from wsishard.builder.options import BuildOptions, context_mpps
 from wsishard.builder.roi import parse_names
 from wsishard.errors import OptionError
 
@@ -32,7 +32,8 @@ def option_fields(cls: Any = BuildOptions, prefix: str = "", group: str = "") ->
     ``--field-name``, or ``--no-field-name`` for a field that defaults to True, which the flag turns off),
     ``metavar`` (default: FIELD_NAME), ``parse`` (how the flag's text is read; default ``str``), ``choices``,
     ``group`` (the help section; nested option classes give theirs on the field holding them), ``fills`` (names
-    of the fields the parsed tuple is spread over) and ``old_flags`` (former spellings, still accepted with a
+    of the fields the parsed tuple is spread over), ``with_others`` (the flag's value is checked with the other
+    options once all flags are read, not alone) and ``old_flags`` (former spellings, still accepted with a
     one-line deprecation warning). Defaults come from the field and nowhere else.
     """
     for f in dataclasses.fields(cls):
@@ -103,6 +104,8 @@ def _value(dest: str, f: Field[Any], value: Any) -> list[tuple[str, Any]]:
         value = parse_names(value)
     elif parse == "names" and isinstance(value, list | tuple):
         value = tuple(value)
+    elif parse == "mpps" and isinstance(value, str | list | tuple):
+        value = context_mpps(value)
     elif parse == "mpp_table" and isinstance(value, str | os.PathLike):
         value = mpp_table(os.fspath(value))
     elif parse == "label_table":

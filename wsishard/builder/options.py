@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from wsishard.builder.context import ContextOptions
 from wsishard.builder.grid import PatchOptions
 from wsishard.builder.patches import EncodeOptions
 from wsishard.builder.quality import QualityOptions
@@ -25,6 +26,29 @@ LABEL_RANGE = (0, 2**63 - 1)  # int64 tensors in the stream, where -1 marks an u
 def valid_mpp(mpp: float) -> bool:
     """Whether ``mpp`` can be a slide's level-0 microns per pixel: finite, above 0 and below ``MAX_MPP``."""
     return isinstance(mpp, int | float) and math.isfinite(mpp) and 0 < mpp < MAX_MPP
+
+
+def context_mpps(value: Any) -> tuple[float, ...]:
+    """``--context-mpp``'s value in canonical (ascending) order: ``"8,2"`` or ``[8.0, 2.0]`` -> ``(2.0, 8.0)``.
+
+    Raises:
+        OptionError: (a ``ValueError``) not numbers, a value that is no mpp (<= 0, not finite, >= MAX_MPP), or one
+            given twice.
+    """
+    items = value.split(",") if isinstance(value, str) else value
+    try:
+        mpps = [float(v) for v in items if not isinstance(v, bool)]
+    except (TypeError, ValueError):
+        raise OptionError(f"invalid context_mpp: {value!r} (need mpp values > 0, e.g. 2.0,8.0)") from None
+    if not mpps and items:
+        raise OptionError(f"invalid context_mpp: {value!r} (need mpp values > 0, e.g. 2.0,8.0)")
+    for mpp in mpps:
+        if not valid_mpp(mpp):
+            raise OptionError(f"invalid context_mpp: {mpp!r} (need each UM > 0 and < {MAX_MPP:g})")
+    if len(set(mpps)) != len(mpps):
+        twice = next(m for m in mpps if mpps.count(m) > 1)
+        raise OptionError(f"invalid context_mpp: {twice!r} is given twice")
+    return tuple(sorted(mpps))
 
 
 def valid_label(label: int) -> bool:
@@ -59,6 +83,9 @@ class BuildOptions:
         label_names: class names when labels were given as names (label i is ``label_names[i]``).
         require_labels: refuse to build when a slide has no label (default: such a slide is unlabelled: no
             ``.cls``, label -1 when streamed).
+        context_mpp: with each sample, a patch centred on it at each of these mpp, ascending (``ctx0``, ``ctx1``,
+            ...; :mod:`wsishard.builder.context`). Given in any order, kept in ascending order.
+        context_size: width = height of the context patches, px (None: ``patch.patch_size_px``).
 
     A field's ``metadata`` describes its ``wsishard build`` flag as plain data (read by :mod:`wsishard.cli`);
     the nested option classes' flags go in the help group named by ``patch``'s and ``tissue``'s metadata.
@@ -112,9 +139,17 @@ class BuildOptions:
         "group": "output",
         "help": "refuse to build when a slide has no label in --labels "
                 "(without it such a slide is unlabelled: no .cls, label -1 when streamed)"})  # fmt: skip
+    context_mpp: tuple[float, ...] = field(default=(), metadata={
+        "group": "patches", "parse": "mpps", "metavar": "UM[,UM...]", "with_others": True,
+        "help": "also write, with each sample, a patch centred on it at each of these mpp "
+                "(members ctx0, ctx1, ... in ascending mpp)"})  # fmt: skip
+    context_size: int | None = field(default=None, metadata={
+        "group": "patches", "parse": "positive_int", "metavar": "PX",
+        "help": "width = height of the context patches (default: --patch-size)"})  # fmt: skip
 
     def __post_init__(self) -> None:
         """Validate every field; the message names the field, the bad value and what is needed."""
+        object.__setattr__(self, "context_mpp", context_mpps(self.context_mpp))  # canonical: ascending
         block = self.patch.block_patches**2
         checks = {
             "image_format": (self.image_format in IMAGE_FORMATS, "/".join(IMAGE_FORMATS)),
@@ -126,6 +161,7 @@ class BuildOptions:
             "jobs": (self.jobs is None or self.jobs >= 1, ">= 1"),
             "qc_size_px": (64 <= self.qc_size_px <= 16384, "64..16384"),
             "default_mpp": (self.default_mpp is None or valid_mpp(self.default_mpp), f"0 < UM < {MAX_MPP:g}"),
+            "context_size": (self.context_size is None or 8 <= self.context_size <= 8192, "8..8192"),
         }
         for name, (ok, rule) in checks.items():
             if not ok:
@@ -136,6 +172,9 @@ class BuildOptions:
         if self.labels and self.roi.labels:
             raise OptionError("invalid labels: give slide labels (--labels) or annotation-class labels "
                               "(--roi-labels), not both")  # fmt: skip
+        if self.patch.target_mpp in self.context_mpp and self.context_size_px == self.patch.patch_size_px:
+            raise OptionError(f"invalid context_mpp: {self.patch.target_mpp!r} is the patch's own mpp at the same size "
+                              "(it would repeat the patch; give another mpp or a --context-size)")  # fmt: skip
         for slide, label in self.labels.items():
             if not valid_label(label):
                 raise OptionError(f"invalid labels: label of {slide!r} is {label!r}: need an integer in 0..2**63-1 "
@@ -161,10 +200,23 @@ class BuildOptions:
         return self.label_names or (self.roi.labels if self.roi.path is not None else ())
 
     @property
+    def context_size_px(self) -> int:
+        """Width = height of the context patches, px: ``context_size``, or the patch size."""
+        return self.context_size or self.patch.patch_size_px
+
+    @property
     def encode(self) -> EncodeOptions:
         """How patches are resampled and encoded."""
+        context = None
+        if self.context_mpp:
+            context = ContextOptions(
+                mpps=self.context_mpp,
+                size_px=self.context_size_px,
+                allow_upsample=self.patch.allow_upsample,
+                max_upsample=self.patch.max_upsample,
+            )
         return EncodeOptions(target_mpp=self.patch.target_mpp, image_format=self.image_format, quality=self.quality,
-                             fast_path=self.fast_path, filters=self.patch_quality)  # fmt: skip
+                             fast_path=self.fast_path, filters=self.patch_quality, context=context)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
@@ -22,6 +23,9 @@ from wsishard.errors import OptionError
 from wsishard.format import IMAGE_FORMATS, PatchMeta, sample_key
 from wsishard.slide import SlideReader
 from wsishard.storage.urls import public_location
+
+if TYPE_CHECKING:
+    from wsishard.builder.context import BlockContext, ContextOptions
 
 _PIL_FORMAT = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}
 # Stage 1 may reduce by the integer just above the scale when the rest is then an upsampling of at most 6%: that
@@ -40,6 +44,7 @@ class EncodeOptions:
         quality: JPEG quality 1..100.
         fast_path: decode TIFF-family tiles directly instead of through OpenSlide.
         filters: per-patch quality filters (the scores are written into every ``.json`` either way).
+        context: the context patches written with each sample (None: none).
 
     Raises:
         OptionError: (a ``ValueError``) naming the field and the bad value.
@@ -50,6 +55,7 @@ class EncodeOptions:
     quality: int = 90
     fast_path: bool = True
     filters: QualityOptions = field(default_factory=QualityOptions)
+    context: ContextOptions | None = None
 
     def __post_init__(self) -> None:
         if self.image_format not in IMAGE_FORMATS:
@@ -224,6 +230,7 @@ def block_samples(reader: SlideReader, work: SlideWork, block: Block, encode: En
     """Read one block of ``work``'s slide and return its patches as ``(key, members)`` in the block's order."""
     cands = work.cands
     size, extent, down = cands.patch, cands.l0_extent, reader.level_downsamples[work.level]
+    context = _block_context(reader, work, block, encode)
     out = []
     for i, (patch, l_x, l_y) in zip(block.patches.tolist(), patch_images(reader, block, cands, work.level),
                                     strict=True):  # fmt: skip
@@ -238,6 +245,9 @@ def block_samples(reader: SlideReader, work: SlideWork, block: Block, encode: En
             "pigment": round(float(cands.pigment[i]), 4) if cands.pigment is not None else 0.0,
         }  # fmt: skip
         members = {encode.image_format: encode_image(patch, encode.image_format, encode.quality)}
+        if context is not None:
+            context_members, meta["context"] = context.sample(l_x * down, l_y * down)
+            members.update(context_members)
         label = work.label if cands.label is None else int(cands.label[i])
         if label is not None:
             meta["label"] = label
@@ -247,3 +257,12 @@ def block_samples(reader: SlideReader, work: SlideWork, block: Block, encode: En
         members["json"] = json.dumps(meta, sort_keys=True).encode()
         out.append((sample_key(work.slide_id, x, y), members))
     return out
+
+
+def _block_context(reader: SlideReader, work: SlideWork, block: Block, encode: EncodeOptions) -> BlockContext | None:
+    """The block's context patches (:mod:`wsishard.builder.context`, which builds on this module), None without."""
+    if encode.context is None:
+        return None
+    from wsishard.builder.context import BlockContext
+
+    return BlockContext(reader, work, block, encode.context, encode.image_format, encode.quality)

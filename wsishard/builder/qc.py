@@ -2,12 +2,13 @@
 
 Drawn over a low-resolution view of the slide: removed ink (magenta) and dark artefacts (orange), and dark pigment
 kept as tissue (cyan), as translucent fills, the kept patches as a translucent blue fill (the tissue under them stays
-visible), the tissue contour (green), the annotation regions' outlines (yellow), and a legend band under the picture
-with the counts.
+visible), the tissue contour (green), the annotation regions' outlines (yellow), one sample's context fields (red
+squares, with ``--context-mpp``), and a legend band under the picture with the counts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +22,7 @@ INK_RGB = (230, 0, 200)
 DARK_RGB = (255, 140, 0)
 PIGMENT_RGB = (0, 200, 220)
 ROI_RGB = (255, 215, 0)
+CONTEXT_RGB = (220, 0, 0)
 FILL_ALPHA = 0.35  # kept patches
 ARTEFACT_ALPHA = 0.5  # removed ink and dark artefacts
 DEFAULT_SIZE_PX = 2000
@@ -41,8 +43,8 @@ class QcLayers:
 
 
 def qc_picture(view: np.ndarray, l0_per_v: float, layers: QcLayers, l0_x: np.ndarray, l0_y: np.ndarray,
-               l0_extent: int, *, legend: list[str] | None = None,
-               max_side_px: int = DEFAULT_SIZE_PX) -> Image.Image:  # fmt: skip
+               l0_extent: int, *, legend: list[str] | None = None, max_side_px: int = DEFAULT_SIZE_PX,
+               footprints: Sequence[tuple[float, float, float]] = ()) -> Image.Image:  # fmt: skip
     """Draw the picture.
 
     Args:
@@ -51,6 +53,7 @@ def qc_picture(view: np.ndarray, l0_per_v: float, layers: QcLayers, l0_x: np.nda
         layers: the tissue mask and what was removed, on their own grid (resized to the picture's).
         l0_x, l0_y: (n,) level-0 top-left corners of the kept patches; ``l0_extent`` their level-0 side.
         legend: lines of counts written under the picture with the colour key (None: no legend band).
+        footprints: level-0 squares ``(x, y, side)`` outlined in red: one sample's context fields.
     """
     image = Image.fromarray(view)
     scale = min(1.0, max_side_px / max(image.size))
@@ -69,6 +72,10 @@ def qc_picture(view: np.ndarray, l0_per_v: float, layers: QcLayers, l0_x: np.nda
     if layers.roi is not None:
         out[_outline(_resized(layers.roi, size), width)] = ROI_RGB
     picture = Image.fromarray(out)
+    draw = ImageDraw.Draw(picture)
+    for x, y, side in footprints:  # may run off the picture, as context runs off the slide
+        box = [round(x * t_per_l0), round(y * t_per_l0), round((x + side) * t_per_l0), round((y + side) * t_per_l0)]
+        draw.rectangle(box, outline=CONTEXT_RGB, width=width)
     return picture if legend is None else _with_legend(picture, legend)
 
 

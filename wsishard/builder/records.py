@@ -37,14 +37,21 @@ def make_manifest(inputs: Sequence[str], options: BuildOptions, slides: dict[int
 
 
 def options_dict(options: BuildOptions, *, for_fingerprint: bool = False) -> dict[str, Any]:
-    """Every option as plain data; the fingerprint leaves out what does not change the output (``jobs``)."""
+    """Every option as plain data (``context_size`` resolved: the context patches' px); the fingerprint leaves out
+    what does not change the output (``jobs``; the context options of a build without context, so that outputs
+    begun before they existed resume)."""
     data = dataclasses.asdict(options)
     data["mpp_overrides"] = dict(options.mpp_overrides)
     data["labels"] = dict(options.labels)
     data["label_names"] = list(options.label_names)
+    data["context_mpp"] = list(options.context_mpp)
+    data["context_size"] = options.context_size_px
     if for_fingerprint:
         data.pop("jobs")
         data.pop("require_labels")  # a check, not a change to the output
+        if not options.context_mpp:
+            data.pop("context_mpp")
+            data.pop("context_size")
     return data
 
 

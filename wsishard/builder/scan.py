@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from wsishard.builder.context import context_footprints, context_legend
 from wsishard.builder.grid import (
     Block,
     Candidates,
@@ -237,8 +238,10 @@ def _write_qc(task: ScanTask, reader: SlideReader, thumb: tuple[np.ndarray, floa
     legend = legend_lines(tissue_mm2=record.tissue_mm2, ink_mm2=record.ink_mm2, artefact_mm2=record.artefact_mm2,
                           kept=len(cands), filtered=record.filtered, roi=record.roi,
                           pigment_mm2=record.pigment_mm2)  # fmt: skip
+    footprints = context_footprints(cands, task.encode.context, float(record.mpp or 1))
+    legend += context_legend(task.encode.context) if footprints else []
     picture = qc_picture(view, l0_per_v, layers, cands.l0_x, cands.l0_y, cands.l0_extent, legend=legend,
-                         max_side_px=task.qc_size_px)  # fmt: skip
+                         max_side_px=task.qc_size_px, footprints=footprints)  # fmt: skip
     buf = io.BytesIO()
     # a 256-colour palette (1.2 MB instead of 3 at 2000 px); the octree is 4x as fast as median cut, and lighter
     picture.quantize(256, method=Image.Quantize.FASTOCTREE).save(buf, "PNG")

@@ -41,6 +41,7 @@ from wsishard.manifest import Manifest, ShardRecord
 from wsishard.progress import ProgressCallback, ignore_progress
 from wsishard.shards.hashing import HashingFile
 from wsishard.shards.reader import group_members
+from wsishard.shards.verify_context import context_problems
 from wsishard.storage.opener import StreamOpener, list_names, load_manifest
 from wsishard.storage.output import Destination
 from wsishard.storage.secrets import describe, redact
@@ -232,6 +233,7 @@ class SampleRules:
         mpp_tolerance: ``options.patch.mpp_tolerance``: the relative distance the mpp may have from the target.
         labels: slide id -> its label (None: unlabelled), from the manifest's slide records.
         labelled: the build had labels (``options.labels``): for slides the manifest does not list.
+        context_scales, context_size_px: the context patches of every sample (``options.context_mpp``, ``size``).
     """
 
     patch_size_px: int
@@ -240,6 +242,8 @@ class SampleRules:
     mpp_tolerance: float = 0.0
     labels: dict[str, int | None] = field(default_factory=dict)
     labelled: bool = False
+    context_scales: int = 0  # len(options.context_mpp): the ctx<i> members every sample holds
+    context_size_px: int = 0  # options.context_size
 
     @classmethod
     def of(cls, manifest: Manifest, location: str) -> SampleRules:
@@ -256,7 +260,12 @@ class SampleRules:
                    target_mpp=target if target is not None and target > 0 else None,
                    mpp_tolerance=_number(patch.get("mpp_tolerance")) or 0.0,
                    labels={s.slide_id: s.label for s in manifest.slides},
-                   labelled=bool(options.get("labels")))  # fmt: skip
+                   labelled=bool(options.get("labels")), context_scales=len(_list(options.get("context_mpp"))),
+                   context_size_px=int(_number(options.get("context_size")) or 0))  # fmt: skip
+
+
+def _list(value: object) -> list[object]:
+    return value if isinstance(value, list) else []
 
 
 def _number(value: object) -> float | None:
@@ -275,7 +284,8 @@ def sample_problems(key: str, members: dict[str, bytes], rules: SampleRules | No
     if rules is None:
         return []
     return [*_image_problems(members[image_ext], image_ext, rules), *_meta_problems(members[META_EXT], rules),
-            *_label_problems(key, members.get(LABEL_EXT), rules)]  # fmt: skip
+            *_label_problems(key, members.get(LABEL_EXT), rules),
+            *context_problems(members, rules.image_format, rules.context_scales, rules.context_size_px)]  # fmt: skip
 
 
 def _image_problems(data: bytes, ext: str, rules: SampleRules) -> list[tuple[str, str]]:

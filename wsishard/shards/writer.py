@@ -16,6 +16,7 @@ import tarfile
 from collections.abc import Iterable
 from types import TracebackType
 
+from wsishard.format import member_order
 from wsishard.manifest import ShardRecord
 from wsishard.shards.hashing import HashingFile
 from wsishard.shards.index import IndexWriter, index_name
@@ -27,10 +28,10 @@ _RECORD = tarfile.RECORDSIZE  # 10240: tarfile pads the archive to a multiple of
 
 
 def sample_records(key: str, members: dict[str, bytes]) -> bytes:
-    """The tar records of one sample: per member (``<key>.<ext>``, in sorted order) a USTAR header, the data and
-    its padding to 512 bytes."""
+    """The tar records of one sample: per member (``<key>.<ext>``, in :func:`~wsishard.format.member_order`) a USTAR
+    header, the data and its padding to 512 bytes."""
     parts = []
-    for ext in sorted(members):
+    for ext in sorted(members, key=member_order):
         data = members[ext]
         info = tarfile.TarInfo(f"{key}.{ext}")
         info.size, info.mtime, info.mode = len(data), _TAR_MTIME, 0o444

@@ -43,6 +43,7 @@ class _TiledLevel:
     jpegtables: bytes | None
     jpegheader: bytes | None
     compression: int
+    rgb_jpeg: bool = False  # JPEG tiles of RGB, no JFIF marker (Aperio's): read as RGB, as tifffile reads them
 
 
 def _jpeg_complete(data: bytes) -> bool:
@@ -65,7 +66,7 @@ def _decode_scaled(data: bytes, level: _TiledLevel, factor: int) -> np.ndarray:
     if level.compression == _JPEG:
         if level.jpegtables:  # abbreviated stream: splice the shared tables in
             data = level.jpegtables[:-2] + data[2:]  # (drop their EOI and the tile's SOI)
-        return _jpeg_scaled(data, level.tile_w // factor, level.tile_h // factor, factor)
+        return _jpeg_scaled(data, level.tile_w // factor, level.tile_h // factor, factor, level.rgb_jpeg)
     with Image.open(io.BytesIO(data), formats=["JPEG2000"]) as image:
         image.reduce = factor.bit_length() - 1  # type: ignore[assignment,method-assign]  # 2**n: n levels
         tile = np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
@@ -74,14 +75,15 @@ def _decode_scaled(data: bytes, level: _TiledLevel, factor: int) -> np.ndarray:
     return tile
 
 
-def _jpeg_scaled(data: bytes, width: int, height: int, factor: int) -> np.ndarray:
+def _jpeg_scaled(data: bytes, width: int, height: int, factor: int, rgb: bool = False) -> np.ndarray:
     """A 3-component JPEG decoded to RGB at 1/``factor`` through Pillow's libjpeg-turbo decoder, driven directly.
 
     It is what ``Image.open`` + ``draft`` + ``load`` run (the same decoder and arguments, the same pixels), without
     parsing the markers in Python first. libjpeg reads the colour
-    transform from the stream's own markers, as it does through ``Image.open``.
+    transform from the stream's own markers, as it does through ``Image.open``, except with ``rgb``: the stream
+    holds RGB whatever its markers say (an Aperio tile; libjpeg would take it for YCbCr and turn its colours).
     """
-    decoder = Image.core.jpeg_decoder("RGB", "RGB", "", factor, 0)  # mode, rawmode, jpegmode, scale, draft
+    decoder = Image.core.jpeg_decoder("RGB", "RGB", "RGB" if rgb else "", factor, 0)  # mode, rawmode, jpegmode, ...
     image = Image.new("RGB", (width, height))
     decoder.setimage(image.im, (0, 0, width, height))
     try:
@@ -193,7 +195,7 @@ class TiffTileReader(SlideReader):
                 page_index=index, width=width, height=height, tile_w=page.tilewidth, tile_h=page.tilelength,
                 tiles_across=math.ceil(width / page.tilewidth), offsets=tuple(page.dataoffsets),
                 bytecounts=tuple(page.databytecounts), jpegtables=page.jpegtables, jpegheader=page.jpegheader,
-                compression=int(page.compression),
+                compression=int(page.compression), rgb_jpeg=page.photometric == 2 and not page.is_jfif,
             )  # fmt: skip
         raise SlideError(self.path, f"no tiled 8-bit RGB page of {width}x{height} for the fast path")
 
