@@ -10,6 +10,7 @@ Each sample is one tissue patch with the members::
     <key>.jpg | <key>.png | <key>.webp   the encoded RGB patch, ``patch_size`` x ``patch_size`` px
     <key>.json                           :class:`PatchMeta` as UTF-8 JSON
     <key>.cls                            the slide's integer label as ASCII digits (only when labelled)
+    <key>.ctx0.jpg, <key>.ctx1.jpg, ...  builds with context: one patch per context scale (:func:`context_ext`)
 
 The key grammar is ``<slide_id>_x<l0_x>_y<l0_y>``: ``slide_id`` is sanitized to ``[A-Za-z0-9_-]`` so a key
 never holds a dot (webdataset splits member names at the first dot) or a path separator, and the
@@ -121,6 +122,17 @@ def is_sample_key(key: str) -> bool:
 
 
 SAMPLE_EXTS: frozenset[str] = frozenset((*IMAGE_FORMATS, META_EXT, LABEL_EXT))  # the members a reader uses
+CONTEXT_PREFIX = "ctx"  # context members: <key>.ctx0.jpg, <key>.ctx1.jpg, ... in ascending mpp order
+
+
+def context_ext(scale: int, image_format: str) -> str:
+    """The extension of a sample's context member at ``scale`` (0-based, ascending mpp): ``ctx0.jpg``."""
+    return f"{CONTEXT_PREFIX}{scale}.{image_format}"
+
+
+def context_exts(scales: int) -> frozenset[str]:
+    """Every extension the context members of ``scales`` scales may have (any image format)."""
+    return frozenset(context_ext(k, fmt) for k in range(scales) for fmt in IMAGE_FORMATS)
 
 
 def split_member(name: str) -> tuple[str, str] | None:
