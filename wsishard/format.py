@@ -135,6 +135,16 @@ def context_exts(scales: int) -> frozenset[str]:
     return frozenset(context_ext(k, fmt) for k in range(scales) for fmt in IMAGE_FORMATS)
 
 
+_CONTEXT_EXT = re.compile(re.escape(CONTEXT_PREFIX) + r"[0-9]{1,3}\.(?:" + "|".join(IMAGE_FORMATS) + ")")
+
+
+def is_context_member(name: str) -> bool:
+    """True for a context member ``<key>.ctx<k>.<jpg|png|webp>`` (a plain webdataset pipeline's ``select_files``,
+    beside :func:`is_sample_member`): never anything a decoder would unpickle."""
+    parts = split_member(name)
+    return parts is not None and _CONTEXT_EXT.fullmatch(parts[1]) is not None
+
+
 def split_member(name: str) -> tuple[str, str] | None:
     """``(key, ext)`` of a tar member name: the name up to the first dot of its last path part, and the rest
     (webdataset's ``base_plus_ext``); None without such a dot."""

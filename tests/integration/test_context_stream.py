@@ -84,17 +84,67 @@ def test_a_resumed_loader_gives_the_same_context(ctx_out: tuple[sm.Output, dict[
         assert keys == want_keys and torch.equal(ctx, want)
 
 
-def test_select_reads_the_context_of_the_samples_it_keeps(tmp_path: Path) -> None:
+def test_an_epoch_resumed_on_another_topology_gives_the_rest_with_its_context(
+    ctx_out: tuple[sm.Output, dict[str, np.ndarray]],
+) -> None:
+    out, context = ctx_out
+    first = loader(stream(out.root, batch_size=3, resampled=False, seed=5, shuffle=4), num_workers=2)
+    it = iter(first)
+    seen = [k for _ in range(3) for k in next(it)["key"]]
+    state = first.state_dict()
+    resumed = loader(stream(out.root, batch_size=3, resampled=False, seed=5, shuffle=4), num_workers=1)
+    resumed.load_state_dict([state])  # two workers' epoch finished by one: the remainders dealt again
+    rest = _check(resumed, out, context)
+    assert rest and not set(rest) & set(seen)
+
+
+def _index_checked(out: sm.Output, context: dict[str, np.ndarray], batches: Any) -> list[str]:
+    keys = []
+    for batch in batches:
+        for i, key in enumerate(batch["key"]):
+            assert np.array_equal(batch["context"][i].numpy(), context[key])
+        keys += batch["key"]
+    return keys
+
+
+def test_select_weights_and_pad_last_read_the_context_of_the_samples_they_keep(tmp_path: Path) -> None:
     out = sm.make_output(str(tmp_path / "o"), COUNTS, slides=3)
     context = cm.add_context(out, (4.0,), 16)
     index_build(out.root)
     ds = stream(out.root, batch_size=2, resampled=False, select=lambda c: c["label"] == 1, shuffle=3)
-    keys = []
-    for batch in loader(ds, num_workers=2):
-        for i, key in enumerate(batch["key"]):
-            assert np.array_equal(batch["context"][i].numpy(), context[key])
-        keys += batch["key"]
+    keys = _index_checked(out, context, loader(ds, num_workers=2))
     assert keys and all(out.labels[k] == 1 for k in keys)
+    padded = stream(out.root, batch_size=4, resampled=False, pad_last=True, shuffle=3)
+    assert set(_index_checked(out, context, loader(padded, num_workers=2))) == set(context)
+    weighted = stream(out.root, batch_size=4, resampled=True, weights={0: 0.0, 1: 1.0, 2: 0.0}, seed=2)
+    keys = _index_checked(out, context, itertools.islice(loader(weighted, num_workers=2), 6))
+    assert len(keys) == 24 and all(out.labels[k] == 1 for k in keys)
+
+
+def test_the_plain_webdataset_recipe_reads_the_context_members(
+    ctx_out: tuple[sm.Output, dict[str, np.ndarray]],
+) -> None:
+    import webdataset as wds
+
+    import wsishard
+
+    out, context = ctx_out
+
+    def wanted(name: str) -> bool:
+        return wsishard.is_sample_member(name) or wsishard.is_context_member(name)
+
+    ds = (
+        wds.WebDataset(wsishard.shard_urls(out.root), shardshuffle=False, select_files=wanted)
+        .decode("torchrgb8")
+        .to_tuple("__key__", "jpg", "ctx1.jpg", "json")
+    )
+    seen = 0
+    for key, image, ctx1, meta in ds:
+        assert torch.equal(ctx1.permute(1, 2, 0), torch.from_numpy(context[key][1]))
+        assert image.shape == (3, 16, 16) and meta["context"][1]["mpp"] == 8.0
+        seen += 1
+    assert seen == sum(COUNTS)
+    assert not wsishard.is_context_member("slide0_x0_y0.ctx0.pyd") and not wsishard.is_sample_member("a.ctx0.pyd")
 
 
 def test_a_context_build_streams_from_s3(ctx_out: tuple[sm.Output, dict[str, np.ndarray]], s3: Any,
