@@ -242,3 +242,32 @@ def test_gpu_collate_transforms_the_context_as_its_image(tmp_path: Path, options
         plain.batches = collate.batches - 1
         moved += int(not torch.equal(plain(batch)["image"], got["image"]))
     assert moved == 2  # the augmentation did move the patches: the agreement above is no identity's
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"context_mpp": 2.0}, "context_mpp is 2.0, not a list"),
+        ({"context_mpp": [2.0, -1]}, "not a list of at most 64 mpp values > 0"),
+        ({"context_mpp": [True]}, "not a list"),
+        ({"context_mpp": [2.0] * 65}, "at most 64"),
+        ({"context_mpp": [2.0], "context_size": "big"}, "context_size is 'big'"),
+        ({"context_mpp": [2.0], "context_size": 0}, "context_size is 0"),
+    ],
+)
+def test_a_manifest_with_a_bad_context_record_is_refused(tmp_path: Path, options: dict[str, Any], says: str) -> None:
+    out = sm.make_output(str(tmp_path / "o"), (4,))
+    cm.set_options(out, **options)
+    with pytest.raises(ManifestError, match=says):
+        stream(out.root, batch_size=2)
+    assert "context" not in next(iter(stream(out.root, batch_size=2, context=False)))
+
+
+def test_context_size_defaults_to_the_patch_size(tmp_path: Path) -> None:
+    out = sm.make_output(str(tmp_path / "o"), (4, 4))
+    context = cm.add_context(out, (2.0,), 16)
+    cm.set_options(out, context_size=None)  # a build that records no size: its context patches are patch-sized
+    batch = next(iter(stream(out.root, batch_size=4, resampled=False, shuffle=0)))
+    assert batch["context"].shape == (4, 1, 16, 16, 3)
+    assert all(np.array_equal(batch["context"][i, 0].numpy(), context[k][0])
+               for i, k in enumerate(batch["key"]))  # fmt: skip

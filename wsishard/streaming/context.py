@@ -24,6 +24,8 @@ from wsishard.streaming.stages import RawSample
 
 __all__ = ["ContextSpec", "check_context", "context_shape", "decode_context_into", "one_context", "read_context"]
 
+MAX_SCALES = 64  # context scales a manifest may name: more is a damaged manifest, not a build
+
 
 @dataclass(frozen=True)
 class ContextSpec:
@@ -42,12 +44,15 @@ def read_context(manifest: Manifest, location: str, patch_size_px: int) -> Conte
     (the patch size where absent). An older build without them has none.
 
     Raises:
-        ManifestError: they are there but are no list of positive numbers and a positive integer px.
+        ManifestError: they are there but are no list of (at most :data:`MAX_SCALES`) positive numbers and a
+            positive integer px.
     """
     options: Mapping[str, Any] = manifest.options if isinstance(manifest.options, dict) else {}
     mpp, size = options.get("context_mpp") or [], options.get("context_size")
-    if not isinstance(mpp, list) or not all(_positive(v) for v in mpp):
-        raise ManifestError(location, f"options.context_mpp is {mpp!r}, not a list of mpp values > 0")
+    if not isinstance(mpp, list) or len(mpp) > MAX_SCALES or not all(_positive(v) for v in mpp):
+        shown = repr(mpp) if len(repr(mpp)) <= 80 else repr(mpp)[:80] + "..."
+        raise ManifestError(location, f"options.context_mpp is {shown}, not a list of at most {MAX_SCALES} mpp "
+                                      "values > 0")  # fmt: skip
     if not mpp:
         return ContextSpec()
     if size is None:
