@@ -248,7 +248,8 @@ class GpuCollate:
     def __call__(self, batch: Mapping[str, Any]) -> DeviceBatch:
         """Collate a :class:`~wsishard.streaming.decode.Batch`; ``meta`` and ``key`` pass through unchanged. A
         batch of ``loader(..., decode="device")`` (its ``"jpeg"`` bytes instead of an ``"image"``) is decoded on
-        the device first (torchvision's ``decode_jpeg``)."""
+        the device first (torchvision's ``decode_jpeg``). A batch's ``"context"`` comes out as ``out["context"]``
+        (:meth:`context`)."""
         label = batch["label"].to(self.device, non_blocking=True)
         if "jpeg" in batch:  # a batch of loader(..., decode="device"): its JPEGs decoded here, on the GPU
             if self._decode is None:
