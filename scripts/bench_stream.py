@@ -6,6 +6,7 @@ Example::
     python scripts/bench_stream.py --quick
     python scripts/bench_stream.py --workdir /data/bench --json-only
     python scripts/bench_stream.py --quick --profile   # also cProfile one worker's pipeline in-process
+    python scripts/bench_stream.py --quick --context   # only: one context scale against none (own JSON file)
 
 Synthetic 40x slides (0.25 mpp) are generated and built into shards of 256 px patches at 0.5 mpp once, then
 cached in ``--workdir``. Loader figures come in two kinds, side by side: the loader alone (uint8 batches as the
@@ -670,6 +671,56 @@ def measure_resume_split(mode: Mode, shards_dir: Path) -> dict[str, Any]:
     return r
 
 
+def measure_context(mode: Mode, shards_dir: Path) -> dict[str, Any]:
+    """The loader alone, 2 workers, on the build without context and on its copy with one context scale
+    (:mod:`streambench_context`), in alternating rounds (at least 2): samples/s, and decoded images/s (a sample with
+    K context scales decodes 1 + K images)."""
+    from streambench_context import context_copy
+
+    ctx_dir = context_copy(shards_dir, shards_dir.parent / "context")
+    rounds = []
+    for k in range(max(mode.rounds, 2)):
+        rounds.append({f"scales{n}": _step(f"{n} context scale(s), 2 workers, loader alone (round {k + 1})",
+                                           time_wsishard, str(src), 2, mode.batches, to_device=False)
+                       for n, src in ((0, shards_dir), (1, ctx_dir))})  # fmt: skip
+    median = {key: float(np.median([rd[key]["samples_per_s"] for rd in rounds])) for key in ("scales0", "scales1")}
+    cpu = {key: float(np.median([rd[key]["cpu_per_worker"] for rd in rounds])) for key in ("scales0", "scales1")}
+    return {"rounds": rounds, "samples_per_s": median, "images_per_s": {k: v * (1 + int(k[-1])) for k, v in
+            median.items()}, "one_vs_none": median["scales1"] / median["scales0"],
+            "per_image_one_vs_none": 2 * median["scales1"] / median["scales0"], "cpu_per_worker": cpu,
+            "cpu_one_vs_none": cpu["scales1"] / cpu["scales0"]}  # fmt: skip
+
+
+def _context_rows(c: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    n = len(c["rounds"])
+    rows = [(f"loader alone, 2 workers, {k} context scale(s): samples/s (median of {n} rounds)",
+             f"{c['samples_per_s'][f'scales{k}']:.0f}", "", f"{c['images_per_s'][f'scales{k}']:.0f} decoded images/s")
+            for k in (0, 1)]  # fmt: skip
+    rows.append(("  samples/s, one context scale / none", f"{c['one_vs_none']:.2f}", "", "0.50: decode-bound"))
+    rows.append(("  decoded images/s, one context scale / none", f"{c['per_image_one_vs_none']:.2f}", "", ""))
+    rows += [(f"samples per worker CPU second, {k} context scale(s)", f"{c['cpu_per_worker'][f'scales{k}']:.0f}",
+              "", "the load of the machine aside") for k in (0, 1)]  # fmt: skip
+    rows.append(("  per worker CPU second, one context scale / none", f"{c['cpu_one_vs_none']:.2f}", "", ""))
+    return rows
+
+
+def run_context(mode: Mode, workdir: Path) -> int:
+    """``--context``: the context figure alone (:func:`measure_context`) on the user's first build (a real scanner's
+    mpp, every default: :func:`prepare_user`), its table and JSON line."""
+    shards_dir = prepare_user(workdir)
+    load0, r = os.getloadavg()[0], {"context": measure_context(mode, shards_dir)}
+    r["config"] = {"mode": mode.name, "batch": BATCH, "slide_mpp": USER_MPP, "batches": mode.batches,
+                   "cpus": os.cpu_count(), "loadavg_1m_start": load0, "loadavg_1m_end": os.getloadavg()[0]}  # fmt: skip
+    print(f"Context patches: the loader alone ({mode.name} mode) on the user's first build ({USER_SLIDES} slides at "
+          f"{USER_MPP} mpp, defaults) and on its copy with one context scale; 1-min load {load0:.1f} at start, "
+          f"{r['config']['loadavg_1m_end']:.1f} at end, {os.cpu_count()} cpus.\n")  # fmt: skip
+    print("| figure | measured | target | |\n|---|---|---|---|")
+    for row in _context_rows(r["context"]):
+        print("| " + " | ".join(row) + " |")
+    print("JSON: " + json.dumps(r, default=float, separators=(",", ":")))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--quick", action="store_true", help="small workload, under 2 minutes once cached")
@@ -678,8 +729,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="also cProfile one worker's pipeline in-process")
     parser.add_argument("--no-user-build", action="store_true", help="leave out the user's first build (default "
                         f"options, slides at {USER_MPP} mpp): about a minute less")  # fmt: skip
+    parser.add_argument("--context", action="store_true", help="only the loader with one context scale against "
+                        "none (saved as bench_stream_context.json)")  # fmt: skip
     args = parser.parse_args(argv)
     mode = QUICK if args.quick else FULL
+    if args.context:
+        return run_context(mode, Path(args.workdir))
     import imagecodecs
     import PIL
     from webdataset import __version__ as wds_version
@@ -723,4 +778,5 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     import benchresults  # the script's own names stay its own (bench_tissue has a run())
 
-    sys.exit(benchresults.run("bench_stream", main))
+    context = "--context" in sys.argv  # a run of the context figure alone is saved apart
+    sys.exit(benchresults.run("bench_stream_context" if context else "bench_stream", main, script="bench_stream"))

@@ -48,15 +48,16 @@ def tables(text: str) -> str:
     return "\n".join(out).strip() + "\n"
 
 
-def save(name: str, printed: str, argv: list[str], folder: Path = RESULTS) -> Path:
-    """Write ``folder/<name>.json`` from what the script printed; returns its path."""
+def save(name: str, printed: str, argv: list[str], folder: Path = RESULTS, script: str | None = None) -> Path:
+    """Write ``folder/<name>.json`` from what the script (``scripts/<script or name>.py``) printed; returns its
+    path."""
     report = None
     for line in printed.splitlines():
         if line.startswith("JSON: "):
             report = json.loads(line[len("JSON: ") :])
     run = {
         "benchmark": name,
-        "command": " ".join(["python", f"scripts/{name}.py", *argv]),
+        "command": " ".join(["python", f"scripts/{script or name}.py", *argv]),
         "when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "output_md": tables(printed),
@@ -68,8 +69,9 @@ def save(name: str, printed: str, argv: list[str], folder: Path = RESULTS) -> Pa
     return path
 
 
-def run(name: str, main: Callable[[], int | None]) -> int:
-    """Run a benchmark's ``main`` and save its results when it succeeds; its exit status."""
+def run(name: str, main: Callable[[], int | None], script: str | None = None) -> int:
+    """Run a benchmark's ``main`` and save its results as ``name`` (a script may save some runs under another name
+    than its own, ``script``) when it succeeds; its exit status."""
     argv = sys.argv[1:]
     if "--child" in argv:
         return main() or 0
@@ -77,5 +79,5 @@ def run(name: str, main: Callable[[], int | None]) -> int:
     with contextlib.redirect_stdout(tee):
         code = main() or 0
     if code == 0:
-        print(f"saved {save(name, tee.copy.getvalue(), argv)}")
+        print(f"saved {save(name, tee.copy.getvalue(), argv, script=script)}")
     return code

@@ -50,6 +50,7 @@ _EXPORTS: dict[str, str] = {
     "register_gopen_schemes": "wsishard.streaming.plain",
     "shard_urls": "wsishard.streaming.plain",
     "is_sample_member": "wsishard.format",
+    "is_context_member": "wsishard.format",
     "verify": "wsishard.shards.verify",
     "VerifyReport": "wsishard.shards.verify",
     "merge": "wsishard.builder.merge",
@@ -107,6 +108,7 @@ __all__ = [
     "detect_tissue",
     "detect_world",
     "find_slides",
+    "is_context_member",
     "is_sample_member",
     "load_manifest",
     "loader",
@@ -151,7 +153,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         TopologyError,
         WsiShardError,
     )
-    from wsishard.format import PatchMeta, is_sample_member
+    from wsishard.format import PatchMeta, is_context_member, is_sample_member
     from wsishard.manifest import Manifest, ShardRecord, SlideRecord
     from wsishard.shards.verify import VerifyReport, verify
     from wsishard.slide import open_slide

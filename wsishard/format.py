@@ -137,6 +137,18 @@ def is_sample_key(key: str) -> bool:
 SAMPLE_EXTS: frozenset[str] = frozenset((*IMAGE_FORMATS, META_EXT, LABEL_EXT))  # the members a reader uses
 
 
+def context_exts(scales: int) -> frozenset[str]:
+    """Every extension the context members of ``scales`` scales may have (any image format)."""
+    return frozenset(context_ext(k, fmt) for k in range(scales) for fmt in IMAGE_FORMATS)
+
+
+def is_context_member(name: str) -> bool:
+    """True for a context member ``<key>.ctx<k>.<jpg|png|webp>`` (:func:`context_ext`): never anything a decoder
+    would unpickle. :func:`is_sample_member` accepts these too."""
+    parts = split_member(name)
+    return parts is not None and context_scale(parts[1]) is not None
+
+
 def split_member(name: str) -> tuple[str, str] | None:
     """``(key, ext)`` of a tar member name: the name up to the first dot of its last path part, and the rest
     (webdataset's ``base_plus_ext``); None without such a dot."""

@@ -81,7 +81,7 @@ class _CountingOpener:
 
         self.inner, self.opened = StreamOpener(), []
 
-    def __call__(self, location: str):  # noqa: ANN204
+    def __call__(self, location: str) -> object:
         if location.endswith(".idx.npz"):
             self.opened.append(location.rsplit("/", 1)[-1])
         return self.inner(location)
@@ -120,7 +120,8 @@ def _rank_main(one: str, mixed: str, result_dir: str) -> None:
         dist.all_reduce(torch.ones(1))
         labels += batch["label"].tolist()
     results = {"valid": valid, "sizes": sizes, "batches": len(sizes), "planned": ds.batches_per_rank(WORKERS),
-               "labels": labels, "scan_whole": _scan_record(mixed, False), "scan_split": _scan_record(mixed, True)}  # fmt: skip
+               "labels": labels, "scan_whole": _scan_record(mixed, False),
+               "scan_split": _scan_record(mixed, True)}  # fmt: skip
     Path(result_dir, f"rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()

@@ -14,9 +14,10 @@ the next call, unless ``reuse_output=False``. Nothing in this module knows about
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 import torch
@@ -36,6 +37,7 @@ class DeviceBatch(TypedDict):
     label: torch.Tensor  # (b,) int64 on the device, -1 when unlabelled
     meta: Sequence[Any]  # the batch's Metas (each sample's .json, parsed when read), passed through
     key: list[str]
+    context: NotRequired[torch.Tensor]  # (b, K, 3, h', w') float, normalized: builds with context only
 
 
 def dihedral(x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
@@ -129,6 +131,7 @@ class GpuCollate:
         self.seed = seed if seed is not None else int(np.random.default_rng().integers(2**63))
         self.stain = stain
         self._decode: Callable[[list[bytes], torch.device], torch.Tensor] | None = None  # decode="device" batches
+        self._twin: GpuCollate | None = None  # the context's collate: this one's settings, output buffers of its own
         self.batches = 0  # batches collated so far: the next one's number, which its random parameters follow
         if stain is not None and stain.slides is not None:
             self.stain = replace(stain, slides=stain.slides.to(self.device))
@@ -160,16 +163,18 @@ class GpuCollate:
         finally:
             self.batches += 1
 
-    def _images(self, image: torch.Tensor, slide_ids: Sequence[str] | None) -> torch.Tensor:
+    def _images(self, image: torch.Tensor, slide_ids: Sequence[str] | None,
+                codes: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """``codes``: each sample's dihedral code, where not the batch's own draw (:meth:`codes`)."""
         if self.stain is not None:
-            return self._stained(image, self.stain, slide_ids)
+            return self._stained(image, self.stain, slide_ids, codes)
         if self.device.type == "cpu" and image.device.type == "cpu":
-            return self._cpu_images(image)
+            return self._cpu_images(image, codes)
         if self.device.type == "cuda" and image.device.type == "cpu" and not image.is_pinned():
             image = image.pin_memory()
         x = image.to(self.device, non_blocking=True).permute(0, 3, 1, 2)  # (b, 3, h, w) uint8 view
         if self.augment:
-            x = dihedral(x, self.codes(x.shape[0]))
+            x = dihedral(x, self.codes(x.shape[0]) if codes is None else codes)
         # lay out the uint8 batch once, in the output's memory format: every float op after it then runs on
         # dense memory and keeps that format
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
@@ -177,7 +182,8 @@ class GpuCollate:
         x = x.float().div_(255).sub_(self.mean).div_(self.std)  # (b, 3, h, w) float32
         return x.to(dtype=self.dtype, memory_format=fmt)
 
-    def _stained(self, image: torch.Tensor, options: StainOptions, slide_ids: Sequence[str] | None) -> torch.Tensor:
+    def _stained(self, image: torch.Tensor, options: StainOptions, slide_ids: Sequence[str] | None,
+                 codes: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """The float path with the stain operations (:mod:`wsishard.streaming.stain`) before mean and std."""
         rows = None
         if options.normalize == "macenko":
@@ -189,20 +195,20 @@ class GpuCollate:
             image = image.pin_memory()
         x = image.to(self.device, non_blocking=True).permute(0, 3, 1, 2)  # (b, 3, h, w) uint8 view
         if self.augment:
-            x = dihedral(x, self.codes(x.shape[0]))
+            x = dihedral(x, self.codes(x.shape[0]) if codes is None else codes)
         x = x.contiguous().float().div_(255)  # (b, 3, h, w) float32 in [0, 1]
         x = stain_ops.apply(x, options, seed=self.seed, batch=self.batches, slide_rows=rows)
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         x = x.sub_(self.mean).div_(self.std)
         return x.to(dtype=self.dtype, memory_format=fmt)
 
-    def _cpu_images(self, image: torch.Tensor) -> torch.Tensor:
+    def _cpu_images(self, image: torch.Tensor, codes_of: torch.Tensor | None = None) -> torch.Tensor:
         """The CPU path, one pass over memory: each sample moved by its dihedral transform and written through a
         table of the 256 values each channel can take (computed by the plain reference's own float32 operations
         and rounded to ``dtype``, so the same values, bit for bit), in C (``lut_apply``), its output written past the
         caches."""
         b, h, w, _ = image.shape
-        codes = self.codes(b).tolist() if self.augment else [0] * b
+        codes = (self.codes(b) if codes_of is None else codes_of).tolist() if self.augment else [0] * b
         out = self._output((b, 3, h, w))  # (b, 3, h, w) self.dtype, in the asked memory format
         bits = out.view(_BITS[self.dtype.itemsize])  # the same bytes as a dtype numpy knows
         dst = (bits.permute(0, 2, 3, 1) if self.channels_last else bits).numpy()  # (b, h, w, 3) / (b, 3, h, w)
@@ -242,7 +248,8 @@ class GpuCollate:
     def __call__(self, batch: Mapping[str, Any]) -> DeviceBatch:
         """Collate a :class:`~wsishard.streaming.decode.Batch`; ``meta`` and ``key`` pass through unchanged. A
         batch of ``loader(..., decode="device")`` (its ``"jpeg"`` bytes instead of an ``"image"``) is decoded on
-        the device first (torchvision's ``decode_jpeg``)."""
+        the device first (torchvision's ``decode_jpeg``). A batch's ``"context"`` comes out as ``out["context"]``
+        (:meth:`context`)."""
         label = batch["label"].to(self.device, non_blocking=True)
         if "jpeg" in batch:  # a batch of loader(..., decode="device"): its JPEGs decoded here, on the GPU
             if self._decode is None:
@@ -251,5 +258,38 @@ class GpuCollate:
         ids = None
         if self.stain is not None and self.stain.normalize == "macenko":
             ids = [m["slide_id"] for m in batch["meta"]]  # each sample's .json, parsed here (~2 us a sample)
+        context = None if batch.get("context") is None else self.context(batch["context"], ids)  # before images()
         image = self.images(batch["image"], ids)
-        return DeviceBatch(image=image, label=label, meta=batch["meta"], key=batch["key"])
+        out = DeviceBatch(image=image, label=label, meta=batch["meta"], key=batch["key"])
+        if context is not None:
+            out["context"] = context
+        return out
+
+    def context(self, context: torch.Tensor, slide_ids: Sequence[str] | None = None) -> torch.Tensor:
+        """uint8 (b, K, h, w, 3) context patches on any device -> normalized (b, K, 3, h, w) ``dtype`` on
+        ``self.device``, each sample's K patches by the same dihedral transform and stain parameters as its image of
+        the batch :meth:`images` collates next (call this first: :meth:`__call__` does). Output buffers of their own
+        (reused as the images' are); contiguous (b, K, 3, h, w), or each sample's patches ``channels_last``."""
+        if context.dtype != torch.uint8 or context.dim() != 5 or context.shape[-1] != 3:
+            raise ValueError(f"expected uint8 (b, K, h, w, 3) context, got {context.dtype} {tuple(context.shape)}")
+        b, k, h, w, _ = context.shape
+        twin = self._context_collate()
+        codes = self.codes(b)  # (b,) the draw images() makes for this batch
+        if self.device.type == "cuda" and context.device.type == "cpu":
+            context = (context if context.is_pinned() else context.pin_memory()).to(self.device, non_blocking=True)
+        if self.stain is None:  # every patch of the batch at once, each by its sample's code
+            return twin._images(context.reshape(b * k, h, w, 3), None, codes.repeat_interleave(k)).view(b, k, 3, h, w)
+        out = torch.empty((b, k, 3, h, w), dtype=self.dtype, device=self.device)
+        for scale in range(k):  # a scale at a time: the stain draws are per sample of a batch of b
+            out[:, scale] = twin._images(context[:, scale], slide_ids, codes)
+        return out
+
+    def _context_collate(self) -> GpuCollate:
+        """This collate's twin for the context: every setting and the batch number this one's, output buffers its
+        own (the context's size may differ from the images')."""
+        if self._twin is None:
+            self._twin = copy.copy(self)
+            self._twin._spare, self._twin._turn = [], 0
+        own = {"_spare": self._twin._spare, "_turn": self._twin._turn, "_twin": None}
+        self._twin.__dict__.update({**self.__dict__, **own})
+        return self._twin

@@ -45,6 +45,7 @@ import webdataset as wds
 from wsishard.errors import ShardError, TopologyError
 from wsishard.storage.opener import StreamOpener
 from wsishard.streaming import indexed, redeal, selection
+from wsishard.streaming.context import check_context, context_shape
 from wsishard.streaming.decode import Batch, DecodeIntoBatches, EncodedBatches
 from wsishard.streaming.partition import (
     EpochPlan,
@@ -90,6 +91,8 @@ class StreamConfig:
             a :class:`ShardStream` needs it. A sample of another size is a broken sample.
         pad_last: epoch mode: every sample exactly once, every rank the same number of batches, the last ones
             filled with repeats marked ``batch["valid"] == False`` (:func:`~wsishard.streaming.sampling.pad_plan`).
+        context_scales: context members decoded into ``batch["context"]`` (the build's K; 0: none, not read).
+        context_size_px: width = height of every context patch, px (the manifests' ``context_size``).
     """
 
     batch_size: int
@@ -100,6 +103,8 @@ class StreamConfig:
     on_error: ErrorMode = "raise"
     patch_size_px: int | None = None
     pad_last: bool = False
+    context_scales: int = 0
+    context_size_px: int | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -112,6 +117,7 @@ class StreamConfig:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
         if self.patch_size_px is not None and self.patch_size_px < 1:
             raise ValueError(f"patch_size_px must be >= 1 px or None, got {self.patch_size_px}")
+        check_context(self.context_scales, self.context_size_px)
         if self.pad_last and self.resampled:
             raise ValueError("pad_last=True needs resampled=False (an exact epoch); resampled streams never end")
 
@@ -229,9 +235,12 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         :class:`~wsishard.streaming.indexed.ReadIndexed`), decode, batch (into buffers lent as ``lending`` says)."""
         cfg = self.config
         drop_last = cfg.drop_last or cfg.resampled
-        reader = indexed.read_stage(self.sampling, self.opener, cfg, (*seed, SHUFFLE_STREAM), max_failures, skip,
-                                    read) or ReadShuffled(self.opener, cfg.shuffle, (*seed, SHUFFLE_STREAM),
-                                                          cfg.on_error, max_failures, skip)  # fmt: skip
+        shuffle_seed = (*seed, SHUFFLE_STREAM)
+        reader: indexed.ReadIndexed | ReadShuffled | None
+        reader = indexed.read_stage(self.sampling, self.opener, cfg, shuffle_seed, max_failures, skip, read)
+        if reader is None:
+            reader = ReadShuffled(self.opener, cfg.shuffle, shuffle_seed, cfg.on_error, max_failures, skip,
+                                  cfg.context_scales)  # fmt: skip
         return [reader, self._batches(drop_last, lending)]
 
     def _batches(self, drop_last: bool, lending: Lending) -> DecodeIntoBatches | EncodedBatches:
@@ -240,7 +249,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         if lending.encoded:
             return EncodedBatches(cfg.batch_size, self.image_hw, drop_last=drop_last, on_error=cfg.on_error)
         return DecodeIntoBatches(cfg.batch_size, self.image_hw, drop_last=drop_last, on_error=cfg.on_error,
-                                 lending=lending)  # fmt: skip
+                                 lending=lending, context=context_shape(cfg))  # fmt: skip
 
     def pipeline(self, world: World, epoch: int, done: int = 0, lending: Lending = UNLENT) -> wds.DataPipeline:
         """The webdataset pipeline that ``world``'s (rank, worker) runs in ``epoch`` (or for ever), after the
@@ -289,7 +298,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         caps = redeal.budgets(pieces, world.world_size, world.num_workers, batch_size=cfg.batch_size,
                               drop_last=cfg.drop_last)  # fmt: skip
         return wds.DataPipeline(redeal.PieceList(tuple(redeal.share(pieces, world))),
-                                redeal.ReadPieces(self.opener, cfg.shuffle, cfg.on_error),
+                                redeal.ReadPieces(self.opener, cfg.shuffle, cfg.on_error, cfg.context_scales),
                                 self._batches(cfg.drop_last, lending),
                                 Budget(int(caps[world.rank, world.worker])))  # fmt: skip
 

@@ -13,7 +13,7 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, overload
+from typing import Any, NotRequired, TypedDict, overload
 
 import imagecodecs
 import numpy as np
@@ -22,6 +22,7 @@ from PIL import Image
 
 from wsishard.errors import ShardError
 from wsishard.format import LABEL_RANGE, PatchMeta, image_header
+from wsishard.streaming.context import decode_context_into
 from wsishard.streaming.ring import BatchBuffers, Lending, Lent
 from wsishard.streaming.stages import ErrorMode, RawSample
 
@@ -47,6 +48,7 @@ class Batch(TypedDict):
     label: torch.Tensor  # (b,) int64, -1 when unlabelled
     meta: Metas  # a sequence of PatchMeta dicts, each parsed when first read
     key: list[str]
+    context: NotRequired[torch.Tensor]  # (b, K, h', w', 3) uint8 RGB: builds with K context scales only
 
 
 class Metas(Sequence[PatchMeta]):
@@ -207,7 +209,9 @@ class DecodeIntoBatches:
 
     Error behaviour: a sample whose image or ``.json`` does not decode, or whose image header declares another
     size than ``image_hw``, raises :class:`~wsishard.errors.ShardError` with ``on_error="raise"`` and is dropped
-    (logged) with ``"skip"``; its slot is then taken by the next sample, so it never shows in a batch.
+    (logged) with ``"skip"``; its slot is then taken by the next sample, so it never shows in a batch. So does a
+    sample whose context member (``context``: ``(K, size)`` of a build with context) is no image of that size or
+    does not decode.
     """
 
     size: int
@@ -215,13 +219,17 @@ class DecodeIntoBatches:
     drop_last: bool = True
     on_error: ErrorMode = "raise"
     lending: Lending = field(default_factory=Lending)
+    context: tuple[int, int] | None = None
 
     def __call__(self, src: Iterator[RawSample]) -> Iterator[Batch]:
         shared = torch.utils.data.get_worker_info() is not None
-        buffers = BatchBuffers((self.size, *self.image_hw, 3), shared=shared, lending=self.lending)
+        ctx_shape = None if self.context is None else (self.size, self.context[0], self.context[1], self.context[1], 3)
+        buffers = BatchBuffers((self.size, *self.image_hw, 3), shared=shared, lending=self.lending,
+                               context_shape=ctx_shape)  # fmt: skip
         image: torch.Tensor | None = None  # (size, h, w, 3) uint8 being filled; None between batches
         lent: Lent | None = None
         slots = np.empty((0, *self.image_hw, 3), dtype=np.uint8)  # image's numpy view
+        ctx_slots = np.empty((0,), dtype=np.uint8)  # (size, K, h', w', 3): the context's numpy view
         labels: list[int] = []
         metas: list[bytes] = []  # each sample's .json text: parsed in the main process, when read (Metas)
         keys: list[str] = []
@@ -230,8 +238,11 @@ class DecodeIntoBatches:
                 if image is None:
                     image, lent = buffers.take()
                     slots = image.numpy()
+                    ctx_slots = buffers.context_of(image).numpy() if ctx_shape else ctx_slots
                 label = checked_label(raw)
                 decode_into(raw, slots[len(keys)])
+                if ctx_shape:
+                    decode_context_into(raw, ctx_slots[len(keys)], decode_into)
             except ShardError as exc:
                 if self.on_error == "raise":
                     raise
@@ -244,7 +255,7 @@ class DecodeIntoBatches:
                 yield _batch(buffers, image, labels, metas, keys, lent)
                 image, lent, labels, metas, keys = None, None, [], [], []
         if keys and image is not None and not self.drop_last:
-            yield _batch(buffers, image[: len(keys)], labels, metas, keys, lent)
+            yield _batch(buffers, image, labels, metas, keys, lent, len(keys))
 
 
 def checked_label(raw: RawSample) -> int:
@@ -266,16 +277,24 @@ def _jpeg_into(raw: RawSample, slot: np.ndarray) -> None:
         _pil_into(raw, slot)
 
 
-def _batch(buffers: BatchBuffers, image: torch.Tensor, labels: list[int], metas: list[bytes], keys: list[str],
-           lent: Lent | None) -> Batch:  # fmt: skip
+def _batch(buffers: BatchBuffers, full: torch.Tensor, labels: list[int], metas: list[bytes], keys: list[str],
+           lent: Lent | None, n: int | None = None) -> Batch:  # fmt: skip
+    """The batch of the first ``n`` (all) samples of the buffer whose images are ``full``, and their context."""
+    image = full if n is None else full[:n]
+    context = None if buffers.context_shape is None else buffers.context_of(full)[: len(keys)]
     if lent is None:
-        return Batch(image=image, label=torch.tensor(labels, dtype=torch.int64), meta=Metas(metas), key=keys)
-    sent, lent = buffers.hand_over(image, lent)
-    # by reference (no image sent): the loader puts the image back and makes the labels (b,) a tensor
+        made = Batch(image=image, label=torch.tensor(labels, dtype=torch.int64), meta=Metas(metas), key=keys)
+        if context is not None:
+            made["context"] = context
+        return made
+    sent, lent = buffers.hand_over(image, lent, context)
+    # by reference (no image sent): the loader puts the image (and context) back and makes the labels (b,) a tensor
     label = np.array(labels, dtype=np.int64) if sent is None else torch.tensor(labels, dtype=torch.int64)
     batch: dict[str, Any] = {"label": label, "meta": Metas(metas), "key": keys, "buffer": lent}  # buffer: loader's
     if sent is not None:
         batch["image"] = sent
+        if context is not None:
+            batch["context"] = context
     return batch  # type: ignore[return-value]
 
 

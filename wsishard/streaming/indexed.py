@@ -67,6 +67,7 @@ class ReadIndexed:
         opener, size, seed, on_error, max_failures, skip: as ``ReadShuffled``.
         reader: ``(base seed, rank, worker)`` of the weighted draws.
         expected: shard location -> expected draws per visit (weighted mode).
+        context: context scales to read with each sample (:func:`~wsishard.streaming.stages.read_shard`).
     """
 
     plan: SamplingPlan
@@ -78,6 +79,7 @@ class ReadIndexed:
     skip: int = 0
     reader: tuple[int, int, int] = (0, 0, 0)
     expected: dict[str, float] | None = None
+    context: int = 0
     _in_a_row: int = field(default=0, init=False)
     _kept: OrderedDict[str, _Visit] = field(default_factory=OrderedDict, init=False)
 
@@ -127,7 +129,7 @@ class ReadIndexed:
             wanted = self._wanted(position, ref, ahead.result())
             if wanted:
                 whole = ShardRef(ref.url, int(self.plan.rows[s]))
-                for raw in read_shard(whole, self.opener, self.on_error):
+                for raw in read_shard(whole, self.opener, self.on_error, self.context):
                     for _ in range(wanted.get(raw["key"], 0)):
                         yield raw
             self._in_a_row = 0
@@ -214,7 +216,8 @@ def read_stage(plan: SamplingPlan | None, opener: Opener, cfg: Any, seed: tuple[
     weighted draws' extra arguments."""
     if plan is None:
         return None
-    return ReadIndexed(plan, opener, cfg.shuffle, seed, cfg.on_error, max_failures, skip, **(read or {}))
+    return ReadIndexed(plan, opener, cfg.shuffle, seed, cfg.on_error, max_failures, skip, **(read or {}),
+                       context=cfg.context_scales)  # fmt: skip
 
 
 def padded_pipeline(ds: Any, world: World, seed: tuple[int, ...], plan: EpochPlan, mine: tuple[ShardRef, ...],

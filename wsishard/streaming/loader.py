@@ -82,7 +82,8 @@ class ShardLoader:
         num_workers: DataLoader worker processes (use the same on every rank).
         pin_memory: page-locked batches (in place on CUDA, else by DataLoader's copy).
         reuse_buffers: the ownership rule above (True), or memory of its own for every batch (False).
-        decode: ``"worker"`` (pixels), or ``"device"``: batches of JPEG bytes that ``GpuCollate`` decodes on the GPU.
+        decode: ``"worker"`` (pixels), or ``"device"``: batches of JPEG bytes that ``GpuCollate`` decodes on the GPU
+            (main patches only: refused for a stream with context).
         **kwargs: passed to ``torch.utils.data.DataLoader`` (``prefetch_factor``, ``persistent_workers``,
             ``collate_fn``, ``multiprocessing_context``, ``timeout``...).
     """
@@ -97,6 +98,9 @@ class ShardLoader:
         self.num_workers = num_workers
         self.persistent = bool(kwargs.get("persistent_workers", False))
         collate_fn = kwargs.pop("collate_fn", None)
+        if decode == "device" and dataset.config.context_scales:
+            raise ValueError("decode='device' decodes the main patches only, and this build has context: use "
+                             "decode='worker', or stream(..., context=False)")  # fmt: skip
         encoded = decode_mode(decode) == "device"  # batches of JPEG bytes: no pixel buffer to lend
         own = (collate_fn is None or collate_fn is as_is) and not encoded  # a user's collate_fn: nothing is reused
         lend = num_workers > 0 and own and reuse_buffers
@@ -135,6 +139,8 @@ class ShardLoader:
                 image = None if ticket is None else returns.add(ticket)
                 if image is not None:  # a batch by reference: its image in the buffer, its labels (b,) as sent
                     batch["image"], batch["label"] = image, torch.from_numpy(batch["label"])
+                    if ticket.context_shape is not None:  # and its context, in the same buffer
+                        batch["context"] = returns.context(ticket)  # type: ignore[typeddict-item]
                 self._taken[worker] += 1
                 self._last = worker
                 yield batch
@@ -273,13 +279,14 @@ def loader(dataset: ShardStream, *, num_workers: int = 4, pin_memory: bool | Non
         reuse_buffers: a batch's images are valid until the loop takes the next batch (True, fast), or every batch
             has memory of its own (False): see :class:`ShardLoader`.
         decode: ``"worker"``: JPEGs decoded in the workers; ``"device"``: batches of JPEG bytes, decoded on the GPU
-            by :class:`~wsishard.streaming.collate.GpuCollate` (needs CUDA and torchvision; refused otherwise).
+            by :class:`~wsishard.streaming.collate.GpuCollate` (needs CUDA and torchvision, and a stream without
+            context; refused otherwise).
         **kwargs: passed to ``torch.utils.data.DataLoader`` (``prefetch_factor``, ``persistent_workers``...).
 
     Raises:
         TopologyError: too few shards for ranks x ``num_workers`` (raised here, not in a worker).
         ValueError: ``batch_size`` among ``kwargs`` (batching happens in the workers), a bad ``num_workers``, or
-            ``decode="device"`` without CUDA or torchvision.
+            ``decode="device"`` without CUDA or torchvision, or for a stream with context.
     """
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")

@@ -122,10 +122,11 @@ class ReadPieces:
     opener: Opener
     size: int  # the shuffle buffer the old readers used
     on_error: ErrorMode = "raise"
+    context: int = 0  # context scales read with each sample
 
     def __call__(self, src: Iterator[Piece]) -> Iterator[RawSample]:
         for piece in src:
-            samples: Iterator[RawSample] = shuffled(read_shard(piece.ref, self.opener, self.on_error), self.size,
-                                                    piece.seed)  # fmt: skip
+            raws = read_shard(piece.ref, self.opener, self.on_error, self.context)
+            samples: Iterator[RawSample] = shuffled(raws, self.size, piece.seed)
             taken = islice(samples, piece.skip, piece.skip + piece.take)
             yield from (s for k, s in enumerate(taken) if k % piece.step == piece.phase)

@@ -107,13 +107,17 @@ class Lent:
     image: torch.Tensor | None  # (b, h, w, 3) uint8, the batch in the buffer
     shape: tuple[int, ...] | None = None  # by reference: the batch's (b, h, w, 3)
     start: int = 0  # by reference: the batch's first byte in the buffer
+    context_shape: tuple[int, ...] | None = None  # by reference, with context: the batch's (b, K, h, w, 3)
+    context_start: int = 0  # by reference: the context's first byte in the buffer
 
 
 UNLENT = Lending()  # no reuse: every batch a fresh buffer of its own
 
 
 class BatchBuffers:
-    """The uint8 buffers of ``shape`` (``(b, h, w, 3)``) one reader fills with its batches.
+    """The uint8 buffers of ``shape`` (``(b, h, w, 3)``) one reader fills with its batches, and with
+    ``context_shape`` (``(b, K, h', w', 3)``) each batch's context patches in the same buffer, after its images
+    (:meth:`context_of`): lent, pinned and handed back with them.
 
     Without :attr:`Lending.reuse`, every batch is a fresh buffer. With it: in-process, two buffers in turn; in a
     worker, up to ``slots`` buffers, each lent until the main process hands it back, and a fresh batch when every
@@ -124,17 +128,21 @@ class BatchBuffers:
         shared: in a DataLoader worker: buffers in shared memory, lent with a :class:`Lent` ticket.
         slots: buffers a worker's ring keeps at most.
         lending: how buffers are lent (:class:`Lending`).
+        context_shape: each batch's context, or None.
     """
 
     def __init__(self, shape: tuple[int, ...], shared: bool, slots: int = RING_SLOTS,
-                 lending: Lending = UNLENT) -> None:  # fmt: skip
+                 lending: Lending = UNLENT, context_shape: tuple[int, ...] | None = None) -> None:  # fmt: skip
         self.shape = shape
+        self.context_shape = context_shape
+        self.image_bytes = -(-math.prod(shape) // 32) * 32  # the context starts as the images do, past a boundary
         self.shared = shared
         self.reuse = lending.reuse
         self.slots = slots if shared else 2
         self.by_reference = lending.by_reference and shared and self.reuse
         self.ring: Ring = (os.getpid(), _ring_number())
-        self.nbytes = math.prod(shape) + ROW_SLACK
+        body = math.prod(shape) if context_shape is None else self.image_bytes + math.prod(context_shape)
+        self.nbytes = body + ROW_SLACK
         self.storages: list[torch.UntypedStorage] = []
         if shared and self.reuse:
             self.storages = [_new_storage(self.nbytes, shared) for _ in range(min(lending.prefill, slots))]
@@ -168,16 +176,25 @@ class BatchBuffers:
         self._flags[slot] = 1
         return image, Lent(self.ring, slot, self.flags, image)
 
-    def hand_over(self, image: torch.Tensor, ticket: Lent) -> tuple[torch.Tensor | None, Lent]:
-        """What a batch of ``image`` (the buffer of ``ticket``, or its first rows) sends the main process: its image
-        tensor and ticket, or by reference no image and a ticket naming the buffer."""
+    def context_of(self, image: torch.Tensor) -> torch.Tensor:
+        """The context of the batch whose images are ``image`` (a buffer :meth:`take` gave): (b, K, h', w', 3)
+        uint8 in the same buffer, after the images."""
+        assert self.context_shape is not None, "a ring without context"
+        return _at(image.untyped_storage(), int(image.storage_offset()) + self.image_bytes, self.context_shape)
+
+    def hand_over(self, image: torch.Tensor, ticket: Lent,
+                  context: torch.Tensor | None = None) -> tuple[torch.Tensor | None, Lent]:  # fmt: skip
+        """What a batch of ``image`` (the buffer of ``ticket``, or its first rows) and ``context`` (its context, in
+        the same buffer) sends the main process: its image tensor and ticket, or by reference no image and a ticket
+        naming the buffer (and where the image and the context lie in it)."""
         if not self.by_reference:
             return image, ticket
         first_of_ring, first = not self._sent, ticket.slot not in self._sent
         self._sent.add(ticket.slot)
         flags = self.flags if first_of_ring else None
+        placed = () if context is None else (tuple(context.shape), int(context.storage_offset()))
         return None, Lent(self.ring, ticket.slot, flags, image if first else None, tuple(image.shape),
-                          int(image.storage_offset()))  # fmt: skip
+                          int(image.storage_offset()), *placed)  # fmt: skip
 
 
 class Returns:
@@ -213,6 +230,12 @@ class Returns:
         if ticket.shape is None:
             return None
         return _at(self._storages[key], ticket.start, ticket.shape)
+
+    def context(self, ticket: Lent) -> torch.Tensor | None:
+        """By reference, the context of a batch whose ticket :meth:`add` took (a view of its buffer); else None."""
+        if ticket.context_shape is None:
+            return None
+        return _at(self._storages[(ticket.ring, ticket.slot)], ticket.context_start, ticket.context_shape)
 
     def release(self) -> int:
         """Hand back every buffer lent so far (the loop has asked for the next batch); the number handed back (with

@@ -12,6 +12,7 @@ from wsishard.storage.opener import StreamOpener, load_manifest
 from wsishard.storage.secrets import redact
 from wsishard.storage.urls import StorageOptions, join
 from wsishard.streaming import selection
+from wsishard.streaming.context import one_context, read_context
 from wsishard.streaming.dataset import ShardStream, StreamConfig
 from wsishard.streaming.sampling import Select, Weights
 from wsishard.streaming.stages import ErrorMode, Opener, ShardRef
@@ -37,6 +38,7 @@ def stream(
     proportions: Sequence[float] | None = None,
     pad_last: bool = False,
     split_scan: bool = False,
+    context: bool = True,
 ) -> ShardStream:
     """Stream batches from one or more build outputs (folder, manifest path or URL prefix).
 
@@ -61,18 +63,23 @@ def stream(
         split_scan: with ``select`` or a weight function, in a DDP job (torch.distributed initialised): each rank
             reads 1/world of the shard indexes and the counts are summed over torch.distributed, instead of every
             rank reading all of them. Every rank must then call :func:`stream` with the same arguments.
+        context: for builds with context scales, decode their context patches into ``batch["context"]``,
+            ``(b, K, size, size, 3)`` uint8 (True), or leave those members unread (False). Builds without: no effect.
 
     Raises:
         ManifestError: a manifest is missing or unreadable, names a shard that is no shard file name, lacks the
-            patch size, or the outputs hold no shard or have different patch sizes; with ``select``/``weights``, an
-            output without a per-sample index.
+            patch size, or the outputs hold no shard or have different patch sizes (or, with ``context``, different
+            context scales or sizes); with ``select``/``weights``, an output without a per-sample index.
         ValueError: a bad option.
     """
     sources = [source] if isinstance(source, str | os.PathLike) else list(source)
     tasks, sizes, read = _read_manifests(sources, storage_options)
+    patch_size_px = _one_patch_size(sizes)
+    scales = one_context({s.where: read_context(s.manifest, s.where, patch_size_px) for s in read}) if context else None
     config = StreamConfig(batch_size=batch_size, resampled=resampled, shuffle=shuffle, seed=seed,
-                          drop_last=drop_last, on_error=on_error, patch_size_px=_one_patch_size(sizes),
-                          pad_last=pad_last)  # fmt: skip
+                          drop_last=drop_last, on_error=on_error, patch_size_px=patch_size_px, pad_last=pad_last,
+                          context_scales=len(scales.mpp) if scales else 0,
+                          context_size_px=scales.size_px if scales else None)  # fmt: skip
     opener = opener or StreamOpener(dict(storage_options or {}))
     share = rank_share(world) if split_scan else None
     tasks, plan = selection.choose(read, tasks, select=select, weights=weights, proportions=proportions,

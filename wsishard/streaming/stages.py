@@ -20,7 +20,7 @@ from typing import IO, Generic, Literal, TypedDict, TypeVar
 import numpy as np
 
 from wsishard.errors import ShardError
-from wsishard.format import IMAGE_FORMATS, LABEL_EXT, META_EXT, SAMPLE_EXTS, is_sample_key
+from wsishard.format import IMAGE_FORMATS, LABEL_EXT, META_EXT, SAMPLE_EXTS, context_ext, context_exts, is_sample_key
 from wsishard.shards.reader import TarSamples
 from wsishard.storage.secrets import redact
 from wsishard.streaming.partition import Slice, resample_order
@@ -42,6 +42,7 @@ class RawSample(TypedDict):
     image: bytes
     meta: bytes
     label: bytes | None
+    context: tuple[bytes, ...]  # the context members (ctx0, ctx1, ...) the stream reads; () without context
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ class ReadShuffled:
         on_error: ``"raise"`` or ``"skip"`` (the rest of a broken shard; what was read before is kept).
         max_failures: in skip mode, this many failed shards in a row (every shard of the reader) raise.
         skip: samples of the first shard's shuffled order to pass over (a resumed reader).
+        context: context scales to read with each sample (:func:`read_shard`).
     """
 
     opener: Opener
@@ -155,6 +157,7 @@ class ReadShuffled:
     on_error: ErrorMode = "raise"
     max_failures: int = 1
     skip: int = 0
+    context: int = 0
     skipped: int = field(default=0, init=False)
     _in_a_row: int = field(default=0, init=False)
 
@@ -169,7 +172,7 @@ class ReadShuffled:
 
     def _read(self, task: ShardRef) -> Iterator[RawSample]:
         try:
-            yield from read_shard(task, self.opener, self.on_error)
+            yield from read_shard(task, self.opener, self.on_error, self.context)
             self._in_a_row = 0
         except ShardError as exc:
             if self.on_error == "raise":
@@ -181,15 +184,19 @@ class ReadShuffled:
                 raise ShardError(task.url, f"all {self._in_a_row} shards of this worker failed") from exc
 
 
-def read_shard(task: ShardRef, opener: Opener, on_error: ErrorMode = "raise") -> Iterator[RawSample]:
+def read_shard(task: ShardRef, opener: Opener, on_error: ErrorMode = "raise", context: int = 0) -> Iterator[RawSample]:
     """The samples of one shard, in order; never one with a missing member or a key outside the key grammar.
+
+    With ``context`` scales, each sample's context members ``ctx0.<ext>`` ... are read too (and must be there);
+    without, they are read past uncopied.
 
     A sample whose member names are not ``<key>.<ext>`` with a :func:`~wsishard.format.is_sample_key` key (a
     path such as ``../../evil.jpg``, or a name wsishard never writes) is counted, but raised as broken
     (``on_error="raise"``) or left out and logged (``"skip"``); the rest of the shard is still read.
 
     Raises:
-        ShardError: the shard cannot be opened or read, a sample lacks its image or ``.json``, a sample's
+        ShardError: the shard cannot be opened or read, a sample lacks its image, ``.json`` or a context member, a
+            sample's
             key is not a key (raise mode), or the shard holds another number of samples than ``task.samples``.
     """
     name = redact(task.url)  # what errors and samples show: no credentials from the URL
@@ -197,11 +204,11 @@ def read_shard(task: ShardRef, opener: Opener, on_error: ErrorMode = "raise") ->
         stream = opener(task.url)
     except (OSError, ValueError) as exc:
         raise ShardError(name, f"cannot be opened ({type(exc).__name__}: {exc})") from exc
-    keep = TarSamples(stream, SAMPLE_EXTS, task.phase, task.step)
+    keep = TarSamples(stream, SAMPLE_EXTS | context_exts(context) if context else SAMPLE_EXTS, task.phase, task.step)
     try:
         for key, members in keep:
             if is_sample_key(key):
-                yield _raw_sample(name, key, members)
+                yield _raw_sample(name, key, members, context)
                 continue
             bad = ShardError(name, f"sample {key[:120]!r} is not named <slide>_x<X>_y<Y>.<ext> (a path, or not a "
                                    "wsishard sample)")  # fmt: skip
@@ -218,13 +225,30 @@ def read_shard(task: ShardRef, opener: Opener, on_error: ErrorMode = "raise") ->
         raise ShardError(name, f"holds {keep.seen} samples, the manifest says {task.samples}")
 
 
-def _raw_sample(shard: str, key: str, members: dict[str, bytes]) -> RawSample:
+def _raw_sample(shard: str, key: str, members: dict[str, bytes], context: int = 0) -> RawSample:
     image_ext = next(filter(members.__contains__, IMAGE_FORMATS), None)  # no generator frame: ~0.2 us a sample
     if image_ext is None or META_EXT not in members:
         missing = "an image" if image_ext is None else f".{META_EXT}"
         raise ShardError(shard, f"sample {key} lacks {missing} (truncated, or not a wsishard shard)")
-    return RawSample(key=key, shard=shard, image_ext=image_ext, image=members[image_ext],
-                     meta=members[META_EXT], label=members.get(LABEL_EXT))  # fmt: skip
+    return RawSample(key=key, shard=shard, image_ext=image_ext, image=members[image_ext], meta=members[META_EXT],
+                     label=members.get(LABEL_EXT), context=_context_members(shard, key, members, context) if context
+                     else ())  # fmt: skip
+
+
+def _context_members(shard: str, key: str, members: dict[str, bytes], scales: int) -> tuple[bytes, ...]:
+    """The sample's context members ``ctx0`` ... ``ctx<scales - 1>`` (any image format), in scale order.
+
+    Raises:
+        ShardError: one is missing (the build has fewer scales, or the shard is damaged).
+    """
+    found = []
+    for k in range(scales):
+        ext = next((e for e in IMAGE_FORMATS if context_ext(k, e) in members), None)
+        if ext is None:
+            raise ShardError(shard, f"sample {key} lacks its context member {context_ext(k, 'jpg')} (or .png/.webp): "
+                                    f"the manifest promises {scales} context scale(s)")  # fmt: skip
+        found.append(members[context_ext(k, ext)])
+    return tuple(found)
 
 
 def shuffled(src: Iterator[RawSample], size: int, seed: tuple[int, ...]) -> Iterator[RawSample]:
