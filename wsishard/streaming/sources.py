@@ -52,24 +52,20 @@ def stream(
         storage_options: fsspec options for URLs, used for manifests and shards.
         opener: ``location -> binary file`` replacing the fsspec/local opener (must pickle).
         world: rank and world size; detected when None.
-        select: ``columns -> (n,) bool``: only the samples it keeps are streamed (each shard index's columns as
-            numpy arrays: ``label``, ``slide_id``, ``tissue``, ``background``, ``dark``, ``sharpness``, ``mpp``, ``x``,
-            ``y``, ``key``, ``position``, ``shard``...). Must be deterministic and pickle (DataLoader workers call it).
+        select: ``columns -> (n,) bool`` over a shard index's columns (``label``, ``slide_id``, ``tissue``, ``x``...):
+            only the samples it keeps are streamed. Deterministic, and it must pickle (the workers call it).
         weights: resampled mode: ``"class"`` (every label equally likely), ``"slide"`` (every slide equally likely),
             ``{label: weight}`` (labels not named: 0), or ``columns -> (n,) weights >= 0``.
         proportions: with several sources and ``weights``, the share of draws of each (MosaicML's ``proportion``).
         pad_last: epoch mode: every selected sample exactly once over all ranks and workers, every rank the same
             number of batches, the last ones padded with repeats marked ``batch["valid"] == False``.
-        split_scan: with ``select`` or a weight function, in a DDP job (torch.distributed initialised): each rank
-            reads 1/world of the shard indexes and the counts are summed over torch.distributed, instead of every
-            rank reading all of them. Every rank must then call :func:`stream` with the same arguments.
-        context: for builds with context scales, decode their context patches into ``batch["context"]``,
-            ``(b, K, size, size, 3)`` uint8 (True), or leave those members unread (False). Builds without: no effect.
+        split_scan: for ``select``/a weight function under torch.distributed, each rank reads 1/world of the shard
+            indexes and the counts are summed (every rank must then call :func:`stream` alike).
+        context: decode a context build's context patches into ``batch["context"]`` (or leave them unread).
 
     Raises:
-        ManifestError: a manifest is missing or unreadable, names a shard that is no shard file name, lacks the
-            patch size, or the outputs hold no shard or have different patch sizes (or, with ``context``, different
-            context scales or sizes); with ``select``/``weights``, an output without a per-sample index.
+        ManifestError: a manifest is missing or unreadable, names no shard or a bad one, or the outputs differ in
+            patch size or context; with ``select``/``weights``, an output without a per-sample index.
         ValueError: a bad option.
     """
     sources = [source] if isinstance(source, str | os.PathLike) else list(source)
@@ -81,9 +77,9 @@ def stream(
                           context_scales=len(scales.mpp) if scales else 0,
                           context_size_px=scales.size_px if scales else None)  # fmt: skip
     opener = opener or StreamOpener(dict(storage_options or {}))
-    share = rank_share(world) if split_scan else None
     tasks, plan = selection.choose(read, tasks, select=select, weights=weights, proportions=proportions,
-                                   storage_options=storage_options, opener=opener, share=share)  # fmt: skip
+                                   storage_options=storage_options, opener=opener,
+                                   share=rank_share(world) if split_scan else None)  # fmt: skip
     return ShardStream(tasks, config, world=world, opener=opener, sampling=plan)
 
 
