@@ -206,7 +206,7 @@ def test_parts_share_the_output_and_a_whole_build_waits_for_them(slides: Path, t
     options = dataclasses.replace(FAST, group_slides=1)
     first = build([str(slides)], str(out), options, part=(1, 2))
     digest = json.loads((out / ".wsishard" / "build.json").read_text())["fingerprint"]
-    with BuildState(Destination(str(out)), digest, (1, 2)).lock():  # part 1 runs (again)
+    with BuildState(Destination(str(out)), digest, (1, 2)).lock:  # part 1 runs (again)
         second = build([str(slides)], str(out), options, part=(2, 2))  # part 2 is not refused
         assert first.shards and second.shards
         with pytest.raises(OptionError, match="part 1/2 of this build"):
@@ -227,7 +227,7 @@ def test_an_s3_output_is_locked_by_a_conditional_create(s3: S3Server, s3_bucket:
         assert dest.create_exclusive("probe.json", b"third") is False  # If-None-Match: * refused the PUT
     assert dest.read_bytes("probe.json") == b"first"
     dest.remove("probe.json")
-    with BuildState(dest, "another build").lock(), pytest.raises(OptionError, match="other slides or options"):
+    with BuildState(dest, "another build").lock, pytest.raises(OptionError, match="other slides or options"):
         build([str(slides)], url, FAST, storage_options=s3.storage_options, overwrite=True)
     manifest = build([str(slides)], url, FAST, storage_options=s3.storage_options, overwrite=True)
     assert len(manifest.slides) == 2 and not manifest.failed_slides
