@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 
 from wsishard.errors import ManifestError, ShardError
-from wsishard.format import expected_patch_size, image_header, is_sample_key, sample_key, sanitize_slide_id
-from wsishard.manifest import Manifest
+from wsishard.format import image_header, is_sample_key, sample_key, sanitize_slide_id
+from wsishard.manifest import Manifest, expected_patch_size
 
 _RNG_IMAGE = Image.fromarray(np.random.default_rng(0).integers(0, 256, (24, 40, 3), dtype=np.uint8))
 

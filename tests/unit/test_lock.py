@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from wsishard.builder.lock import OutputLock
-from wsishard.builder.state import STATE_DIR, BuildState
+from wsishard.builder.state import BuildState
 from wsishard.errors import OptionError
 from wsishard.storage.output import Destination
 
@@ -23,7 +23,7 @@ DIGEST = "this build"
 
 
 def _lock(out: Path, digest: str = DIGEST, part: tuple[int, int] | None = None) -> OutputLock:
-    return OutputLock(Destination(str(out)), STATE_DIR, digest, part)
+    return OutputLock(Destination(str(out)), digest, part)
 
 
 def _files(root: Path) -> list[str]:
@@ -122,7 +122,7 @@ def test_stale_locks_are_taken_over_and_live_ones_are_not(tmp_path: Path, caplog
 def test_refresh_rewrites_the_lock_and_stops_a_build_whose_lock_was_taken(tmp_path: Path) -> None:
     out = tmp_path / "out"
     state = BuildState(Destination(str(out)), DIGEST)
-    state.lock = OutputLock(state.dest, STATE_DIR, DIGEST, refresh_s=0.0)  # re-written at every record
+    state.lock = OutputLock(state.dest, DIGEST, refresh_s=0.0)  # re-written at every record
     with state.lock:
         before = json.loads((out / ".wsishard" / "lock.json").read_text())
         time.sleep(0.01)

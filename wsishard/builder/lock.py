@@ -1,11 +1,11 @@
 """The cross-host lock of a build's output: who writes it, held while the build runs.
 
-The lock is a small JSON file in the build's state folder (``lock.json``, or ``lock.part-0002-of-0008.json`` for a
-part of a cluster build) created only if absent (:meth:`Destination.create_exclusive`: ``O_EXCL`` locally, a
-conditional PUT on object storage) and read back. It names its holder (host, pid, start time, the build's
-fingerprint and part) so that a refusal can say who holds the output. A lock whose process is gone (same host), or
-that was not re-written for ``LOCK_LEASE_S`` (another host), is stale and taken over with a warning; parts of one
-build do not block each other.
+The lock is a small JSON file in the build's state folder (``.wsishard/lock.json``, or
+``.wsishard/lock.part-0002-of-0008.json`` for a part of a cluster build) created only if absent
+(:meth:`Destination.create_exclusive`: ``O_EXCL`` locally, a conditional PUT on object storage) and read back. It
+names its holder (host, pid, start time, the build's fingerprint and part) so that a refusal can say who holds the
+output. A lock whose process is gone (same host), or that was not re-written for ``LOCK_LEASE_S`` (another host), is
+stale and taken over with a warning; parts of one build do not block each other.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ class OutputLock:
 
     Args:
         dest: the output.
-        folder: the state folder inside ``dest`` that holds the lock files (``.wsishard``).
         digest: the build's fingerprint; locks of the same fingerprint are "this build".
         part: ``(i, n)`` for part i of n of a cluster build, None for a whole build.
         refresh_s: :meth:`refresh` re-writes the lock at most this often (seconds).
@@ -51,13 +50,12 @@ class OutputLock:
     def __init__(
         self,
         dest: Destination,
-        folder: str,
         digest: str,
         part: tuple[int, int] | None = None,
         *,
         refresh_s: float = LOCK_REFRESH_S,
     ) -> None:
-        self.dest, self.folder, self.digest, self.part, self.refresh_s = dest, folder, digest, part, refresh_s
+        self.dest, self.digest, self.part, self.refresh_s = dest, digest, part, refresh_s
         self.name = "lock.json" if part is None else f"lock.{fmt.part_label(part)}.json"
         self.siblings: list[dict[str, Any]] = []  # live locks of this build's other parts, while held
         self._held: dict[str, Any] | None = None  # our lock while we hold it
@@ -102,7 +100,7 @@ class OutputLock:
         return report
 
     def _path(self, name: str) -> str:
-        return f"{self.folder}/{name}"
+        return f"{fmt.STATE_DIR}/{name}"
 
     def _acquire(self) -> None:
         now = time.time()
@@ -129,7 +127,7 @@ class OutputLock:
     def _others(self) -> list[dict[str, Any]]:
         """The live locks of this build's other parts (stale locks are removed; any other live lock is refused)."""
         siblings = []
-        for name in self.dest.listdir(self.folder):
+        for name in self.dest.listdir(fmt.STATE_DIR):
             if not name.startswith("lock.") or name == self.name or (holder := self._read(name)) is None:
                 continue
             part = holder.get("part")
@@ -147,7 +145,7 @@ class OutputLock:
             self._remove(self.name, held)
             if not self.dest.remote:  # a refused claim leaves nothing behind in a folder that held no build
                 with contextlib.suppress(OSError):
-                    os.rmdir(self.dest.path(self.folder))
+                    os.rmdir(self.dest.path(fmt.STATE_DIR))
         except OSError as exc:  # never hide the error the build ends with
             logger.warning("%s: could not remove the lock %s: %s", self.dest.location, self.name, exc)
 

@@ -28,13 +28,13 @@ from wsishard.builder.lock import OutputLock, who
 from wsishard.builder.scanstate import ScanStore
 from wsishard.builder.stamps import Stamp
 from wsishard.errors import OptionError
+from wsishard.format import STATE_DIR
 from wsishard.shards.index import index_shard, is_summary_name
 from wsishard.shards.verify import recorded_shard_damage
 from wsishard.storage.output import Destination
 
 logger = logging.getLogger(__name__)
 
-STATE_DIR = ".wsishard"
 _BUILD, _FAILED, _DONE = "build.json", "failed.json", "done"
 
 
@@ -58,7 +58,7 @@ class BuildState:
         self.dest, self.digest, self.part = dest, digest, part
         # parts of a cluster build share the output: each keeps its own list of failed slides (its groups only)
         self._failed = _FAILED if part is None else f"failed.{fmt.part_label(part)}.json"
-        self.lock = OutputLock(dest, STATE_DIR, digest, part)
+        self.lock = OutputLock(dest, digest, part)
 
     def _name(self, *parts: str) -> str:
         return "/".join((STATE_DIR, *parts))
