@@ -125,10 +125,10 @@ def test_refresh_rewrites_the_lock_and_stops_a_build_whose_lock_was_taken(tmp_pa
     state.lock = OutputLock(state.dest, DIGEST, refresh_s=0.0)  # re-written at every record
     with state.lock:
         before = json.loads((out / ".wsishard" / "lock.json").read_text())
-        time.sleep(0.01)
+        (out / ".wsishard" / "lock.json").write_text(json.dumps({**before, "refreshed_s": 0.0}))
         state.save_failed({})  # recording progress re-writes the lock
         after = json.loads((out / ".wsishard" / "lock.json").read_text())
-        assert after["refreshed_s"] > before["refreshed_s"] and after["token"] == before["token"]
+        assert after["refreshed_s"] >= before["refreshed_s"] > 0.0 and after["token"] == before["token"]
         _lock_file(out, host="elsewhere", pid=77)  # taken over by a build that thought this one dead
         with pytest.raises(OptionError, match=r"pid 77 on elsewhere.*took over"):
             state.lock.refresh()
