@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from buildtools import files_under, put_files
 
 from wsishard.builder.lock import OutputLock
 from wsishard.builder.state import BuildState
@@ -24,16 +25,6 @@ DIGEST = "this build"
 
 def _lock(out: Path, digest: str = DIGEST, part: tuple[int, int] | None = None) -> OutputLock:
     return OutputLock(Destination(str(out)), digest, part)
-
-
-def _files(root: Path) -> list[str]:
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
-
-
-def _put(root: Path, *names: str) -> None:
-    for name in names:
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_bytes(b"x")
 
 
 def _lock_file(out: Path, name: str = "lock.json", **fields: object) -> None:
@@ -55,7 +46,7 @@ def test_create_exclusive_creates_once_and_keeps_the_first_content(tmp_path: Pat
     assert dest.create_exclusive("sub/lock.json", b"first") is True
     assert dest.create_exclusive("sub/lock.json", b"second") is False
     assert (tmp_path / "out" / "sub" / "lock.json").read_bytes() == b"first"
-    assert _files(tmp_path / "out") == ["sub/lock.json"]  # no temporary file left
+    assert files_under(tmp_path / "out") == ["sub/lock.json"]  # no temporary file left
 
 
 # ---- the lock ------------------------------------------------------------------------------------------------
@@ -75,16 +66,16 @@ def test_the_lock_names_its_holder_refuses_others_and_goes_away(tmp_path: Path) 
         assert "another build (other slides or options)" in message and "lock.json" in message and "\n" not in message
         with pytest.raises(OptionError, match="another run of this build"), _lock(out):
             pass
-        assert _files(out) == [".wsishard/lock.json"]  # the refused one left nothing
+        assert files_under(out) == [".wsishard/lock.json"]  # the refused one left nothing
     assert not out.joinpath(".wsishard").exists()  # nothing else was there: the state folder goes too
 
 
 def test_the_lock_is_released_when_the_block_raises(tmp_path: Path) -> None:
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt), _lock(out):
-        _put(out, ".wsishard/build.json")
+        put_files(out, ".wsishard/build.json")
         raise KeyboardInterrupt
-    assert _files(out) == [".wsishard/build.json"]
+    assert files_under(out) == [".wsishard/build.json"]
 
 
 def test_parts_of_one_build_share_the_output_and_nothing_else_does(tmp_path: Path) -> None:

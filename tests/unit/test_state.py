@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from buildtools import files_under, put_files
 
 from wsishard.builder.extract import ShardOutcome
 from wsishard.builder.grid import Candidates, blocks
@@ -29,16 +30,6 @@ def _state(out: Path, digest: str = DIGEST, part: tuple[int, int] | None = None)
 
 def _stored_fingerprint(out: Path) -> str:
     return json.loads((out / ".wsishard" / "build.json").read_text())["fingerprint"]
-
-
-def _files(root: Path) -> list[str]:
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
-
-
-def _put(root: Path, *names: str) -> None:
-    for name in names:
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_bytes(b"x")
 
 
 def test_fingerprint_depends_on_slides_and_options_only() -> None:
@@ -204,21 +195,21 @@ def test_a_done_record_being_written_by_another_part_is_not_read(tmp_path: Path)
 
 def test_a_folder_of_other_files_is_refused_or_built_beside(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    _put(out, "notes.txt", "qc/notes.txt", "manifest_of_patients.xlsx")
+    put_files(out, "notes.txt", "qc/notes.txt", "manifest_of_patients.xlsx")
     with pytest.raises(OptionError, match=r"holds 3 files that are not a wsishard build \(manifest_of_patients"):
         _state(out).claim(overwrite=False)
     _state(out).claim(overwrite=True, stamps={"/slides/a.svs": {"size": 1, "mtime_ns": 1}})
-    assert _files(out) == [".wsishard/build.json", "manifest_of_patients.xlsx", "notes.txt", "qc/notes.txt"]
+    assert files_under(out) == [".wsishard/build.json", "manifest_of_patients.xlsx", "notes.txt", "qc/notes.txt"]
 
 
 @pytest.mark.parametrize("theirs", ["shard-000000.tar", "manifest.json", "manifest.part-0001-of-0002.json", "qc/a.png",
                                     ".shard-000003.tar.tmp-42"])  # fmt: skip
 def test_overwrite_never_builds_over_a_file_that_is_not_a_builds(tmp_path: Path, theirs: str) -> None:
     out = tmp_path / "out"
-    _put(out, theirs, "notes.txt")
+    put_files(out, theirs, "notes.txt")
     with pytest.raises(OptionError, match=f"names a build writes \\({theirs}\\)"):
         _state(out).claim(overwrite=True, stamps={"/slides/a.svs": {"size": 1, "mtime_ns": 1}})
-    assert _files(out) == sorted([theirs, "notes.txt"])
+    assert files_under(out) == sorted([theirs, "notes.txt"])
 
 
 def test_overwrite_removes_what_the_previous_build_recorded_and_nothing_else(
@@ -231,13 +222,26 @@ def test_overwrite_removes_what_the_previous_build_recorded_and_nothing_else(
     manifest = Manifest(options={}, shards=[shard], slides=[SlideRecord(slide_id="s", file="s.svs", status="ok")],
                         extra={"fingerprint": "old", "part": [1, 2]})  # fmt: skip
     (out / "manifest.part-0001-of-0002.json").write_text(manifest.to_json())
-    _put(out, ".wsishard/done/shard-000000.tar.json", ".wsishard/scan.json", "shard-000000.tar", "shard-000001.tar",
-         ".shard-000002.tar.tmp-7", "qc/s.png", "qc/.s.png.tmp-7", "shard-000009.tar", "manifest.json",
-         "qc/annotated.png", "notes.txt", "shard-plan.docx", "manifest_of_patients.xlsx")  # fmt: skip
+    put_files(
+        out,
+        ".wsishard/done/shard-000000.tar.json",
+        ".wsishard/scan.json",
+        "shard-000000.tar",
+        "shard-000001.tar",
+        ".shard-000002.tar.tmp-7",
+        "qc/s.png",
+        "qc/.s.png.tmp-7",
+        "shard-000009.tar",
+        "manifest.json",
+        "qc/annotated.png",
+        "notes.txt",
+        "shard-plan.docx",
+        "manifest_of_patients.xlsx",
+    )
     (out / ".wsishard" / "scan.json").write_text("[]")
     caplog.set_level(logging.INFO, logger="wsishard")
     _state(out).claim(overwrite=True)
-    assert _files(out) == [".wsishard/build.json", "manifest.json", "manifest_of_patients.xlsx", "notes.txt",
+    assert files_under(out) == [".wsishard/build.json", "manifest.json", "manifest_of_patients.xlsx", "notes.txt",
                            "qc/annotated.png", "shard-000009.tar", "shard-plan.docx"]  # fmt: skip
     messages = [r.getMessage() for r in caplog.records]
     assert any("removing 2 shards, 1 manifests, 1 QC pictures" in m for m in messages)
@@ -248,7 +252,7 @@ def test_a_changed_slide_is_named_and_refused_until_overwrite(tmp_path: Path) ->
     out = tmp_path / "out"
     stamps = {"/s/a.svs": {"size": 10, "mtime_ns": 1}, "/s/b.svs": {"size": 20, "mtime_ns": 2}}
     _state(out).claim(overwrite=False, stamps=stamps)
-    _put(out, "shard-000000.tar", ".wsishard/done/shard-000000.tar.json")
+    put_files(out, "shard-000000.tar", ".wsishard/done/shard-000000.tar.json")
     _state(out).claim(overwrite=False, stamps=stamps)  # unchanged: resumed
     changed = {**stamps, "/s/b.svs": {"size": 20, "mtime_ns": 3}}
     with pytest.raises(OptionError, match=r"slides changed since this build began \(/s/b\.svs\).*--overwrite"):
@@ -256,7 +260,7 @@ def test_a_changed_slide_is_named_and_refused_until_overwrite(tmp_path: Path) ->
     _state(out, part=(1, 2)).claim(overwrite=True, stamps=stamps)  # a part resumes the same, unchanged build
     assert (out / "shard-000000.tar").exists()
     _state(out).claim(overwrite=True, stamps=changed)  # replaced: its shards and state removed
-    assert _files(out) == [".wsishard/build.json"]
+    assert files_under(out) == [".wsishard/build.json"]
     assert json.loads((out / ".wsishard" / "build.json").read_text())["inputs"] == changed
 
 
