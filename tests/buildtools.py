@@ -1,4 +1,5 @@
-"""Helpers for build tests: read a build output back with the standard library's tar reader."""
+"""Helpers for build tests: read a build output back with the standard library's tar reader; list and plant files
+in an output folder."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 import tarfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -69,3 +71,15 @@ def usage_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     return err.strip()
+
+
+def files_under(root: Path) -> list[str]:
+    """Every file below ``root``, as sorted "/"-separated paths relative to it."""
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+def put_files(root: Path, *names: str) -> None:
+    """Plant a small file at each of ``names`` (relative to ``root``), folders made as needed."""
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"x")

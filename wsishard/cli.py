@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import Field
 from typing import Any, NoReturn
@@ -21,12 +22,11 @@ from wsishard.builder.keywords import option_fields, option_flag, size_bytes
 from wsishard.builder.merge import merge
 from wsishard.builder.options import BuildOptions, BuildProgress, context_mpps
 from wsishard.builder.parts import array_part
-from wsishard.builder.parts import slurm_part as slurm_part  # re-exported: its old home
-from wsishard.builder.qc_html import write_qc_page
 from wsishard.builder.roi import parse_names
 from wsishard.builder.run import build
 from wsishard.deprecation import add_old_flag
 from wsishard.errors import OptionError, WsiShardError
+from wsishard.qc_html import write_qc_page
 from wsishard.report import details, summary
 from wsishard.shards.verify import VerifyProgress, format_report, verify
 from wsishard.storage.opener import load_manifest
@@ -34,7 +34,9 @@ from wsishard.storage.secrets import redact
 
 logger = logging.getLogger("wsishard")
 
-EXIT_OK, EXIT_FAILED_SLIDES, EXIT_USAGE = 0, 1, 2
+# 0 done; 1 some slides failed (or verify found damage); 2 bad usage or input: an error wsishard names (WsiShardError,
+# argparse); 3 an error it does not name (storage, credentials, permissions, or a bug); 130 interrupted
+EXIT_OK, EXIT_FAILED_SLIDES, EXIT_USAGE, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 def parse_size(text: str) -> int:
@@ -170,7 +172,8 @@ def _add_build_parser(sub: Any) -> None:
                        description="Detect tissue (Otsu), cut a patch grid at a target resolution, and write the "
                        "tissue patches into WebDataset tar shards that mix slides, with a manifest and QC pictures. "
                        "Exit status: 0 all slides built, 1 some slides failed (listed in the summary and the "
-                       "manifest), 2 bad usage.")  # fmt: skip
+                       "manifest), 2 bad usage or input, 3 another error (storage, permissions; -v shows its "
+                       "traceback).")  # fmt: skip
     p.add_argument("slides", nargs="+", metavar="SLIDES", help="slide folders (searched recursively), slide files, "
                    "or text files listing slide paths")  # fmt: skip
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="output folder: shards, manifest.json, qc/")
@@ -303,7 +306,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from wsishard.testing.demo import run_demo
+    from wsishard.demo import run_demo  # here: the demo pulls in torch; the other commands do not
 
     bars = _Bars(args.quiet)
     try:
@@ -362,15 +365,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except WsiShardError as exc:
         print(f"wsishard {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except Exception as exc:  # storage, credentials, disk: one line (credentials redacted), traceback with -v
-        if args.verbose:
-            logger.exception("wsishard %s failed", args.command)
+    except Exception as exc:  # storage, credentials, disk, a bug: one line (credentials redacted), traceback with -v
         options = dict(getattr(args, "storage_option", []) or [])
-        print(f"wsishard {args.command}: error: {redact(f'{type(exc).__name__}: {exc}', options)}", file=sys.stderr)
-        return EXIT_USAGE
+        if args.verbose:
+            logger.error("wsishard %s failed:\n%s", args.command, redact(traceback.format_exc(), options).rstrip())
+        hint = "" if args.verbose else " (run with -v for the traceback)"
+        text = redact(f"{type(exc).__name__}: {exc}", options)
+        print(f"wsishard {args.command}: error: {text}{hint}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print("wsishard: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     return code
 
 

@@ -19,7 +19,7 @@ coordinates are the patch's top-left corner in level-0 pixels.
 
 What a manifest or a shard says is data, never trusted as a path or a size: shard names must be :func:`shard_name` s,
 keys must follow the key grammar, and an image's size is read from its header and held to the manifest's patch size
-(:func:`expected_patch_size`) before it is decoded.
+(:func:`wsishard.manifest.expected_patch_size`) before it is decoded.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import hashlib
 import re
 from typing import Literal, TypedDict
 
-from wsishard.imageheader import expected_patch_size as expected_patch_size
 from wsishard.imageheader import image_header as image_header
 
 FORMAT_NAME = "wsishard"
@@ -41,6 +40,7 @@ READABLE_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 SLIDES_NAME = "slides.jsonl"
 QC_INDEX_NAME = "qc/index.html"  # the QC review page (beside the qc/<slide_id>.png pictures)
+STATE_DIR = ".wsishard"  # a build's resume state and lock (wsishard.builder.state, wsishard.builder.lock)
 SHARD_PREFIX = "shard-"
 SHARD_SUFFIX = ".tar"
 IMAGE_FORMATS: tuple[str, ...] = ("jpg", "png", "webp")

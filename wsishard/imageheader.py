@@ -1,16 +1,10 @@
 """Image sizes read from an encoded image's header alone (JPEG, PNG, WebP): nothing is decoded, so a
-decompression bomb is measured at no cost; and the size every image of a build is held to. :mod:`wsishard.format`
-re-exports :func:`image_header` and :func:`expected_patch_size`."""
+decompression bomb is measured at no cost. :mod:`wsishard.format` re-exports :func:`image_header`; the size every
+image of a build is held to is :func:`wsishard.manifest.expected_patch_size`."""
 
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING
-
-from wsishard.errors import ManifestError
-
-if TYPE_CHECKING:
-    from wsishard.manifest import Manifest
 
 ImageHeader = tuple[str, int, int]  # (image format "jpg" | "png" | "webp", width px, height px)
 _JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOF markers (not DHT, JPG, DAC)
@@ -69,18 +63,3 @@ def _webp_header(chunk: bytes, body: bytes) -> ImageHeader | None:
     if chunk == b"VP8X" and len(body) >= 10:
         return "webp", int.from_bytes(body[4:7], "little") + 1, int.from_bytes(body[7:10], "little") + 1
     return None
-
-
-def expected_patch_size(manifest: Manifest, location: str = "<manifest>") -> int:
-    """Width = height, px, of every image of a build: ``options["patch"]["patch_size_px"]`` as the build records
-    it. The stream and ``verify`` hold every sample to it (never to the first sample's size).
-
-    Raises:
-        ManifestError: the options do not hold a positive integer there.
-    """
-    patch = manifest.options.get("patch") if isinstance(manifest.options, dict) else None
-    size = patch.get("patch_size_px") if isinstance(patch, dict) else None
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ManifestError(location, f"options.patch.patch_size_px is {size!r}, not a patch size in px "
-                                      "(a manifest not written by wsishard build?)")  # fmt: skip
-    return size

@@ -21,12 +21,14 @@ from wsishard.format import (
     shard_name,
     slides_name,
 )
+from wsishard.storage.secrets import redact
 
 __all__ = [
     "Manifest",
     "ShardRecord",
     "SlideRecord",
     "check_shard_records",
+    "expected_patch_size",
     "manifest_files",
     "parse_slide_lines",
     "slide_lines",
@@ -166,6 +168,21 @@ class Manifest:
         return cls.from_dict(data, location)
 
 
+def expected_patch_size(manifest: Manifest, location: str = "<manifest>") -> int:
+    """Width = height, px, of every image of a build: ``options["patch"]["patch_size_px"]`` as the build records
+    it. The stream and ``verify`` hold every sample to it (never to the first sample's size).
+
+    Raises:
+        ManifestError: the options do not hold a positive integer there.
+    """
+    patch = manifest.options.get("patch") if isinstance(manifest.options, dict) else None
+    size = patch.get("patch_size_px") if isinstance(patch, dict) else None
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ManifestError(location, f"options.patch.patch_size_px is {size!r}, not a patch size in px "
+                                      "(a manifest not written by wsishard build?)")  # fmt: skip
+    return size
+
+
 def manifest_files(manifest: Manifest, part: tuple[int, int] | None = None) -> list[tuple[str, bytes]]:
     """The files that hold ``manifest`` (of the build, or of part ``part``), in write order: its slide records file
     (:func:`slides_name`), then the manifest (:func:`manifest_name`), whose presence means both are complete."""
@@ -221,7 +238,5 @@ def check_shard_records(shards: list[ShardRecord], location: str) -> None:
 
 def _shown(value: object) -> str:
     """``value`` as an error message shows it: quoted, cut to 120 characters, credentials in URLs redacted."""
-    from wsishard.storage.secrets import redact  # here: the storage layer imports this module
-
     text = redact(value) if isinstance(value, str) else value
     return repr(text if not isinstance(text, str) or len(text) <= 120 else text[:120] + "...")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +16,20 @@ import wsishard
 def test_every_exported_name_resolves() -> None:
     for name in wsishard.__all__:
         assert getattr(wsishard, name) is not None, name
+
+
+def test_the_public_names_are_listed_once() -> None:
+    """``__init__.pyi`` lists them (type checkers read it); ``__all__`` and the lazy loading come from it."""
+    init = Path(wsishard.__file__)
+    stub = ast.parse(init.with_suffix(".pyi").read_text())
+    imports = [node for node in stub.body if isinstance(node, ast.ImportFrom)]
+    listed = {a.name: node.module for node in imports for a in node.names}
+    assert len(listed) > 40 and all(a.asname == a.name for node in imports for a in node.names)  # re-exported
+    assert wsishard.__all__ == sorted([*listed, "__version__"])
+    for name, module in listed.items():
+        assert getattr(wsishard, name) is getattr(importlib.import_module(str(module)), name), name
+    source = init.read_text()
+    assert not [name for name in listed if f'"{name}"' in source or f" {name}," in source]  # named nowhere else
 
 
 BUILD_SIDE = ("slide", "builder", "shards", "storage")

@@ -123,7 +123,7 @@ def test_credentials_never_reach_output_or_logs(s3: S3Server, s3_bucket: str, co
          f"endpoint_url={s3.endpoint_url}", "--storage-option", f"secret={secret}"],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "Credentials" in bad.stderr
+    assert bad.returncode == 3 and "Traceback" not in bad.stderr and "Credentials" in bad.stderr  # not named: 3
     assert secret not in bad.stdout + bad.stderr
     fs = s3.fs()
     fs.invalidate_cache()

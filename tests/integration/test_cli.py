@@ -129,6 +129,23 @@ def test_empty_folder_and_missing_manifest_say_so(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "manifest" in proc.stderr and "not found" in proc.stderr
 
 
+def test_an_error_wsishard_does_not_name_has_its_own_exit_status_and_a_traceback_with_v(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not 2 (bad usage): a script tells "other arguments" from "fix the environment, or report a bug"."""
+    (tmp_path / "taken").write_text("a file where the demo wants a folder")
+    argv = ["demo", "-o", str(tmp_path / "taken"), "--slides", "1", "-q"]
+    assert main(argv) == 3
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("wsishard demo: error: NotADirectoryError: ") and len(err.splitlines()) == 1
+    assert err.endswith("(run with -v for the traceback)")
+    assert not caplog.records
+    assert main(["-v", *argv]) == 3
+    assert capsys.readouterr().err.startswith("wsishard demo: error: NotADirectoryError: ")
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "wsishard demo failed" in logged and "Traceback (most recent call last)" in logged
+
+
 def test_tissue_options_reach_the_build() -> None:
     from wsishard.cli import _options, parser
 

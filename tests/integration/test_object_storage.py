@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import pickle
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -118,6 +120,20 @@ def test_closing_a_reader_early_stops_its_read_ahead_thread(s3: S3Server, s3_out
     assert not mine[0].is_alive()
     with pytest.raises(ValueError, match="closed"):
         fh.read(10)
+
+
+def test_an_s3_stream_with_two_workers_prints_nothing(s3: S3Server, s3_out: str, tmp_path: Path) -> None:
+    """Issue 12, item 8: in a fresh interpreter, so that stderr is whole, interpreter shutdown included."""
+    code = f"""
+from wsishard.streaming.sources import stream
+from wsishard.streaming.loader import loader
+ds = stream({s3_out!r}, batch_size=4, resampled=False, drop_last=False, shuffle=8, seed=0,
+            storage_options={s3.storage_options!r})
+for epoch in range(2):
+    print(sum(len(b["key"]) for b in loader(ds, num_workers=2)))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=150)
+    assert (run.returncode, run.stdout.split(), run.stderr) == (0, [str(sum(COUNTS))] * 2, "")
 
 
 # ---- failures ----------------------------------------------------------------------------------------------

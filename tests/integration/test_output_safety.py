@@ -126,32 +126,32 @@ def test_overwriting_a_previous_build_removes_its_files_and_nothing_else(
 # ---- 2. one build at a time ------------------------------------------------------------------------------------
 
 _HOLDER = """
-import pathlib, sys, time
+import sys
 from wsishard.builder.grid import PatchOptions
 from wsishard.builder.options import BuildOptions
 from wsishard.builder.run import build
 
-go = pathlib.Path(sys.argv[3])
+held = []
 
-def wait(event):  # the first slide is scanned: hold the output until the test says go
-    deadline = time.monotonic() + 120
-    while not go.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
+def hold(event):  # the first slide is scanned: say so, and hold the output until the test closes our stdin
+    if not held:
+        held.append(event)
+        print("holding", flush=True)
+        sys.stdin.readline()
 
 build([sys.argv[1]], sys.argv[2], BuildOptions(patch=PatchOptions(patch_size_px=128), jobs=1, qc=False),
-      progress=wait)
+      progress=hold)
 """
 
 
 def test_a_second_build_is_refused_while_the_first_writes_the_output(slides: Path, tmp_path: Path) -> None:
-    out, go = tmp_path / "out", tmp_path / "go"
-    first = subprocess.Popen([sys.executable, "-c", _HOLDER, str(slides), str(out), str(go)], stderr=subprocess.PIPE,
-                             text=True)  # fmt: skip
+    out = tmp_path / "out"
+    first = subprocess.Popen([sys.executable, "-c", _HOLDER, str(slides), str(out)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert first.stdin is not None and first.stdout is not None and first.stderr is not None
     try:
-        deadline = time.monotonic() + 60
-        while not (out / ".wsishard" / "build.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert first.poll() is None, first.stderr.read() if first.stderr else ""
+        assert first.stdout.readline() == "holding\n", first.stderr.read()  # it holds the output, claimed
+        assert (out / ".wsishard" / "build.json").exists()
         with pytest.raises(OptionError) as info:
             build([str(slides)], str(out), FAST, overwrite=True)  # other options, 64 px
         message = str(info.value)
@@ -159,8 +159,7 @@ def test_a_second_build_is_refused_while_the_first_writes_the_output(slides: Pat
         proc = _cli("build", str(slides), "-o", str(out), "--patch-size", "64", "--no-qc", "-q", "--overwrite")
         assert proc.returncode == 2 and f"pid {first.pid}" in proc.stderr and "Traceback" not in proc.stderr
     finally:
-        go.touch()
-        _, err = first.communicate(timeout=120)
+        _, err = first.communicate("go\n", timeout=120)  # let it go on
     assert first.returncode == 0, err
     manifest, samples = read_output(str(out))
     assert manifest.options["patch"]["patch_size_px"] == 128
@@ -206,7 +205,7 @@ def test_parts_share_the_output_and_a_whole_build_waits_for_them(slides: Path, t
     options = dataclasses.replace(FAST, group_slides=1)
     first = build([str(slides)], str(out), options, part=(1, 2))
     digest = json.loads((out / ".wsishard" / "build.json").read_text())["fingerprint"]
-    with BuildState(Destination(str(out)), digest, (1, 2)).lock():  # part 1 runs (again)
+    with BuildState(Destination(str(out)), digest, (1, 2)).lock:  # part 1 runs (again)
         second = build([str(slides)], str(out), options, part=(2, 2))  # part 2 is not refused
         assert first.shards and second.shards
         with pytest.raises(OptionError, match="part 1/2 of this build"):
@@ -227,7 +226,7 @@ def test_an_s3_output_is_locked_by_a_conditional_create(s3: S3Server, s3_bucket:
         assert dest.create_exclusive("probe.json", b"third") is False  # If-None-Match: * refused the PUT
     assert dest.read_bytes("probe.json") == b"first"
     dest.remove("probe.json")
-    with BuildState(dest, "another build").lock(), pytest.raises(OptionError, match="other slides or options"):
+    with BuildState(dest, "another build").lock, pytest.raises(OptionError, match="other slides or options"):
         build([str(slides)], url, FAST, storage_options=s3.storage_options, overwrite=True)
     manifest = build([str(slides)], url, FAST, storage_options=s3.storage_options, overwrite=True)
     assert len(manifest.slides) == 2 and not manifest.failed_slides

@@ -154,7 +154,7 @@ def test_merge_names_a_part_whose_slide_records_are_missing(cohort: Path, tmp_pa
 
 
 def test_slurm_array_environment_gives_the_part() -> None:
-    from wsishard.cli import slurm_part
+    from wsishard.builder.parts import slurm_part
 
     assert slurm_part({"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "4"}) == (1, 4)
     assert slurm_part({"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "4"}) == (

@@ -1,5 +1,6 @@
 """The file-name formats of :mod:`wsishard.format`: shard names, temporary names and part manifests, each made
-and parsed by one pair of functions that must invert each other and reject every other name."""
+and parsed by one pair of functions that must invert each other and reject every other name; and the sample key
+grammar, which no path or dot gets through."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import pytest
 from wsishard.format import (
     MANIFEST_NAME,
     SLIDES_NAME,
+    is_sample_key,
     is_shard_name,
     is_slides_name,
     manifest_name,
     parse_part_manifest,
+    sample_key,
+    sanitize_slide_id,
     shard_index,
     shard_name,
     shard_order,
@@ -91,3 +95,11 @@ def test_the_whole_manifest_is_not_a_part_manifest() -> None:
 )  # fmt: skip
 def test_other_names_are_not_part_manifests(name: str) -> None:
     assert parse_part_manifest(name) is None
+
+
+def test_the_key_grammar() -> None:
+    assert is_sample_key(sample_key(sanitize_slide_id("../../a b.svs"), 0, 1024))
+    assert is_sample_key("TCGA-02-0001-01Z-00-DX1_x123_y456") and is_sample_key("s-1a2b3c4d_x0_y0")
+    for bad in ("../../evil", "a/b_x1_y2", "a_x1_y2/..", "evil", "a_x1", "a_x-1_y2", "_a_x1_y2", "-a_x1_y2",
+                "a_x1_y2 ", "a.b_x1_y2", "a_x1_y2\n", "", "a_x_y1"):  # fmt: skip
+        assert not is_sample_key(bad), bad

@@ -50,3 +50,27 @@ def test_the_build_side_never_names_torch_or_webdataset() -> None:
                 offenders += [f"{path.relative_to(PACKAGE)}: {n}" for n in names
                               if n.split(".")[0] in ("torch", "webdataset")]  # fmt: skip
     assert not offenders, offenders
+
+
+# Imports of wsishard modules inside a function, each for a reason; never to break an import cycle between the
+# package's rooms (move the helper to the module that owns it instead).
+DEFERRED_IMPORTS = {
+    ("cli.py", "wsishard.demo"): "the demo pulls in torch; the other commands do not",
+    ("demo.py", "wsishard.streaming.collate"): "torch: only once the demo streams",
+    ("demo.py", "wsishard.streaming.loader"): "torch: only once the demo streams",
+    ("demo.py", "wsishard.streaming.sources"): "torch: only once the demo streams",
+    ("shards/index.py", "wsishard.storage.opener"): "the build writes indexes without the opener",
+    ("streaming/stain.py", "wsishard.storage.opener"): "slide records are read only for a stain table",
+    ("builder/options.py", "wsishard.builder.keywords"): "a cycle: keywords maps BuildOptions' fields (left)",
+}
+
+
+def test_the_package_imports_its_own_modules_at_the_top() -> None:
+    deferred = set()
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                for inner in ast.walk(node):
+                    if isinstance(inner, ast.ImportFrom) and (inner.module or "").startswith("wsishard"):
+                        deferred.add((path.relative_to(PACKAGE).as_posix(), inner.module))
+    assert deferred <= set(DEFERRED_IMPORTS), sorted(deferred - set(DEFERRED_IMPORTS))

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import pytest
@@ -76,8 +77,11 @@ def test_a_worker_dying_while_the_caller_is_busy_is_noticed_at_the_next_submit()
     results = []
     with WorkerPool(2) as pool:
         for result in pool.imap(_double_or_die, items, on_crash=_crashed, window=4):
-            time.sleep(0.3)  # item 2 kills its worker meanwhile; the refill then submits to a broken pool
-            results.append(result)
+            if not results:  # busy with the first result until item 2 has killed its worker and the pool broke
+                assert pool._executor is not None
+                probe = pool._executor.submit(time.sleep, 600)  # failed by the pool when it breaks: no waiting
+                assert isinstance(probe.exception(timeout=120), BrokenProcessPool)
+            results.append(result)  # the refill then submits to a broken pool
     assert results == [-2 if i == 2 else 2 * i for i in range(10)]
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from wsishard.builder.qc_html import qc_index
 from wsishard.manifest import Manifest, SlideRecord
+from wsishard.qc_html import qc_index
 
 
 def _manifest() -> Manifest:

@@ -1,17 +1,21 @@
-"""A build's resume state (:class:`wsishard.builder.state.BuildState`) in a local output folder."""
+"""A build's resume state (:class:`wsishard.builder.state.BuildState`): what ``claim`` keeps or removes, scans, done
+records, failed slides and the inputs' stamps, in a local output folder."""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from buildtools import files_under, put_files
 
 from wsishard.builder.extract import ShardOutcome
 from wsishard.builder.grid import Candidates, blocks
 from wsishard.builder.scan import ScanResult
-from wsishard.builder.stamps import fingerprint
+from wsishard.builder.stamps import fingerprint, input_stamps
 from wsishard.builder.state import BuildState
 from wsishard.errors import OptionError
 from wsishard.manifest import Manifest, ShardRecord, SlideRecord
@@ -85,7 +89,8 @@ def test_claim_is_refused_for_a_finished_build_of_other_options(tmp_path: Path) 
 
 def test_overwrite_never_deletes_files_the_build_did_not_record(tmp_path: Path) -> None:
     """Named like a build's files but listed by nothing the previous build recorded: kept (with a warning), while
-    the previous build's own state is replaced. What it did record is tests/unit/test_state_lock.py's."""
+    the previous build's own state is replaced. What it did record: test_overwrite_removes_what_the_previous_build_...
+    below."""
     out = tmp_path / "out"
     _state(out, "old").claim(overwrite=False)
     names = ("shard-000000.tar", "manifest.json", "manifest.part-0001-of-0002.json", "qc/s.png", "notes.txt")
@@ -183,3 +188,88 @@ def test_a_done_record_being_written_by_another_part_is_not_read(tmp_path: Path)
     done_dir = tmp_path / "out" / ".wsishard" / "done"
     (done_dir / ".shard-000001.tar.json.tmp-4242").write_bytes(b"")  # another part's record, being written
     assert list(state.load_done()) == [0]
+
+
+# ---- claim: what is kept, what is removed ----------------------------------------------------------------------
+
+
+def test_a_folder_of_other_files_is_refused_or_built_beside(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    put_files(out, "notes.txt", "qc/notes.txt", "manifest_of_patients.xlsx")
+    with pytest.raises(OptionError, match=r"holds 3 files that are not a wsishard build \(manifest_of_patients"):
+        _state(out).claim(overwrite=False)
+    _state(out).claim(overwrite=True, stamps={"/slides/a.svs": {"size": 1, "mtime_ns": 1}})
+    assert files_under(out) == [".wsishard/build.json", "manifest_of_patients.xlsx", "notes.txt", "qc/notes.txt"]
+
+
+@pytest.mark.parametrize("theirs", ["shard-000000.tar", "manifest.json", "manifest.part-0001-of-0002.json", "qc/a.png",
+                                    ".shard-000003.tar.tmp-42"])  # fmt: skip
+def test_overwrite_never_builds_over_a_file_that_is_not_a_builds(tmp_path: Path, theirs: str) -> None:
+    out = tmp_path / "out"
+    put_files(out, theirs, "notes.txt")
+    with pytest.raises(OptionError, match=f"names a build writes \\({theirs}\\)"):
+        _state(out).claim(overwrite=True, stamps={"/slides/a.svs": {"size": 1, "mtime_ns": 1}})
+    assert files_under(out) == sorted([theirs, "notes.txt"])
+
+
+def test_overwrite_removes_what_the_previous_build_recorded_and_nothing_else(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = tmp_path / "out"
+    old = _state(out, "old")
+    old.claim(overwrite=False)
+    shard = ShardRecord(name="shard-000001.tar", samples=1, bytes=1, sha256="0" * 64)
+    manifest = Manifest(options={}, shards=[shard], slides=[SlideRecord(slide_id="s", file="s.svs", status="ok")],
+                        extra={"fingerprint": "old", "part": [1, 2]})  # fmt: skip
+    (out / "manifest.part-0001-of-0002.json").write_text(manifest.to_json())
+    put_files(
+        out,
+        ".wsishard/done/shard-000000.tar.json",
+        ".wsishard/scan.json",
+        "shard-000000.tar",
+        "shard-000001.tar",
+        ".shard-000002.tar.tmp-7",
+        "qc/s.png",
+        "qc/.s.png.tmp-7",
+        "shard-000009.tar",
+        "manifest.json",
+        "qc/annotated.png",
+        "notes.txt",
+        "shard-plan.docx",
+        "manifest_of_patients.xlsx",
+    )
+    (out / ".wsishard" / "scan.json").write_text("[]")
+    caplog.set_level(logging.INFO, logger="wsishard")
+    _state(out).claim(overwrite=True)
+    assert files_under(out) == [".wsishard/build.json", "manifest.json", "manifest_of_patients.xlsx", "notes.txt",
+                           "qc/annotated.png", "shard-000009.tar", "shard-plan.docx"]  # fmt: skip
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("removing 2 shards, 1 manifests, 1 QC pictures" in m for m in messages)
+    assert any("keeping 1 files named like shards" in m and "shard-000009.tar" in m for m in messages)
+
+
+def test_a_changed_slide_is_named_and_refused_until_overwrite(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    stamps = {"/s/a.svs": {"size": 10, "mtime_ns": 1}, "/s/b.svs": {"size": 20, "mtime_ns": 2}}
+    _state(out).claim(overwrite=False, stamps=stamps)
+    put_files(out, "shard-000000.tar", ".wsishard/done/shard-000000.tar.json")
+    _state(out).claim(overwrite=False, stamps=stamps)  # unchanged: resumed
+    changed = {**stamps, "/s/b.svs": {"size": 20, "mtime_ns": 3}}
+    with pytest.raises(OptionError, match=r"slides changed since this build began \(/s/b\.svs\).*--overwrite"):
+        _state(out).claim(overwrite=False, stamps=changed)
+    _state(out, part=(1, 2)).claim(overwrite=True, stamps=stamps)  # a part resumes the same, unchanged build
+    assert (out / "shard-000000.tar").exists()
+    _state(out).claim(overwrite=True, stamps=changed)  # replaced: its shards and state removed
+    assert files_under(out) == [".wsishard/build.json"]
+    assert json.loads((out / ".wsishard" / "build.json").read_text())["inputs"] == changed
+
+
+def test_input_stamps_follow_size_and_modification_time(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.svs", tmp_path / "b.svs"
+    a.write_bytes(b"aaaa")
+    b.write_bytes(b"bbbb")
+    first = input_stamps([str(a), str(b)])
+    assert first == input_stamps([str(a), str(b)]) and first[str(a)]["size"] == 4
+    os.utime(b, ns=(b.stat().st_atime_ns, b.stat().st_mtime_ns + 10**9))
+    second = input_stamps([str(a), str(b)])
+    assert second[str(a)] == first[str(a)] and second[str(b)] != first[str(b)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import struct
 
 import numpy as np
 import pytest
@@ -53,6 +54,17 @@ def test_decode_into_rejects_another_size_and_a_truncated_jpeg() -> None:
         decode_into(_raw(data[: len(data) // 2]), np.empty((24, 40, 3), dtype=np.uint8))
     with pytest.raises(ShardError, match="does not decode"):
         decode_into(_raw(b"not an image at all\xff\xd9"), np.empty((24, 40, 3), dtype=np.uint8))
+
+
+def test_decode_into_refuses_a_bomb_from_its_header() -> None:
+    jpeg = bytearray(_encoded(_RNG_IMAGE, "JPEG"))
+    sof = jpeg.index(b"\xff\xc0")
+    jpeg[sof + 5 : sof + 9] = struct.pack(">HH", 30000, 30000)
+    raw = RawSample(key="s_x0_y0", shard="shard-000003.tar", image_ext="jpg", image=bytes(jpeg), meta=b"{}", label=None)
+    with pytest.raises(ShardError) as info:
+        decode_into(raw, np.empty((24, 40, 3), dtype=np.uint8))
+    assert info.value.shard == "shard-000003.tar" and "s_x0_y0" in info.value.reason
+    assert "30000x30000" in info.value.reason and "40x24" in info.value.reason
 
 
 def test_batches_are_in_shared_memory_only_in_workers(stream_out: sm.Output, monkeypatch: pytest.MonkeyPatch) -> None:

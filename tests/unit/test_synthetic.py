@@ -158,6 +158,19 @@ def test_make_slides_names_kinds_and_seeds(synthetic_slides: list[SyntheticSlide
     assert all(not np.array_equal(masks[0], m) for m in masks[1:])
 
 
+def test_a_slide_made_after_another_of_its_seed_is_the_one_made_alone(tmp_path: Path) -> None:
+    """Slides of one seed and size share their tissue texture, kept for the next (scene.py): the bytes never tell."""
+    make_slide(tmp_path / "first.svs", width=1024, height=768, seed=11, artefacts=("ink",))
+    second = make_slide(tmp_path / "second.svs", width=1024, height=768, seed=11, artefacts=("dots",))
+    alone = tmp_path / "alone.svs"
+    code = (
+        "from wsishard.testing.synthetic import make_slide\n"
+        f"make_slide({str(alone)!r}, width=1024, height=768, seed=11, artefacts=('dots',))\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+    assert Path(second.path).read_bytes() == alone.read_bytes()
+
+
 def test_make_slides_is_seeded(tmp_path: Path) -> None:
     a = make_slides(tmp_path / "a", 2, seed=1, width=512, height=512, kinds=("tiff",))
     b = make_slides(tmp_path / "b", 2, seed=1, width=512, height=512, kinds=("tiff",))

@@ -10,9 +10,9 @@ from typing import Any
 
 from wsishard import __version__
 from wsishard.builder.options import BuildOptions
-from wsishard.builder.qc_html import INDEX_NAME, qc_index
-from wsishard.format import slides_name
+from wsishard.format import QC_INDEX_NAME, slides_name
 from wsishard.manifest import Manifest, ShardRecord, SlideRecord, manifest_files
+from wsishard.qc_html import qc_index
 from wsishard.shards.index import summary_name, write_summary
 from wsishard.storage.output import Destination
 from wsishard.storage.urls import public_location
@@ -62,4 +62,4 @@ def write_outputs(dest: Destination, manifest: Manifest, part: tuple[int, int] |
     for name, data in manifest_files(manifest, part):
         dest.write_bytes(name, data)
     if qc and part is None:  # a cluster build's parts would overwrite each other's: inspect --html
-        dest.write_bytes(INDEX_NAME, qc_index(manifest).encode())
+        dest.write_bytes(QC_INDEX_NAME, qc_index(manifest).encode())

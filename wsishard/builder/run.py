@@ -96,7 +96,7 @@ def build(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out
     dest.makedirs()
     state = BuildState(dest, fingerprint(paths, options_dict(options, for_fingerprint=True)), part)
     jobs = options.jobs or os.cpu_count() or 1
-    with state.lock():  # one build (or the parts of one) at a time; released on errors and interrupts too
+    with state.lock:  # one build (or the parts of one) at a time; released on errors and interrupts too
         stamps = input_stamps(paths, storage_options)  # by location as stored (no query string or user info)
         state.claim(overwrite=overwrite, stamps=stamps)
         groups = make_groups(len(paths), options.group_slides, options.seed)
@@ -106,7 +106,7 @@ def build(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out
         _remove_leftovers(dest, set(mine))
         with _scratch_for(paths, scratch, storage_options) as remote, WorkerPool(jobs) as pool:
             early = _scan_all(pool, paths, annotations, sorted(s for g in mine for s in groups[g]), dest, options,
-                              state.refreshing(progress), remote, state)  # fmt: skip
+                              state.lock.refreshing(progress), remote, state)  # fmt: skip
             slides, shards = _extract_groups(pool, [(g, groups[g]) for g in mine], paths, dest, options, state,
                                              progress, remote, early)  # fmt: skip
         manifest = make_manifest(sources, options, slides, shards, state.digest, part, len(paths))

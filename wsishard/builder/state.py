@@ -1,11 +1,11 @@
-"""Resume state of a build under ``OUT/.wsishard/`` next to the shards (local or object storage), and its lock.
+"""Resume state of a build under ``OUT/.wsishard/`` next to the shards (local or object storage).
 
     build.json            the build's fingerprint (inputs + every option) and each slide's stamp (size and
                           modification time, or ETag): other options, or a slide replaced since, are refused
     scan/<slide>.npz      each slide's scan result, saved as it arrives (:mod:`wsishard.builder.scanstate`)
     failed.json           slides that failed during extraction, with their reasons (one file per part)
     done/<shard>.json     one record per finished shard: its manifest record, patches per slide, excluded slides
-    lock.json             who writes the output (``lock.part-0002-of-0008.json`` for a part): :meth:`BuildState.lock`
+    lock.json             who writes the output (``lock.part-0002-of-0008.json`` for a part): :class:`OutputLock`
 
 A shard is skipped on resume when its done record exists and was written with the same excluded slides (the plan is
 deterministic). A build owns its state folder, manifests, the shards they or its done records list and its slides' QC
@@ -16,31 +16,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import json
 import logging
-import os
-import secrets
-import socket
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from wsishard import format as fmt
 from wsishard import manifest as manifest_records
 from wsishard.builder.extract import ShardOutcome
+from wsishard.builder.lock import OutputLock, who
 from wsishard.builder.scanstate import ScanStore
 from wsishard.builder.stamps import Stamp
 from wsishard.errors import OptionError
+from wsishard.format import STATE_DIR
 from wsishard.shards.index import index_shard, is_summary_name
 from wsishard.shards.verify import recorded_shard_damage
 from wsishard.storage.output import Destination
 
 logger = logging.getLogger(__name__)
 
-STATE_DIR = ".wsishard"
-LOCK_REFRESH_S = 120.0  # a running build re-writes its lock at most this often, when it records progress
-LOCK_LEASE_S = 3600.0  # another host's lock not re-written for this long is stale
 _BUILD, _FAILED, _DONE = "build.json", "failed.json", "done"
 
 
@@ -56,16 +50,15 @@ class _Survey:
 
 
 class BuildState:
-    """The resume state of one output and the lock of the build writing it; all I/O goes through the
-    :class:`Destination`. Every refusal is a one-line :class:`OptionError` saying what is there and what to do."""
+    """The resume state of one output; all I/O goes through the :class:`Destination`. Every refusal is a one-line
+    :class:`OptionError` saying what is there and what to do. ``lock`` is the output's :class:`OutputLock` for this
+    build (or part): hold it (``with state.lock:``) around :meth:`claim` and the build."""
 
     def __init__(self, dest: Destination, digest: str, part: tuple[int, int] | None = None) -> None:
         self.dest, self.digest, self.part = dest, digest, part
         # parts of a cluster build share the output: each keeps its own list of failed slides (its groups only)
         self._failed = _FAILED if part is None else f"failed.{fmt.part_label(part)}.json"
-        self._lock = "lock.json" if part is None else f"lock.{fmt.part_label(part)}.json"
-        self._held: dict[str, Any] | None = None  # our lock while we hold it
-        self._siblings: list[dict[str, Any]] = []  # live locks of this build's other parts
+        self.lock = OutputLock(dest, digest, part)
 
     def _name(self, *parts: str) -> str:
         return "/".join((STATE_DIR, *parts))
@@ -97,8 +90,8 @@ class BuildState:
             raise OptionError(f"{where} holds a build with other slides or options (or one begun by a wsishard that "
                               "plans or resamples differently); re-run with the same ones to resume it, or pass "
                               "--overwrite to replace it")  # fmt: skip
-        elif changed and (not overwrite or self._siblings):
-            running = f" wait for {_who(self._siblings[0], self.digest)} to end, then" if self._siblings else ""
+        elif changed and (not overwrite or self.lock.siblings):
+            running = f" wait for {who(self.lock.siblings[0], self.digest)} to end, then" if self.lock.siblings else ""
             raise OptionError(f"{where}: slides changed since this build began ({_names(changed)}): "
                               f"their scans and shards are stale;{running} pass --overwrite to build anew")  # fmt: skip
         if survey.found and (not same or changed or (overwrite and self.part is None)):
@@ -177,107 +170,6 @@ class BuildState:
             return data if isinstance(data, dict) and data.get("format") == fmt.FORMAT_NAME else None
         return None
 
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """Hold the output for this build (or part) until the block ends, also on errors and interrupts: a lock file
-        created only if absent (:meth:`Destination.create_exclusive`) and read back. Stale locks (:func:`_live`) are
-        taken over; parts of one build do not block each other. Raises :class:`OptionError` naming another holder."""
-        self._acquire()
-        try:
-            self._siblings = self._others()
-            yield
-        finally:
-            self._release()
-
-    def refresh(self) -> None:
-        """Re-write the lock (at most every ``LOCK_REFRESH_S``) so that other hosts see this build is alive.
-
-        Raises:
-            OptionError: another build took the lock over, thinking this one dead: this one stops rather than mix.
-        """
-        if self._held is None or time.time() - self._held["refreshed_s"] < LOCK_REFRESH_S:
-            return
-        current = self._read_lock(self._lock)
-        if current is not None and current.get("token") != self._held["token"]:
-            raise OptionError(f"{self.dest.location}: {_who(current, self.digest)}, took over the lock of this "
-                              "build; this build stops so that the two do not mix")  # fmt: skip
-        self._held["refreshed_s"] = time.time()
-        self.dest.write_bytes(self._name(self._lock), json.dumps(self._held).encode())
-
-    def refreshing(self, progress: Callable[[Any], None]) -> Callable[[Any], None]:
-        """``progress`` that also refreshes the lock, for long phases that record nothing (scanning)."""
-
-        def report(event: Any) -> None:
-            self.refresh()
-            progress(event)
-
-        return report
-
-    def _acquire(self) -> None:
-        now = time.time()
-        mine = {"fingerprint": self.digest, "part": self.part and list(self.part), "host": socket.gethostname(),
-                "pid": os.getpid(), "token": secrets.token_hex(8), "refreshed_s": now,
-                "started": datetime.datetime.fromtimestamp(now).astimezone().isoformat(timespec="seconds")}  # fmt: skip
-        for _ in range(3):
-            created = self.dest.create_exclusive(self._name(self._lock), json.dumps(mine).encode())
-            holder = self._read_lock(self._lock)
-            if created and holder is not None and holder.get("token") == mine["token"]:
-                self._held = mine
-                return
-            if holder is not None and _live(holder):
-                raise OptionError(self._held_by(self._lock, holder))
-            self._remove_lock(self._lock, holder, stale=True)
-        raise OptionError(f"{self.dest.location}: could not take {self._name(self._lock)}: others keep taking it")
-
-    def _others(self) -> list[dict[str, Any]]:
-        """The live locks of this build's other parts (stale locks are removed; any other live lock is refused)."""
-        siblings = []
-        for name in self.dest.listdir(STATE_DIR):
-            if not name.startswith("lock.") or name == self._lock or (holder := self._read_lock(name)) is None:
-                continue
-            part = holder.get("part")
-            if not _live(holder):
-                self._remove_lock(name, holder, stale=True)
-            elif holder.get("fingerprint") != self.digest or not part or not self.part or part[1] != self.part[1]:
-                raise OptionError(self._held_by(name, holder))
-            else:
-                siblings.append(holder)
-        return siblings
-
-    def _release(self) -> None:
-        held, self._held, self._siblings = self._held, None, []
-        try:
-            self._remove_lock(self._lock, held)
-            if not self.dest.remote:  # a refused claim leaves nothing behind in a folder that held no build
-                with contextlib.suppress(OSError):
-                    os.rmdir(self.dest.path(STATE_DIR))
-        except OSError as exc:  # never hide the error the build ends with
-            logger.warning("%s: could not remove the lock %s: %s", self.dest.location, self._lock, exc)
-
-    def _remove_lock(self, name: str, holder: dict[str, Any] | None, *, stale: bool = False) -> None:
-        """Remove a lock unless it changed since ``holder`` was read from it; a ``stale`` one with a warning."""
-        if holder is None:
-            return
-        if stale:
-            logger.warning("%s: taking over the lock of %s: it is not running any more", self.dest.location,
-                           _who(holder, self.digest))  # fmt: skip
-        current = self._read_lock(name)
-        if current is not None and current.get("token") == holder.get("token"):
-            if self.dest.remote:
-                self.dest.fs.invalidate_cache(self.dest.path(self._name(name)))
-            self.dest.remove(self._name(name))
-
-    def _read_lock(self, name: str) -> dict[str, Any] | None:
-        """A lock's content: None when there is none, ``{}`` (stale) when it is not one."""
-        with contextlib.suppress(ValueError):
-            holder = json.loads(self.dest.read_bytes(self._name(name)) or b"null")
-            return holder if holder is None or isinstance(holder, dict) else {}
-        return {}
-
-    def _held_by(self, name: str, holder: dict[str, Any]) -> str:
-        return (f"{self.dest.location} is being written by {_who(holder, self.digest)}; wait for it to end, or "
-                f"remove {self.dest.path(self._name(name))} if it is not running any more")  # fmt: skip
-
     @property
     def scans(self) -> ScanStore:
         """The per-slide scan results of this output (shared by the parts of a cluster build: each saves its own)."""
@@ -287,11 +179,11 @@ class BuildState:
         return {int(k): v for k, v in (self._json(self._failed) or {}).items()}
 
     def save_failed(self, failed: dict[int, str]) -> None:
-        self.refresh()
+        self.lock.refresh()
         self._put_json({str(k): v for k, v in failed.items()}, self._failed)
 
     def save_done(self, outcome: ShardOutcome, name: str, excluded: frozenset[int]) -> None:
-        self.refresh()
+        self.lock.refresh()
         record = dataclasses.asdict(outcome.record) if outcome.record else None
         by_slide = {str(k): v for k, v in (outcome.patches_by_slide or {}).items()}
         entry = {"index": outcome.index, "record": record, "patches_by_slide": by_slide, "excluded": sorted(excluded)}
@@ -341,27 +233,3 @@ def _pictures(slide_ids: Iterable[str]) -> set[str]:
 def _build_name(name: str) -> bool:
     return (fmt.is_shard_name(name) or name == fmt.MANIFEST_NAME or fmt.parse_part_manifest(name) is not None
             or fmt.is_slides_name(name) or is_summary_name(name) or index_shard(name) is not None)  # fmt: skip
-
-
-def _who(holder: Mapping[str, Any], digest: str) -> str:
-    same, part = holder.get("fingerprint") == digest, holder.get("part")
-    build = "this build" if same else "another build (other slides or options)"
-    who = f"part {part[0]}/{part[1]} of {build}" if part else "another run of this build" if same else build
-    return f"{who}, pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
-
-
-def _live(holder: Mapping[str, Any]) -> bool:
-    """Whether a lock's holder may run: its process exists (same host; a pid reused since keeps the lock, and the
-    refusal says how to remove it), or it re-wrote the lock less than ``LOCK_LEASE_S`` ago (another host)."""
-    pid, refreshed = holder.get("pid"), holder.get("refreshed_s")
-    if holder.get("host") != socket.gethostname():
-        return isinstance(refreshed, int | float) and time.time() - refreshed < LOCK_LEASE_S
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        pass
-    return True

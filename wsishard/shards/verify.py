@@ -30,14 +30,13 @@ from wsishard.format import (
     LABEL_EXT,
     LABEL_RANGE,
     META_EXT,
-    expected_patch_size,
     image_header,
     is_sample_key,
     is_sample_member,
     is_shard_name,
     temp_target,
 )
-from wsishard.manifest import Manifest, ShardRecord
+from wsishard.manifest import Manifest, ShardRecord, expected_patch_size
 from wsishard.progress import ProgressCallback, ignore_progress
 from wsishard.shards.hashing import HashingFile
 from wsishard.shards.reader import group_members

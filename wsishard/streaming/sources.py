@@ -7,7 +7,7 @@ import os
 from collections.abc import Sequence
 
 from wsishard.errors import ManifestError
-from wsishard.format import expected_patch_size
+from wsishard.manifest import expected_patch_size
 from wsishard.storage.opener import StreamOpener, load_manifest
 from wsishard.storage.secrets import redact
 from wsishard.storage.urls import StorageOptions, join

@@ -1,1 +1,1 @@
-"""Synthetic slides that OpenSlide reads as real ones, and the offline demo."""
+"""Synthetic slides that OpenSlide reads as real ones (the offline demo, ``wsishard demo``, is :mod:`wsishard.demo`)."""

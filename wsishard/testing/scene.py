@@ -11,7 +11,10 @@ periodic swatches), so a large slide is never whole in memory.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import ndimage as ndi
@@ -93,6 +96,27 @@ def _tissue_swatch(rng: np.random.Generator, size: int, mpp: float) -> np.ndarra
     return np.clip(stroma * (1 - alpha) + nuclei * alpha + 0.5, 0, 255).astype(np.uint8)
 
 
+_TEXTURES: OrderedDict[str, tuple[np.ndarray, Mapping[str, Any]]] = OrderedDict()
+_TEXTURES_KEPT = 4  # ~13 MB each at 1024 px
+
+
+def _tissue_texture(rng: np.random.Generator, size: int, mpp: float) -> np.ndarray:
+    """:func:`_tissue_swatch` as read-only float32 (+0.5: rounded when cast back). The same ``rng`` state, size and
+    mpp make the same swatch, so the last few are kept: slides of one seed and size (with other artefacts or
+    pigments) pay for theirs once. ``rng`` is left where making the swatch would leave it."""
+    key = f"{rng.bit_generator.state}|{size}|{mpp!r}"
+    if key in _TEXTURES:
+        _TEXTURES.move_to_end(key)
+        texture, rng.bit_generator.state = _TEXTURES[key]
+        return texture
+    texture = _tissue_swatch(rng, size, mpp).astype(np.float32) + np.float32(0.5)
+    texture.flags.writeable = False
+    _TEXTURES[key] = (texture, rng.bit_generator.state)
+    while len(_TEXTURES) > _TEXTURES_KEPT:
+        _TEXTURES.popitem(last=False)
+    return texture
+
+
 def _glass_swatch(rng: np.random.Generator, size: int) -> np.ndarray:
     """(size, size, 3) uint8 periodic near-white background with faint noise."""
     slow = _periodic_noise(rng, size, (40.0, 40.0))[..., None] * 0.8
@@ -168,7 +192,7 @@ def make_scene(
         shade=np.pad(shade, pad, mode="edge").astype(np.float32),
         lo=lo,
         frac=(u - lo).astype(np.float32),
-        tissue=_tissue_swatch(rng, swatch, mpp).astype(np.float32) + np.float32(0.5),
+        tissue=_tissue_texture(rng, swatch, mpp),
         glass=glass,
         glass_f=glass.astype(np.float32) + np.float32(0.5),
         specks=_dust_specks(rng, field, shape, mpp) if dust else (),

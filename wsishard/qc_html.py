@@ -7,11 +7,11 @@ from __future__ import annotations
 import html
 import os
 
-from wsishard.builder.state import STATE_DIR
 from wsishard.errors import OptionError
 from wsishard.format import (
     MANIFEST_NAME,
     QC_INDEX_NAME,
+    STATE_DIR,
     is_shard_name,
     is_slides_name,
     parse_part_manifest,
@@ -20,8 +20,6 @@ from wsishard.format import (
 from wsishard.manifest import Manifest, SlideRecord
 from wsishard.report import headline
 from wsishard.storage.urls import is_url
-
-INDEX_NAME = QC_INDEX_NAME
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1em auto; max-width: 1100px; color: #222; }
@@ -72,14 +70,14 @@ def _check_target(root: str, path: str) -> None:
         return
     rel = os.path.relpath(os.path.realpath(path), os.path.realpath(root)).replace(os.sep, "/")
     name = temp_target(rel) or rel
-    if rel.startswith("../") or name == INDEX_NAME:
+    if rel.startswith("../") or name == QC_INDEX_NAME:
         return
     picture = name.startswith("qc/") and name.endswith(".png")
     state = name == STATE_DIR or name.startswith(STATE_DIR + "/")
     listing = name == MANIFEST_NAME or parse_part_manifest(name) is not None or is_slides_name(name)
     if state or picture or listing or is_shard_name(name):
         raise OptionError(f"--html {path}: that is the build's own {name}, which the page would replace; write it "
-                          f"elsewhere (the build's page is {os.path.join(root, INDEX_NAME)})")  # fmt: skip
+                          f"elsewhere (the build's page is {os.path.join(root, QC_INDEX_NAME)})")  # fmt: skip
 
 
 _ORDER = {"failed": 0, "skipped": 1, "ok": 2}  # failed slides first, then skipped ones
