@@ -230,7 +230,7 @@ def _write_qc(task: ScanTask, reader: SlideReader, thumb: tuple[np.ndarray, floa
     wanted = max(1.0, max(l0_w, l0_h) / task.qc_size_px, QC_FINEST_UM / float(record.mpp or 1))
     if wanted < l0_per_v * 0.9:
         try:
-            view, l0_per_v = read_lowres(reader, wanted)
+            view, l0_per_v = read_lowres(reader, wanted, dct_scaled=True)  # a picture: libjpeg's 1/2 will do
         except SlideError as exc:  # a tile no kept patch needs may be corrupt: the slide is not failed for it
             logger.debug("%s: QC view unreadable (%s); the detection view is used", public_location(task.path),
                          exc.reason)  # fmt: skip
@@ -240,8 +240,9 @@ def _write_qc(task: ScanTask, reader: SlideReader, thumb: tuple[np.ndarray, floa
     picture = qc_picture(view, l0_per_v, layers, cands.l0_x, cands.l0_y, cands.l0_extent, legend=legend,
                          max_side_px=task.qc_size_px)  # fmt: skip
     buf = io.BytesIO()
-    # a 256-colour palette (1.2 MB instead of 3 at 2000 px); the octree is 4x as fast as median cut, and lighter
-    picture.quantize(256, method=Image.Quantize.FASTOCTREE).save(buf, "PNG")
+    # a 256-colour palette (1.2 MB instead of 3 at 2000 px); the octree is 4x as fast as median cut, and lighter;
+    # zlib level 3: 2.5x as fast as the default 6, for a file about 15% larger
+    picture.quantize(256, method=Image.Quantize.FASTOCTREE).save(buf, "PNG", compress_level=3)
     name = task.qc_name or ""
     try:
         task.dest.write_bytes(name, buf.getvalue())
