@@ -11,26 +11,24 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import Field
-from typing import Any, NoReturn
-
-from tqdm import tqdm
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from wsishard import __version__
 from wsishard.builder.inputs import check_output, label_table, mpp_table
 from wsishard.builder.keywords import option_fields, option_flag, size_bytes
-from wsishard.builder.merge import merge
 from wsishard.builder.options import BuildOptions, BuildProgress
 from wsishard.builder.parts import array_part
 from wsishard.builder.parts import slurm_part as slurm_part  # re-exported: its old home
-from wsishard.builder.qc_html import write_qc_page
 from wsishard.builder.roi import parse_names
-from wsishard.builder.run import build
 from wsishard.deprecation import add_old_flag
 from wsishard.errors import OptionError, WsiShardError
-from wsishard.report import details, summary
-from wsishard.shards.verify import VerifyProgress, format_report, verify
-from wsishard.storage.opener import load_manifest
 from wsishard.storage.secrets import redact
+
+if TYPE_CHECKING:  # the commands' own modules are imported when one runs: ``--help`` starts without them
+    from tqdm import tqdm
+
+    from wsishard.manifest import Manifest
+    from wsishard.shards.verify import VerifyProgress
 
 logger = logging.getLogger("wsishard")
 
@@ -234,6 +232,8 @@ class _Bars:
         self.extract: tqdm | None = None
 
     def __call__(self, event: BuildProgress) -> None:
+        from tqdm import tqdm
+
         if event.stage == "scan":
             if self.scan is None:
                 self.scan = tqdm(total=event.total, desc="scan", unit="slide", disable=self.disable)
@@ -252,7 +252,16 @@ class _Bars:
                 bar.close()
 
 
+def build(*args: Any, **kwargs: Any) -> Manifest:
+    """:func:`wsishard.builder.run.build`, imported when a build runs (the CLI starts without the builder)."""
+    from wsishard.builder.run import build as run_build
+
+    return run_build(*args, **kwargs)
+
+
 def _cmd_build(args: argparse.Namespace) -> int:
+    from wsishard.report import summary
+
     options = _options(args)
     check_output(args.output)
     bars = _Bars(args.quiet)
@@ -269,12 +278,19 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
+    from wsishard.builder.merge import merge
+    from wsishard.report import summary
+
     manifest = merge(args.output, dict(args.storage_option))
     print(summary(manifest, args.output))
     return EXIT_FAILED_SLIDES if manifest.failed_slides else EXIT_OK
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from wsishard.shards.verify import format_report, verify
+
     bar: tqdm | None = None
 
     def progress(event: VerifyProgress) -> None:
@@ -293,6 +309,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    from wsishard.builder.qc_html import write_qc_page
+    from wsishard.report import details
+    from wsishard.storage.opener import load_manifest
+
     manifest, root = load_manifest(args.output, dict(args.storage_option))
     if args.html is not None:
         write_qc_page(manifest, root, args.html)

@@ -12,7 +12,6 @@ import math
 import os
 from dataclasses import dataclass, field
 
-import cv2
 import numpy as np
 from PIL import Image
 
@@ -20,7 +19,7 @@ from wsishard.builder.grid import Block, Candidates
 from wsishard.builder.quality import QualityOptions, quality_scores
 from wsishard.errors import OptionError
 from wsishard.format import IMAGE_FORMATS, PatchMeta, sample_key
-from wsishard.slide import SlideReader
+from wsishard.slide.reader import SlideReader
 from wsishard.storage.urls import public_location
 
 _PIL_FORMAT = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}
@@ -150,6 +149,8 @@ class _Reduced:
         r_x, r_y = (l_x - self.x0) // k, (l_y - self.y0) // k
         if abs(rest - 1.0) < 1e-9:
             return self.image[r_y : r_y + height, r_x : r_x + width], l_x, l_y
+        import cv2  # not at import: the CLI starts without OpenCV
+
         crop = self.image[r_y : r_y + math.ceil(height * rest) + 3, r_x : r_x + math.ceil(width * rest) + 3]
         # fx given (no dsize): OpenCV maps output px j to source px (j + 0.5) * rest - 0.5, exactly this rest
         pixels = cv2.resize(crop, None, fx=1 / rest, fy=1 / rest, interpolation=cv2.INTER_CUBIC)[:height, :width]
@@ -158,6 +159,8 @@ class _Reduced:
         return pixels, l_x, l_y
 
     def _cut_between(self, o_x: int, o_y: int, width: int, height: int) -> tuple[np.ndarray, float, float]:
+        import cv2
+
         k, rest = self.k, self.scale / self.k
         f_x, f_y = (o_x * self.scale - self.x0) / k, (o_y * self.scale - self.y0) / k  # the corner, reduced px
         c_x, c_y = math.floor(f_x) - 1, math.floor(f_y) - 1
