@@ -484,26 +484,28 @@ def details(mode: Mode, raw: dict[str, dict[str, Any]], env: dict[str, Any]) -> 
 
 
 def stage_table(raw: dict[str, dict[str, Any]]) -> list[str]:
-    """Where each build's CPU went, per stage (every process of the build; ``stagetimes.py``), and the floor's."""
+    """Where each build's CPU went, per stage (every process of the build; ``stagetimes.py``), and the floor's
+    parts; a Markdown table (the performance page shows it)."""
     import stagetimes
 
     names = [*stagetimes.STAGES, "other"]
-    lines = ["CPU per stage, % of the build's CPU (all its processes; exclusive time), ms per patch written, and the "
-             "floor's parts (ms per patch):", f"{'run':<18}{'CPU s':>7}{'ms/patch':>9}"
-             + "".join(f"{n:>9}" for n in names) + f"{'floor: decode':>15}{'resample':>9}{'encode':>8}"]  # fmt: skip
+    lines = ["CPU per stage, % of the build's CPU (all its processes, start-up included; exclusive time), ms of CPU "
+             "per patch written, and the floor's parts in ms per patch:", "",
+             "| run | CPU s | ms/patch | " + " | ".join(names) + " | floor decode | floor resample | floor encode |",
+             "|" + "---|" * (len(names) + 6)]  # fmt: skip
     for mpp in SCANNERS:
         fl = raw[f"floor@{mpp:.4f}"]
+        floor = [f"{1000 * fl[k] / max(fl['patches'], 1):.2f}" for k in ("decode_s", "resample_s", "encode_s")]
         for jobs in (1, 2):
-            run = raw[f"build_j{jobs}@{mpp:.4f}"]
-            st, n = run["stages"], max(run["patches"], 1)
-            cells = "".join(f"{100 * st['share'][s]:>8.1f}%" for s in names)
-            floor = "".join(f"{1000 * fl[k] / max(fl['patches'], 1):>{w}.2f}"
-                            for k, w in (("decode_s", 15), ("resample_s", 9), ("encode_s", 8)))  # fmt: skip
-            lines.append(f"{f'j{jobs} @ {mpp:.4f}':<18}{st['total_cpu_s']:>7.2f}{1000 * st['total_cpu_s'] / n:>9.2f}"
-                         f"{cells}{floor if jobs == 1 else ''}")  # fmt: skip
+            st = raw[f"build_j{jobs}@{mpp:.4f}"]["stages"]
+            n = max(raw[f"build_j{jobs}@{mpp:.4f}"]["patches"], 1)
+            shares = [f"{100 * st['share'][s]:.1f}%" for s in names]
+            cells = [f"j{jobs} @ {mpp:.4f}", f"{st['total_cpu_s']:.2f}", f"{1000 * st['total_cpu_s'] / n:.2f}",
+                     *shares, *(floor if jobs == 1 else ["", "", ""])]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
     one = raw["rss_big"]
     first, called = one["first_write_since_process_start_s"], one["t_first_write"] - one["t_start"]
-    lines += [f"one-slide build (jobs 2, {MANY_MPP:.4f}): first segment written {first:.2f} s after its process "
+    lines += ["", f"one-slide build (jobs 2, {MANY_MPP:.4f}): first segment written {first:.2f} s after its process "
               f"started ({called:.2f} s after build() was called)", ""]  # fmt: skip
     return lines
 
