@@ -38,3 +38,13 @@ def test_a_slide_reader_still_loads_its_backend_on_first_use() -> None:
     loaded = _loaded_after("import wsishard.slide as s\nassert s.TiffTileReader.backend == 'tifffile'\n"
                            "assert s.OpenSlideReader.backend == 'openslide'")  # fmt: skip
     assert {"tifffile", "openslide"} <= loaded
+
+
+def test_a_build_loads_what_its_workers_scan_with_before_it_forks_them() -> None:
+    """``wsishard.builder.run`` (a build's process, before its pool forks) has loaded every library a worker's
+    scan and reads use, so that forked workers inherit them instead of each importing them again."""
+    loaded = _loaded_after("import wsishard.builder.run")
+    assert {"scipy", "skimage", "cv2", "openslide", "tifffile", "imagecodecs"} <= loaded
+    probe = "import wsishard.builder.run, sys\nprint(sorted(m for m in sys.modules if m.startswith('skimage.filters')))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert "skimage.filters.rank" in out

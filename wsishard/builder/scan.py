@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import skimage.filters.rank
 from PIL import Image
 
 from wsishard.builder.grid import (
@@ -35,11 +36,17 @@ from wsishard.builder.tissue import TissueOptions, TissueResult, find_tissue
 from wsishard.errors import OutputError, SlideError, SlideFailure
 from wsishard.manifest import SlideRecord
 from wsishard.slide import SlideReader, open_slide, read_lowres, resolve_mpp
+from wsishard.slide import openslide_backend as _openslide_backend
 from wsishard.slide.remote_tiff import open_in_place
 from wsishard.storage.output import Destination
 from wsishard.storage.urls import StorageOptions, is_url, public_location
 
 logger = logging.getLogger(__name__)
+
+# What the workers' scans use, though the modules that need it import it lazily (so that the CLI starts without
+# it): imported with this module, so before a build's pool forks its workers, which inherit it (a forkserver
+# preloads this module) instead of each importing it again.
+_PRELOADED = (skimage.filters.rank, _openslide_backend)
 
 QC_FINEST_UM = 2.0  # QC pictures are read no finer than this many microns per px (a small slide's is small)
 _MEASURED_PATCHES = 6  # patches per slide encoded while scanning to size shards in bytes
