@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import platform
 import shutil
@@ -49,6 +50,7 @@ TISSUE, SEED = 0.2, 0  # tissue fraction of the generated slides; seeds the naiv
 VS_NAIVE_J1, VS_NAIVE_J2 = "jobs 1 / naive (1 core each)", "jobs 2 / 2x naive (2 cores each)"
 SPEEDUP, VS_REF = "jobs 2 / jobs 1, one shard", f"jobs 1 / jobs 1 at {REFERENCE_MPP:.4f}"
 RSS_FLAT = "peak RSS per worker, large / small slide"
+VS_FLOOR, SCAN_QC = "jobs 1 / floor (1 core each)", "scan + QC, share of jobs 1 CPU"
 CONTENDED_CORES = 0.25  # a run during which other processes kept more cores busy is marked '*'
 
 
@@ -93,8 +95,14 @@ def _rss_mb() -> float:
 
 def child_build(spec: dict[str, Any]) -> dict[str, Any]:
     """``build`` with default options but ``jobs``, the mpp tag and (for the many-shard run) ``shard_samples``."""
+    import stagetimes  # scripts/stagetimes.py, beside this file
+
     from wsishard.builder.options import BuildOptions, BuildProgress
     from wsishard.builder.run import build
+
+    stages_dir = spec["output"] + ".stages"
+    shutil.rmtree(stages_dir, ignore_errors=True)
+    stagetimes.install(stages_dir)  # before build(): its forked workers inherit the timers
 
     overrides = {os.path.basename(p): spec["mpp"] for p in spec["slides"]}
     options = BuildOptions(jobs=spec["jobs"], mpp_overrides=overrides, shard_samples=spec.get("shard_samples"),
@@ -111,6 +119,10 @@ def child_build(spec: dict[str, Any]) -> dict[str, Any]:
     cpu0, t0 = time.process_time(), time.monotonic()
     manifest = build(spec["slides"], spec["output"], options, progress=progress)
     t1 = time.monotonic()
+    stagetimes.dump()
+    stages = stagetimes.collect(stages_dir)
+    shutil.rmtree(stages_dir, ignore_errors=True)
+    since_start = time.time() - time.monotonic() - psutil.Process().create_time()  # process start, monotonic
     failed = [f"{s.file}: {s.reason}" for s in manifest.failed_slides]
     per_slide = {os.path.basename(s.file): s.patches for s in manifest.slides}
     scan_end = max((t for t, stage, _ in events if stage == "scan"), default=t0)
@@ -120,7 +132,8 @@ def child_build(spec: dict[str, Any]) -> dict[str, Any]:
             "shards": len(manifest.shards), "per_slide": per_slide, "failed": failed, "rss_before_mb": rss0,
             "t_start": t0, "t_scan_end": scan_end, "t_first_write": first_write,
             "first_segment_patches": first_patches, "t_end": t1, "tile_hits": TILES.hits_at[2] - hits0,
-            "tile_decodes": TILES.misses_at[2] - misses0}  # fmt: skip
+            "tile_decodes": TILES.misses_at[2] - misses0, "stages": stages,
+            "first_write_since_process_start_s": first_write + since_start}  # fmt: skip
 
 
 def child_naive(spec: dict[str, Any]) -> dict[str, Any]:
@@ -169,36 +182,65 @@ def _patch_pixels(tiles: dict[int, np.ndarray], page: Any, x: int, y: int, e: in
     return out
 
 
+def _decode_reduced(page: Any, data: bytes, k: int) -> np.ndarray:
+    """A JPEG tile decoded at 1/``k`` by libjpeg's DCT scaling (Pillow's ``draft``): (th / k, tw / k, 3) uint8."""
+    from PIL import Image
+
+    if page.jpegtables:  # abbreviated stream: the shared tables spliced in
+        data = page.jpegtables[:-2] + data[2:]
+    with Image.open(io.BytesIO(data)) as image:
+        image.draft("RGB", (page.tilewidth // k, page.tilelength // k))
+        return np.asarray(image.convert("RGB"))
+
+
 def child_floor(spec: dict[str, Any]) -> dict[str, Any]:
-    """Decode each needed level-0 tile once (tifffile + imagecodecs), encode each patch once; only those timed."""
+    """Each needed level-0 tile decoded once at 1/k (the build's stage 1), each patch resampled once by bicubic at
+    the rest of the scale (the build's stage 2, which exactness at the target mpp needs), each patch encoded once;
+    only those timed (CPU). ``decode_full_s``: the same tiles decoded at full size (the floor before 0.3)."""
+    import types
+
+    import cv2
     import tifffile
     from PIL import Image
 
-    t = {"decode_s": 0.0, "encode_s": 0.0, "cpu_s": 0.0}  # cpu_s: of decode + encode
+    cv2.setNumThreads(1)  # one core, as a build worker
+    scale = TARGET_MPP / spec["mpp"]  # level-0 px per output px
+    k = max(1, int(scale * 1.06 + 1e-9))
+    rest = scale / k
+    t = dict.fromkeys(("decode_s", "resample_s", "encode_s", "decode_full_s"), 0.0)
     tiles_needed, rss0 = 0, _rss_mb()
-    for k, path in enumerate(spec["slides"]):
+    for n, path in enumerate(spec["slides"]):
         with tifffile.TiffFile(path) as tif:
             page: Any = tif.pages[0]  # Aperio svs: level 0 is the first page, tiled JPEG
-            tiles: dict[int, np.ndarray] = {}  # decoded, (th, tw, 3); dropped once every later patch is below
+            dims = {a: getattr(page, a) // k for a in ("tilewidth", "tilelength", "imagewidth", "imagelength")}
+            small = types.SimpleNamespace(**dims)  # the page at 1/k
+            tiles: dict[int, np.ndarray] = {}  # decoded at 1/k; dropped once every later patch is below
             across = -(-page.imagewidth // page.tilewidth)
-            for _, x, y, e in (p for p in spec["patches"] if p[0] == k):  # in (y, x) order
-                for i in (i for i in _tiles(x, y, e, e, page) if i not in tiles):
-                    c0, t0 = time.process_time(), time.perf_counter()
+            side = math.ceil(PATCH_PX * rest) + 3  # the reduced px stage 2 reads of a patch, as the build
+            for _, x, y, _ in (p for p in spec["patches"] if p[0] == n):  # in (y, x) order
+                for i in (i for i in _tiles(x, y, side * k, side * k, page) if i not in tiles):
                     tif.filehandle.seek(page.dataoffsets[i])
                     data = tif.filehandle.read(page.databytecounts[i])
-                    tiles[i] = page.decode(data, i, jpegtables=page.jpegtables, jpegheader=page.jpegheader)[0][0]
-                    t["decode_s"] += time.perf_counter() - t0
-                    t["cpu_s"] += time.process_time() - c0
+                    c0 = time.process_time()
+                    tiles[i] = _decode_reduced(page, data, k)
+                    c1 = time.process_time()
+                    page.decode(data, i, jpegtables=page.jpegtables, jpegheader=page.jpegheader)
+                    t["decode_s"] += c1 - c0
+                    t["decode_full_s"] += time.process_time() - c1
                     tiles_needed += 1
-                pixels = Image.fromarray(_patch_pixels(tiles, page, x, y, e))  # untimed, as is the (fast) resize
-                small = pixels.resize((PATCH_PX, PATCH_PX), Image.Resampling.BOX)
-                c0, t0 = time.process_time(), time.perf_counter()
-                small.save(io.BytesIO(), "JPEG", quality=QUALITY)
-                t["encode_s"] += time.perf_counter() - t0
-                t["cpu_s"] += time.process_time() - c0
+                crop = _patch_pixels(tiles, small, x // k, y // k, side)  # untimed: a copy
+                c0 = time.process_time()
+                if abs(rest - 1.0) > 1e-9:
+                    crop = cv2.resize(crop, None, fx=1 / rest, fy=1 / rest, interpolation=cv2.INTER_CUBIC)
+                patch = Image.fromarray(np.ascontiguousarray(crop[:PATCH_PX, :PATCH_PX]))
+                c1 = time.process_time()
+                patch.save(io.BytesIO(), "JPEG", quality=QUALITY)
+                t["resample_s"] += c1 - c0
+                t["encode_s"] += time.process_time() - c1
                 row = y // page.tilelength  # tiles of rows above this one: no later patch needs them
                 tiles = {i: v for i, v in tiles.items() if i // across >= row}
-    return {"patches": len(spec["patches"]), "wall_s": t["decode_s"] + t["encode_s"], **t,
+    cpu = t["decode_s"] + t["resample_s"] + t["encode_s"]
+    return {"patches": len(spec["patches"]), "wall_s": cpu, "cpu_s": cpu, **t, "k": k, "rest": rest,
             "tiles_needed": tiles_needed, "rss_before_mb": rss0}  # fmt: skip
 
 
@@ -346,6 +388,9 @@ def verdicts(raw: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             (VS_NAIVE_J2, mpp, j2.per_s / (2 * naive.per_s), j2.per_cpu_s / naive.per_cpu_s, ">=", 3.0, (k2, kn)),
             (SPEEDUP, mpp, j2.per_s / j1.per_s, 2 * j2.per_cpu_s / j1.per_cpu_s, ">=", 1.7, (k1, k2)),
         ]  # fmt: skip
+        share = raw[k1]["stages"]["share"]
+        items += [(VS_FLOOR, mpp, j1.per_s / r["floor"].per_s, j1.per_cpu_s / r["floor"].per_cpu_s, ">=", 0.85,
+                   (k1,)), (SCAN_QC, mpp, share["scan"] + share["qc"], None, "<=", 0.10, ())]  # fmt: skip
         if mpp != REFERENCE_MPP:
             items.append((VS_REF, mpp, j1.per_s / ref.per_s, j1.per_cpu_s / ref.per_cpu_s, ">=", 0.8,
                           (k1, f"build_j1@{REFERENCE_MPP:.4f}")))  # fmt: skip
@@ -439,6 +484,33 @@ def details(mode: Mode, raw: dict[str, dict[str, Any]], env: dict[str, Any]) -> 
     return lines
 
 
+def stage_table(raw: dict[str, dict[str, Any]]) -> list[str]:
+    """Where each build's CPU went, per stage (every process of the build; ``stagetimes.py``), and the floor's
+    parts; a Markdown table (the performance page shows it)."""
+    import stagetimes
+
+    names = [*stagetimes.STAGES, "other"]
+    lines = ["CPU per stage, % of the build's CPU (all its processes, start-up included; exclusive time), ms of CPU "
+             "per patch written, and the floor's parts in ms per patch:", "",
+             "| run | CPU s | ms/patch | " + " | ".join(names) + " | floor decode | floor resample | floor encode |",
+             "|" + "---|" * (len(names) + 6)]  # fmt: skip
+    for mpp in SCANNERS:
+        fl = raw[f"floor@{mpp:.4f}"]
+        floor = [f"{1000 * fl[k] / max(fl['patches'], 1):.2f}" for k in ("decode_s", "resample_s", "encode_s")]
+        for jobs in (1, 2):
+            st = raw[f"build_j{jobs}@{mpp:.4f}"]["stages"]
+            n = max(raw[f"build_j{jobs}@{mpp:.4f}"]["patches"], 1)
+            shares = [f"{100 * st['share'][s]:.1f}%" for s in names]
+            cells = [f"j{jobs} @ {mpp:.4f}", f"{st['total_cpu_s']:.2f}", f"{1000 * st['total_cpu_s'] / n:.2f}",
+                     *shares, *(floor if jobs == 1 else ["", "", ""])]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    one = raw["rss_big"]
+    first, called = one["first_write_since_process_start_s"], one["t_first_write"] - one["t_start"]
+    lines += ["", f"one-slide build (jobs 2, {MANY_MPP:.4f}): first segment written {first:.2f} s after its process "
+              f"started ({called:.2f} s after build() was called)", ""]  # fmt: skip
+    return lines
+
+
 def _tile_line(mpp: float, raw: dict[str, Any]) -> str:
     b, floor = raw[f"build_j1@{mpp:.4f}"], raw[f"floor@{mpp:.4f}"]
     decodes, hits, patches = b.get("tile_decodes", 0), b.get("tile_hits", 0), max(b["patches"], 1)
@@ -496,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"WARNING: jobs 1 and 2 wrote different patches, or slides failed: {failed}")
     checks = verdicts(raw)
     if not args.json_only:
-        print("\n".join(details(mode, raw, env) + markdown(raw, checks) + [""] + targets(checks)))
+        print("\n".join(details(mode, raw, env) + stage_table(raw) + markdown(raw, checks) + [""] + targets(checks)))
     report = {
         "config": {**asdict(mode), "scanners": {f"{m:.4f}": s for m, s in SCANNERS.items()}, "slide_mpp": SLIDE_MPP,
                    "target_mpp": TARGET_MPP, "patch_size_px": PATCH_PX, "jpeg_quality": QUALITY,

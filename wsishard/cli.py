@@ -4,33 +4,30 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
-import re
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import Field
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from tqdm import tqdm
-
-from wsishard import __version__
-from wsishard.builder.inputs import check_output, label_table, mpp_table
-from wsishard.builder.keywords import option_fields, option_flag, size_bytes
-from wsishard.builder.merge import merge
+from wsishard import __version__, cliargs
+from wsishard.builder.inputs import check_output, mpp_table
+from wsishard.builder.keywords import option_fields, option_flag
 from wsishard.builder.options import BuildOptions, BuildProgress, context_mpps
 from wsishard.builder.parts import array_part
 from wsishard.builder.roi import parse_names
-from wsishard.builder.run import build
-from wsishard.deprecation import add_old_flag
+from wsishard.cliargs import format_size, parse_size
+from wsishard.deprecation import OldFlag, add_old_flag
 from wsishard.errors import OptionError, WsiShardError
-from wsishard.qc_html import write_qc_page
-from wsishard.report import details, summary
-from wsishard.shards.verify import VerifyProgress, format_report, verify
-from wsishard.storage.opener import load_manifest
 from wsishard.storage.secrets import redact
+
+if TYPE_CHECKING:  # the commands' own modules are imported when one runs: ``--help`` starts without them
+    from tqdm import tqdm
+
+    from wsishard.manifest import Manifest
+    from wsishard.shards.verify import VerifyProgress
 
 logger = logging.getLogger("wsishard")
 
@@ -39,58 +36,13 @@ logger = logging.getLogger("wsishard")
 EXIT_OK, EXIT_FAILED_SLIDES, EXIT_USAGE, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
-def parse_size(text: str) -> int:
-    """``512MB`` -> 512000000, ``1GiB`` -> 1073741824, ``100k`` -> 100000, ``4096`` -> 4096."""
-    try:
-        return size_bytes(text)
-    except OptionError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _number(kind: type, ok: Callable[[Any], bool], rule: str) -> Callable[[str], Any]:
-    """An argparse ``type``: ``kind(text)``, refused with ``rule`` unless ``ok(value)``."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"{rule}: {text!r}")
-        return value
-
-    return parse
-
-
-def _positive(kind: type) -> Callable[[str], Any]:
-    return _number(kind, lambda v: v > 0, "must be > 0")
-
-
-_non_negative = _number(float, lambda v: v >= 0, "must be >= 0")
-_non_negative_int = _number(int, lambda v: v >= 0, "must be >= 0")
-_int = _number(int, lambda v: True, "")
-_fraction = _number(float, lambda v: 0.0 <= v <= 1.0, "must be between 0 and 1")
-_degrees = _number(float, lambda v: 0.0 <= v < 360.0, "must be >= 0 and < 360")
-
-
-def _labels(path: str) -> tuple[dict[str, int], tuple[str, ...]]:
-    """``--labels``: the label table and its class names, spread over ``labels`` and ``label_names``."""
-    labels, names = label_table(path)
-    return labels, tuple(names)
-
-
-def format_size(n: int) -> str:
-    """The shortest spelling :func:`parse_size` reads back: 256000000 -> ``256MB``, 4096 -> ``4096``."""
-    power = next((p for p in (4, 3, 2, 1) if n % 1000**p == 0), 0)
-    return f"{n // 1000**power}{' kMGT'[power]}B" if power else str(n)
-
-
 # What an option field's metadata may name in "parse": reads its flag's value (argparse.ArgumentTypeError or
 # OptionError refuse it).
 _PARSE: dict[str, Callable[[str], Any]] = {
-    "str": str, "int": _int, "positive_int": _positive(int), "positive_float": _positive(float),
-    "non_negative": _non_negative, "non_negative_int": _non_negative_int, "fraction": _fraction, "size": parse_size,
-    "degrees": _degrees, "names": parse_names, "mpp_table": mpp_table, "label_table": _labels, "mpps": context_mpps,
+    "str": str, "int": cliargs.int_, "positive_int": cliargs.positive(int), "positive_float": cliargs.positive(float),
+    "non_negative": cliargs.non_negative, "non_negative_int": cliargs.non_negative_int, "fraction": cliargs.fraction,
+    "size": parse_size, "degrees": cliargs.degrees, "names": parse_names, "mpp_table": mpp_table,
+    "label_table": cliargs.labels, "mpps": context_mpps,
 }  # fmt: skip
 _SHOW: dict[str, Callable[[Any], str]] = {"size": format_size}  # how a default is shown, by "parse" (else str)
 _GROUPS = {  # "group" in the metadata -> help section, in the order shown
@@ -184,13 +136,14 @@ def _add_build_parser(sub: Any) -> None:
     g.add_argument("--overwrite", action="store_true", help="replace a build with other slides or options in OUT "
                    "(without it that is refused; the same build is resumed)")  # fmt: skip
     c = p.add_argument_group("cluster builds (one part of the slides per array-job task; then wsishard merge OUT)")
-    c.add_argument("--part", type=_part, metavar="I/N", help="build only part I of N (1-based) and write a part "
+    c.add_argument("--part", type=cliargs.part, metavar="I/N", help="build only part I of N (1-based) and write a part "
                    "manifest. Default in an array job: from Slurm's SLURM_ARRAY_TASK_ID/_COUNT, a Kubernetes Indexed "
                    "Job's JOB_COMPLETION_INDEX or AWS Batch's AWS_BATCH_JOB_ARRAY_INDEX/_SIZE")  # fmt: skip
-    c.add_argument("--part-count", type=_positive(int), metavar="N", help="N, the number of parts, where the "
+    c.add_argument("--part-count", type=cliargs.positive(int), metavar="N", help="N, the number of parts, where the "
                    "array job's environment gives only this task's index (Kubernetes Indexed Job: its "
                    "completions)")  # fmt: skip
-    c.add_argument("--parts", type=_positive(int), dest="old_parts", metavar="N", help=argparse.SUPPRESS)  # old name
+    c.add_argument("--parts", type=cliargs.positive(int), dest="part_count", metavar="N", help=argparse.SUPPRESS,
+                   action=OldFlag, new_flag="--part-count")  # fmt: skip
     g.add_argument("--scratch", metavar="DIR", help="local folder for copies of slides read from object storage "
                    "(one slide per worker at a time, plus one group's staged patches; "
                    "default: a temporary folder)")  # fmt: skip
@@ -199,28 +152,10 @@ def _add_build_parser(sub: Any) -> None:
     p.set_defaults(func=_cmd_build)
 
 
-def _part(text: str) -> tuple[int, int]:
-    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
-    if not match or not 1 <= int(match.group(1)) <= int(match.group(2)):
-        raise argparse.ArgumentTypeError(f"not a part I/N with 1 <= I <= N: {text!r}")
-    return int(match.group(1)), int(match.group(2))
-
-
-def _storage_option(text: str) -> tuple[str, Any]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError("expected key=value (the value is not shown here)")
-    try:
-        parsed: Any = json.loads(value)  # numbers, true/false, JSON objects
-    except json.JSONDecodeError:
-        parsed = value
-    return key.strip(), parsed
-
-
 def _add_storage_option(group: Any) -> None:
     group.add_argument(
         "--storage-option",
-        type=_storage_option,
+        type=cliargs.storage_option,
         action="append",
         default=[],
         metavar="KEY=VALUE",
@@ -238,6 +173,8 @@ class _Bars:
         self.extract: tqdm | None = None
 
     def __call__(self, event: BuildProgress) -> None:
+        from tqdm import tqdm
+
         if event.stage == "scan":
             if self.scan is None:
                 self.scan = tqdm(total=event.total, desc="scan", unit="slide", disable=self.disable)
@@ -256,14 +193,21 @@ class _Bars:
                 bar.close()
 
 
+def build(*args: Any, **kwargs: Any) -> Manifest:
+    """:func:`wsishard.builder.run.build`, imported when a build runs (the CLI starts without the builder)."""
+    from wsishard.builder.run import build as run_build
+
+    return run_build(*args, **kwargs)
+
+
 def _cmd_build(args: argparse.Namespace) -> int:
+    from wsishard.report import summary
+
     options = _options(args)
     check_output(args.output)
     bars = _Bars(args.quiet)
     try:
-        if args.old_parts is not None:
-            logger.warning("--parts is deprecated: it is --part-count now")
-        part = args.part or array_part(os.environ, args.part_count or args.old_parts)
+        part = args.part or array_part(os.environ, args.part_count)
         manifest = build(args.slides, args.output, options, progress=bars, storage_options=dict(args.storage_option),
                          part=part, overwrite=args.overwrite, scratch=args.scratch)  # fmt: skip
     finally:
@@ -273,12 +217,19 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
+    from wsishard.builder.merge import merge
+    from wsishard.report import summary
+
     manifest = merge(args.output, dict(args.storage_option))
     print(summary(manifest, args.output))
     return EXIT_FAILED_SLIDES if manifest.failed_slides else EXIT_OK
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from wsishard.shards.verify import format_report, verify
+
     bar: tqdm | None = None
 
     def progress(event: VerifyProgress) -> None:
@@ -297,6 +248,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    from wsishard.qc_html import write_qc_page
+    from wsishard.report import details
+    from wsishard.storage.opener import load_manifest
+
     manifest, root = load_manifest(args.output, dict(args.storage_option))
     if args.html is not None:
         write_qc_page(manifest, root, args.html)
@@ -332,14 +287,14 @@ def parser() -> argparse.ArgumentParser:
     _add_build_parser(sub)
     p = sub.add_parser("inspect", help="print a readable summary of a build output's manifest")
     p.add_argument("output", help="build output folder, manifest.json path, or URL prefix")
-    p.add_argument("--rows", type=_positive(int), default=50, help="rows of the slide and shard tables")
+    p.add_argument("--rows", type=cliargs.positive(int), default=50, help="rows of the slide and shard tables")
     p.add_argument("--html", metavar="FILE", help="write a page of every slide's QC picture and numbers, failed "
                    "slides first (the build writes one as OUT/qc/index.html)")  # fmt: skip
     _add_storage_option(p)
     p.set_defaults(func=_cmd_inspect)
     p = sub.add_parser("verify", help="re-read every shard and check sizes, sha256 and sample counts")
     p.add_argument("output", help="build output folder, manifest.json path, or URL prefix")
-    p.add_argument("--jobs", type=_positive(int), default=4, metavar="N", help="shards read at once")
+    p.add_argument("--jobs", type=cliargs.positive(int), default=4, metavar="N", help="shards read at once")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     _add_storage_option(p)
     p.set_defaults(func=_cmd_verify)
@@ -349,8 +304,8 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_merge)
     p = sub.add_parser("demo", help="generate demo slides offline, build them into shards, stream a few batches")
     p.add_argument("-o", "--output", default="wsishard-demo", help="folder for the demo slides and shards")
-    p.add_argument("--slides", type=_positive(int), default=8, help="demo slides to generate")
-    p.add_argument("--jobs", type=_positive(int), default=None, help="worker processes (default: all cores)")
+    p.add_argument("--slides", type=cliargs.positive(int), default=8, help="demo slides to generate")
+    p.add_argument("--jobs", type=cliargs.positive(int), default=None, help="worker processes (default: all cores)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_demo)
     return top

@@ -112,3 +112,40 @@ def test_legend_band_holds_the_counts() -> None:
     assert with_legend.width == plain.width and with_legend.height > plain.height
     band = np.asarray(with_legend)[plain.height :]
     assert (band < 100).any() and (band == 255).mean() > 0.8  # dark text on white
+
+
+@pytest.mark.parametrize("width", [1, 2, 3])
+def test_outline_is_scikit_image_inner_boundary_grown_inwards(width: int) -> None:
+    """The contour drawn with OpenCV is, pixel for pixel, ``find_boundaries(mode="inner")`` dilated ``width - 1``
+    times within the mask (what the pictures showed before), on random blobs touching the image's border."""
+    from scipy import ndimage as ndi
+    from skimage.segmentation import find_boundaries
+
+    from wsishard.builder.qc import _outline
+
+    rng = np.random.default_rng(width)
+    for _ in range(5):
+        mask = ndi.gaussian_filter(rng.random((120, 170)), 3) > 0.5  # blobs, holes, some on the border
+        expected = find_boundaries(mask, mode="inner")
+        if width > 1:
+            expected = ndi.binary_dilation(expected, iterations=width - 1) & mask
+        assert np.array_equal(_outline(mask, width), expected)
+
+
+@pytest.mark.parametrize("alpha", [FILL_ALPHA, 0.5])
+def test_blend_is_pillow_composite_to_the_pixel(alpha: float) -> None:
+    """The in-place blend gives exactly the pixels of ``Image.composite`` with an 8-bit mask (the pictures' fills
+    before they were drawn in place), and leaves every pixel outside ``where`` as it was."""
+    from PIL import Image
+
+    from wsishard.builder.qc import _blend
+
+    rng = np.random.default_rng(1)
+    view = rng.integers(0, 256, size=(64, 96, 3), dtype=np.uint8)
+    where = rng.random((64, 96)) < 0.4
+    mask = Image.fromarray(where.astype(np.uint8) * round(alpha * 255))
+    expected = Image.composite(Image.new("RGB", (96, 64), INK_RGB), Image.fromarray(view), mask)
+    out = view.copy()
+    _blend(out, where, INK_RGB, alpha)
+    assert np.array_equal(out, np.asarray(expected))
+    assert np.array_equal(out[~where], view[~where])

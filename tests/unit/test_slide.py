@@ -121,3 +121,29 @@ def test_a_tile_whose_data_ends_early_is_a_slide_error_not_grey_pixels(tmp_path:
             reader.read_level(0, 256, 256, 256, 256)  # full-size decode (imagecodecs)
         with pytest.raises(SlideError, match="tile 5 of page 0"):
             reader.read_level_reduced(0, 256, 256, 256, 256, 2)  # scaled decode (libjpeg's DCT scaling)
+
+
+@pytest.mark.parametrize("index", [0, 1])  # svs, generic tiff
+def test_lowres_view_decoded_at_a_dct_scale_matches_the_full_decode(synthetic_slides: list[SyntheticSlide],
+                                                                     index: int) -> None:  # fmt: skip
+    """``dct_scaled``: level 0 (4096x3072) viewed at 2.5 level-0 px per px decodes its tiles at 1/2 (never at full
+    size), and the view is the full decode's within a couple of levels on average (the QC picture's view)."""
+    reader = open_slide(synthetic_slides[index].path)
+    full, l0_full = read_lowres(reader, 2.5)
+    scales: list[int] = []
+    reduced = reader.read_level_reduced  # type: ignore[attr-defined]
+
+    def spy(level: int, x: int, y: int, w: int, h: int, factor: int, **kw: object) -> np.ndarray | None:
+        scales.append(factor)
+        return reduced(level, x, y, w, h, factor, **kw)
+
+    def full_read(*args: object, **kw: object) -> np.ndarray:
+        raise AssertionError("a chunk was decoded at full size")
+
+    reader.read_level_reduced, reader.read_level = spy, full_read  # type: ignore[attr-defined,method-assign]
+    view, l0_view = read_lowres(reader, 2.5, dct_scaled=True)
+    reader.close()
+    assert set(scales) == {2} and len(scales) == 48  # 8 x 6 chunks of 512 level px
+    assert view.shape == full.shape == (1229, 1638, 3) and l0_view == l0_full
+    diff = np.abs(view.astype(np.int16) - full)
+    assert diff.mean() < 3.0, diff.mean()

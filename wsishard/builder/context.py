@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image
 
 from wsishard.builder.grid import Block, Candidates, PatchOptions, choose_level
-from wsishard.builder.patches import _REST_SLACK, SlideWork, _ceil_to, _floor_to, _Reduced, _reduced_read, encode_image
+from wsishard.builder.resample import REST_SLACK, Reduced, ceil_to, encode_image, floor_to, reduced_read
 from wsishard.errors import SlideError
 from wsishard.format import ContextMeta, context_ext
 from wsishard.slide import SlideReader
 from wsishard.slide.reader import BACKGROUND
+
+if TYPE_CHECKING:  # patches.py builds on this module
+    from wsishard.builder.patches import SlideWork
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,7 +83,7 @@ def context_legend(options: ContextOptions | None) -> list[str]:
 class _Scale:
     """One context mpp's stage-1 region for a block."""
 
-    reduced: _Reduced  # snap=False: stage 2 starts at the exact corner (floats pass through its cut)
+    reduced: Reduced  # snap=False: stage 2 starts at the exact corner (floats pass through its cut)
     l0_per_c: float  # level-0 px per context px
 
 
@@ -135,7 +139,7 @@ class BlockContext:
         down = self.reader.level_downsamples[level]
         l0_per_c = mpp / self.mpp0
         scale = l0_per_c / down  # level px per context px
-        k = max(1, math.floor(scale * (1 + _REST_SLACK) + 1e-9))
+        k = max(1, math.floor(scale * (1 + REST_SLACK) + 1e-9))
         reach = (math.ceil(max(scale / k, 1.0)) + 4) * k  # level px: stage 2's crop margin and filter
         slack = 2 * cands.l0_per_o  # level-0 px the main patch's corner may have moved
         half, side = cands.patch * cands.l0_per_o / 2, size * l0_per_c
@@ -147,7 +151,7 @@ class BlockContext:
             lo_x, lo_y = math.floor((x - slack) / down) - reach, math.floor((y - slack) / down) - reach
             hi_x, hi_y = math.ceil((x + side + slack) / down) + reach, math.ceil((y + side + slack) / down) + reach
             rects.append((lo_x, lo_y, hi_x, hi_y))
-        x0, y0 = _floor_to(min(r[0] for r in rects), k), _floor_to(min(r[1] for r in rects), k)
-        x1, y1 = _ceil_to(max(r[2] for r in rects), k), _ceil_to(max(r[3] for r in rects), k)
-        image = _reduced_read(self.reader, level, (x0, y0, x1 - x0, y1 - y0), k, rects)  # ((y1-y0)/k, (x1-x0)/k, 3)
-        return _Scale(_Reduced(image, x0, y0, k, scale, snap=False), l0_per_c)
+        x0, y0 = floor_to(min(r[0] for r in rects), k), floor_to(min(r[1] for r in rects), k)
+        x1, y1 = ceil_to(max(r[2] for r in rects), k), ceil_to(max(r[3] for r in rects), k)
+        image = reduced_read(self.reader, level, (x0, y0, x1 - x0, y1 - y0), k, rects)  # ((y1-y0)/k, (x1-x0)/k, 3)
+        return _Scale(Reduced(image, x0, y0, k, scale, snap=False), l0_per_c)

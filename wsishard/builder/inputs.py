@@ -10,8 +10,6 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TypeVar
 
-import fsspec
-
 from wsishard.builder.options import MPP_RULE, BuildOptions, valid_label, valid_mpp
 from wsishard.errors import OptionError
 from wsishard.slide import SLIDE_SUFFIXES
@@ -126,6 +124,8 @@ def list_slides(url: str, storage_options: StorageOptions | None = None) -> list
     Raises:
         OptionError: nothing exists at ``url``.
     """
+    import fsspec.core  # not at import (CLI start-up)
+
     fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
     protocol = url.split("://", 1)[0]
     if fs.isfile(root):

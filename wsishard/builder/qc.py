@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import cv2
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
-from scipy import ndimage as ndi
-from skimage.segmentation import find_boundaries
 
 CONTOUR_RGB = (0, 170, 0)
 PATCH_RGB = (30, 60, 230)
@@ -26,6 +25,7 @@ CONTEXT_RGB = (220, 0, 0)
 FILL_ALPHA = 0.35  # kept patches
 ARTEFACT_ALPHA = 0.5  # removed ink and dark artefacts
 DEFAULT_SIZE_PX = 2000
+_CROSS = cv2.getStructuringElement(cv2.MORPH_CROSS, (3, 3))  # 4-connected neighbours
 
 
 @dataclass(frozen=True)
@@ -61,13 +61,13 @@ def qc_picture(view: np.ndarray, l0_per_v: float, layers: QcLayers, l0_x: np.nda
         image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
                              Image.Resampling.BOX)  # fmt: skip
     size = (image.width, image.height)
+    out = np.array(image)  # (H, W, 3) uint8, drawn on in place
     for layer, color in ((layers.ink, INK_RGB), (layers.dark, DARK_RGB), (layers.pigment, PIGMENT_RGB)):
         if layer is not None and layer.any():
-            image = _blend(image, _resized(layer, size), color, ARTEFACT_ALPHA)
+            _blend(out, _resized(layer, size), color, ARTEFACT_ALPHA)
     t_per_l0 = scale / l0_per_v  # picture px per level-0 px
-    image = _blend(image, _patch_area(size, l0_x, l0_y, l0_extent, t_per_l0), PATCH_RGB, FILL_ALPHA)
+    _blend(out, _patch_area(size, l0_x, l0_y, l0_extent, t_per_l0), PATCH_RGB, FILL_ALPHA)
     width = 2 if max(size) >= 1000 else 1
-    out = np.array(image)  # (H, W, 3) uint8
     out[_outline(_resized(layers.tissue, size), width)] = CONTOUR_RGB
     if layers.roi is not None:
         out[_outline(_resized(layers.roi, size), width)] = ROI_RGB
@@ -86,11 +86,15 @@ def _resized(mask: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return np.asarray(Image.fromarray(mask).resize(size, Image.Resampling.NEAREST))
 
 
-def _blend(image: Image.Image, where: np.ndarray, color: tuple[int, int, int], alpha: float) -> Image.Image:
-    """``color`` laid over ``image`` at opacity ``alpha`` where ``where`` (H, W) is True: in PIL, on 8-bit planes
-    (a float copy of a 2000 px picture and its fancy-indexed temporaries took over 100 MB of a worker's memory)."""
-    mask = Image.fromarray(where.astype(np.uint8) * round(alpha * 255))  # (H, W) "L"
-    return Image.composite(Image.new("RGB", image.size, color), image, mask)
+def _blend(out: np.ndarray, where: np.ndarray, color: tuple[int, int, int], alpha: float) -> None:
+    """``color`` laid over ``out`` (H, W, 3) uint8, in place, at opacity ``alpha`` where ``where`` (H, W) is True.
+
+    The arithmetic of Pillow's ``Image.composite`` with an 8-bit mask of ``round(alpha * 255)`` (the same pixels),
+    as one lookup table per channel: no full-size mask, colour plane or float copy."""
+    a = round(alpha * 255)
+    mixed = np.arange(256, dtype=np.uint16)[:, None] * (255 - a) + np.array(color, dtype=np.uint16) * a + 128
+    table = (((mixed >> 8) + mixed) >> 8).astype(np.uint8)  # (256, 3): Pillow's exact division by 255
+    cv2.copyTo(cv2.LUT(out, table[:, None, :]), np.ascontiguousarray(where).view(np.uint8), out)  # into out
 
 
 def _patch_area(size: tuple[int, int], l0_x: np.ndarray, l0_y: np.ndarray, l0_extent: int,
@@ -105,8 +109,16 @@ def _patch_area(size: tuple[int, int], l0_x: np.ndarray, l0_y: np.ndarray, l0_ex
 
 
 def _outline(mask: np.ndarray, width: int) -> np.ndarray:
-    edge = find_boundaries(mask, mode="inner")
-    return ndi.binary_dilation(edge, iterations=width - 1) & mask if width > 1 else edge
+    """(H, W) bool: the pixels of ``mask`` that touch (4-connected) a pixel outside it, grown ``width - 1`` px
+    inwards; the image's border does not count as outside (scikit-image's ``find_boundaries(mode="inner")``)."""
+    m = mask.astype(np.uint8)
+    inner = np.asarray(cv2.erode(m, _CROSS, borderType=cv2.BORDER_REPLICATE), dtype=np.uint8)
+    edge = m > inner  # in the mask, not in its erosion
+    if width > 1:
+        grown = cv2.dilate(edge.view(np.uint8), _CROSS, iterations=width - 1, borderType=cv2.BORDER_CONSTANT,
+                           borderValue=0)  # fmt: skip
+        edge = np.asarray(grown, dtype=bool) & mask
+    return edge
 
 
 def legend_lines(*, tissue_mm2: float, ink_mm2: float, artefact_mm2: float, kept: int,
@@ -131,10 +143,7 @@ def _with_legend(picture: Image.Image, lines: list[str]) -> Image.Image:
     draw = ImageDraw.Draw(band)
     for i, text in enumerate(wrapped):
         draw.text((font_px, int(font_px * (0.6 + 1.4 * i))), text, fill=(20, 20, 20), font=font)
-    out = Image.new("RGB", (picture.width, picture.height + band.height), "white")
-    out.paste(picture, (0, 0))
-    out.paste(band, (0, picture.height))
-    return out
+    return Image.fromarray(np.concatenate([np.asarray(picture), np.asarray(band)]))  # (H + band, W, 3)
 
 
 def _wrap(text: str, font: ImageFont.FreeTypeFont | ImageFont.ImageFont, width: float) -> list[str]:

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from skimage.draw import polygon as fill_polygon
 
 from wsishard.builder.grid import Candidates, tissue_fractions
 from wsishard.errors import OptionError, SlideError
@@ -230,6 +229,8 @@ def rasterize(regions: list[Region], shape: tuple[int, int], l0_per_m: float, ex
 
 def _fill(rings: tuple[Ring, ...], shape: tuple[int, int], l0_per_m: float) -> np.ndarray:
     """One polygon with its holes; a mask px is inside when its centre is (skimage's rule)."""
+    from skimage.draw import polygon as fill_polygon  # scikit-image: not at import (CLI start-up)
+
     out = np.zeros(shape, dtype=bool)
     for i, ring in enumerate(rings):
         cols, rows = ring[:, 0] / l0_per_m - 0.5, ring[:, 1] / l0_per_m - 0.5  # px centres at (i + 0.5) * l0_per_m

@@ -26,12 +26,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import ndimage as ndi
-from skimage.filters import threshold_otsu
-from skimage.filters.rank import median as rank_median
-from skimage.morphology import disk
 
-from wsishard.builder.artefacts import find_artefacts
 from wsishard.errors import OptionError
 from wsishard.slide.reader import composite_on_white
 
@@ -193,6 +188,8 @@ def find_tissue(rgb: np.ndarray, mpp: float, options: TissueOptions | None = Non
     if h == 0 or w == 0:
         empty = np.zeros((h, w), dtype=bool)
         return TissueResult(empty, empty, empty, empty)
+    from wsishard.builder.artefacts import find_artefacts  # scipy and scikit-image: not at import (CLI start-up)
+
     rgb = composite_on_white(rgb)
     # never below one px: a view claimed far finer than it is (a wrong mpp) must not pad to terabytes
     factor = min(max(1, int(opts.thumb_mpp / mpp + 1e-6), math.ceil(max(h, w) / opts.max_thumb_px)), max(h, w))
@@ -221,6 +218,9 @@ def _detect(rgb: np.ndarray, mpp: float, opts: TissueOptions, removed: np.ndarra
         feature[removed] = 0
     radius = round(opts.median_um / mpp)
     if radius >= 1 and min(feature.shape) > 1:
+        from skimage.filters.rank import median as rank_median
+        from skimage.morphology import disk
+
         feature = rank_median(feature, disk(radius))
     threshold = _threshold(feature[~removed] if cut else feature, opts)
     if threshold is None:
@@ -263,6 +263,8 @@ def _threshold(feature: np.ndarray, opts: TissueOptions) -> float | None:
     hist = np.bincount(feature.ravel(), minlength=256)
     if np.count_nonzero(hist) < 2:
         return None
+    from skimage.filters import threshold_otsu
+
     otsu = float(threshold_otsu(hist=hist))
     logger.debug("otsu threshold %.3f (floor %.3f)", otsu / 255, opts.min_threshold)
     return max(otsu, opts.min_threshold * 255)
@@ -272,6 +274,9 @@ def _close(mask: np.ndarray, radius: int) -> np.ndarray:
     """Binary closing with a disk; the border is padded by replication so edge tissue is not eroded."""
     if radius < 1 or not mask.any():
         return mask
+    from scipy import ndimage as ndi
+    from skimage.morphology import disk
+
     padded = np.pad(mask, radius, mode="edge")
     closed = ndi.binary_closing(padded, structure=disk(radius).astype(bool))
     return closed[radius:-radius, radius:-radius]
@@ -281,6 +286,8 @@ def _drop_small_objects(mask: np.ndarray, max_px: float) -> np.ndarray:
     """Drop 8-connected objects of at most ``max_px`` pixels."""
     if max_px < 1 or not mask.any():
         return mask
+    from scipy import ndimage as ndi
+
     labels, _ = ndi.label(mask, structure=np.ones((3, 3), dtype=bool))
     sizes = np.bincount(labels.ravel())
     keep = sizes > max_px
@@ -292,6 +299,8 @@ def _fill_small_holes(mask: np.ndarray, max_px: float) -> np.ndarray:
     """Fill 4-connected background regions of at most ``max_px`` pixels that do not touch the border."""
     if max_px < 1 or mask.all() or not mask.any():
         return mask
+    from scipy import ndimage as ndi
+
     labels, _ = ndi.label(~mask)
     sizes = np.bincount(labels.ravel())
     fill = sizes <= max_px

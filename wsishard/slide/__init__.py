@@ -6,17 +6,21 @@ and OpenSlide for everything else.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
-
-import openslide
+from typing import TYPE_CHECKING, Any
 
 from wsishard.errors import SlideError
-from wsishard.slide.memory import MemorySlide
 from wsishard.slide.mpp import resolve_mpp, slide_mpp
-from wsishard.slide.openslide_backend import OpenSlideReader
 from wsishard.slide.reader import SLIDE_SUFFIXES, SlideReader, read_lowres
-from wsishard.slide.tiff import TiffTileReader
+
+if TYPE_CHECKING:
+    import openslide
+
+    from wsishard.slide.memory import MemorySlide
+    from wsishard.slide.openslide_backend import OpenSlideReader
+    from wsishard.slide.tiff import TiffTileReader
 
 __all__ = [
     "SLIDE_SUFFIXES",
@@ -33,6 +37,14 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _FAST_SUFFIXES = (".svs", ".tif", ".tiff")
+# the backends, imported on first use: OpenSlide and tifffile are not loaded by ``wsishard --help``
+_BACKENDS = {"MemorySlide": "memory", "OpenSlideReader": "openslide_backend", "TiffTileReader": "tiff"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _BACKENDS:
+        return getattr(importlib.import_module(f"{__name__}.{_BACKENDS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def open_slide(path: str, *, fast: bool = True, cache: openslide.OpenSlideCache | None = None) -> SlideReader:
@@ -45,6 +57,9 @@ def open_slide(path: str, *, fast: bool = True, cache: openslide.OpenSlideCache 
         if os.path.islink(path):
             raise SlideError(path, f"a symlink to {os.readlink(path)}, which is not there (a dangling link)")
         raise SlideError(path, "no such file")
+    from wsishard.slide.openslide_backend import OpenSlideReader
+    from wsishard.slide.tiff import TiffTileReader
+
     reader = OpenSlideReader(path, cache=cache)
     if not fast or not path.lower().endswith(_FAST_SUFFIXES):
         return reader

@@ -5,15 +5,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-import openslide
-
 from wsishard.errors import MissingMppError
+
+# openslide.PROPERTY_NAME_MPP_X and _Y, spelt out: importing OpenSlide is left to the readers (CLI start-up)
+_MPP_KEYS = ("openslide.mpp-x", "openslide.mpp-y")
 
 
 def slide_mpp(properties: Mapping[str, str]) -> float | None:
     """Level-0 microns per pixel from OpenSlide's properties (mean of x and y), or None when absent/invalid."""
     values = []
-    for key in (openslide.PROPERTY_NAME_MPP_X, openslide.PROPERTY_NAME_MPP_Y):
+    for key in _MPP_KEYS:
         try:
             value = float(properties[key])
         except (KeyError, ValueError):

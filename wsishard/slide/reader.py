@@ -53,7 +53,8 @@ class SlideReader(Protocol):
         self.close()
 
 
-def read_lowres(reader: SlideReader, l0_per_px: float, *, chunk_px: int = 512) -> tuple[np.ndarray, float]:
+def read_lowres(reader: SlideReader, l0_per_px: float, *, chunk_px: int = 512,
+                dct_scaled: bool = False) -> tuple[np.ndarray, float]:  # fmt: skip
     """A low-resolution RGB view of the whole slide with bounded memory.
 
     Reads the coarsest level that is still at least as fine as the requested view, in chunks of ``chunk_px``
@@ -62,6 +63,10 @@ def read_lowres(reader: SlideReader, l0_per_px: float, *, chunk_px: int = 512) -
 
     Args:
         l0_per_px: level-0 pixels per output pixel (>= 1).
+        dct_scaled: where the reader decodes tiles at 1/2, 1/4 or 1/8 (``read_level_reduced``: libjpeg's DCT
+            scaling), decode at the largest of those factors that keeps the read at least as fine as the view
+            (a fraction of the cost; pixels within 1-2 levels of a full decode's box reduction, so not for tissue
+            detection, whose masks must not move).
 
     Returns:
         ``(rgb, downsample)``: (h, w, 3) uint8 and the exact level-0 px per output px along x.
@@ -70,6 +75,9 @@ def read_lowres(reader: SlideReader, l0_per_px: float, *, chunk_px: int = 512) -
     out_w, out_h = max(1, round(l0_w / l0_per_px)), max(1, round(l0_h / l0_per_px))
     level = max(i for i, d in enumerate(reader.level_downsamples) if d <= l0_per_px * 1.001 or i == 0)
     lw, lh = reader.level_dimensions[level]
+    reduced = getattr(reader, "read_level_reduced", None) if dct_scaled else None
+    ratio = l0_per_px * 1.001 / reader.level_downsamples[level]  # level px per output px
+    factor = max((f for f in (2, 4, 8) if f <= ratio and chunk_px % f == 0), default=1) if reduced else 1
     sx, sy = out_w / lw, out_h / lh  # output px per level px
     out = np.empty((out_h, out_w, 3), dtype=np.uint8)  # (h, w, 3)
     for cy in range(0, lh, chunk_px):
@@ -79,7 +87,9 @@ def read_lowres(reader: SlideReader, l0_per_px: float, *, chunk_px: int = 512) -
             ox1, oy1 = round((cx + cw) * sx), round((cy + ch) * sy)
             if ox1 <= ox0 or oy1 <= oy0:
                 continue
-            chunk = reader.read_level(level, cx, cy, cw, ch)
+            chunk = reduced(level, cx, cy, cw, ch, factor) if reduced and factor > 1 else None
+            if chunk is None:  # not DCT-scaled (or not here: an edge chunk not a multiple of the factor)
+                chunk = reader.read_level(level, cx, cy, cw, ch)
             small = Image.fromarray(chunk).resize((ox1 - ox0, oy1 - oy0), Image.Resampling.BOX)
             out[oy0:oy1, ox0:ox1] = np.asarray(small)
     return out, l0_w / out_w

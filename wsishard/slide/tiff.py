@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import cv2
 import numpy as np
 import tifffile
 from PIL import Image
@@ -79,12 +80,15 @@ def _jpeg_scaled(data: bytes, width: int, height: int, factor: int, rgb: bool = 
     """A 3-component JPEG decoded to RGB at 1/``factor`` through Pillow's libjpeg-turbo decoder, driven directly.
 
     It is what ``Image.open`` + ``draft`` + ``load`` run (the same decoder and arguments, the same pixels), without
-    parsing the markers in Python first. libjpeg reads the colour
-    transform from the stream's own markers, as it does through ``Image.open``, except with ``rgb``: the stream
-    holds RGB whatever its markers say (an Aperio tile; libjpeg would take it for YCbCr and turn its colours).
+    parsing the markers in Python first. libjpeg reads the colour transform from the stream's own markers, as it does
+    through ``Image.open``, except with ``rgb``: the stream holds RGB whatever its markers say (an Aperio tile;
+    libjpeg would take it for YCbCr and turn its colours). It decodes into an RGBX image mapped on a numpy buffer
+    (Pillow's own 4-byte layout of an RGB pixel: no blank image filled first) and OpenCV packs that into contiguous
+    RGB (SIMD, where ``np.asarray`` of a Pillow image copies through ``tobytes``).
     """
-    decoder = Image.core.jpeg_decoder("RGB", "RGB", "RGB" if rgb else "", factor, 0)  # mode, rawmode, jpegmode, ...
-    image = Image.new("RGB", (width, height))
+    buf = np.empty((height, width, 4), dtype=np.uint8)  # (h, w, RGBX)
+    image = Image.frombuffer("RGBX", (width, height), buf, "raw", "RGBX", 0, 1)  # mapped on buf, not copied
+    decoder = Image.core.jpeg_decoder("RGBX", "RGB", "RGB" if rgb else "", factor, 0)  # mode, rawmode, jpegmode, ...
     decoder.setimage(image.im, (0, 0, width, height))
     try:
         consumed, err = decoder.decode(data)  # (-1, 0): done; (n >= 0, 0): wants more data; err < 0: an error
@@ -94,7 +98,7 @@ def _jpeg_scaled(data: bytes, width: int, height: int, factor: int, rgb: bool = 
         raise ValueError(f"JPEG decoder error {err}")
     if consumed >= 0:
         raise ValueError("truncated JPEG")
-    return np.asarray(image)
+    return np.asarray(cv2.cvtColor(buf, cv2.COLOR_RGBA2RGB))  # (h, w, 3), contiguous
 
 
 class TileCache:
