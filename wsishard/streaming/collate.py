@@ -23,6 +23,7 @@ import torch
 
 from wsishard._native import lut_apply as _lut_apply
 from wsishard.streaming import stain as stain_ops
+from wsishard.streaming import stain_cpu
 from wsishard.streaming.decode import device_decoder
 from wsishard.streaming.stain import StainOptions
 
@@ -185,6 +186,8 @@ class GpuCollate:
                 raise ValueError("normalize='macenko' needs each sample's slide id: call the collate on the batch "
                                  "(its meta names them) or pass images(..., slide_ids=...)")  # fmt: skip
             rows = options.slides.rows(slide_ids)  # type: ignore[union-attr]  # checked by StainOptions
+        if self.device.type == "cpu" and image.device.type == "cpu" and stain_cpu.fusable(options):
+            return self._cpu_stained(image, options, rows)
         if self.device.type == "cuda" and image.device.type == "cpu" and not image.is_pinned():
             image = image.pin_memory()
         x = image.to(self.device, non_blocking=True).permute(0, 3, 1, 2)  # (b, 3, h, w) uint8 view
@@ -195,6 +198,18 @@ class GpuCollate:
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         x = x.sub_(self.mean).div_(self.std)
         return x.to(dtype=self.dtype, memory_format=fmt)
+
+    def _cpu_stained(self, image: torch.Tensor, options: StainOptions, rows: torch.Tensor | None) -> torch.Tensor:
+        """The stained path on a CPU device in one C pass (:mod:`wsishard.streaming.stain_cpu`), into the buffers
+        used in turn (through a float32 one for another ``dtype``)."""
+        b, h, w, _ = image.shape
+        codes = self.codes(b).tolist() if self.augment else [0] * b
+        out = self._output((b, 3, h, w))
+        f32 = out if self.dtype == torch.float32 else torch.empty_like(out, dtype=torch.float32)
+        stain_cpu.stain_pass(image, f32, options, seed=self.seed, batch=self.batches, slide_rows=rows, codes=codes,
+                             mean=self.mean.flatten().tolist(), std=self.std.flatten().tolist(),
+                             channels_last=self.channels_last)  # fmt: skip
+        return out if f32 is out else out.copy_(f32)
 
     def _cpu_images(self, image: torch.Tensor) -> torch.Tensor:
         """The CPU path, one pass over memory: each sample moved by its dihedral transform and written through a
