@@ -37,6 +37,28 @@
  * The output is written with non-temporal stores: it is far larger than any cache (200 MB of float32 for 256
  * patches of 256 px), and plain stores would first read every line of it. The GIL is released while it runs.
  */
+/* 3. stain_apply: GpuCollate(stain=...)'s pass on a CPU device (wsishard.streaming.stain_cpu): Macenko with each
+ * sample's slide matrix, HED jitter, brightness, contrast and saturation, then (x - mean) / std, in one pass per
+ * sample, with the torch path's float32 results (within float32 rounding: about 3e-6 of full scale).
+ *
+ * stain_apply(src, dst, table, params, codes, norm, b, h, w, logs, lo, channels_last) -> None
+ *
+ *   src       C-contiguous buffer of the (b, h, w, 3) uint8 batch
+ *   dst       writable C-contiguous float32 buffer of the output, (b, 3, h, w), or (b, h, w, 3) when
+ *             ``channels_last``
+ *   table     256 float32: each uint8 value's start (ln(v + 1) for Macenko, ln(max(v / 255, 1e-6)) for HED jitter
+ *             alone, v / 255 without either), the same for the three channels
+ *   params    (b, 27) float32, each sample's stain_params (below): identity maps and factors of 1 where an
+ *             operation is off
+ *   codes     ``b`` bytes, each sample's dihedral code (as lut_apply's)
+ *   norm      6 float32: mean, then std, per channel
+ *   logs      whether the log-space maps and exp run (Macenko or HED jitter on)
+ *   lo        the clip of the first map's output from below (ln 1e-6 when HED jitter follows, else -87)
+ *
+ * Per pixel: x = table[v] per channel; with ``logs``, y = clip(A1 x + k1, lo, 0), z = A2 y + k2, x = exp(min(z, 0));
+ * then x = min(x * brightness, 1). Per sample, once pass 1 has its grey mean m: x = clip(c x + (1 - c) m, 0, 1),
+ * x = clip(s x + (1 - s) grey(x), 0, 1), out = (x - mean) / std. The GIL is released while it runs.
+ */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -561,20 +583,18 @@ CLONES3 static void finish_mixed(float *d, const float *s, Py_ssize_t n, const s
 }
 
 /* One sample: its dihedral move as one_sample's, pass 1 row by row into the planes of scratch (3 h w floats), pass 2
- * into d. */
+ * into d. Output pixel (oy, ox) is the source pixel (y1, x1) (y1 = oy or h - 1 - oy, x1 = ox or w - 1 - ox, by bits
+ * 2 and 1), or (x1, y1) when transposed (bit 0, square samples): read down a column, whose lines stay in cache from
+ * one output row to the next. */
 static void stain_sample(float *d, const uint8_t *s, const float *table, const stain_params *p, int code,
                          Py_ssize_t h, Py_ssize_t w, int channels_last, int logs, float lo, const float *norm,
-                         float *scratch, uint8_t *moved) {
-    int fw = (code & 2) != 0, fh = (code & 4) != 0;
-    Py_ssize_t n = h * w;
-    if ((code & 1) && h == w) {
-        transpose(moved, s, w);
-        s = moved;
-    }
+                         float *scratch) {
+    int fw = (code & 2) != 0, fh = (code & 4) != 0, tr = (code & 1) && h == w;
+    Py_ssize_t n = h * w, pixel = tr ? 3 * w : 3, across = tr ? 3 : 3 * w; /* to the next x1; to the next y1 */
     double grey = 0.0;
     for (Py_ssize_t oy = 0; oy < h; oy++) {
-        const uint8_t *p0 = s + (fh ? h - 1 - oy : oy) * 3 * w + (fw ? (w - 1) * 3 : 0);
-        Py_ssize_t step = fw ? -3 : 3;
+        const uint8_t *p0 = s + (fh ? h - 1 - oy : oy) * across + (fw ? (w - 1) * pixel : 0);
+        Py_ssize_t step = fw ? -pixel : pixel;
         float *r0 = scratch + oy * w, *r1 = r0 + n, *r2 = r1 + n;
         for (Py_ssize_t x = 0; x < w; x++) {
             const uint8_t *q = p0 + x * step;
@@ -598,7 +618,7 @@ static PyObject *stain_apply(PyObject *self, PyObject *args) {
         return NULL;
     PyObject *result = NULL;
     float *scratch = NULL, *par = NULL;
-    uint8_t *moved = NULL, *code = NULL;
+    uint8_t *code = NULL;
     if (b <= 0 || h <= 0 || w <= 0 || src.len / b / h / w != 3 || src.len != b * h * w * 3 ||
         dst.len != src.len * 4 || table.len != 256 * 4 || params.len != b * STAIN_PARAMS * 4 || codes.len != b ||
         norm.len != 6 * 4) {
@@ -613,8 +633,7 @@ static PyObject *stain_apply(PyObject *self, PyObject *args) {
     code = PyMem_RawMalloc((size_t)b);
     par = PyMem_RawMalloc((size_t)params.len);
     scratch = PyMem_RawMalloc((size_t)h * w * 3 * sizeof(float));
-    moved = PyMem_RawMalloc((size_t)h * w * 3);
-    if (!code || !par || !scratch || !moved) {
+    if (!code || !par || !scratch) {
         PyErr_NoMemory();
         goto done;
     }
@@ -634,7 +653,7 @@ static PyObject *stain_apply(PyObject *self, PyObject *args) {
         stain_params p;
         memcpy(&p, par + STAIN_PARAMS * i, sizeof p);
         stain_sample((float *)dst.buf + 3 * h * w * i, (const uint8_t *)src.buf + 3 * h * w * i, t, &p, code[i], h,
-                     w, channels_last, logs, lo, nm, scratch, moved);
+                     w, channels_last, logs, lo, nm, scratch);
     }
     Py_END_ALLOW_THREADS;
     result = Py_None;
@@ -643,7 +662,6 @@ done:
     PyMem_RawFree(code);
     PyMem_RawFree(par);
     PyMem_RawFree(scratch);
-    PyMem_RawFree(moved);
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
     PyBuffer_Release(&table);
