@@ -88,8 +88,10 @@ class GpuCollate:
             the rank). The ``n``-th batch's random parameters come from ``(seed, n)`` alone: :meth:`state_dict` /
             :meth:`load_state_dict` carry ``n`` over a resume.
         stain: colour normalisation and augmentation (:class:`~wsishard.streaming.stain.StainOptions`), applied
-            after the dihedral transform, before ``mean``/``std``, in float32 on ``device`` (on a CPU device too:
-            the table pass above then does not apply).
+            after the dihedral transform, before ``mean``/``std``, in float32 on ``device``. On a CPU device the
+            options :func:`~wsishard.streaming.stain_cpu.fusable` covers run in one C pass (the torch operations'
+            results within float32 rounding; its output in the buffers used in turn, as the table pass's), the
+            others as torch operations.
         reuse_output: on a CPU device, write each output into one of two buffers used in turn (True), or into
             memory of its own (False).
 
