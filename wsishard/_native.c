@@ -37,6 +37,28 @@
  * The output is written with non-temporal stores: it is far larger than any cache (200 MB of float32 for 256
  * patches of 256 px), and plain stores would first read every line of it. The GIL is released while it runs.
  */
+/* 3. stain_apply: GpuCollate(stain=...)'s pass on a CPU device (wsishard.streaming.stain_cpu): Macenko with each
+ * sample's slide matrix, HED jitter, brightness, contrast and saturation, then (x - mean) / std, in one pass per
+ * sample, with the torch path's float32 results (within float32 rounding: about 3e-6 of full scale).
+ *
+ * stain_apply(src, dst, table, params, codes, norm, b, h, w, logs, lo, channels_last) -> None
+ *
+ *   src       C-contiguous buffer of the (b, h, w, 3) uint8 batch
+ *   dst       writable C-contiguous float32 buffer of the output, (b, 3, h, w), or (b, h, w, 3) when
+ *             ``channels_last``
+ *   table     256 float32: each uint8 value's start (ln(v + 1) for Macenko, ln(max(v / 255, 1e-6)) for HED jitter
+ *             alone, v / 255 without either), the same for the three channels
+ *   params    (b, 27) float32, each sample's stain_params (below): identity maps and factors of 1 where an
+ *             operation is off
+ *   codes     ``b`` bytes, each sample's dihedral code (as lut_apply's)
+ *   norm      6 float32: mean, then std, per channel
+ *   logs      whether the log-space maps and exp run (Macenko or HED jitter on)
+ *   lo        the clip of the first map's output from below (ln 1e-6 when HED jitter follows, else -87)
+ *
+ * Per pixel: x = table[v] per channel; with ``logs``, y = clip(A1 x + k1, lo, 0), z = A2 y + k2, x = exp(min(z, 0));
+ * then x = min(x * brightness, 1). Per sample, once pass 1 has its grey mean m: x = clip(c x + (1 - c) m, 0, 1),
+ * x = clip(s x + (1 - s) grey(x), 0, 1), out = (x - mean) / std. The GIL is released while it runs.
+ */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -438,9 +460,226 @@ done:
     return result;
 }
 
+/* ---- 3. stain_apply -------------------------------------------------------------------------------------- */
+
+/* Per-sample parameters of stain_apply, float32, in this order (STAIN_PARAMS of them a sample). */
+typedef struct {
+    float a1[9], k1[3]; /* Macenko: y = a1 x + k1 (log intensities; row major), clamped to [lo, 0] */
+    float a2[9], k2[3]; /* HED jitter: z = a2 y + k2 (log intensities), clamped to <= 0; then exp */
+    float bright, contrast, saturation;
+} stain_params;
+#define STAIN_PARAMS 27
+_Static_assert(sizeof(stain_params) == STAIN_PARAMS * sizeof(float), "stain_params is 27 packed floats");
+
+/* The stain pass's loops vectorise (float compares and clips become blends) only where float operations are not
+ * taken to trap (GCC); they are built for the baseline and for x86-64-v3 (AVX2, FMA), chosen when loaded. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define FLOATS __attribute__((optimize("no-trapping-math")))
+#else
+#define FLOATS
+#endif
+/* target_clones needs the loader's ifunc (glibc) and a GCC that knows x86-64-v3 (12 is what CI builds with); any
+ * other compiler or libc builds the baseline only. */
+#if defined(__x86_64__) && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#define CLONES3 FLOATS __attribute__((target_clones("default", "arch=x86-64-v3")))
+#else
+#define CLONES3 FLOATS
+#endif
+#if defined(__GNUC__) || defined(__clang__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
+
+/* e^x for x <= 0 (below -87 as -87: 1.6e-38), in plain float arithmetic that vectorises: x = n ln 2 + r (Cephes'
+ * two-part ln 2), e^r by a degree-5 polynomial fitted to its relative error on [-ln 2 / 2, ln 2 / 2] (at most 2.1e-7
+ * in float32), 2^n put straight into the exponent bits. */
+FLOATS static inline float exp_neg(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest: n = x / ln 2 */
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 8.297540247440338e-3f;
+    p = p * r + 4.1915375739336014e-2f;
+    p = p * r + 1.6667576134204865e-1f;
+    p = p * r + 4.9998894333839417e-1f;
+    p = p * r + 9.999997019767761e-1f;
+    p = p * r + 1.0000001192092896f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* Pass 1 on one output row of n pixels, the row's inputs l0, l1, l2 (the table's values of its uint8 channels) in
+ * place: through both log-space maps and exp (``logs``), or as they are; then times the brightness, capped at 1.
+ * Returns the row's sum of grey (torchvision's weights), for the contrast's mean. */
+CLONES3 static double stain_row(float *restrict l0, float *restrict l1, float *restrict l2, Py_ssize_t n,
+                                const stain_params *p, int logs, float lo) {
+    const float *a = p->a1, *k = p->k1, *m = p->a2, *c = p->k2, f = p->bright;
+    if (logs) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float x0 = l0[i], x1 = l1[i], x2 = l2[i];
+            float y0 = a[0] * x0 + a[1] * x1 + a[2] * x2 + k[0];
+            float y1 = a[3] * x0 + a[4] * x1 + a[5] * x2 + k[1];
+            float y2 = a[6] * x0 + a[7] * x1 + a[8] * x2 + k[2];
+            y0 = y0 > 0.0f ? 0.0f : (y0 < lo ? lo : y0);
+            y1 = y1 > 0.0f ? 0.0f : (y1 < lo ? lo : y1);
+            y2 = y2 > 0.0f ? 0.0f : (y2 < lo ? lo : y2);
+            float z0 = m[0] * y0 + m[1] * y1 + m[2] * y2 + c[0];
+            float z1 = m[3] * y0 + m[4] * y1 + m[5] * y2 + c[1];
+            float z2 = m[6] * y0 + m[7] * y1 + m[8] * y2 + c[2];
+            l0[i] = exp_neg(z0 > 0.0f ? 0.0f : z0);
+            l1[i] = exp_neg(z1 > 0.0f ? 0.0f : z1);
+            l2[i] = exp_neg(z2 > 0.0f ? 0.0f : z2);
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        float x0 = l0[i] * f, x1 = l1[i] * f, x2 = l2[i] * f;
+        l0[i] = x0 > 1.0f ? 1.0f : x0;
+        l1[i] = x1 > 1.0f ? 1.0f : x1;
+        l2[i] = x2 > 1.0f ? 1.0f : x2;
+    }
+    float part[8] = {0};
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) part[j] += l0[i + j] * 0.2989f + l1[i + j] * 0.587f + l2[i + j] * 0.114f;
+    double sum = 0.0;
+    for (; i < n; i++) sum += l0[i] * 0.2989f + l1[i] * 0.587f + l2[i] * 0.114f;
+    for (int j = 0; j < 8; j++) sum += part[j];
+    return sum;
+}
+
+/* Pass 2 on a sample's n pixels (planes s0, s1, s2): contrast towards the grey mean, saturation towards each
+ * pixel's grey (each clipped to [0, 1], torchvision's _blend), then (x - mean) / std into the output: planes d, d +
+ * plane, d + 2 plane (``step`` 1), or interleaved (``plane`` 1, ``step`` 3). Inlined into one function per layout,
+ * where plane and step are constants the compiler vectorises with. */
+FLOATS static ALWAYS_INLINE void finish(float *restrict d, Py_ssize_t plane, Py_ssize_t step,
+                                        const float *restrict s0, const float *restrict s1,
+                                        const float *restrict s2, Py_ssize_t n,
+                                        const stain_params *p, float grey_mean, const float *norm) {
+    const float ct = p->contrast, cm = (1.0f - ct) * grey_mean, sa = p->saturation, sg = 1.0f - sa;
+    const float m0 = norm[0], m1 = norm[1], m2 = norm[2], v0 = norm[3], v1 = norm[4], v2 = norm[5];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        float x0 = ct * s0[i] + cm, x1 = ct * s1[i] + cm, x2 = ct * s2[i] + cm;
+        x0 = x0 > 1.0f ? 1.0f : (x0 < 0.0f ? 0.0f : x0);
+        x1 = x1 > 1.0f ? 1.0f : (x1 < 0.0f ? 0.0f : x1);
+        x2 = x2 > 1.0f ? 1.0f : (x2 < 0.0f ? 0.0f : x2);
+        float g = sg * (x0 * 0.2989f + x1 * 0.587f + x2 * 0.114f);
+        x0 = sa * x0 + g;
+        x1 = sa * x1 + g;
+        x2 = sa * x2 + g;
+        x0 = x0 > 1.0f ? 1.0f : (x0 < 0.0f ? 0.0f : x0);
+        x1 = x1 > 1.0f ? 1.0f : (x1 < 0.0f ? 0.0f : x1);
+        x2 = x2 > 1.0f ? 1.0f : (x2 < 0.0f ? 0.0f : x2);
+        d[i * step] = (x0 - m0) / v0;
+        d[i * step + plane] = (x1 - m1) / v1;
+        d[i * step + 2 * plane] = (x2 - m2) / v2;
+    }
+}
+CLONES3 static void finish_planar(float *d, const float *s, Py_ssize_t n, const stain_params *p, float grey_mean,
+                                  const float *norm) {
+    finish(d, n, 1, s, s + n, s + 2 * n, n, p, grey_mean, norm);
+}
+CLONES3 static void finish_mixed(float *d, const float *s, Py_ssize_t n, const stain_params *p, float grey_mean,
+                                 const float *norm) {
+    finish(d, 1, 3, s, s + n, s + 2 * n, n, p, grey_mean, norm);
+}
+
+/* One sample: its dihedral move as one_sample's, pass 1 row by row into the planes of scratch (3 h w floats), pass 2
+ * into d. Output pixel (oy, ox) is the source pixel (y1, x1) (y1 = oy or h - 1 - oy, x1 = ox or w - 1 - ox, by bits
+ * 2 and 1), or (x1, y1) when transposed (bit 0, square samples): read down a column, whose lines stay in cache from
+ * one output row to the next. */
+static void stain_sample(float *d, const uint8_t *s, const float *table, const stain_params *p, int code,
+                         Py_ssize_t h, Py_ssize_t w, int channels_last, int logs, float lo, const float *norm,
+                         float *scratch) {
+    int fw = (code & 2) != 0, fh = (code & 4) != 0, tr = (code & 1) && h == w;
+    Py_ssize_t n = h * w, pixel = tr ? 3 * w : 3, across = tr ? 3 : 3 * w; /* to the next x1; to the next y1 */
+    double grey = 0.0;
+    for (Py_ssize_t oy = 0; oy < h; oy++) {
+        const uint8_t *p0 = s + (fh ? h - 1 - oy : oy) * across + (fw ? (w - 1) * pixel : 0);
+        Py_ssize_t step = fw ? -pixel : pixel;
+        float *r0 = scratch + oy * w, *r1 = r0 + n, *r2 = r1 + n;
+        for (Py_ssize_t x = 0; x < w; x++) {
+            const uint8_t *q = p0 + x * step;
+            r0[x] = table[q[0]];
+            r1[x] = table[q[1]];
+            r2[x] = table[q[2]];
+        }
+        grey += stain_row(r0, r1, r2, w, p, logs, lo);
+    }
+    (channels_last ? finish_mixed : finish_planar)(d, scratch, n, p, (float)(grey / (double)n), norm);
+}
+
+static PyObject *stain_apply(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer src, dst, table, params, codes, norm;
+    Py_ssize_t b, h, w;
+    int logs, channels_last;
+    float lo;
+    if (!PyArg_ParseTuple(args, "y*w*y*y*y*y*nnnpfp", &src, &dst, &table, &params, &codes, &norm, &b, &h, &w,
+                          &logs, &lo, &channels_last))
+        return NULL;
+    PyObject *result = NULL;
+    float *scratch = NULL, *par = NULL;
+    uint8_t *code = NULL;
+    if (b <= 0 || h <= 0 || w <= 0 || src.len / b / h / w != 3 || src.len != b * h * w * 3 ||
+        dst.len != src.len * 4 || table.len != 256 * 4 || params.len != b * STAIN_PARAMS * 4 || codes.len != b ||
+        norm.len != 6 * 4) {
+        PyErr_SetString(PyExc_ValueError, "stain_apply: buffers not of the sizes b, h, w give");
+        goto done;
+    }
+    if (((uintptr_t)dst.buf % 4) != 0 || ((uintptr_t)table.buf % 4) != 0 || ((uintptr_t)norm.buf % 4) != 0) {
+        PyErr_SetString(PyExc_ValueError, "stain_apply: a float buffer not aligned to its elements");
+        goto done;
+    }
+    /* the codes and parameters copied, then checked and used: the caller's buffers may change without the GIL */
+    code = PyMem_RawMalloc((size_t)b);
+    par = PyMem_RawMalloc((size_t)params.len);
+    scratch = PyMem_RawMalloc((size_t)h * w * 3 * sizeof(float));
+    if (!code || !par || !scratch) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(code, codes.buf, (size_t)b);
+    memcpy(par, params.buf, (size_t)params.len);
+    for (Py_ssize_t i = 0; i < b; i++) {
+        if (code[i] > 7) {
+            PyErr_SetString(PyExc_ValueError, "stain_apply: a dihedral code outside [0, 8)");
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS;
+    float t[256], nm[6];
+    memcpy(t, table.buf, sizeof t);
+    memcpy(nm, norm.buf, sizeof nm);
+    for (Py_ssize_t i = 0; i < b; i++) {
+        stain_params p;
+        memcpy(&p, par + STAIN_PARAMS * i, sizeof p);
+        stain_sample((float *)dst.buf + 3 * h * w * i, (const uint8_t *)src.buf + 3 * h * w * i, t, &p, code[i], h,
+                     w, channels_last, logs, lo, nm, scratch);
+    }
+    Py_END_ALLOW_THREADS;
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyMem_RawFree(code);
+    PyMem_RawFree(par);
+    PyMem_RawFree(scratch);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&params);
+    PyBuffer_Release(&codes);
+    PyBuffer_Release(&norm);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "scan(buf, pos, end, exts, phase, step, state) -> (pos, samples)"},
     {"lut_apply", lut_apply, METH_VARARGS, "lut_apply(src, dst, table, codes, b, h, w, itemsize, channels_last) -> None"},
+    {"stain_apply", stain_apply, METH_VARARGS,
+     "stain_apply(src, dst, table, params, codes, norm, b, h, w, logs, lo, channels_last) -> None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from cmu import cmu_rgb
 from skimage import color
+from stainref import jitter_reference, torchstain_normalize
 
 from wsishard.builder.stain import macenko as fit_macenko
 from wsishard.builder.stain import optical_density
@@ -38,18 +39,6 @@ def _hwc(x: torch.Tensor) -> np.ndarray:
     return x.permute(0, 2, 3, 1).double().numpy()  # (b, h, w, 3)
 
 
-def _torchstain_normalize(tile: np.ndarray, matrix: np.ndarray, max_conc: np.ndarray, target: StainTarget,
-                          io: float = 240.0) -> np.ndarray:  # fmt: skip
-    """torchstain's NumpyMacenkoNormalizer.normalize, its per-tile fit replaced by (matrix, max_conc), before its
-    cast to uint8: float (h, w, 3) in 0..255."""
-    od = -np.log((tile.reshape(-1, 3).astype(float) + 1) / io)
-    conc = np.linalg.lstsq(matrix, od.T, rcond=None)[0]
-    conc = conc / (max_conc / np.array(target.max_conc))[:, None]
-    out = io * np.exp(-np.array(target.matrix) @ conc)
-    out[out > 255] = 255
-    return out.T.reshape(tile.shape)
-
-
 def test_macenko_is_torchstains_normalization_per_sample(tiles: np.ndarray) -> None:
     # each tile with its own fitted stain (as each sample has its slide's), some swapped to another tile's
     fits = [fit_macenko(optical_density(t.reshape(-1, 3)))[:2] for t in tiles]
@@ -59,7 +48,7 @@ def test_macenko_is_torchstains_normalization_per_sample(tiles: np.ndarray) -> N
     target = StainTarget()
     out = _hwc(macenko(_float(tiles), matrix, max_conc, target)) * 255
     for i, tile in enumerate(tiles):
-        ref = _torchstain_normalize(tile, fits[i][0], fits[i][1], target)
+        ref = torchstain_normalize(tile, fits[i][0], fits[i][1], target)
         np.testing.assert_allclose(out[i], ref, atol=0.05)  # float32 against float64, in 0..255 units
 
 
@@ -109,23 +98,12 @@ def test_hed_jitter_of_one_and_zero_leaves_the_image(tiles: np.ndarray) -> None:
     assert (out - x).abs().max() < 1e-5
 
 
-def _jitter_reference(img: np.ndarray, f: np.ndarray) -> np.ndarray:
-    """torchvision's adjust_brightness, _contrast, _saturation and _hue on one float (h, w, 3) image in [0, 1]."""
-    grey = lambda x: x @ np.array([0.2989, 0.587, 0.114])  # noqa: E731
-    x = np.clip(img * f[0], 0, 1)
-    x = np.clip(f[1] * x + (1 - f[1]) * grey(x).mean(), 0, 1)
-    x = np.clip(f[2] * x + (1 - f[2]) * grey(x)[..., None], 0, 1)
-    hsv = color.rgb2hsv(x)
-    hsv[..., 0] = (hsv[..., 0] + f[3]) % 1.0
-    return color.hsv2rgb(hsv)
-
-
 def test_colour_jitter_is_torchvisions_per_sample(tiles: np.ndarray) -> None:
     rng = np.random.default_rng(1)
     factors = np.column_stack([rng.uniform(0.7, 1.3, (len(tiles), 3)), rng.uniform(-0.1, 0.1, len(tiles))])
     out = _hwc(colour_jitter(_float(tiles).double(), torch.from_numpy(factors)))
     for i, tile in enumerate(tiles):
-        np.testing.assert_allclose(out[i], _jitter_reference(tile / 255.0, factors[i]), atol=1e-6)
+        np.testing.assert_allclose(out[i], jitter_reference(tile / 255.0, factors[i]), atol=1e-6)
 
 
 def test_the_operations_run_on_float32_without_a_loop_over_samples(tiles: np.ndarray) -> None:

@@ -24,6 +24,7 @@ import torch
 
 from wsishard._native import lut_apply as _lut_apply
 from wsishard.streaming import stain as stain_ops
+from wsishard.streaming import stain_cpu
 from wsishard.streaming.decode import device_decoder
 from wsishard.streaming.stain import StainOptions
 
@@ -89,8 +90,10 @@ class GpuCollate:
             the rank). The ``n``-th batch's random parameters come from ``(seed, n)`` alone: :meth:`state_dict` /
             :meth:`load_state_dict` carry ``n`` over a resume.
         stain: colour normalisation and augmentation (:class:`~wsishard.streaming.stain.StainOptions`), applied
-            after the dihedral transform, before ``mean``/``std``, in float32 on ``device`` (on a CPU device too:
-            the table pass above then does not apply).
+            after the dihedral transform, before ``mean``/``std``, in float32 on ``device``. On a CPU device the
+            options :func:`~wsishard.streaming.stain_cpu.fusable` covers run in one C pass (the torch operations'
+            results within float32 rounding; its output in the buffers used in turn, as the table pass's), the
+            others as torch operations.
         reuse_output: on a CPU device, write each output into one of two buffers used in turn (True), or into
             memory of its own (False).
 
@@ -191,6 +194,8 @@ class GpuCollate:
                 raise ValueError("normalize='macenko' needs each sample's slide id: call the collate on the batch "
                                  "(its meta names them) or pass images(..., slide_ids=...)")  # fmt: skip
             rows = options.slides.rows(slide_ids)  # type: ignore[union-attr]  # checked by StainOptions
+        if self.device.type == "cpu" and image.device.type == "cpu" and stain_cpu.fusable(options):
+            return self._cpu_stained(image, options, rows, codes)
         if self.device.type == "cuda" and image.device.type == "cpu" and not image.is_pinned():
             image = image.pin_memory()
         x = image.to(self.device, non_blocking=True).permute(0, 3, 1, 2)  # (b, 3, h, w) uint8 view
@@ -201,6 +206,19 @@ class GpuCollate:
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         x = x.sub_(self.mean).div_(self.std)
         return x.to(dtype=self.dtype, memory_format=fmt)
+
+    def _cpu_stained(self, image: torch.Tensor, options: StainOptions, rows: torch.Tensor | None,
+                     codes_of: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """The stained path on a CPU device in one C pass (:mod:`wsishard.streaming.stain_cpu`), into the buffers
+        used in turn (through a float32 one for another ``dtype``)."""
+        b, h, w, _ = image.shape
+        codes = (self.codes(b) if codes_of is None else codes_of).tolist() if self.augment else [0] * b
+        out = self._output((b, 3, h, w))
+        f32 = out if self.dtype == torch.float32 else torch.empty_like(out, dtype=torch.float32)
+        stain_cpu.stain_pass(image, f32, options, seed=self.seed, batch=self.batches, slide_rows=rows, codes=codes,
+                             mean=self.mean.flatten().tolist(), std=self.std.flatten().tolist(),
+                             channels_last=self.channels_last)  # fmt: skip
+        return out if f32 is out else out.copy_(f32)
 
     def _cpu_images(self, image: torch.Tensor, codes_of: torch.Tensor | None = None) -> torch.Tensor:
         """The CPU path, one pass over memory: each sample moved by its dihedral transform and written through a

@@ -216,16 +216,24 @@ def macenko(x: torch.Tensor, matrix: torch.Tensor, max_conc: torch.Tensor, targe
         pinv: (b, 2, 3) ``matrix``'s pseudo-inverses if already known.
     """
     b = x.shape[0]
-    dev = x.device
+    a, k = macenko_map(matrix, max_conc, target, pinv)
+    log_i = torch.log1p(x.reshape(b, 3, -1) * 255.0)  # (b, 3, h*w)
+    out = torch.baddbmm(k, a, log_i).exp_().clamp_(max=1.0)  # (b, 3, h*w)
+    return out.view_as(x)
+
+
+def macenko_map(matrix: torch.Tensor, max_conc: torch.Tensor, target: StainTarget,
+                pinv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """:func:`macenko`'s per-sample map in log space: ``(a, k)``, (b, 3, 3) and (b, 3, 1) float32, such that the
+    normalised intensity is ``exp(a @ ln(255 x + 1) + k)`` (capped at 1). Arguments as :func:`macenko`'s."""
+    dev = matrix.device
     t_matrix = torch.tensor(target.matrix, dtype=torch.float32, device=dev)  # (3, 2)
     t_conc = torch.tensor(target.max_conc, dtype=torch.float32, device=dev)  # (2,)
     p = torch.linalg.pinv(matrix) if pinv is None else pinv  # (b, 2, 3)
     a = (t_matrix.unsqueeze(0) * (t_conc / max_conc).unsqueeze(1)) @ p  # (b, 3, 3): OD -> OD'
     # OD' = A (ln Io - L) with L = ln(255 x + 1); out = Io / 255 exp(-OD') = exp(A L + k), k = ln(Io/255) - A ln Io 1
     k = math.log(_IO / 255.0) - a.sum(dim=2, keepdim=True) * math.log(_IO)  # (b, 3, 1)
-    log_i = torch.log1p(x.reshape(b, 3, -1) * 255.0)  # (b, 3, h*w)
-    out = torch.baddbmm(k, a, log_i).exp_().clamp_(max=1.0)  # (b, 3, h*w)
-    return out.view_as(x)
+    return a, k
 
 
 def _lab(x: torch.Tensor) -> torch.Tensor:
@@ -267,6 +275,13 @@ def draws(seed: int, batch: int, tag: int, shape: tuple[int, ...]) -> np.ndarray
     return np.random.default_rng((seed, batch, tag)).uniform(-1.0, 1.0, shape)
 
 
+def hed_matrices() -> tuple[torch.Tensor, torch.Tensor]:
+    """(3, 3) float64 maps of :func:`hed_jitter`: log intensities -> H, E, DAB concentrations, and back."""
+    rgb_from_hed = torch.tensor(_RGB_FROM_HED, dtype=torch.float64)
+    hed_from_rgb = torch.linalg.inv(rgb_from_hed)
+    return hed_from_rgb.T / _LOG_ADJUST, rgb_from_hed.T * _LOG_ADJUST
+
+
 def hed_jitter(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """HED jitter: each sample's H, E, DAB concentrations (scikit-image's ``rgb2hed``) times ``scale`` plus
     ``shift``, back to RGB (``hed2rgb``). (b, 3, h, w) float RGB in [0, 1]; ``scale``, ``shift``: (b, 3).
@@ -275,10 +290,7 @@ def hed_jitter(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> tor
     as it is (with the clip, pixels off the H, E, DAB span moved by up to 0.69 of full scale on CMU-1 tissue).
     """
     b = x.shape[0]
-    rgb_from_hed = torch.tensor(_RGB_FROM_HED, dtype=torch.float64)
-    hed_from_rgb = torch.linalg.inv(rgb_from_hed)
-    to_hed = hed_from_rgb.T.to(x.dtype).to(x.device) / _LOG_ADJUST  # (3, 3): ln(rgb) -> concentrations
-    to_log = rgb_from_hed.T.to(x.dtype).to(x.device) * _LOG_ADJUST  # (3, 3): concentrations -> ln(rgb)
+    to_hed, to_log = (m.to(x.dtype).to(x.device) for m in hed_matrices())
     log_rgb = torch.log(x.reshape(b, 3, -1).clamp(min=1e-6))  # (b, 3, n)
     hed = torch.matmul(to_hed, log_rgb)  # (b, 3, n), rgb2hed's without its clip at 0 (module docstring)
     hed = torch.addcmul(shift.unsqueeze(2), hed, scale.unsqueeze(2))
@@ -340,13 +352,21 @@ def apply(x: torch.Tensor, options: StainOptions, *, seed: int, batch: int,
     elif options.normalize == "reinhard":
         x = reinhard(x, options.reinhard_target)
     if options.hed_scale or options.hed_shift:
-        u = draws(seed, batch, _TAG_HED, (b, 2, 3))
-        scale = torch.from_numpy(1.0 + options.hed_scale * u[:, 0]).to(dev, x.dtype)
-        shift = torch.from_numpy(options.hed_shift * u[:, 1]).to(dev, x.dtype)
-        x = hed_jitter(x, scale, shift)
+        scale, shift = hed_draws(options, seed, batch, b)
+        x = hed_jitter(x, torch.from_numpy(scale).to(dev, x.dtype), torch.from_numpy(shift).to(dev, x.dtype))
     if options.brightness or options.contrast or options.saturation or options.hue:
-        u = draws(seed, batch, _TAG_COLOUR, (b, 4))
-        spread = np.array([options.brightness, options.contrast, options.saturation, options.hue])
-        factors = u * spread + np.array([1.0, 1.0, 1.0, 0.0])  # (b, 4)
-        x = colour_jitter(x, torch.from_numpy(factors).to(dev, x.dtype))
+        x = colour_jitter(x, torch.from_numpy(colour_draws(options, seed, batch, b)).to(dev, x.dtype))
     return x
+
+
+def hed_draws(options: StainOptions, seed: int, batch: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """HED jitter's (b, 3) scales and shifts (float64) of batch number ``batch`` of a collate seeded ``seed``."""
+    u = draws(seed, batch, _TAG_HED, (b, 2, 3))
+    return 1.0 + options.hed_scale * u[:, 0], options.hed_shift * u[:, 1]
+
+
+def colour_draws(options: StainOptions, seed: int, batch: int, b: int) -> np.ndarray:
+    """Colour jitter's (b, 4) factors (float64: brightness, contrast, saturation, hue turn) of batch ``batch``."""
+    u = draws(seed, batch, _TAG_COLOUR, (b, 4))
+    spread = np.array([options.brightness, options.contrast, options.saturation, options.hue])
+    return u * spread + np.array([1.0, 1.0, 1.0, 0.0])  # (b, 4)
