@@ -137,6 +137,30 @@ def test_context_centres_and_pixels_match_the_main_patch_on_real_tissue(tmp_path
     _check_context(tmp_path / "out", min_samples=20)
 
 
+def test_lossless_context_matches_the_main_patch_at_its_own_pixels_unshifted(slides: Path, tmp_path: Path) -> None:
+    """PNG patches (no JPEG loss on either side), compared at the context's own pixels: the context's centre equals
+    the main patch area-reduced 4x within 35 dB, and moving the context by a quarter of its pixel makes it worse."""
+    import cv2
+
+    opts = dataclasses.replace(PLAIN, context_mpp=(2.0,), image_format="png")
+    build([str(slides / "a.svs")], str(tmp_path / "out"), opts)
+    _, samples = read_output(str(tmp_path / "out"))
+    inner, lo = 32, (128 - 32) // 2  # 128 px at 0.5 mpp span 32 px at 2.0 mpp
+    at: dict[tuple[float, float], list[float]] = {}
+    for s in samples[:40]:
+        ctx, main = (np.asarray(_rgb(s.members[m]), dtype=np.float64) for m in ("ctx0.png", "png"))
+        reduced = cv2.resize(main, (inner, inner), interpolation=cv2.INTER_AREA)
+        for shift in ((0.0, 0.0), (0.25, 0.0), (-0.25, 0.0), (0.0, 0.25), (0.0, -0.25)):
+            moved = cv2.warpAffine(ctx, np.float32([[1, 0, -shift[0]], [0, 1, -shift[1]]]), (128, 128),
+                                   flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
+            at.setdefault(shift, []).append(_psnr(moved[lo : lo + inner, lo : lo + inner], reduced))
+    assert len(at[(0.0, 0.0)]) >= 20 and min(at[(0.0, 0.0)]) >= 35.0, sorted(at[(0.0, 0.0)])[:5]
+    centred = float(np.median(at[(0.0, 0.0)]))
+    assert all(centred > float(np.median(v)) + 1.0 for k, v in at.items() if k != (0.0, 0.0)), {
+        k: float(np.median(v)) for k, v in at.items()
+    }
+
+
 def test_context_through_openslide_matches_the_main_patch_too(slides: Path, tmp_path: Path) -> None:
     build([str(slides)], str(tmp_path / "out"), dataclasses.replace(CONTEXT, fast_path=False))
     _check_context(tmp_path / "out", min_samples=40)
