@@ -541,9 +541,12 @@ def _user_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
 
 
 def _print_table(rows: list[tuple[str, str, str, str]]) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    """A Markdown table (the performance page shows it as printed): the first row is the header."""
+    for i, row in enumerate(rows):
+        cells = [("· " if cell.startswith("  ") else "") + cell.strip().replace("|", "/") for cell in row]
+        print("| " + " | ".join(cells) + " |")
+        if i == 0:
+            print("|---|---|---|---|")
 
 
 def _step(name: str, fn: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any) -> dict[str, Any]:

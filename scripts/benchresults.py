@@ -20,6 +20,13 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+TITLES = {  # each script's section on the performance page
+    "bench_build": "Build", "bench_build_context": "Context patches: build cost", "bench_stream": "Streaming",
+    "bench_stream_context": "Context patches: streaming", "bench_index": "Per-sample index at archive scale",
+    "bench_sampling": "Weighted and selected streaming", "bench_stain": "Stain on the device",
+    "bench_native": "The C module", "bench_scale": "Scale", "bench_quality": "Per-patch quality scores",
+    "bench_tissue": "Tissue detection and artefacts",
+}  # fmt: skip
 
 
 class _Tee(io.TextIOBase):
@@ -59,7 +66,9 @@ def save(name: str, printed: str, argv: list[str], folder: Path = RESULTS, scrip
         "benchmark": name,
         "command": " ".join(["python", f"scripts/{script or name}.py", *argv]),
         "when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"1-min load {os.getloadavg()[0]:.1f} when saved",
+        "title": TITLES.get(name, name),
         "output_md": tables(printed),
         "report": report,
     }
