@@ -9,10 +9,11 @@ in its shard (the same size and kind of tissue JPEG a real context patch is, so 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import tarfile
 from pathlib import Path
+
+from streambench_resume import finish_copy, stale_copy  # this folder's module (scripts/ is on sys.path)
 
 CONTEXT_MPP = 2.0
 
@@ -20,14 +21,13 @@ CONTEXT_MPP = 2.0
 def context_copy(shards_dir: Path, out_dir: Path) -> Path:
     """``out_dir``: the build ``shards_dir`` with one context member a sample (module docstring), shard for shard.
     Reused while the source's manifest is unchanged."""
-    from wsishard.format import MANIFEST_NAME, SLIDES_NAME, context_ext, split_member
+    from wsishard.format import context_ext, split_member
     from wsishard.shards.writer import ShardWriter
     from wsishard.storage.opener import load_manifest
     from wsishard.storage.output import Destination
 
-    stamp = out_dir / "source-manifest.sha256"
-    digest = hashlib.sha256((shards_dir / MANIFEST_NAME).read_bytes()).hexdigest()
-    if stamp.exists() and stamp.read_text() == digest and (out_dir / MANIFEST_NAME).exists():
+    digest = stale_copy(shards_dir, out_dir)
+    if digest is None:
         return out_dir
     manifest, _ = load_manifest(str(shards_dir))
     dest = Destination(str(out_dir))
@@ -50,10 +50,7 @@ def context_copy(shards_dir: Path, out_dir: Path) -> Path:
                        **{e: d for e, d in own.items() if e != manifest.image_format}}  # fmt: skip
             writer.write(key, members, json.loads(own["json"])["slide_id"])
         records.append(writer.commit())
-    if (shards_dir / SLIDES_NAME).exists():
-        dest.write_bytes(SLIDES_NAME, (shards_dir / SLIDES_NAME).read_bytes())
     patch_px = manifest.options["patch"]["patch_size_px"]
     options = {**manifest.options, "context_mpp": [CONTEXT_MPP], "context_size": patch_px}
-    dest.write_bytes(MANIFEST_NAME, dataclasses.replace(manifest, shards=records, options=options).to_json().encode())
-    stamp.write_text(digest)
+    finish_copy(shards_dir, out_dir, dataclasses.replace(manifest, shards=records, options=options), digest)
     return out_dir

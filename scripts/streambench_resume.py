@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+_STAMP = "source-manifest.sha256"  # a copy's record of the source manifest it was made from
+
 
 def resume_state(state: dict[str, Any], step: int, workers: int) -> dict[str, Any]:
     """``state`` (a fresh loader's :meth:`state_dict`) moved to after ``step`` batches taken round robin: worker
@@ -71,14 +73,13 @@ def time_resume(source: str, *, workers: int, batch: int, seed: int, steps: tupl
 def one_shard_copy(shards_dir: Path, out_dir: Path) -> Path:
     """``out_dir``: the samples of the build output ``shards_dir``, in manifest and tar order, in ONE shard, with
     the source's manifest but that one shard record. Reused while the source's manifest is unchanged."""
-    from wsishard.format import MANIFEST_NAME, SLIDES_NAME, shard_name, split_member
+    from wsishard.format import shard_name, split_member
     from wsishard.shards.writer import ShardWriter
     from wsishard.storage.opener import load_manifest
     from wsishard.storage.output import Destination
 
-    stamp = out_dir / "source-manifest.sha256"
-    digest = hashlib.sha256((shards_dir / MANIFEST_NAME).read_bytes()).hexdigest()
-    if stamp.exists() and stamp.read_text() == digest and (out_dir / MANIFEST_NAME).exists():
+    digest = stale_copy(shards_dir, out_dir)
+    if digest is None:
         return out_dir
     manifest, _ = load_manifest(str(shards_dir))
     dest = Destination(str(out_dir))
@@ -100,8 +101,29 @@ def one_shard_copy(shards_dir: Path, out_dir: Path) -> Path:
     record = writer.commit()
     if record.samples != manifest.total_samples:
         raise SystemExit(f"one-shard copy holds {record.samples} samples, the source {manifest.total_samples}")
+    finish_copy(shards_dir, out_dir, dataclasses.replace(manifest, shards=[record]), digest)
+    return out_dir
+
+
+def stale_copy(shards_dir: Path, out_dir: Path) -> str | None:
+    """The digest of ``shards_dir``'s manifest, where ``out_dir`` is not yet a copy made from it (None: it is one)."""
+    from wsishard.format import MANIFEST_NAME
+
+    digest = hashlib.sha256((shards_dir / MANIFEST_NAME).read_bytes()).hexdigest()
+    stamp = out_dir / _STAMP
+    fresh = stamp.exists() and stamp.read_text() == digest and (out_dir / MANIFEST_NAME).exists()
+    return None if fresh else digest
+
+
+def finish_copy(shards_dir: Path, out_dir: Path, manifest: Any, digest: str) -> None:
+    """End a copy into ``out_dir``: the source's slide records, ``manifest``, then the stamp that lets
+    :func:`stale_copy` reuse it."""
+    from wsishard.format import MANIFEST_NAME, SLIDES_NAME
+    from wsishard.storage.output import Destination
+
+    dest = Destination(str(out_dir))
+
     if (shards_dir / SLIDES_NAME).exists():  # a version-2 manifest: its slide records beside it, written first
         dest.write_bytes(SLIDES_NAME, (shards_dir / SLIDES_NAME).read_bytes())
-    dest.write_bytes(MANIFEST_NAME, dataclasses.replace(manifest, shards=[record]).to_json().encode())
-    stamp.write_text(digest)
-    return out_dir
+    dest.write_bytes(MANIFEST_NAME, manifest.to_json().encode())
+    (out_dir / _STAMP).write_text(digest)
