@@ -275,4 +275,5 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import benchresults  # saves benchmarks/results/bench_stain.json (the docs' performance page reads it)
 
-    sys.exit(benchresults.run("bench_stain", main))
+    on_gpu = "cuda" in " ".join(sys.argv[1:])  # --device cuda[:N]: the GPU's own result, next to the CPU's
+    sys.exit(benchresults.run("bench_stain_gpu" if on_gpu else "bench_stain", main, script="bench_stain"))

@@ -782,4 +782,6 @@ if __name__ == "__main__":
     import benchresults  # the script's own names stay its own (bench_tissue has a run())
 
     context = "--context" in sys.argv  # a run of the context figure alone is saved apart
-    sys.exit(benchresults.run("bench_stream_context" if context else "bench_stream", main, script="bench_stream"))
+    name = "bench_stream_context" if context else "bench_stream"
+    name += "_gpu" if DEVICE.type == "cuda" and not context else ""  # a GPU machine's run beside this machine's
+    sys.exit(benchresults.run(name, main, script="bench_stream"))

@@ -25,7 +25,8 @@ TITLES = {  # each script's section on the performance page
     "bench_stream_context": "Context patches: streaming", "bench_index": "Per-sample index at archive scale",
     "bench_sampling": "Weighted and selected streaming", "bench_stain": "Stain on the device",
     "bench_native": "The C module", "bench_scale": "Scale", "bench_quality": "Per-patch quality scores",
-    "bench_tissue": "Tissue detection and artefacts",
+    "bench_tissue": "Tissue detection and artefacts", "bench_stain_gpu": "Stain on a GPU",
+    "bench_stream_gpu": "Streaming on a GPU machine", "bench_gpu_loader": "Decode on the GPU",
 }  # fmt: skip
 
 
@@ -55,6 +56,14 @@ def tables(text: str) -> str:
     return "\n".join(out).strip() + "\n"
 
 
+def _gpu() -> str:
+    """The GPU and torch build, where the script ran torch on CUDA ("" otherwise)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return ""
+    return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+
+
 def save(name: str, printed: str, argv: list[str], folder: Path = RESULTS, script: str | None = None) -> Path:
     """Write ``folder/<name>.json`` from what the script (``scripts/<script or name>.py``) printed; returns its
     path."""
@@ -66,7 +75,7 @@ def save(name: str, printed: str, argv: list[str], folder: Path = RESULTS, scrip
         "benchmark": name,
         "command": " ".join(["python", f"scripts/{script or name}.py", *argv]),
         "when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {_gpu()}Python {platform.python_version()}, "
         f"1-min load {os.getloadavg()[0]:.1f} when saved",
         "title": TITLES.get(name, name),
         "output_md": tables(printed),

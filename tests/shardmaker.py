@@ -47,9 +47,11 @@ class Output:
         return {k: name for name, keys in self.keys.items() for k in keys}
 
 
-def encode(image: np.ndarray, image_format: str = "jpg") -> bytes:
+def encode(image: np.ndarray, image_format: str = "jpg", jpeg_subsampling: int = -1) -> bytes:
+    """``image`` in ``image_format``; a JPEG at quality 90 with PIL's ``subsampling`` (-1: its default, 4:2:0)."""
     buf = io.BytesIO()
-    Image.fromarray(image).save(buf, _PIL[image_format], **({"quality": 90} if image_format == "jpg" else {}))
+    jpeg = {"quality": 90, "subsampling": jpeg_subsampling}
+    Image.fromarray(image).save(buf, _PIL[image_format], **(jpeg if image_format == "jpg" else {}))
     return buf.getvalue()
 
 
@@ -65,6 +67,7 @@ def make_output(
     seed: int = 0,
     extra_members: dict[str, bytes] | None = None,
     slide_labels: list[int] | tuple[int, ...] | None = None,
+    jpeg_subsampling: int = -1,
 ) -> Output:
     """Write shards holding ``shard_samples[i]`` noise patches each, then the manifest.
 
@@ -73,6 +76,7 @@ def make_output(
     Args:
         extra_members: members added to every sample (e.g. ``{"pyd": pickle_bytes}``), not in the format.
         slide_labels: each slide's label (default: the slide's number).
+        jpeg_subsampling: PIL's ``subsampling`` for JPEG patches (-1: 4:2:0, 0: 4:4:4).
     """
     os.makedirs(root, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -88,7 +92,9 @@ def make_output(
             for _ in range(count):
                 slide = serial % slides
                 label = slide if slide_labels is None else slide_labels[slide]
-                key, members = _sample(rng, slide_ids[slide], serial, size_px, labelled, label, image_format, out)
+                key, members = _sample(
+                    rng, slide_ids[slide], serial, size_px, labelled, label, image_format, out, jpeg_subsampling
+                )
                 members.update(extra_members or {})
                 writer.write({"__key__": key, **members})
                 out.keys[name].append(key)
@@ -131,11 +137,11 @@ def make_output(
 
 
 def _sample(rng: np.random.Generator, slide_id: str, serial: int, size: int, labelled: bool, label: int,
-            image_format: str, out: Output) -> tuple[str, dict[str, bytes]]:  # fmt: skip
+            image_format: str, out: Output, jpeg_subsampling: int = -1) -> tuple[str, dict[str, bytes]]:  # fmt: skip
     x, y = (serial % 100) * size * 2, (serial // 100) * size * 2
     key = sample_key(slide_id, x, y)
     image = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)  # (h, w, 3)
-    data = encode(image, image_format)
+    data = encode(image, image_format, jpeg_subsampling)
     out.images[key] = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
     meta: PatchMeta = {"slide_id": slide_id, "file": f"{slide_id}.svs", "x": x, "y": y, "extent": size * 2,
                        "mpp": 0.5, "level": 0, "patch_size": size, "tissue": 1.0}  # fmt: skip

@@ -4,6 +4,8 @@ may keep."""
 
 from __future__ import annotations
 
+import gc
+import os
 import time
 from multiprocessing import resource_sharer
 from pathlib import Path
@@ -128,3 +130,36 @@ def test_every_pass_of_a_loader_lends_by_reference(tmp_path: Path, monkeypatch: 
             _check(batch, png)
             batches += 1
         assert batches > 2 * (RING_SLOTS + 1) >= len(received) >= 2
+
+
+class _Cycle:
+    """Garbage that says where it was collected: ``marker`` is written when a process other than ``parent`` frees it."""
+
+    def __init__(self, marker: Path, parent: int) -> None:
+        self.me, self.marker, self.parent = self, marker, parent
+
+    def __del__(self) -> None:
+        if os.getpid() != self.parent:
+            self.marker.write_text(str(os.getpid()))
+
+
+def _collect(_worker: int) -> None:
+    gc.collect()
+
+
+def test_workers_never_collect_what_the_parent_left(tmp_path: Path) -> None:
+    """A worker forked while the training process holds cyclic garbage must not free it: a CUDA tensor freed in a
+    forked worker aborts the worker (seen on an H200: a failed test's traceback held CUDA tensors in a cycle)."""
+    png = sm.make_output(str(tmp_path / "png"), (9, 7, 8, 6, 9, 7), image_format="png")
+    marker = tmp_path / "collected-in-a-worker"
+    frozen = gc.get_freeze_count()  # some Python builds freeze their start-up objects (375 on the GPU machine)
+    gc.disable()  # the cycle stays uncollected until the workers have started
+    try:
+        _Cycle(marker, os.getpid())
+        dl = loader(stream(png.root, batch_size=4, resampled=False, seed=0), num_workers=2, worker_init_fn=_collect)
+        batches = list(dl)
+    finally:
+        gc.enable()
+    gc.collect()  # here, in the parent: not marked
+    assert batches and not marker.exists(), f"a worker (pid {marker.read_text()}) collected the parent's garbage"
+    assert gc.isenabled() and gc.get_freeze_count() == frozen  # this process's collector as it was

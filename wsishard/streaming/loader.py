@@ -6,7 +6,8 @@ buffers reused under an explicit ownership rule, and the position saved and rest
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import gc
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -28,6 +29,51 @@ def _raise_handed_over(items: Iterator[Batch | WorkerShardError]) -> Iterator[Ba
         if isinstance(item, WorkerShardError):
             raise ShardError(item.shard, item.reason)
         yield item
+
+
+_gc_at_fork: bool | None = None  # the parent's collector state while its workers fork; None: settled
+
+
+def _start(dl: DataLoader[Batch]) -> Iterator[Batch]:
+    """``iter(dl)``, its workers forked with the garbage collector off; each worker freezes what it inherited
+    (:func:`_settle_worker`) before collecting anything.
+
+    A forked worker that collects the parent's cyclic garbage runs its destructors there, and a CUDA tensor freed in a
+    forked child aborts it ("CUDA error: initialization error"): a worker must never collect what existed before it
+    started. The parent's collector is on again (if it was) as soon as the workers are started.
+    """
+    global _gc_at_fork
+    _gc_at_fork = gc.isenabled()
+    gc.disable()
+    try:
+        return iter(dl)
+    finally:
+        if _gc_at_fork:
+            gc.enable()
+        _gc_at_fork = None
+
+
+class _WorkerInit:
+    """DataLoader's ``worker_init_fn``: the worker settled (:func:`_settle_worker`), then the user's own, if any."""
+
+    def __init__(self, user: Callable[[int], Any] | None) -> None:
+        self.user = user
+
+    def __call__(self, worker_id: int) -> None:
+        _settle_worker()
+        if self.user is not None:
+            self.user(worker_id)
+
+
+def _settle_worker() -> None:
+    """In a worker forked by :func:`_start`: what it inherited is frozen out of its collector, which is on again."""
+    global _gc_at_fork
+    if _gc_at_fork is None:  # the main process, a spawned worker, or settled already
+        return
+    gc.freeze()
+    if _gc_at_fork:
+        gc.enable()
+    _gc_at_fork = None
 
 
 def as_is(batch: Batch) -> Batch:
@@ -110,7 +156,8 @@ class ShardLoader:
         self._lending = Lending(
             reuse=own and reuse_buffers, by_reference=lend and not self._pin, prefill=prefill, encoded=encoded
         )
-        self._kwargs = {**kwargs, "collate_fn": collate_fn or as_is}
+        self._kwargs = {**kwargs, "collate_fn": collate_fn or as_is,
+                        "worker_init_fn": _WorkerInit(kwargs.get("worker_init_fn"))}  # fmt: skip
         self._loader: DataLoader[Batch] | None = None  # persistent workers: one DataLoader for every pass
         self._resume: Resume | None = None  # from load_state_dict, for the pass of its epoch
         self._epoch = dataset.next_epoch
@@ -128,7 +175,7 @@ class ShardLoader:
             self._loader = DataLoader(_Pass(self.dataset, epoch, resume, self._lending), batch_size=None,
                                       num_workers=self.num_workers, pin_memory=self._pin, **self._kwargs)  # fmt: skip
         pins: HostPins[Any] | None = HostPins(self._cuda) if self._cuda is not None else None
-        return self._count(_raise_handed_over(iter(self._loader)), pins)
+        return self._count(_raise_handed_over(_start(self._loader)), pins)
 
     def _count(self, batches: Iterator[Batch], pins: HostPins[Any] | None) -> Iterator[Batch]:
         returns = Returns(pins)  # the workers' buffers lent with the batches, handed back at the next request
