@@ -72,6 +72,27 @@ def test_an_index_holding_objects_is_refused_never_unpickled() -> None:
         load_index(b"not a zip", "junk.idx.npz")
 
 
+def _rewritten(data: bytes, **columns: np.ndarray) -> bytes:
+    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+        arrays = {name: npz[name] for name in npz.files}
+    out = io.BytesIO()
+    np.savez(out, **{**arrays, **columns})
+    return out.getvalue()
+
+
+def test_an_index_with_narrower_columns_is_read_widened_and_a_wider_or_other_kind_refused() -> None:
+    """0.2.0's first builds wrote int32 labels: their indexes still stream (the stream read them as unreadable)."""
+    writer = IndexWriter()
+    for i in range(3):
+        writer.add(sample_records(*_sample(i, "s", i)), 0)
+    data = writer.to_bytes()
+    index = load_index(_rewritten(data, label=np.array([0, 1, 2], np.int32)))
+    assert index.columns["label"].dtype == np.int64 and index.columns["label"].tolist() == [0, 1, 2]
+    for bad in (np.array([0, 1, 2], np.float64), np.array([0, 1, 2], np.uint64), np.array([0, 1], np.int64)):
+        with pytest.raises(ManifestError, match="index column 'label'"):
+            load_index(_rewritten(data, label=bad), "old.idx.npz")
+
+
 def test_summaries_combine_and_split_back_per_shard() -> None:
     items = [(np.array([0, 1]), np.array([8, 2]), np.array([b"a", b"b"]), np.array([6, 4])),
              (np.array([1]), np.array([5]), np.array([b"c", b"a"]), np.array([1, 4]))]  # fmt: skip

@@ -241,9 +241,10 @@ def load_index(data: bytes, location: str = "<index>") -> ShardIndex:
     columns = {}
     for name, dtype in COLUMNS.items():
         col = arrays.get(name)
-        if col is None or col.shape != key.shape or col.dtype != np.dtype(dtype):
+        want = np.dtype(dtype)  # or a narrower one of its kind (0.2.0's first builds wrote int32 labels): widened
+        if col is None or col.shape != key.shape or col.dtype.kind != want.kind or not np.can_cast(col.dtype, want):
             raise ManifestError(location, f"index column {name!r} is missing, or not {len(key)} {dtype} values")
-        columns[name] = col
+        columns[name] = col.astype(want, copy=False)
     names = arrays.get("slide_names", np.zeros(0, "S1"))
     if len(key) and (columns["slide"].min() < 0 or columns["slide"].max() >= len(names)):
         raise ManifestError(location, "index slide column points outside its slide names")
