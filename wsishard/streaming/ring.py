@@ -205,7 +205,7 @@ class Returns:
     """
 
     def __init__(self, pins: HostPins[tuple[Ring, int]] | None = None) -> None:
-        self._storages: dict[tuple[Ring, int], torch.UntypedStorage] = {}  # (ring, slot) -> the buffer
+        self._buffers_by_slot: dict[tuple[Ring, int], torch.UntypedStorage] = {}  # (ring, slot) -> the buffer
         self._rings: dict[Ring, np.ndarray] = {}  # ring -> its flags (a numpy view, which keeps their tensor)
         self._lent: set[tuple[Ring, int]] = set()
         self._pins = pins  # buffers sent by reference page-locked in place (CUDA), handed back after queued copies
@@ -221,21 +221,21 @@ class Returns:
         if ticket.flags is not None and ticket.ring not in self._rings:
             self._rings[ticket.ring] = ticket.flags.numpy()
         if ticket.image is not None:
-            self._storages[key] = ticket.image.untyped_storage()
+            self._buffers_by_slot[key] = ticket.image.untyped_storage()
             if self._pins is not None and ticket.shape is not None:  # by reference: the same buffer from now on
-                self._pins.register(self._storages[key])
-        if key not in self._storages or ticket.ring not in self._rings:
+                self._pins.register(self._buffers_by_slot[key])
+        if key not in self._buffers_by_slot or ticket.ring not in self._rings:
             raise ValueError(f"buffer {ticket.slot} of ring {ticket.ring} was never sent to this process")
         self._lent.add(key)
         if ticket.shape is None:
             return None
-        return _at(self._storages[key], ticket.start, ticket.shape)
+        return _at(self._buffers_by_slot[key], ticket.start, ticket.shape)
 
     def context(self, ticket: Lent) -> torch.Tensor | None:
         """By reference, the context of a batch whose ticket :meth:`add` took (a view of its buffer); else None."""
         if ticket.context_shape is None:
             return None
-        return _at(self._storages[(ticket.ring, ticket.slot)], ticket.context_start, ticket.context_shape)
+        return _at(self._buffers_by_slot[(ticket.ring, ticket.slot)], ticket.context_start, ticket.context_shape)
 
     def release(self) -> int:
         """Hand back every buffer lent so far (the loop has asked for the next batch); the number handed back (with
