@@ -83,3 +83,16 @@ def test_the_sampling_guide_has_a_worked_example_of_each_feature() -> None:
         code = "".join(re.findall(r"^```python\n(.*?)^```", sections.get(title, ""), re.M | re.S))
         assert call in code and "wsishard.stream(" in code, title
     assert 'batch["valid"]' in sections["Exact validation under torchrun"]
+
+
+def test_scripts_save_results_only_through_benchresults() -> None:
+    """The performance page reads every file under benchmarks/results/ as a benchresults run; a script writing its own
+    file there (sampling_checks.py wrote ``sampling_checks-<time>.json``) broke ``mkdocs build --strict``."""
+    writers = []
+    for path in sorted((ROOT / "scripts").glob("*.py")):
+        code = "\n".join(ln.split("#", 1)[0] for ln in path.read_text().splitlines())  # comments aside
+        if path.name != "benchresults.py" and re.search(r"""["']results["']""", code):
+            writers.append(path.name)
+    assert writers == []
+    for name in ("sampling_checks.py", "bench_tissue.py"):
+        assert "benchresults.run(" in (ROOT / "scripts" / name).read_text(), name
