@@ -124,7 +124,7 @@ def main() -> int:
             flush=True,
         )
     build = "quick" if args.quick else "full"
-    print(f"\nThe sampling features' checks ({args.samples:,} weighted draws, {build} build)\n")
+    print(f"\nThe sampling features' checks ({args.samples:,} weighted draws, {build} build)")
     print("| check | result | figures | seconds |\n|---|---|---|---|")
     for name, got in result.items():
         figures = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in got.items()
