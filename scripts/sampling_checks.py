@@ -13,7 +13,8 @@ Example::
 - Resume: a loader (2 workers) with ``weights="class"`` and ``select=`` restored from its ``state_dict()`` after
   15 batches yields the uninterrupted run's next 25.
 
-Prints one line per check and ``JSON: {...}``; saves it under ``benchmarks/results/`` if that folder exists.
+Prints one line per check, a Markdown table and ``JSON: {...}``, saved as ``benchmarks/results/sampling_checks.json``
+(benchresults.py: the docs' performance page reads every file there).
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def check_resume(source: str) -> dict[str, Any]:
     return {"batches": 40, "resumed_at": 15, "pass": taken + rest == reference}
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="bench_stream's quick build")
     ap.add_argument("--workdir", default="/tmp/wsishard-bench-stream", help="cache of slides and shards")
@@ -122,12 +123,20 @@ def main() -> None:
             + json.dumps({k: v for k, v in result[name].items() if k != "pass"}, default=float),
             flush=True,
         )
-    line = json.dumps(result, default=float)
-    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-    if folder.is_dir():
-        (folder / f"sampling_checks-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(line + "\n")
-    print("JSON: " + line)
+    build = "quick" if args.quick else "full"
+    print(f"\nThe sampling features' checks ({args.samples:,} weighted draws, {build} build)")
+    print("| check | result | figures | seconds |\n|---|---|---|---|")
+    for name, got in result.items():
+        figures = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in got.items()
+                            if k not in ("pass", "seconds"))  # fmt: skip
+        print(f"| {name} | {'PASS' if got['pass'] else 'MISS'} | {figures} | {got['seconds']} |")
+    print("JSON: " + json.dumps(result, default=float))
+    return 0  # saved with its MISS rows, as the benchmarks are
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    import benchresults  # saves benchmarks/results/sampling_checks.json (the docs' performance page reads it)
+
+    sys.exit(benchresults.run("sampling_checks", main))

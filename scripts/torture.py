@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Hostile input, end to end: the build and stream cases of issue 12, run on generated slides so they stay fixed.
+"""Hostile input, end to end: the build and stream cases of issues 12 and 28, on generated slides so they stay fixed.
 
 Each case builds (through the ``wsishard`` command, as a user would) or streams (through :func:`wsishard.stream`)
 something broken, hostile or concurrent, and checks what a user must get: a clear one-line error, nothing lost,
@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import dataclasses
 import io
+import itertools
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import tifffile
 from PIL import Image
@@ -571,6 +573,33 @@ def deep_json_in_verify(work: Path) -> str:
     return f"verify: {report.problems[0][0]}: {report.problems[0][1][:60]}..."
 
 
+def damaged_loader_state(work: Path) -> str:
+    """Item 7: every field of a loader state is checked before anything starts; the good state still resumes."""
+    from wsishard import loader
+
+    def fresh() -> Any:
+        return loader(stream(str(_built(work)), batch_size=8, seed=1, shuffle=16), num_workers=2)
+
+    reference = [list(b["key"]) for b in itertools.islice(fresh(), 6)]
+    first = fresh()
+    taken = [list(b["key"]) for b in itertools.islice(first, 2)]
+    good = json.loads(json.dumps(first.state_dict()))
+    bad = {"batches": [10**30, 0], "epoch": 1e20, "last_worker": 99}
+    bad_states: list[tuple[str, Any]] = [(k, {**good, k: v}) for k, v in bad.items()]
+    bad_states += [("batches", {**good, "batches": [1.0, 0]}), ("batches", {**good, "batches": [True, 0]})]
+    bad_states += [("loader state", "epoch 3"), ("loader state", None)]
+    again = fresh()
+    for field, state in bad_states:
+        try:
+            again.load_state_dict(state)
+            raise AssertionError(f"accepted {state!r:.80}")
+        except ValueError as exc:
+            assert field in str(exc), (field, str(exc))
+    again.load_state_dict(good)
+    assert taken + [list(b["key"]) for b in itertools.islice(again, 4)] == reference
+    return f"{len(bad_states)} damaged states refused naming their field; the good one then resumes exactly"
+
+
 def too_few_file_descriptors(work: Path) -> str:
     if sys.platform == "win32":
         return "skipped: RLIMIT_NOFILE"
@@ -604,6 +633,7 @@ CASES.update({
     "the build's process SIGKILLed": workers_die_with_a_killed_build,
     "a label of 2**70": overflowing_labels,
     "a .json nested 500,000 deep (verify)": deep_json_in_verify,
+    "a damaged loader state": damaged_loader_state,
     "ulimit -n 56 with 30 slides": too_few_file_descriptors,
 })  # fmt: skip
 

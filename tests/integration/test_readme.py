@@ -126,3 +126,12 @@ def test_webdataset_is_a_range_and_ci_tests_its_lowest_release() -> None:
     (low,) = re.findall(r'"webdataset>=([0-9.]+),<2"', deps)
     assert "webdataset==" not in deps
     assert f"pip install 'webdataset=={low}' && pytest" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_readme_links_every_user_guide_page() -> None:
+    """The README's table of features points to every page of the docs' user guide (the sampling, pigment, context
+    and stain pages came after the table and were missing from it)."""
+    nav = (ROOT / "mkdocs.yml").read_text()
+    guide = set(re.findall(r"^\s+- [^:]+: (guide/[\w-]+\.md)$", nav, re.M))
+    linked = set(re.findall(r"\]\(docs/(guide/[\w-]+\.md)\)", (ROOT / "README.md").read_text()))
+    assert len(guide) > 10 and guide - linked == set()

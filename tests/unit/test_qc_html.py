@@ -39,3 +39,14 @@ def test_manifest_text_is_escaped() -> None:
     page = qc_index(_manifest())
     assert "<script>" not in page and "<img src=x" not in page
     assert "&lt;script&gt;z.svs" in page and "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in page
+
+
+def test_a_slide_without_a_picture_shows_a_line_of_text_not_a_broken_image() -> None:
+    """Issue 29: a failed slide has no QC picture; its card's image falls back to a line naming the slide (the page
+    cannot know which pictures exist: it may be read from object storage)."""
+    page = qc_index(_manifest(), "pics/")
+    card = page[page.index('id="z-bad"') : page.index('id="a-ok"')]
+    img = re.search(r"<img [^>]*>", card)
+    assert img is not None and 'src="pics/z-bad.png"' in img.group(0)
+    assert 'alt="no QC picture for z-bad"' in img.group(0)
+    assert 'onerror="this.parentNode.replaceWith(this.alt)"' in img.group(0)
