@@ -73,8 +73,8 @@ def _build_cost(n: int = 2048) -> float:
 
     records = []
     for i in range(n):
-        meta = {"slide_id": f"s{i % GROUP_SLIDES}", "x": i, "y": i, "mpp": 0.5039, "tissue": 0.75, "background": 0.1,
-                "dark": 0.0, "sharpness": 212.5, "label": 1}  # fmt: skip
+        meta = {"slide_id": f"s{i % GROUP_SLIDES}", "x": i, "y": i, "patch_mpp": 0.5039, "tissue": 0.75,
+                "background": 0.1, "dark": 0.0, "sharpness": 212.5, "label": 1}  # fmt: skip
         members = {"jpg": b"\xff" * 14_000, "json": json.dumps(meta).encode(), "cls": b"1"}
         records.append(sample_records(f"s{i % GROUP_SLIDES}_x{i}_y{i}", members))
     chunks = [b"".join(records[k : k + 256]) for k in range(0, n, 256)]  # a segment's records at a time

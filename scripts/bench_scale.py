@@ -129,7 +129,7 @@ def _record(slide: int) -> Any:
     count = _patches(slide)
     return SlideRecord(slide_id=f"TCGA-{slide:07d}-01Z-00-DX1", file=f"s3://archive/slides/TCGA-{slide:07d}.svs",
                          status="ok" if count else "failed", reason="" if count else "no tissue found",
-                         width=100_000, height=80_000, mpp=0.2520, mpp_source="openslide", patch_mpp=0.5, level=0,
+                         width=100_000, height=80_000, slide_mpp=0.2520, mpp_source="openslide", patch_mpp=0.5, level=0,
                          downsample=1.0, tissue_fraction=0.25, candidates=4 * count, patches=count)  # fmt: skip
 
 

@@ -112,7 +112,7 @@ def make_output(
             status="ok",
             width=10_000,
             height=10_000,
-            mpp=0.25,
+            slide_mpp=0.25,
             mpp_source="openslide",
             level=0,
             downsample=1.0,
@@ -144,7 +144,7 @@ def _sample(rng: np.random.Generator, slide_id: str, serial: int, size: int, lab
     data = encode(image, image_format, jpeg_subsampling)
     out.images[key] = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
     meta: PatchMeta = {"slide_id": slide_id, "file": f"{slide_id}.svs", "x": x, "y": y, "extent": size * 2,
-                       "mpp": 0.5, "level": 0, "patch_size": size, "tissue": 1.0}  # fmt: skip
+                       "patch_mpp": 0.5, "level": 0, "patch_size": size, "tissue": 1.0}  # fmt: skip
     members = {image_format: data}
     if labelled:
         meta["label"] = label

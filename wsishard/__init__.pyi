@@ -23,6 +23,7 @@ from wsishard.errors import WsiShardError as WsiShardError
 from wsishard.format import PatchMeta as PatchMeta
 from wsishard.format import is_context_member as is_context_member
 from wsishard.format import is_sample_member as is_sample_member
+from wsishard.format import patch_meta as patch_meta
 from wsishard.manifest import Manifest as Manifest
 from wsishard.manifest import ShardRecord as ShardRecord
 from wsishard.manifest import SlideRecord as SlideRecord

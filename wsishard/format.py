@@ -3,7 +3,10 @@
 A build output is a folder (or object-store prefix) holding WebDataset tar shards ``shard-<group>-<k>.tar`` (the
 k-th shard of a slide group: each part of a cluster build names its shards alone), the slide records
 ``slides.jsonl`` (a JSON object per line) and ``manifest.json``, written last: the options, the totals and the shard
-index (name, samples, bytes, sha256), all a reader needs at start-up. Version 1 outputs are read as before.
+index (name, samples, bytes, sha256), all a reader needs at start-up. Version 1 and 2 outputs are read as before:
+version 3 renamed the microns per pixel so that each name says whose it is (``slide_mpp``: the slide's level 0,
+``patch_mpp``: the written patches', ``target_mpp``: the one asked for), where versions 1 and 2 wrote ``mpp`` for the
+first in the slide records and for the second in each sample's ``.json`` (:func:`patch_meta` reads both).
 
 Each sample is one tissue patch with the members::
 
@@ -26,17 +29,18 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 from wsishard.imageheader import image_header as image_header
 
 FORMAT_NAME = "wsishard"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: ``slide_mpp`` in the slide records, ``patch_mpp`` in each sample's .json (2: both ``mpp``)
 # What a build makes of the same slides and options: bumped when the plan (which blocks go where, in what order)
 # or the patches' pixels change, so that an output begun by another revision is never resumed into a mix of both.
 # 2: patches start on the reduced pixel nearest their grid position; blocks in strips of two rows, kept in order.
 BUILD_REVISION = 2
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
+NAMED_MPP_VERSION = 3  # the first version naming each mpp by whose it is: slide_mpp, patch_mpp (before: mpp, mpp)
 MANIFEST_NAME = "manifest.json"
 SLIDES_NAME = "slides.jsonl"
 QC_INDEX_NAME = "qc/index.html"  # the QC review page (beside the qc/<slide_id>.png pictures)
@@ -81,7 +85,7 @@ class PatchMeta(TypedDict, total=False):
     x: int  # level-0 left
     y: int  # level-0 top
     extent: int  # level-0 width (= height) the patch covers
-    mpp: float  # microns per pixel of the patch as written (the slide's actual patch mpp)
+    patch_mpp: float  # microns per pixel of the patch as written (``mpp`` in versions 1 and 2: :func:`patch_meta`)
     level: int  # pyramid level the pixels were read from
     patch_size: int  # px, width = height of the written image
     tissue: float  # fraction of the patch inside the tissue mask, 0..1
@@ -92,6 +96,19 @@ class PatchMeta(TypedDict, total=False):
     label: int  # only when the build had labels
     label_name: str  # the label's class name, when labels came from annotation classes (--roi-labels)
     context: list[ContextMeta]  # only when the build has context patches (--context-mpp)
+
+
+def patch_meta(meta: Any) -> PatchMeta:
+    """A sample's parsed ``.json`` under this version's names: a version 1 or 2 sample's ``mpp`` (the patch's) is
+    given as ``patch_mpp`` too (its ``mpp`` kept, as the sample holds it). A version 3 sample holds no ``mpp``."""
+    if isinstance(meta, dict) and "mpp" in meta and "patch_mpp" not in meta:
+        meta["patch_mpp"] = meta["mpp"]
+    return meta
+
+
+def patch_mpp_name(version: int) -> str:
+    """The name of the patch's mpp in a sample's ``.json`` of format ``version``: ``patch_mpp`` (``mpp`` before 3)."""
+    return "patch_mpp" if version >= NAMED_MPP_VERSION else "mpp"
 
 
 def sanitize_slide_id(name: str) -> str:

@@ -12,6 +12,7 @@ from wsishard.errors import ManifestError
 from wsishard.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
+    NAMED_MPP_VERSION,
     READABLE_VERSIONS,
     SLIDES_NAME,
     SlideStatus,
@@ -48,7 +49,8 @@ class ShardRecord:
 
 @dataclass(frozen=True, kw_only=True)
 class SlideRecord:
-    """One input slide's outcome. Dimensions are level-0 pixels; ``mpp`` is level-0 microns per pixel."""
+    """One input slide's outcome. Dimensions are level-0 pixels. Version 1 and 2 records name ``slide_mpp`` ``mpp``:
+    they are read under the new name (:func:`parse_slide_lines`, :meth:`Manifest.from_dict`)."""
 
     slide_id: str
     file: str
@@ -56,8 +58,8 @@ class SlideRecord:
     reason: str = ""
     width: int = 0
     height: int = 0
-    mpp: float | None = None
-    mpp_source: str = ""  # "openslide" | "csv" | "default" | ""
+    slide_mpp: float | None = None  # level 0's microns per pixel
+    mpp_source: str = ""  # where slide_mpp came from: "openslide" | "csv" | "default" | ""
     patch_mpp: float | None = None  # the written patches' actual mpp (the target, unless --mpp-tolerance snapped)
     level: int | None = None
     downsample: float | None = None
@@ -122,7 +124,7 @@ class Manifest:
             "slides_skipped": sum(s.status == "skipped" for s in self.slides),
         }
         if not self.slides_file:
-            d["slides"] = [asdict(s) for s in self.slides]
+            d["slides"] = [_record_data(s, self.version) for s in self.slides]
         d["shards"] = [dict(vars(s)) for s in self.shards]
         return d
 
@@ -145,7 +147,7 @@ class Manifest:
         try:
             names = {f.name for f in fields(ShardRecord)}
             shards = [ShardRecord(**{k: v for k, v in s.items() if k in names}) for s in data["shards"]]
-            slides = [SlideRecord(**_known(SlideRecord, s)) for s in data.get("slides", [])]
+            slides = [_slide_record(s) for s in data.get("slides", [])]
             if data["version"] == 1 and "slides" not in data:
                 raise KeyError("slides")
             top = _known(cls, data)
@@ -187,12 +189,14 @@ def manifest_files(manifest: Manifest, part: tuple[int, int] | None = None) -> l
     """The files that hold ``manifest`` (of the build, or of part ``part``), in write order: its slide records file
     (:func:`slides_name`), then the manifest (:func:`manifest_name`), whose presence means both are complete."""
     manifest = replace(manifest, slides_file=slides_name(part))
-    return [(slides_name(part), slide_lines(manifest.slides)), (manifest_name(part), manifest.to_json().encode())]
+    records = slide_lines(manifest.slides, manifest.version)
+    return [(slides_name(part), records), (manifest_name(part), manifest.to_json().encode())]
 
 
-def slide_lines(records: list[SlideRecord]) -> bytes:
-    """A slide records file (:data:`SLIDES_NAME`): one JSON object per line, in the order given."""
-    return "".join(json.dumps(asdict(r)) + "\n" for r in records).encode()
+def slide_lines(records: list[SlideRecord], version: int = FORMAT_VERSION) -> bytes:
+    """A slide records file (:data:`SLIDES_NAME`) of format ``version``: one JSON object per line, in the order
+    given."""
+    return "".join(json.dumps(_record_data(r, version)) + "\n" for r in records).encode()
 
 
 def parse_slide_lines(text: str, location: str = "<slides>") -> list[SlideRecord]:
@@ -206,10 +210,25 @@ def parse_slide_lines(text: str, location: str = "<slides>") -> list[SlideRecord
         if not line.strip():
             continue
         try:
-            records.append(SlideRecord(**_known(SlideRecord, json.loads(line))))
+            records.append(_slide_record(json.loads(line)))
         except (ValueError, TypeError, AttributeError) as exc:
             raise ManifestError(location, f"line {n} is not a slide record ({exc})") from exc
     return records
+
+
+def _record_data(record: SlideRecord, version: int) -> dict[str, Any]:
+    """``record`` as plain data under the names of format ``version``: a version 1 or 2 output (merged, or written
+    again) keeps its own names, ``mpp`` for ``slide_mpp``."""
+    data = asdict(record)
+    return data if version >= NAMED_MPP_VERSION else {("mpp" if k == "slide_mpp" else k): v for k, v in data.items()}
+
+
+def _slide_record(data: dict[str, Any]) -> SlideRecord:
+    """A slide record from its plain data, of any readable version (versions 1 and 2 name ``slide_mpp`` ``mpp``)."""
+    known = _known(SlideRecord, data)
+    if "mpp" in data and "slide_mpp" not in data:
+        known["slide_mpp"] = data["mpp"]
+    return SlideRecord(**known)
 
 
 def _known(klass: type, data: dict[str, Any]) -> dict[str, Any]:

@@ -84,7 +84,7 @@ _ORDER = {"failed": 0, "skipped": 1, "ok": 2}  # failed slides first, then skipp
 
 
 def _card(s: SlideRecord, prefix: str) -> str:
-    at = f" at {s.mpp:.4f} mpp ({s.mpp_source})" if s.mpp else ""
+    at = f" at {s.slide_mpp:.4f} mpp ({s.mpp_source})" if s.slide_mpp else ""
     rows = [
         ("file", os.path.basename(s.file)),
         ("size", f"{s.width} x {s.height} px{at}"),

@@ -87,18 +87,18 @@ def details(manifest: Manifest, *, max_rows: int = 50) -> str:
         lines.append("labels: " + ", ".join(f"{i} {name}" for i, name in enumerate(names)))
     lines += [
         "",
-        f"{'slide':<32} {'status':<7} {'size':>13} {'mpp':>7} {'src':<9} {'lvl':>3} {'out mpp':>7} {'tissue':>6} "
-        f"{'cells':>6} {'patches':>7} {'label':>5}",
+        f"{'slide':<32} {'status':<7} {'size':>13} {'slide_mpp':>9} {'src':<9} {'lvl':>3} {'patch_mpp':>9} "
+        f"{'tissue':>6} {'cells':>6} {'patches':>7} {'label':>5}",
     ]
     for s in manifest.slides[:max_rows]:
         size = f"{s.width}x{s.height}" if s.width else "-"
-        mpp = f"{s.mpp:.4f}" if s.mpp else "-"
+        mpp = f"{s.slide_mpp:.4f}" if s.slide_mpp else "-"
         out_mpp = f"{s.patch_mpp:.4f}" if s.patch_mpp else "-"
         lvl = "-" if s.level is None else str(s.level)
         label = "-" if s.label is None else str(s.label)
         lines.append(
-            f"{s.slide_id[:32]:<32} {s.status:<7} {size:>13} {mpp:>7} {s.mpp_source or '-':<9} {lvl:>3} "
-            f"{out_mpp:>7} {s.tissue_fraction:>6.1%} {s.candidates:>6} {s.patches:>7} {label:>5}"
+            f"{s.slide_id[:32]:<32} {s.status:<7} {size:>13} {mpp:>9} {s.mpp_source or '-':<9} {lvl:>3} "
+            f"{out_mpp:>9} {s.tissue_fraction:>6.1%} {s.candidates:>6} {s.patches:>7} {label:>5}"
         )
     if len(manifest.slides) > max_rows:
         lines.append(f"... {len(manifest.slides) - max_rows} more slides")
@@ -112,7 +112,8 @@ def details(manifest: Manifest, *, max_rows: int = 50) -> str:
 
 
 _KEY = (
-    "  mpp: level 0's, from src (openslide, csv or default); lvl: the level read; out mpp: the patches' actual mpp;\n"
+    "  slide_mpp: level 0's, from src (openslide, csv or default); lvl: the level read;\n"
+    "  patch_mpp: the patches' actual mpp (the target, unless --mpp-tolerance snapped it to a level);\n"
     "  tissue: fraction of the slide; cells: grid cells with any tissue; patches: those written (the rest were left\n"
     '  out, per reason in slides.jsonl\'s "filtered": min_tissue, artefact, roi, roi_class, max_patches, quality);\n'
     "  label: the slide's (--labels)"

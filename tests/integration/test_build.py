@@ -51,7 +51,7 @@ def test_every_patch_decodes_with_metadata_and_unique_keys(mixed_build: Path) ->
         assert s.image().shape == (64, 64, 3)
         meta = s.meta
         assert s.key == f"{meta['slide_id']}_x{meta['x']}_y{meta['y']}"
-        assert meta["extent"] == 128 and meta["patch_size"] == 64 and meta["mpp"] == 0.5 and meta["level"] == 0
+        assert meta["extent"] == 128 and meta["patch_size"] == 64 and meta["patch_mpp"] == 0.5 and meta["level"] == 0
         assert meta["tissue"] >= 0.5 and meta["file"].startswith("slide-")
     per_slide = Counter(s.meta["slide_id"] for s in samples)
     assert {r.slide_id: r.patches for r in manifest.slides} == dict(per_slide)
@@ -73,7 +73,7 @@ def test_manifest_records_options_and_slides(mixed_build: Path) -> None:
     manifest, _ = read_output(str(mixed_build))
     assert manifest.options["patch"]["patch_size_px"] == 64 and manifest.options["seed"] == 1
     for slide in manifest.slides:
-        assert slide.status == "ok" and slide.mpp == pytest.approx(0.25) and slide.mpp_source == "openslide"
+        assert slide.status == "ok" and slide.slide_mpp == pytest.approx(0.25) and slide.mpp_source == "openslide"
         assert (slide.width, slide.height) == (2048, 2048)
         assert 0.1 < slide.tissue_fraction < 0.6 and slide.candidates >= slide.patches > 0
     pictures = sorted(f"{s.slide_id}.png" for s in manifest.slides)
@@ -159,8 +159,8 @@ def test_mpp_override_and_default(tmp_path: Path) -> None:
     opts = BuildOptions(patch=SMALL, default_mpp=0.25, mpp_overrides={"b.svs": 0.5}, jobs=1, qc=False)
     manifest = build([str(tmp_path / "in")], str(tmp_path / "out"), opts)
     by_file = {os.path.basename(s.file): s for s in manifest.slides}
-    assert (by_file["a.svs"].mpp, by_file["a.svs"].mpp_source) == (0.25, "default")
-    assert (by_file["b.svs"].mpp, by_file["b.svs"].mpp_source) == (0.5, "csv")
+    assert (by_file["a.svs"].slide_mpp, by_file["a.svs"].mpp_source) == (0.25, "default")
+    assert (by_file["b.svs"].slide_mpp, by_file["b.svs"].mpp_source) == (0.5, "csv")
     _, samples = read_output(str(tmp_path / "out"))
     extents = {s.meta["slide_id"]: s.meta["extent"] for s in samples}
     assert extents == {"a": 128, "b": 64}  # 0.5 mpp slide: one level-0 px per output px

@@ -57,7 +57,7 @@ def _psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 def _mpp0(root: Path) -> dict[str, float]:
     manifest, _ = read_output(str(root))
-    return {s.slide_id: float(s.mpp or 0) for s in manifest.slides}
+    return {s.slide_id: float(s.slide_mpp or 0) for s in manifest.slides}
 
 
 def _check_context(root: Path, min_samples: int) -> list[float]:
@@ -79,7 +79,7 @@ def _check_context(root: Path, min_samples: int) -> list[float]:
             assert gap <= 0.5 * l0_per_c, (s.key, i, gap, l0_per_c)
             image = _rgb(s.members[f"ctx{i}.jpg"])
             assert image.shape == (ctx["size"], ctx["size"], 3)
-            inner = round(meta["patch_size"] * meta["mpp"] / ctx["mpp"])  # context px the main patch spans
+            inner = round(meta["patch_size"] * meta["patch_mpp"] / ctx["mpp"])  # context px the main patch spans
             lo = (ctx["size"] - inner) // 2
             centre = image[lo : lo + inner, lo : lo + inner]
             scores.append(_psnr(_area(centre, inner // 4), _area(main, inner // 4)))

@@ -92,7 +92,7 @@ def test_a_build_stopped_mid_scan_rescans_only_the_slides_not_saved(cohort: Path
 
 def test_the_manifest_holds_the_shard_index_and_the_slide_records_lie_beside_it(cohort_build: Path) -> None:
     head = json.loads((cohort_build / MANIFEST_NAME).read_text())
-    assert (head["format"], head["version"], head["slides_file"]) == ("wsishard", 2, SLIDES_NAME)
+    assert (head["format"], head["version"], head["slides_file"]) == ("wsishard", 3, SLIDES_NAME)
     assert "slides" not in head and head["totals"]["slides"] == 8
     assert set(head["shards"][0]) == {"name", "samples", "bytes", "sha256", "slides"}
     records = parse_slide_lines((cohort_build / SLIDES_NAME).read_text())

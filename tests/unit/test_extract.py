@@ -36,7 +36,7 @@ from wsishard.storage.output import Destination
 from wsishard.testing.synthetic import make_slide
 
 PATCH = PatchOptions(target_mpp=0.5, patch_size_px=64, min_tissue=0.25, block_patches=2)
-ENCODE = EncodeOptions(target_mpp=0.5)
+ENCODE = EncodeOptions()
 Blocks = tuple[tuple[int, int], ...]  # (slide, block) in write order
 
 
@@ -47,7 +47,7 @@ def _scan(path: Path, slide_id: str, label: int, index: int) -> SlideWork:
     scan = scan_slide(task)
     record = scan.record
     assert record.status == "ok" and scan.cands is not None, record.reason
-    return SlideWork(path=str(path), slide_id=slide_id, level=record.level or 0, mpp=record.patch_mpp or 0,
+    return SlideWork(path=str(path), slide_id=slide_id, level=record.level or 0, patch_mpp=record.patch_mpp or 0,
                      cands=scan.cands, blocks=scan.blocks, label=label)  # fmt: skip
 
 

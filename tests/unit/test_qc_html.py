@@ -10,7 +10,7 @@ from wsishard.qc_html import qc_index
 
 def _manifest() -> Manifest:
     slides = [
-        SlideRecord(slide_id="b-ok", file="/s/b.svs", status="ok", width=4096, height=3072, mpp=0.25,
+        SlideRecord(slide_id="b-ok", file="/s/b.svs", status="ok", width=4096, height=3072, slide_mpp=0.25,
                     mpp_source="openslide", tissue_mm2=12.5, ink_mm2=1.25, artefact_mm2=0.5, candidates=900,
                     patches=800, filtered={"artefact": 12, "roi": 3}, roi="annotated: b.geojson"),
         SlideRecord(slide_id="a-ok", file="/s/a.svs", status="ok", patches=5),

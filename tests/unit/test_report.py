@@ -14,7 +14,7 @@ def _slide(i: int, *, failed: str = "") -> SlideRecord:
     if failed:
         return SlideRecord(slide_id=f"bad{i}", file=f"/data/in/bad{i}.svs", status="failed", reason=failed)
     return SlideRecord(slide_id=f"s{i}", file=f"/data/in/s{i}.svs", status="ok", width=40_000, height=30_000,
-                       mpp=0.2501, mpp_source="openslide", level=1, downsample=4.0, tissue_fraction=0.25,
+                       slide_mpp=0.2501, mpp_source="openslide", level=1, downsample=4.0, tissue_fraction=0.25,
                        candidates=900 + i, patches=800 + i)  # fmt: skip
 
 
@@ -66,7 +66,9 @@ def test_details_lists_options_slides_and_shards() -> None:
     slides = [_slide(0), _slide(1, failed="no microns-per-pixel in the slide")]
     shards = [_shard(0, 801, 1, 1_500_000)]
     lines = details(_manifest(slides, shards)).splitlines()
-    assert lines[0] == "wsishard manifest v2 (wsishard 9.9.9, created 2024-01-02T03:04:05Z)"
+    assert lines[0] == "wsishard manifest v3 (wsishard 9.9.9, created 2024-01-02T03:04:05Z)"
+    header = next(ln for ln in lines if ln.startswith("slide "))
+    assert header.split()[3:7] == ["slide_mpp", "src", "lvl", "patch_mpp"]  # each mpp named by whose it is
     assert lines[1].startswith("2 slides (1 ok, 1 failed): 801 patches in 1 shard ")
     assert "patches: 224 px at 0.5 mpp (exactly), stride 224, min tissue 0.4, seed 7, quality 85" in lines
     ok = next(ln for ln in lines if ln.startswith("s0 "))

@@ -47,7 +47,7 @@ def test_patches_at_scanner_mpp_are_within_40_db_of_full_resolution_lanczos(slid
         cands = _cands(reader, mpp0)
     scale = cands.l0_per_o
     assert abs(scale - round(scale)) > 1e-3  # a non-integer reduction: the case the fast path used to skip
-    work = SlideWork(path=slide, slide_id="s", level=0, mpp=0.5, cands=cands, blocks=[], label=None)
+    work = SlideWork(path=slide, slide_id="s", level=0, patch_mpp=0.5, cands=cands, blocks=[], label=None)
     with open_slide(slide) as fast, OpenSlideReader(slide) as ref:
         assert isinstance(fast, TiffTileReader)
         worst, checked = math.inf, 0
@@ -151,7 +151,7 @@ def test_sharp_real_tissue_texture_stays_within_36_db(ihc_slide: str, mpp0: floa
     with open_slide(ihc_slide) as fast, OpenSlideReader(ihc_slide) as ref:
         assert isinstance(fast, TiffTileReader)
         cands = candidates(fast.level_dimensions[0], mpp0, np.ones((64, 64), dtype=bool), 32.0, opts)
-        work = SlideWork(path=ihc_slide, slide_id="s", level=0, mpp=0.5, cands=cands, blocks=[], label=None)
+        work = SlideWork(path=ihc_slide, slide_id="s", level=0, patch_mpp=0.5, cands=cands, blocks=[], label=None)
         worst, checked = math.inf, 0
         for blk in blocks(cands, 4)[::2][:4]:
             for _, members in block_samples(fast, work, blk, EncodeOptions(image_format="png"))[::3]:

@@ -25,7 +25,7 @@ from wsishard.shards.writer import sample_records
 
 
 def _sample(i: int, slide: str, label: int | None) -> tuple[str, dict[str, bytes]]:
-    meta = {"slide_id": slide, "x": 10 * i, "y": 20 * i, "mpp": 0.5, "tissue": i / 10, "background": 0.1,
+    meta = {"slide_id": slide, "x": 10 * i, "y": 20 * i, "patch_mpp": 0.5, "tissue": i / 10, "background": 0.1,
             "dark": 0.0, "sharpness": 50.0 + i}  # fmt: skip
     members = {"jpg": bytes(100 + 37 * i), "json": json.dumps(meta).encode()}
     if label is not None:

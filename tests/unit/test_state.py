@@ -107,7 +107,7 @@ def _scans() -> list[ScanResult]:
     cands = Candidates(col=np.array([0, 1, 5, 2], dtype=np.int64), row=np.array([0, 0, 0, 3], dtype=np.int64),
                        tissue=np.array([0.5, 1.0, 0.75, 0.625], dtype=np.float32), l0_per_o=2.0, stride=64, patch=64,
                        total=9)  # fmt: skip
-    ok = SlideRecord(slide_id="a", file="/slides/a.svs", status="ok", width=2048, height=1024, mpp=0.25,
+    ok = SlideRecord(slide_id="a", file="/slides/a.svs", status="ok", width=2048, height=1024, slide_mpp=0.25,
                      mpp_source="openslide", level=0, downsample=1.0, tissue_fraction=0.3, candidates=9,
                      label=2)  # fmt: skip
     failed = SlideRecord(slide_id="b", file="/slides/b.svs", status="failed", reason="no tissue found")

@@ -16,7 +16,7 @@ from wsishard.errors import ShardError
 from wsishard.streaming.decode import DecodeIntoBatches, Metas
 from wsishard.streaming.stages import RawSample
 
-META = {"background": 0.4836, "dark": 0.0, "extent": 512, "file": "slide-001.tif", "level": 0, "mpp": 0.5,
+META = {"background": 0.4836, "dark": 0.0, "extent": 512, "file": "slide-001.tif", "level": 0, "patch_mpp": 0.5,
         "patch_size": 256, "sharpness": 1163.2102, "slide_id": "slide-001", "tissue": 0.5039, "x": 10240,
         "y": 4608}  # fmt: skip
 

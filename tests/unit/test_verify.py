@@ -170,19 +170,19 @@ def test_a_png_member_in_a_jpg_build_is_named(small_output: sm.Output) -> None:
 
 def test_json_patch_size_and_mpp_must_agree_with_the_options(small_output: sm.Output) -> None:
     size_key = _edit_json(small_output, 0, 3, patch_size=PX * 2)
-    mpp_key = _edit_json(small_output, 2, 1, mpp=0.55)
+    mpp_key = _edit_json(small_output, 2, 1, patch_mpp=0.55)
     broken = _edit_sample(small_output, 3, 2, "json", lambda _: b"{not json")
-    close = _edit_json(small_output, 1, 1, mpp=0.5000004)  # rounding of the recorded mpp: fine
+    close = _edit_json(small_output, 1, 1, patch_mpp=0.5000004)  # rounding of the recorded mpp: fine
     problems = _problems(small_output)
     assert list(problems) == [shard_name(0), shard_name(2), shard_name(3)] and close
     assert ".json patch_size" in problems[shard_name(0)] and size_key in problems[shard_name(0)]
-    assert ".json mpp" in problems[shard_name(2)] and mpp_key in problems[shard_name(2)]
+    assert ".json patch_mpp" in problems[shard_name(2)] and mpp_key in problems[shard_name(2)]
     assert "0.55" in problems[shard_name(2)]
     assert ".json" in problems[shard_name(3)] and broken in problems[shard_name(3)]
 
 
 def test_mpp_within_the_builds_tolerance_passes(small_output: sm.Output) -> None:
-    _edit_json(small_output, 0, 0, mpp=0.52)
+    _edit_json(small_output, 0, 0, patch_mpp=0.52)
     assert list(_problems(small_output)) == [shard_name(0)]
     _edit_manifest(small_output, lambda d: d["options"]["patch"].update(mpp_tolerance=0.05))
     assert verify(small_output.root).ok

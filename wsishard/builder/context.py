@@ -55,15 +55,15 @@ def padded_fraction(l0_x: float, l0_y: float, l0_side: float, l0_dims: tuple[int
     return max(0.0, round(1.0 - inside_w * inside_h / (l0_side * l0_side), 4))  # never -0.0
 
 
-def context_field(l0_cx: float, l0_cy: float, mpp: float, size_px: int, mpp0: float) -> tuple[float, float, float]:
+def context_field(l0_cx: float, l0_cy: float, mpp: float, size_px: int, slide_mpp: float) -> tuple[float, float, float]:
     """``(l0_x, l0_y, l0_side)``: the level-0 square a ``size_px`` context patch at ``mpp`` covers, centred on
-    level-0 ``(l0_cx, l0_cy)`` of a slide whose level 0 is ``mpp0`` microns per px."""
-    side = size_px * mpp / mpp0
+    level-0 ``(l0_cx, l0_cy)`` of a slide whose level 0 is ``slide_mpp`` microns per px."""
+    side = size_px * mpp / slide_mpp
     return l0_cx - side / 2, l0_cy - side / 2, side
 
 
 def context_footprints(cands: Candidates, options: ContextOptions | None,
-                       mpp0: float) -> list[tuple[float, float, float]]:  # fmt: skip
+                       slide_mpp: float) -> list[tuple[float, float, float]]:  # fmt: skip
     """The level-0 squares ``(x, y, side)`` of one sample's context fields (the kept patch in the middle of the
     list), for the QC picture; empty without context or kept patches."""
     if options is None or len(cands) == 0:
@@ -71,7 +71,7 @@ def context_footprints(cands: Candidates, options: ContextOptions | None,
     i = len(cands) // 2
     half = cands.l0_extent / 2
     centre = float(cands.l0_x[i]) + half, float(cands.l0_y[i]) + half
-    return [context_field(*centre, mpp, options.size_px, mpp0) for mpp in options.mpps]
+    return [context_field(*centre, mpp, options.size_px, slide_mpp) for mpp in options.mpps]
 
 
 def context_legend(options: ContextOptions | None) -> list[str]:
@@ -95,7 +95,7 @@ class BlockContext:
                  image_format: str, quality: int) -> None:  # fmt: skip
         self.reader, self.work, self.block, self.options = reader, work, block, options
         self.image_format, self.quality = image_format, quality
-        self.mpp0 = work.mpp / work.cands.l0_per_o  # the slide's level-0 mpp
+        self.slide_mpp = work.patch_mpp / work.cands.l0_per_o  # the slide's level-0 mpp
         self._scales: dict[int, _Scale] = {}
 
     def sample(self, l0_x: float, l0_y: float) -> tuple[dict[str, bytes], list[ContextMeta]]:
@@ -105,7 +105,7 @@ class BlockContext:
         members: dict[str, bytes] = {}
         metas: list[ContextMeta] = []
         for i, mpp in enumerate(self.options.mpps):
-            x, y, side = context_field(l0_x + half, l0_y + half, mpp, self.options.size_px, self.mpp0)
+            x, y, side = context_field(l0_x + half, l0_y + half, mpp, self.options.size_px, self.slide_mpp)
             pixels = self._cut(i, x, y)  # (size, size, 3) uint8
             members[context_ext(i, self.image_format)] = encode_image(Image.fromarray(pixels), self.image_format,
                                                                       self.quality)  # fmt: skip
@@ -133,11 +133,11 @@ class BlockContext:
         upsample = PatchOptions(target_mpp=mpp, allow_upsample=self.options.allow_upsample,
                                 max_upsample=self.options.max_upsample)  # fmt: skip
         try:
-            level = choose_level(work.path, self.mpp0, self.reader.level_downsamples, upsample)
+            level = choose_level(work.path, self.slide_mpp, self.reader.level_downsamples, upsample)
         except SlideError as exc:  # a context mpp finer than level 0: name it, the target is not the patches'
             raise SlideError(work.path, f"context {exc.reason}") from exc
         down = self.reader.level_downsamples[level]
-        l0_per_c = mpp / self.mpp0
+        l0_per_c = mpp / self.slide_mpp
         scale = l0_per_c / down  # level px per context px
         k = max(1, math.floor(scale * (1 + REST_SLACK) + 1e-9))
         reach = (math.ceil(max(scale / k, 1.0)) + 4) * k  # level px: stage 2's crop margin and filter

@@ -94,7 +94,7 @@ def _check(ok: bool, name: str, value: Any, rule: str) -> None:
 LEVEL_SLACK = 0.01  # a level up to 1% coarser than the target still serves it (upsampled by at most 1%)
 
 
-def choose_level(path: str, mpp0: float, level_downsamples: tuple[float, ...], options: PatchOptions) -> int:
+def choose_level(path: str, slide_mpp: float, level_downsamples: tuple[float, ...], options: PatchOptions) -> int:
     """The pyramid level nearest to, and not coarser than, the target resolution (within ``LEVEL_SLACK``, or
     ``mpp_tolerance`` when larger: a 0.2522 mpp scanner's 4x level serves a 1.0 mpp target).
 
@@ -102,27 +102,27 @@ def choose_level(path: str, mpp0: float, level_downsamples: tuple[float, ...], o
         SlideError: the target is finer than level 0 and upsampling is not allowed, or allowed but by less than the
             factor needed (``max_upsample``).
     """
-    l0_per_o = options.target_mpp / mpp0  # level-0 px per output px
+    l0_per_o = options.target_mpp / slide_mpp  # level-0 px per output px
     slack = 1.0 + max(LEVEL_SLACK, options.mpp_tolerance)
     if l0_per_o * options.max_upsample < 1.0:
-        raise SlideError(path, f"target {options.target_mpp:g} mpp would upsample level 0 ({mpp0:.4g} mpp) "
+        raise SlideError(path, f"target {options.target_mpp:g} mpp would upsample level 0 ({slide_mpp:.4g} mpp) "
                                f"{1.0 / l0_per_o:.3g}x, more than --max-upsample {options.max_upsample:g} allows "
                                "(is the slide's mpp right?)")  # fmt: skip
     if l0_per_o * slack < 1.0 and not options.allow_upsample:
         raise SlideError(
             path,
-            f"target {options.target_mpp} mpp is finer than level 0 ({mpp0:.4g} mpp); use --allow-upsample",
+            f"target {options.target_mpp} mpp is finer than level 0 ({slide_mpp:.4g} mpp); use --allow-upsample",
         )
     return max(i for i, d in enumerate(level_downsamples) if d <= l0_per_o * slack or i == 0)
 
 
-def output_scale(mpp0: float, level_downsample: float, options: PatchOptions) -> float:
-    """Level-0 px per output px: ``target_mpp / mpp0`` exactly, or, within ``mpp_tolerance`` of it, the nearest
+def output_scale(slide_mpp: float, level_downsample: float, options: PatchOptions) -> float:
+    """Level-0 px per output px: ``target_mpp / slide_mpp`` exactly, or, within ``mpp_tolerance`` of it, the nearest
     integer multiple of the level's downsample (the level reduced by a whole factor: no fractional resampling).
 
-    The patches' actual mpp is ``mpp0 * output_scale(...)``.
+    The patches' actual mpp is ``slide_mpp * output_scale(...)``.
     """
-    exact = options.target_mpp / mpp0
+    exact = options.target_mpp / slide_mpp
     factor = max(1, round(exact / level_downsample))
     snapped = factor * level_downsample
     return snapped if abs(snapped / exact - 1.0) <= options.mpp_tolerance else exact
@@ -211,7 +211,7 @@ def tissue_fractions(mask: np.ndarray, m_x0: np.ndarray, m_y0: np.ndarray, m_siz
     return (inside / area).astype(np.float32)
 
 
-def candidates(l0_dims: tuple[int, int], mpp0: float, mask: np.ndarray, l0_per_m: float, options: PatchOptions,
+def candidates(l0_dims: tuple[int, int], slide_mpp: float, mask: np.ndarray, l0_per_m: float, options: PatchOptions,
                seed: int = 0, *, level_downsample: float = 1.0, artefact: np.ndarray | None = None,
                roi: np.ndarray | None = None, min_roi_coverage: float = 0.5,
                pigment: np.ndarray | None = None) -> Candidates:  # fmt: skip
@@ -219,7 +219,7 @@ def candidates(l0_dims: tuple[int, int], mpp0: float, mask: np.ndarray, l0_per_m
 
     Args:
         l0_dims: level-0 (width, height).
-        mpp0: level-0 microns per px.
+        slide_mpp: level-0 microns per px.
         mask: (h, w) bool tissue mask covering the slide.
         l0_per_m: level-0 px per mask px.
         seed: seeds the subset when ``max_patches_per_slide`` caps the count.
@@ -231,7 +231,7 @@ def candidates(l0_dims: tuple[int, int], mpp0: float, mask: np.ndarray, l0_per_m
         pigment: (h, w) bool dark pigment kept as tissue, the mask's frame: each kept cell's fraction of it is
             recorded (``Candidates.pigment``; None: not recorded).
     """
-    l0_per_o = output_scale(mpp0, level_downsample, options)
+    l0_per_o = output_scale(slide_mpp, level_downsample, options)
     patch, stride = options.patch_size_px, options.stride
     cols, rows = grid_shape(l0_dims, l0_per_o, patch, stride)
     row, col = np.divmod(np.arange(cols * rows, dtype=np.int64), max(cols, 1))

@@ -19,7 +19,8 @@ def merge(output: str, storage_options: StorageOptions | None = None) -> Manifes
     its ``slides.jsonl`` and ``index.npz``): the files a one-machine build of the same slides and options writes.
 
     Raises:
-        ManifestError: no part manifests, a part missing, or parts of different builds (other options).
+        ManifestError: no part manifests, a part missing, or parts of different builds (other options, or another
+            format version: the merged manifest keeps its parts' version, so version 2 parts merge as before).
     """
     dest = Destination(output, storage_options)
     found: dict[int, tuple[int, str]] = {}
@@ -53,6 +54,9 @@ def merge(output: str, storage_options: StorageOptions | None = None) -> Manifes
 def _join(parts: list[Manifest], location: str) -> Manifest:
     first = parts[0]
     for i, part in enumerate(parts[1:], start=2):
+        if part.version != first.version:  # each part's samples as its version writes them: one version an output
+            versions = f"part {i} is of format version {part.version} and part 1 of version {first.version}"
+            raise ManifestError(location, f"{versions}: build every part with the same wsishard")
         if part.extra.get("fingerprint") != first.extra.get("fingerprint"):
             raise ManifestError(location, f"part {i} was built from other slides or options than part 1")
     indexed: list[tuple[int, SlideRecord]] = []

@@ -215,7 +215,7 @@ class BuildOptions:
                 allow_upsample=self.patch.allow_upsample,
                 max_upsample=self.patch.max_upsample,
             )
-        return EncodeOptions(target_mpp=self.patch.target_mpp, image_format=self.image_format, quality=self.quality,
+        return EncodeOptions(image_format=self.image_format, quality=self.quality,
                              fast_path=self.fast_path, filters=self.patch_quality, context=context)  # fmt: skip
 
 

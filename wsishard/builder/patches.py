@@ -30,7 +30,6 @@ class EncodeOptions:
     """How patches are made from a slide's pixels.
 
     Attributes:
-        target_mpp: microns per pixel of the written patches.
         image_format: ``jpg`` (lossy, ``quality``), ``png`` or ``webp`` (lossless).
         quality: JPEG quality 1..100.
         fast_path: decode TIFF-family tiles directly instead of through OpenSlide.
@@ -41,7 +40,6 @@ class EncodeOptions:
         OptionError: (a ``ValueError``) naming the field and the bad value.
     """
 
-    target_mpp: float = 0.5
     image_format: str = "jpg"
     quality: int = 90
     fast_path: bool = True
@@ -62,7 +60,7 @@ class SlideWork:
     path: str  # a local file (a URL slide's local copy while it is read)
     slide_id: str
     level: int
-    mpp: float  # microns per pixel of the written patches (recorded in each sample's .json)
+    patch_mpp: float  # microns per pixel of the written patches (recorded in each sample's .json)
     cands: Candidates
     blocks: list[Block]
     label: int | None
@@ -152,7 +150,7 @@ def block_samples(reader: SlideReader, work: SlideWork, block: Block, encode: En
         x, y = round(l_x * down), round(l_y * down)  # where the patch's pixels start, level 0
         meta: PatchMeta = {
             "slide_id": work.slide_id, "file": work.name, "x": x, "y": y, "extent": extent,
-            "mpp": work.mpp, "level": work.level, "patch_size": size,
+            "patch_mpp": work.patch_mpp, "level": work.level, "patch_size": size,
             "tissue": round(float(cands.tissue[i]), 4), **scores,  # type: ignore[typeddict-item]
             "pigment": round(float(cands.pigment[i]), 4) if cands.pigment is not None else 0.0,
         }  # fmt: skip

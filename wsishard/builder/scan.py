@@ -99,7 +99,8 @@ class ScanResult:
 
 
 def _slide_work(record: SlideRecord, cands: Candidates, block_list: list[Block]) -> SlideWork:
-    return SlideWork(path=record.file, slide_id=record.slide_id, level=record.level or 0, mpp=record.patch_mpp or 0,
+    return SlideWork(path=record.file, slide_id=record.slide_id, level=record.level or 0,
+                     patch_mpp=record.patch_mpp or 0,
                      cands=cands, blocks=block_list, label=record.label)  # fmt: skip
 
 
@@ -170,7 +171,7 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
     record = _resolution(task, reader, replace(record, width=l0_w, height=l0_h))
     if record.reason:
         return ScanResult(record)
-    patch, mpp0 = task.patch, float(record.mpp or 0)
+    patch, mpp0 = task.patch, float(record.slide_mpp or 0)
     l0_per_o = output_scale(mpp0, float(record.downsample or 1), patch)
     cols, rows = grid_shape((l0_w, l0_h), l0_per_o, patch.patch_size_px, patch.stride)
     if cols == 0 or rows == 0:
@@ -235,7 +236,7 @@ def _write_qc(task: ScanTask, reader: SlideReader, thumb: tuple[np.ndarray, floa
     """
     view, l0_per_v = thumb
     l0_w, l0_h = reader.level_dimensions[0]
-    wanted = max(1.0, max(l0_w, l0_h) / task.qc_size_px, QC_FINEST_UM / float(record.mpp or 1))
+    wanted = max(1.0, max(l0_w, l0_h) / task.qc_size_px, QC_FINEST_UM / float(record.slide_mpp or 1))
     if wanted < l0_per_v * 0.9:
         try:
             view, l0_per_v = read_lowres(reader, wanted, dct_scaled=True)  # a picture: libjpeg's 1/2 will do
@@ -245,7 +246,7 @@ def _write_qc(task: ScanTask, reader: SlideReader, thumb: tuple[np.ndarray, floa
     legend = legend_lines(tissue_mm2=record.tissue_mm2, ink_mm2=record.ink_mm2, artefact_mm2=record.artefact_mm2,
                           kept=len(cands), filtered=record.filtered, roi=record.roi,
                           pigment_mm2=record.pigment_mm2)  # fmt: skip
-    footprints = context_footprints(cands, task.encode.context, float(record.mpp or 1))
+    footprints = context_footprints(cands, task.encode.context, float(record.slide_mpp or 1))
     legend += context_legend(task.encode.context) if footprints else []
     picture = qc_picture(view, l0_per_v, layers, cands.l0_x, cands.l0_y, cands.l0_extent, legend=legend,
                          max_side_px=task.qc_size_px, footprints=footprints)  # fmt: skip
@@ -266,7 +267,7 @@ def _resolution(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Sli
         mpp0, mpp_source = resolve_mpp(
             task.path, reader.properties, task.mpp_override, task.default_mpp, (record.width or 0, record.height or 0)
         )
-        record = replace(record, mpp=mpp0, mpp_source=mpp_source)
+        record = replace(record, slide_mpp=mpp0, mpp_source=mpp_source)
         level = choose_level(task.path, mpp0, reader.level_downsamples, task.patch)
     except SlideError as exc:
         return replace(record, reason=exc.reason)

@@ -88,8 +88,8 @@ class BuildState:
             self._beside(survey.foreign, overwrite, stamps)
         elif not same and not overwrite:
             raise OptionError(f"{where} holds a build with other slides or options (or one begun by a wsishard that "
-                              "plans or resamples differently); re-run with the same ones to resume it, or pass "
-                              "--overwrite to replace it")  # fmt: skip
+                              "writes another format version, plans or resamples differently); re-run with the same "
+                              "ones to resume it, or pass --overwrite to replace it")  # fmt: skip
         elif changed and (not overwrite or self.lock.siblings):
             running = f" wait for {who(self.lock.siblings[0], self.digest)} to end, then" if self.lock.siblings else ""
             raise OptionError(f"{where}: slides changed since this build began ({_names(changed)}): "

@@ -5,7 +5,7 @@ numpy ``.npz`` of the columns below, row ``k`` for sample ``k``, plus the shard'
 than Parquet: no extra dependency, ``allow_pickle=False`` never unpickles, and an index is small enough to be read
 whole in one request from object storage. Columns (:data:`COLUMNS`): ``offset`` and ``size`` (bytes of the sample's
 tar records), ``key``, ``slide`` (a row of this file's ``slide_names``, so merging parts never rewrites an index),
-``label`` (int64, -1 unlabelled), level-0 ``x``/``y``, ``mpp`` and the ``.json``'s quality scores.
+``label`` (int64, -1 unlabelled), level-0 ``x``/``y``, ``patch_mpp`` (index version 1's ``mpp``) and the quality scores.
 
 The summary (``index.npz``, :func:`summary_name`) holds per shard, in manifest order, the count of samples of each
 label and the sparse count of each slide: what class and slide weights need without opening a shard index
@@ -25,6 +25,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from wsishard import format as fmt
 from wsishard.errors import ManifestError
 from wsishard.format import LABEL_EXT, LABEL_RANGE, META_EXT, SHARD_SUFFIX, is_shard_name, part_label, split_member
 from wsishard.shards.reader import tar_spans
@@ -34,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 COLUMNS: dict[str, str] = {
     "offset": "int64", "size": "int64", "slide": "int32", "label": "int64", "x": "int64", "y": "int64",
-    "mpp": "float32", "tissue": "float32", "background": "float32", "dark": "float32", "sharpness": "float32",
+    "patch_mpp": "float32", "tissue": "float32", "background": "float32", "dark": "float32", "sharpness": "float32",
 }  # fmt: skip
 INDEX_SUFFIX = ".idx.npz"  # a shard's per-sample index: ``shard-000012-0003.idx.npz`` beside its ``.tar``
 SUMMARY_NAME = "index.npz"  # the summary of every shard index, beside the manifest
@@ -62,8 +63,8 @@ def is_summary_name(name: str) -> bool:
     return name == SUMMARY_NAME or re.fullmatch(r"index\.part-\d{4,}-of-\d{4,}\.npz", name) is not None
 
 
-_SCORES = ("mpp", "tissue", "background", "dark", "sharpness")
-INDEX_VERSION = 1
+_SCORES = ("patch_mpp", "tissue", "background", "dark", "sharpness")
+INDEX_VERSION, _FORMER = 2, {"patch_mpp": "mpp"}  # 2: patch_mpp; version 1 (its mpp) is read under the new name
 
 
 def _number(value: Any, kind: Callable[[Any], Any], unknown: Any) -> Any:
@@ -115,7 +116,7 @@ class IndexWriter:
     def _row(self, key: str, offset: int, size: int, fields: dict[str, bytes]) -> None:
         """One sample's row; a member that does not parse (a hand-made or damaged shard) gives -1 or NaN, never an
         error: the stream and ``verify`` refuse such a sample when they read it."""
-        meta = _number(fields.get(META_EXT, b"{}"), json.loads, {})
+        meta = fmt.patch_meta(_number(fields.get(META_EXT, b"{}"), json.loads, {}))  # of any format version
         meta = meta if isinstance(meta, dict) else {}
         label = _number(fields[LABEL_EXT] if LABEL_EXT in fields else meta.get("label", -1), int, -1)
         label = label if label in LABEL_RANGE else -1
@@ -233,14 +234,14 @@ def load_index(data: bytes, location: str = "<index>") -> ShardIndex:
             arrays = {name: npz[name] for name in npz.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise ManifestError(location, f"not a shard index ({type(exc).__name__}: {exc})") from exc
-    if int(arrays.get("version", -1)) != INDEX_VERSION:
-        raise ManifestError(location, f"index version {arrays.get('version')!r}, this wsishard reads {INDEX_VERSION}")
+    if (version := arrays.get("version")) is None or int(version) not in (1, INDEX_VERSION):
+        raise ManifestError(location, f"index version {version!r}, this wsishard reads {[1, INDEX_VERSION]}")
     key = arrays.get("key")
     if key is None or key.ndim != 1 or key.dtype.kind != "S":
         raise ManifestError(location, "index has no key column")
     columns = {}
     for name, dtype in COLUMNS.items():
-        col = arrays.get(name)
+        col = arrays.get(name, arrays.get(_FORMER.get(name, "")))
         want = np.dtype(dtype)  # or a narrower one of its kind (0.2.0's first builds wrote int32 labels): widened
         if col is None or col.shape != key.shape or col.dtype.kind != want.kind or not np.can_cast(col.dtype, want):
             raise ManifestError(location, f"index column {name!r} is missing, or not {len(key)} {dtype} values")

@@ -8,7 +8,7 @@ as runs of members sharing a key, as the stream reader counts them. A shard that
 (even zero-filled to its original length, which a tar reader takes for a clean end) or that holds another
 number of samples is a problem. So is a shard with a sample that does not match the options
 (:class:`SampleRules`): a key outside the key grammar (a member named like a path), an image of another size
-(read from its header only: nothing is decoded) or format, a ``.json`` whose ``patch_size`` or ``mpp`` disagree,
+(read from its header only: nothing is decoded) or format, a ``.json`` whose ``patch_size`` or ``patch_mpp`` disagree,
 a ``.cls`` where the slide has no label or none where it has one. ``shard-*.tar`` files that the manifest does not
 list, and temporary files of an interrupted build, are warnings.
 """
@@ -34,6 +34,7 @@ from wsishard.format import (
     is_sample_key,
     is_sample_member,
     is_shard_name,
+    patch_mpp_name,
     temp_target,
 )
 from wsishard.manifest import Manifest, ShardRecord, expected_patch_size
@@ -230,6 +231,7 @@ class SampleRules:
         image_format: ``jpg``, ``png`` or ``webp``: the image member's extension and the image's header.
         target_mpp: ``options.patch.target_mpp`` (None: not recorded, the ``.json`` mpp is not checked).
         mpp_tolerance: ``options.patch.mpp_tolerance``: the relative distance the mpp may have from the target.
+        mpp_name: the ``.json``'s name for the patch's mpp in the manifest's format version (``patch_mpp``, or ``mpp``).
         labels: slide id -> its label (None: unlabelled), from the manifest's slide records.
         labelled: the build had labels (``options.labels``): for slides the manifest does not list.
         context_scales, context_size_px: the context patches of every sample (``options.context_mpp``, ``size``).
@@ -239,6 +241,7 @@ class SampleRules:
     image_format: str
     target_mpp: float | None = None
     mpp_tolerance: float = 0.0
+    mpp_name: str = "patch_mpp"
     labels: dict[str, int | None] = field(default_factory=dict)
     labelled: bool = False
     context_scales: int = 0  # len(options.context_mpp): the ctx<i> members every sample holds
@@ -257,7 +260,7 @@ class SampleRules:
         target = _number(patch.get("target_mpp"))
         return cls(patch_size_px=expected_patch_size(manifest, location), image_format=manifest.image_format,
                    target_mpp=target if target is not None and target > 0 else None,
-                   mpp_tolerance=_number(patch.get("mpp_tolerance")) or 0.0,
+                   mpp_tolerance=_number(patch.get("mpp_tolerance")) or 0.0, mpp_name=patch_mpp_name(manifest.version),
                    labels={s.slide_id: s.label for s in manifest.slides},
                    labelled=bool(options.get("labels")), context_scales=len(_list(options.get("context_mpp"))),
                    context_size_px=int(_number(options.get("context_size")) or 0))  # fmt: skip
@@ -312,13 +315,14 @@ def _meta_problems(data: bytes, rules: SampleRules) -> list[tuple[str, str]]:
     problems = []
     if "label" in meta and not _is_label(meta["label"]):
         problems.append((f"samples' .{META_EXT} label is not an integer in int64's range", _short(meta["label"])))
-    size, mpp = meta.get("patch_size"), _number(meta.get("mpp"))
+    size, mpp = meta.get("patch_size"), _number(meta.get(rules.mpp_name))
     if size != rules.patch_size_px or isinstance(size, bool):
         problems.append((f"samples' .{META_EXT} patch_size is not {rules.patch_size_px}", f"patch_size {size!r}"))
     target, tolerance = rules.target_mpp, rules.mpp_tolerance
     if target is not None and (mpp is None or abs(mpp / target - 1) > tolerance + _MPP_ROUNDING):
-        problems.append((f"samples' .{META_EXT} mpp is off the manifest's target_mpp {target:g} by more than its "
-                         f"mpp_tolerance {tolerance:g}", f"mpp {meta.get('mpp')!r}"))  # fmt: skip
+        name = rules.mpp_name
+        problems.append((f"samples' .{META_EXT} {name} is off the manifest's target_mpp {target:g} by more than its "
+                         f"mpp_tolerance {tolerance:g}", f"{name} {meta.get(name)!r}"))  # fmt: skip
     return problems
 
 

@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from wsishard.errors import ShardError
-from wsishard.format import LABEL_RANGE, PatchMeta, image_header
+from wsishard.format import LABEL_RANGE, PatchMeta, image_header, patch_meta
 from wsishard.streaming.context import decode_context_into
 from wsishard.streaming.ring import BatchBuffers, Lending, Lent
 from wsishard.streaming.stages import ErrorMode, RawSample
@@ -81,7 +81,7 @@ class Metas(Sequence[PatchMeta]):
             return [self[k] for k in range(len(self))[i]]
         item = self._items[i]
         if isinstance(item, bytes):  # a JSON text is never bytes once parsed
-            item = self._items[i] = json.loads(item.decode("utf-8"))
+            item = self._items[i] = patch_meta(json.loads(item.decode("utf-8")))
         return item
 
     def __iter__(self) -> Iterator[PatchMeta]:
@@ -115,7 +115,7 @@ def _fields(raw: RawSample) -> tuple[PatchMeta, int]:
     """The sample's ``.json`` (UTF-8, as wsishard writes it) and its label (``.cls``, else the json's ``label``,
     else -1), an int64."""
     try:
-        meta = json.loads(raw["meta"].decode("utf-8"))
+        meta = patch_meta(json.loads(raw["meta"].decode("utf-8")))
         label = int(raw["label"]) if raw["label"] is not None else int(meta.get("label", -1))
     except (ValueError, TypeError, AttributeError, RecursionError, OverflowError) as exc:
         raise _undecodable(raw, exc) from exc  # RecursionError: JSON nested too deep; OverflowError: a label of inf
