@@ -106,7 +106,8 @@ def _write_build(root: Path, shards: int, *, with_indexes: bool) -> None:
     """A build's manifest and index summary of ``shards`` shards (and, ``with_indexes``, every shard index)."""
     from wsishard.format import shard_name
     from wsishard.manifest import Manifest, ShardRecord
-    from wsishard.shards.index import SUMMARY_NAME, Summary, index_name
+    from wsishard.shards.index import index_name
+    from wsishard.shards.summary import SUMMARY_NAME, Summary
 
     names = [shard_name(s) for s in range(shards)]
     records = [ShardRecord(name=n, samples=SHARD_SAMPLES, bytes=SHARD_SAMPLES * 14_000, sha256="0" * 64, slides=32)

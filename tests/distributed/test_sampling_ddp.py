@@ -16,7 +16,8 @@ import shardmaker as sm
 from test_distributed import _torchrun
 
 from wsishard.format import shard_name
-from wsishard.shards.index import index_build, index_name
+from wsishard.shards.index import index_name
+from wsishard.shards.summary import index_build
 
 BATCH, WORKERS, STEPS = 64, 2, 40
 

@@ -17,7 +17,8 @@ import pytest
 from buildtools import SMALL_BUILD, SMALL_BUILD_ARGS, read_output
 
 from wsishard.builder.run import build
-from wsishard.shards.index import SUMMARY_NAME, index_name
+from wsishard.shards.index import index_name
+from wsishard.shards.summary import SUMMARY_NAME
 from wsishard.storage.output import Destination
 from wsishard.streaming.sources import stream
 

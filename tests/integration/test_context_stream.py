@@ -16,7 +16,7 @@ import shardmaker as sm
 import torch
 
 from wsishard.errors import ManifestError, ShardError
-from wsishard.shards.index import index_build
+from wsishard.shards.summary import index_build
 from wsishard.streaming.collate import GpuCollate
 from wsishard.streaming.loader import loader
 from wsishard.streaming.sources import stream

@@ -20,7 +20,7 @@ from wsishard.builder.run import build
 from wsishard.errors import ManifestError
 from wsishard.format import MANIFEST_NAME, SLIDES_NAME, unique_slide_ids
 from wsishard.manifest import Manifest, parse_slide_lines
-from wsishard.shards.index import SUMMARY_NAME, Summary
+from wsishard.shards.summary import SUMMARY_NAME, Summary
 from wsishard.storage.opener import load_manifest
 from wsishard.testing.synthetic import make_slides
 

@@ -11,6 +11,7 @@ from buildtools import Sample, read_output
 
 from wsishard.cli import main
 from wsishard.manifest import Manifest
+from wsishard.shards.index import index_name, load_index
 from wsishard.testing.artefacts import patch_fractions
 from wsishard.testing.synthetic import SyntheticSlide, make_slide
 
@@ -42,6 +43,11 @@ def test_samples_carry_a_pigment_score_where_the_pigment_is(melanin: SyntheticSl
     assert (score[truth == 0] == 0).mean() > 0.95  # no pigment: none found (a view px may straddle)
     record = manifest.slides[0]
     assert record.pigment_mm2 > 0.02 and record.artefact_mm2 < record.pigment_mm2 / 4  # dust specks aside
+    indexed = {}  # the per-sample index carries the same score, for select= without reading a shard
+    for shard in manifest.shards:
+        index = load_index((tmp_path / "out" / index_name(shard.name)).read_bytes())
+        indexed.update(zip(index.key.astype(str), index.columns["pigment"].tolist(), strict=True))
+    assert indexed == pytest.approx({s.key: s.meta["pigment"] for s in samples})
 
 
 def test_pigment_as_artefact_restores_the_old_rule(melanin: SyntheticSlide, tmp_path: Path) -> None:

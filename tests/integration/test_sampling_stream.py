@@ -16,8 +16,9 @@ import pytest
 import shardmaker as sm
 
 from wsishard.errors import ManifestError
-from wsishard.shards.index import SUMMARY_NAME, Summary, index_build, index_name, load_index
+from wsishard.shards.index import index_name, load_index
 from wsishard.shards.reader import TarSamples
+from wsishard.shards.summary import SUMMARY_NAME, Summary, index_build
 from wsishard.streaming.dataset import ShardStream
 from wsishard.streaming.loader import loader
 from wsishard.streaming.sources import stream

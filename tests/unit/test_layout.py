@@ -59,7 +59,7 @@ DEFERRED_IMPORTS = {
     ("demo.py", "wsishard.streaming.collate"): "torch: only once the demo streams",
     ("demo.py", "wsishard.streaming.loader"): "torch: only once the demo streams",
     ("demo.py", "wsishard.streaming.sources"): "torch: only once the demo streams",
-    ("shards/index.py", "wsishard.storage.opener"): "the build writes indexes without the opener",
+    ("shards/summary.py", "wsishard.storage.opener"): "the build writes indexes without the opener",
     ("streaming/stain.py", "wsishard.storage.opener"): "slide records are read only for a stain table",
     ("builder/options.py", "wsishard.builder.keywords"): "a cycle: keywords maps BuildOptions' fields (left)",
     ("builder/tissue.py", "wsishard.builder.artefacts"): "scipy and scikit-image: not at CLI start-up",

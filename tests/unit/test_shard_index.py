@@ -9,24 +9,15 @@ import numpy as np
 import pytest
 
 from wsishard.errors import ManifestError
-from wsishard.shards.index import (
-    IndexWriter,
-    Summary,
-    combine,
-    index_name,
-    index_shard,
-    is_summary_name,
-    load_index,
-    per_shard,
-    summary_name,
-)
+from wsishard.shards.index import IndexWriter, index_name, index_shard, load_index
 from wsishard.shards.reader import group_members, tar_members
+from wsishard.shards.summary import Summary, combine, is_summary_name, per_shard, summary_name
 from wsishard.shards.writer import sample_records
 
 
 def _sample(i: int, slide: str, label: int | None) -> tuple[str, dict[str, bytes]]:
     meta = {"slide_id": slide, "x": 10 * i, "y": 20 * i, "patch_mpp": 0.5, "tissue": i / 10, "background": 0.1,
-            "dark": 0.0, "sharpness": 50.0 + i}  # fmt: skip
+            "dark": 0.0, "sharpness": 50.0 + i, "pigment": i / 20}  # fmt: skip
     members = {"jpg": bytes(100 + 37 * i), "json": json.dumps(meta).encode()}
     if label is not None:
         members["cls"] = str(label).encode()
@@ -91,6 +82,19 @@ def test_an_index_with_narrower_columns_is_read_widened_and_a_wider_or_other_kin
     for bad in (np.array([0, 1, 2], np.float64), np.array([0, 1, 2], np.uint64), np.array([0, 1], np.int64)):
         with pytest.raises(ManifestError, match="index column 'label'"):
             load_index(_rewritten(data, label=bad), "old.idx.npz")
+
+
+def test_the_pigment_score_is_a_column_and_an_index_written_before_it_reads_as_unknown() -> None:
+    writer = IndexWriter()
+    for i in range(3):
+        writer.add(sample_records(*_sample(i, "s", i)), 0)
+    data = writer.to_bytes()
+    assert load_index(data).columns["pigment"].tolist() == pytest.approx([0.0, 0.05, 0.1])
+    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+        before = {name: npz[name] for name in npz.files if name != "pigment"}
+    out = io.BytesIO()
+    np.savez(out, **before)
+    assert np.isnan(load_index(out.getvalue()).columns["pigment"]).all()
 
 
 def test_summaries_combine_and_split_back_per_shard() -> None:

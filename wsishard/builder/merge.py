@@ -8,7 +8,7 @@ import datetime
 from wsishard.errors import ManifestError
 from wsishard.format import MANIFEST_NAME, parse_part_manifest, shard_order
 from wsishard.manifest import Manifest, SlideRecord, manifest_files
-from wsishard.shards.index import Summary, summary_name, write_summary
+from wsishard.shards.summary import Summary, summary_name, write_summary
 from wsishard.storage.opener import load_manifest
 from wsishard.storage.output import Destination
 from wsishard.storage.urls import StorageOptions

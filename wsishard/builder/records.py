@@ -13,7 +13,7 @@ from wsishard.builder.options import BuildOptions
 from wsishard.format import QC_INDEX_NAME, slides_name
 from wsishard.manifest import Manifest, ShardRecord, SlideRecord, manifest_files
 from wsishard.qc_html import qc_index
-from wsishard.shards.index import summary_name, write_summary
+from wsishard.shards.summary import summary_name, write_summary
 from wsishard.storage.output import Destination
 from wsishard.storage.urls import public_location
 

@@ -29,7 +29,8 @@ from wsishard.builder.scanstate import ScanStore
 from wsishard.builder.stamps import Stamp
 from wsishard.errors import OptionError
 from wsishard.format import STATE_DIR
-from wsishard.shards.index import index_shard, is_summary_name
+from wsishard.shards.index import index_shard
+from wsishard.shards.summary import is_summary_name
 from wsishard.shards.verify import recorded_shard_damage
 from wsishard.storage.output import Destination
 

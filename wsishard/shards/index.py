@@ -5,21 +5,18 @@ numpy ``.npz`` of the columns below, row ``k`` for sample ``k``, plus the shard'
 than Parquet: no extra dependency, ``allow_pickle=False`` never unpickles, and an index is small enough to be read
 whole in one request from object storage. Columns (:data:`COLUMNS`): ``offset`` and ``size`` (bytes of the sample's
 tar records), ``key``, ``slide`` (a row of this file's ``slide_names``, so merging parts never rewrites an index),
-``label`` (int64, -1 unlabelled), level-0 ``x``/``y``, ``patch_mpp`` (index version 1's ``mpp``) and the quality scores.
+``label`` (int64, -1 unlabelled), level-0 ``x``/``y``, ``patch_mpp`` (index version 1's ``mpp``), the quality scores and
+``pigment`` (NaN in an index written before it).
 
-The summary (``index.npz``, :func:`summary_name`) holds per shard, in manifest order, the count of samples of each
-label and the sparse count of each slide: what class and slide weights need without opening a shard index
-(:class:`Summary`), written by ``build`` and ``merge`` from the shard indexes' own summaries (:func:`summarize`).
+The summary of them all (``index.npz``) is :mod:`wsishard.shards.summary`'s.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import logging
-import re
 import zipfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -27,18 +24,16 @@ import numpy as np
 
 from wsishard import format as fmt
 from wsishard.errors import ManifestError
-from wsishard.format import LABEL_EXT, LABEL_RANGE, META_EXT, SHARD_SUFFIX, is_shard_name, part_label, split_member
+from wsishard.format import LABEL_EXT, LABEL_RANGE, META_EXT, SHARD_SUFFIX, is_shard_name, split_member
 from wsishard.shards.reader import tar_spans
-from wsishard.storage.output import Destination
-
-logger = logging.getLogger(__name__)
 
 COLUMNS: dict[str, str] = {
     "offset": "int64", "size": "int64", "slide": "int32", "label": "int64", "x": "int64", "y": "int64",
     "patch_mpp": "float32", "tissue": "float32", "background": "float32", "dark": "float32", "sharpness": "float32",
+    "pigment": "float32",
 }  # fmt: skip
+_LATER = {"pigment"}  # columns an index written before them lacks: read as NaN (unknown)
 INDEX_SUFFIX = ".idx.npz"  # a shard's per-sample index: ``shard-000012-0003.idx.npz`` beside its ``.tar``
-SUMMARY_NAME = "index.npz"  # the summary of every shard index, beside the manifest
 # (index file names live here, not in format.py: that module is at the house limit of 400 lines)
 
 
@@ -53,17 +48,7 @@ def index_shard(name: str) -> str | None:
     return shard if name.endswith(INDEX_SUFFIX) and is_shard_name(shard) else None
 
 
-def summary_name(part: tuple[int, int] | None = None) -> str:
-    """``index.npz``, or ``index.part-0002-of-0008.npz`` for part 2 of 8 of a cluster build."""
-    return SUMMARY_NAME if part is None else f"index.{part_label(part)}.npz"
-
-
-def is_summary_name(name: str) -> bool:
-    """True for a name :func:`summary_name` makes."""
-    return name == SUMMARY_NAME or re.fullmatch(r"index\.part-\d{4,}-of-\d{4,}\.npz", name) is not None
-
-
-_SCORES = ("patch_mpp", "tissue", "background", "dark", "sharpness")
+_SCORES = ("patch_mpp", "tissue", "background", "dark", "sharpness", "pigment")
 INDEX_VERSION, _FORMER = 2, {"patch_mpp": "mpp"}  # 2: patch_mpp; version 1 (its mpp) is read under the new name
 
 
@@ -242,6 +227,8 @@ def load_index(data: bytes, location: str = "<index>") -> ShardIndex:
     columns = {}
     for name, dtype in COLUMNS.items():
         col = arrays.get(name, arrays.get(_FORMER.get(name, "")))
+        if col is None and name in _LATER:
+            col = np.full(key.shape, np.nan, np.float32)
         want = np.dtype(dtype)  # or a narrower one of its kind (0.2.0's first builds wrote int32 labels): widened
         if col is None or col.shape != key.shape or col.dtype.kind != want.kind or not np.can_cast(col.dtype, want):
             raise ManifestError(location, f"index column {name!r} is missing, or not {len(key)} {dtype} values")
@@ -250,151 +237,3 @@ def load_index(data: bytes, location: str = "<index>") -> ShardIndex:
     if len(key) and (columns["slide"].min() < 0 or columns["slide"].max() >= len(names)):
         raise ManifestError(location, "index slide column points outside its slide names")
     return ShardIndex(columns, key, names)
-
-
-# ---- the summary of every shard index, beside the manifest -------------------------------------------------
-
-
-@dataclass(frozen=True, eq=False)
-class Summary:
-    """Per shard (in manifest order): samples per label (dense over ``labels``) and per slide (sparse, CSR).
-
-    Attributes:
-        shards: (n,) shard names.
-        labels: (L,) the label values found, sorted.
-        label_counts: (n, L) samples of each label in each shard.
-        slides: (S,) slide ids (bytes).
-        slide_ptr: (n + 1,) shard ``s``'s slides are entries ``slide_ptr[s]:slide_ptr[s + 1]``, in the order of that
-            shard index's ``slide_names``.
-        slide_index: (entries,) rows of ``slides``.
-        slide_count: (entries,) samples of that slide in that shard.
-    """
-
-    shards: np.ndarray
-    labels: np.ndarray
-    label_counts: np.ndarray
-    slides: np.ndarray
-    slide_ptr: np.ndarray
-    slide_index: np.ndarray
-    slide_count: np.ndarray
-
-    def to_bytes(self) -> bytes:
-        out = io.BytesIO()
-        np.savez_compressed(out, version=np.int64(INDEX_VERSION), **{k: getattr(self, k) for k in _SUMMARY_FIELDS})
-        return out.getvalue()
-
-    @classmethod
-    def from_bytes(cls, data: bytes, location: str = "<summary>") -> Summary:
-        """Parse a summary (never unpickling anything).
-
-        Raises:
-            ManifestError: not a summary, or inconsistent arrays.
-        """
-        try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-                arrays = {name: npz[name] for name in _SUMMARY_FIELDS}
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as exc:
-            raise ManifestError(location, f"not an index summary ({type(exc).__name__}: {exc})") from exc
-        out = cls(**arrays)
-        n = len(out.shards)
-        if (out.label_counts.shape != (n, len(out.labels)) or out.slide_ptr.shape != (n + 1,)
-                or out.slide_index.shape != out.slide_count.shape or int(out.slide_ptr[-1]) != len(out.slide_index)
-                or (len(out.slide_index) and int(out.slide_index.max()) >= len(out.slides))):  # fmt: skip
-            raise ManifestError(location, "index summary arrays do not agree with each other")
-        return out
-
-    @property
-    def samples(self) -> np.ndarray:
-        """(n,) samples per shard."""
-        return np.asarray(self.label_counts.sum(axis=1), dtype=np.int64)
-
-
-_SUMMARY_FIELDS = ("shards", "labels", "label_counts", "slides", "slide_ptr", "slide_index", "slide_count")
-
-
-def shard_summary(npz: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(labels, label_counts, slide_names, slide_counts)`` of one shard index (a loaded ``.npz``: only these small
-    arrays are read from it)."""
-    return npz["labels"], npz["label_counts"], npz["slide_names"], npz["slide_counts"]
-
-
-def summarize(shards: Sequence[str], read: Callable[[str], Any]) -> Summary:
-    """The summary of the shards named ``shards`` (in that order); ``read(name)`` gives a shard index's ``.npz``
-    (``np.load`` of its file or bytes: only its summary arrays are read)."""
-    per_shard = [shard_summary(read(name)) for name in shards]
-    return combine(shards, per_shard)
-
-
-def combine(shards: Sequence[str], per_shard: Iterable[tuple[np.ndarray, ...]]) -> Summary:
-    """A :class:`Summary` from each shard's ``(labels, label_counts, slide_names, slide_counts)``."""
-    items = list(per_shard)
-    labels = np.unique(np.concatenate([it[0] for it in items] or [np.zeros(0, np.int64)])).astype(np.int64)
-    label_counts = np.zeros((len(items), len(labels)), dtype=np.int64)
-    for s, (lab, cnt, _, _) in enumerate(items):
-        label_counts[s, np.searchsorted(labels, lab)] = cnt
-    names = [it[2].astype("S") for it in items]
-    every = np.concatenate(names) if names else np.zeros(0, "S1")
-    slides, inverse = np.unique(every, return_inverse=True)
-    ptr = np.concatenate([[0], np.cumsum([len(n) for n in names])]).astype(np.int64)
-    counts = np.concatenate([it[3] for it in items]) if items else np.zeros(0, np.int64)
-    return Summary(shards=np.array(list(shards), dtype="S"), labels=labels, label_counts=label_counts, slides=slides,
-                   slide_ptr=ptr, slide_index=inverse.astype(np.int32).reshape(-1),
-                   slide_count=counts.astype(np.int64))  # fmt: skip
-
-
-def per_shard(summary: Summary) -> dict[str, tuple[np.ndarray, ...]]:
-    """Each shard's ``(labels, label_counts, slide_names, slide_counts)`` as :func:`combine` takes them, by name."""
-    out: dict[str, tuple[np.ndarray, ...]] = {}
-    for s, name in enumerate(summary.shards.astype(str).tolist()):
-        present = summary.label_counts[s] > 0
-        lo, hi = int(summary.slide_ptr[s]), int(summary.slide_ptr[s + 1])
-        out[name] = (summary.labels[present], summary.label_counts[s][present],
-                     summary.slides[summary.slide_index[lo:hi]], summary.slide_count[lo:hi])  # fmt: skip
-    return out
-
-
-def write_summary(dest: Destination, shards: Sequence[str], name: str,
-                  parts: Sequence[Summary] = ()) -> Summary | None:  # fmt: skip
-    """Write the summary of the shards named ``shards`` (manifest order) as ``name`` in ``dest``: from the ``parts``'
-    summaries (``wsishard merge``) where they cover every shard, else from each shard index's summary arrays.
-
-    Returns None, writing nothing and logging why, where a shard has no index (a build resumed from one made by a
-    wsishard without indexes): such an output streams as before, and ``select=``/``weights=`` refuse it.
-    """
-    known: dict[str, tuple[np.ndarray, ...]] = {}
-    for part in parts:
-        known.update(per_shard(part))
-    items = []
-    for shard in shards:
-        if shard in known:
-            items.append(known[shard])
-            continue
-        data = dest.read_bytes(index_name(shard))
-        if data is None:
-            logger.warning("%s has no index: no %s written (select= and weights= need one)", shard, name)
-            return None
-        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            items.append(shard_summary(npz))
-    summary = combine(shards, items)
-    dest.write_bytes(name, summary.to_bytes())
-    return summary
-
-
-def index_build(output: str, storage_options: Mapping[str, Any] | None = None) -> Summary:
-    """Write the per-sample index of every shard of the build in ``output``, and its summary: an output built by
-    a wsishard without indexes can then be streamed with ``select=`` and ``weights=``. Reads every shard once.
-
-    Raises:
-        ManifestError: no readable manifest in ``output``.
-    """
-    from wsishard.storage.opener import StreamOpener, load_manifest  # here: the opener is not needed to build
-
-    manifest, _ = load_manifest(output, storage_options, slides=False)
-    dest = Destination(output, storage_options)
-    opener = StreamOpener(dict(storage_options or {}))
-    for rec in manifest.shards:
-        with opener(dest.path(rec.name)) as fh:
-            dest.write_bytes(index_name(rec.name), index_shard_file(fh))
-    summary = write_summary(dest, [rec.name for rec in manifest.shards], SUMMARY_NAME)
-    assert summary is not None  # every index was just written
-    return summary

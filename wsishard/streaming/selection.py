@@ -14,7 +14,8 @@ import numpy as np
 
 from wsishard.errors import ManifestError, ShardError, TopologyError
 from wsishard.manifest import Manifest
-from wsishard.shards.index import SUMMARY_NAME, ShardIndex, Summary, index_name, load_index
+from wsishard.shards.index import ShardIndex, index_name, load_index
+from wsishard.shards.summary import SUMMARY_NAME, Summary
 from wsishard.storage.opener import read_bytes
 from wsishard.storage.secrets import redact
 from wsishard.storage.urls import StorageOptions, join
