@@ -497,20 +497,23 @@ _Static_assert(sizeof(stain_params) == STAIN_PARAMS * sizeof(float), "stain_para
 #define PREFETCH(a) ((void)(a))
 #endif
 
-/* 2^t for t <= 0 (below -125 as -125: 2.4e-38), in plain float arithmetic that vectorises: t = n + f with n the
- * nearest integer (the round-to-nearest of adding 1.5 2^23, biased by 127 so that the sum's low bits shifted into
- * the exponent are 2^n), 2^f by a degree-5 polynomial on [-1/2, 1/2] (a fit of e^r's relative error on
- * [-ln 2 / 2, ln 2 / 2], its coefficients times ln(2)^k; at most 1.9e-7 of the result in float32). */
-FLOATS static inline float exp2_neg(float t) {
+/* 2^f on [-1/2, 1/2] by a degree-5 polynomial, lowest degree first: a fit of e^r's relative error on
+ * [-ln 2 / 2, ln 2 / 2], its coefficients times ln(2)^k (at most 1.9e-7 of the result in float32). */
+static const float EXP2_POLY[6] = {1.0000001192092896f, 6.931470036506653e-1f,  2.4022118747234344e-1f,
+                                   5.550713837146759e-2f, 9.675540030002594e-3f, 1.3276288518682122e-3f};
+
+/* 2^t for t <= 0 (below -125 as -125: 2.4e-38) times a factor e carries (e: EXP2_POLY times it), in plain float
+ * arithmetic that vectorises: t = n + f with n the nearest integer (the round-to-nearest of adding 1.5 2^23, biased
+ * by 127 so that the sum's low bits shifted into the exponent are 2^n), 2^f by the polynomial. */
+FLOATS static ALWAYS_INLINE float exp2_neg(float t, const float *e) {
     t = t > -125.0f ? t : -125.0f;
     float big = t + 12583039.0f; /* 1.5 2^23 + 127: its low bits are n + 127 */
     float f = t - (big - 12583039.0f);
-    float p = 1.3276288518682122e-3f;
-    p = p * f + 9.675540030002594e-3f;
-    p = p * f + 5.550713837146759e-2f;
-    p = p * f + 2.4022118747234344e-1f;
-    p = p * f + 6.931470036506653e-1f;
-    p = p * f + 1.0000001192092896f;
+    float p = e[4] + e[5] * f;
+    p = e[3] + p * f;
+    p = e[2] + p * f;
+    p = e[1] + p * f;
+    p = e[0] + p * f;
     int32_t bits;
     memcpy(&bits, &big, sizeof bits);
     bits = (int32_t)((uint32_t)bits << 23);
@@ -521,44 +524,45 @@ FLOATS static inline float exp2_neg(float t) {
 
 /* Pass 1 on one pixel, its inputs x0, x1, x2 (the table's values of its uint8 channels) in place: through both
  * log-space maps and exp (``logs``, a constant where inlined; ``m`` and ``c`` are the second map's times log2(e), so
- * that exp is 2^), or as they are; then times the brightness, capped at 1. Returns the pixel's grey (torchvision's
- * weights), for the contrast's mean. The clips are written as x86's min and max read (a < b ? a : b), which the
- * compiler then uses. */
-FLOATS static ALWAYS_INLINE float stain_pixel(float *restrict x0, float *restrict x1, float *restrict x2,
-                                              const stain_params *p, int logs, float lo) {
+ * that exp is 2^), or as they are; then times the brightness (``e``: EXP2_POLY times it, with ``logs``), capped at
+ * 1. The clips are written as x86's min and max read (a < b ? a : b), which the compiler then uses. */
+FLOATS static ALWAYS_INLINE void stain_pixel(float *restrict x0, float *restrict x1, float *restrict x2,
+                                             const stain_params *p, int logs, float lo, const float *e) {
     const float *a = p->a1, *k = p->k1, *m = p->a2, *c = p->k2, f = p->bright;
     float v0 = *x0, v1 = *x1, v2 = *x2;
     if (logs) {
-        float y0 = a[0] * v0 + a[1] * v1 + a[2] * v2 + k[0];
-        float y1 = a[3] * v0 + a[4] * v1 + a[5] * v2 + k[1];
-        float y2 = a[6] * v0 + a[7] * v1 + a[8] * v2 + k[2];
+        float y0 = k[0] + a[0] * v0 + a[1] * v1 + a[2] * v2;
+        float y1 = k[1] + a[3] * v0 + a[4] * v1 + a[5] * v2;
+        float y2 = k[2] + a[6] * v0 + a[7] * v1 + a[8] * v2;
         y0 = y0 < 0.0f ? y0 : 0.0f;
         y1 = y1 < 0.0f ? y1 : 0.0f;
         y2 = y2 < 0.0f ? y2 : 0.0f;
         y0 = y0 > lo ? y0 : lo;
         y1 = y1 > lo ? y1 : lo;
         y2 = y2 > lo ? y2 : lo;
-        float t0 = m[0] * y0 + m[1] * y1 + m[2] * y2 + c[0];
-        float t1 = m[3] * y0 + m[4] * y1 + m[5] * y2 + c[1];
-        float t2 = m[6] * y0 + m[7] * y1 + m[8] * y2 + c[2];
-        v0 = exp2_neg(t0 < 0.0f ? t0 : 0.0f);
-        v1 = exp2_neg(t1 < 0.0f ? t1 : 0.0f);
-        v2 = exp2_neg(t2 < 0.0f ? t2 : 0.0f);
+        float t0 = c[0] + m[0] * y0 + m[1] * y1 + m[2] * y2;
+        float t1 = c[1] + m[3] * y0 + m[4] * y1 + m[5] * y2;
+        float t2 = c[2] + m[6] * y0 + m[7] * y1 + m[8] * y2;
+        v0 = exp2_neg(t0 < 0.0f ? t0 : 0.0f, e);
+        v1 = exp2_neg(t1 < 0.0f ? t1 : 0.0f, e);
+        v2 = exp2_neg(t2 < 0.0f ? t2 : 0.0f, e);
+    } else {
+        v0 *= f;
+        v1 *= f;
+        v2 *= f;
     }
-    v0 *= f;
-    v1 *= f;
-    v2 *= f;
-    *x0 = v0 = v0 < 1.0f ? v0 : 1.0f;
-    *x1 = v1 = v1 < 1.0f ? v1 : 1.0f;
-    *x2 = v2 = v2 < 1.0f ? v2 : 1.0f;
-    return v0 * 0.2989f + v1 * 0.587f + v2 * 0.114f;
+    *x0 = v0 < 1.0f ? v0 : 1.0f;
+    *x1 = v1 < 1.0f ? v1 : 1.0f;
+    *x2 = v2 < 1.0f ? v2 : 1.0f;
 }
 
 /* Pass 1 on a row of n pixels (stain_pixel on each), then the row's sum of grey (eight partial sums, so that the
  * loop vectorises without reassociating floats). */
 FLOATS static ALWAYS_INLINE double stain_pixels(float *restrict l0, float *restrict l1, float *restrict l2,
                                                 Py_ssize_t n, const stain_params *p, int logs, float lo) {
-    for (Py_ssize_t i = 0; i < n; i++) stain_pixel(l0 + i, l1 + i, l2 + i, p, logs, lo);
+    float e[6];
+    for (int j = 0; j < 6; j++) e[j] = EXP2_POLY[j] * p->bright;
+    for (Py_ssize_t i = 0; i < n; i++) stain_pixel(l0 + i, l1 + i, l2 + i, p, logs, lo, e);
     float part[8] = {0};
     Py_ssize_t i = 0;
     for (; i + 8 <= n; i += 8)
