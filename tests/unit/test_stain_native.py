@@ -109,11 +109,15 @@ def test_the_collate_runs_the_c_pass_where_it_covers_the_options(tissue: torch.T
         assert not fusable(options)  # CIELAB statistics and hue: the torch path
 
 
-def test_odd_sizes_and_a_pixel(tissue: torch.Tensor) -> None:
+@pytest.mark.parametrize("cl", [False, True])  # channels_last
+def test_odd_sizes_and_a_pixel(tissue: torch.Tensor, cl: bool) -> None:
     options = CONFIGS["all"]
-    for h, w in ((1, 1), (3, 7), (13, 5), (9, 9)):  # not square: no transpose; square: every code
+    # not square: no transpose; square: every code. Samples of 3 h w floats: the interleaved output's runs of 64
+    # pixels end in a part run and start unaligned
+    for h, w in ((1, 1), (3, 7), (13, 5), (9, 9)):
         image = tissue[:, :h, :w].contiguous()
-        got = GpuCollate("cpu", mean=MEAN, std=STD, augment=True, seed=2, stain=options)(_batch(image))["image"]
+        collate = GpuCollate("cpu", mean=MEAN, std=STD, augment=True, seed=2, stain=options, channels_last=cl)
+        got = collate(_batch(image))["image"]
         want = _torch_path(image, options, seed=2, batch=0, augment=True)
         assert got.shape == (16, 3, h, w) and (_unit(got) - want).abs().max().item() < TOL
 
