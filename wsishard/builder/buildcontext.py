@@ -1,8 +1,7 @@
 """What the steps of one build share (:class:`BuildContext`), and the record of its failed slides (:class:`Failures`).
 
-:func:`wsishard.builder.run.build` makes one context and hands it to each step (scan, stage, extract) instead of
-threading the output, state, options, pool and progress through every call, and a step that finds a slide failed
-adds it to :attr:`BuildContext.failures` instead of updating a shared dict in place.
+:func:`wsishard.builder.run.build` makes one context and hands it to each step (scan, stage, extract); a step that
+finds a slide failed adds it to :attr:`BuildContext.failures`, which saves it in the build's state.
 """
 
 from __future__ import annotations

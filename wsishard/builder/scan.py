@@ -61,9 +61,8 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # writing failed for want
 class ScanTask:
     """One slide to scan: the slide, what the build's per-slide tables give it, and the build's options.
 
-    ``options`` are the build's without the per-slide tables (``labels``, ``mpp_overrides``): :func:`scan_tasks`
-    looks each slide up in them instead, since every task is pickled for a worker (with a table of 30,000 slides,
-    the options alone pickle to 1.4 MB, 17 ms a task to pickle and unpickle).
+    ``options`` are the build's without the per-slide tables (``labels``, ``mpp_overrides``), which would be pickled
+    with every task sent to a worker: :func:`scan_tasks` looks the slide up in them (``label``, ``mpp_override``).
     """
 
     index: int
