@@ -21,12 +21,22 @@ import pytest
 import tifffile
 
 from wsishard.builder import extract
-from wsishard.builder.extract import ShardOutcome, SlideSource, assemble_shards, extract_segment, segment_tasks
+from wsishard.builder.extract import (
+    ShardDone,
+    ShardOutcome,
+    SlideFailed,
+    SlideSource,
+    WorkerDied,
+    assemble_shards,
+    extract_segment,
+    segment_tasks,
+)
 from wsishard.builder.grid import PatchOptions
+from wsishard.builder.options import BuildOptions
 from wsishard.builder.patches import EncodeOptions, SlideWork, block_samples
 from wsishard.builder.plan import ShardPlan
 from wsishard.builder.scan import ScanTask, scan_slide
-from wsishard.builder.tissue import TissueOptions
+from wsishard.builder.staging import stage_scanned
 from wsishard.format import shard_name
 from wsishard.shards.index import index_name
 from wsishard.shards.reader import group_members
@@ -37,13 +47,14 @@ from wsishard.testing.synthetic import make_slide
 
 PATCH = PatchOptions(target_mpp=0.5, patch_size_px=64, min_tissue=0.25, block_patches=2)
 ENCODE = EncodeOptions()
+SCAN = BuildOptions(patch=PATCH, shard_size_bytes=None, qc=False)  # its .encode is ENCODE
 Blocks = tuple[tuple[int, int], ...]  # (slide, block) in write order
 
 
 def _scan(path: Path, slide_id: str, label: int, index: int) -> SlideWork:
-    task = ScanTask(index=index, path=str(path), slide_id=slide_id, patch=PATCH, tissue=TissueOptions(), encode=ENCODE,
-                    measure=False, mpp_override=None, default_mpp=None, label=label, seed=0,
-                    dest=Destination(str(path.parent)), qc_name=None)  # fmt: skip
+    task = ScanTask(
+        index=index, path=str(path), slide_id=slide_id, options=SCAN, label=label, dest=Destination(str(path.parent))
+    )
     scan = scan_slide(task)
     record = scan.record
     assert record.status == "ok" and scan.cands is not None, record.reason
@@ -111,7 +122,7 @@ def test_a_shard_holds_the_planned_samples_in_plan_order(
         1 if segment_patches > sp.patches else len(PLAN))  # fmt: skip
     (outcome,), written = _extract(tmp_path, works, [sp])
     expected = _expected(works, PLAN)
-    assert outcome.failed_slide is None and outcome.record is not None
+    assert isinstance(outcome, ShardDone) and outcome.record is not None
     assert _shard(tmp_path / shard_name(7)) == expected  # keys, order and every member's bytes
     sizes = {s: sum(len(works[s].blocks[b].patches) for t, b in PLAN if t == s) for s in (0, 1)}
     assert outcome.patches_by_slide == sizes and sum(written) == len(expected) == sp.patches
@@ -137,7 +148,7 @@ def test_an_excluded_slides_blocks_are_skipped_and_never_opened(tmp_path: Path, 
     gone = dataclasses.replace(works[1], path=str(tmp_path / "gone.tif"))  # opening it would fail
     (outcome,), written = _extract(tmp_path / "out", [works[0], gone], [_plan(7, works, PLAN)], frozenset({1}))
     kept = tuple(sb for sb in PLAN if sb[0] == 0)
-    assert outcome.failed_slide is None and outcome.record is not None and outcome.record.slides == 1
+    assert isinstance(outcome, ShardDone) and outcome.record is not None and outcome.record.slides == 1
     assert _shard(tmp_path / "out" / shard_name(7)) == _expected(works, kept)
     assert outcome.patches_by_slide == {0: sum(len(works[0].blocks[b].patches) for _, b in kept)}
     assert sum(written) == outcome.record.samples
@@ -145,7 +156,7 @@ def test_an_excluded_slides_blocks_are_skipped_and_never_opened(tmp_path: Path, 
 
 def test_a_shard_of_excluded_slides_only_is_empty_and_not_written(tmp_path: Path, works: list[SlideWork]) -> None:
     outcomes, written = _extract(tmp_path, works, [_plan(7, works, PLAN)], frozenset({0, 1}))
-    assert outcomes == [ShardOutcome(7)]
+    assert outcomes == [ShardDone(7)]
     assert os.listdir(tmp_path) == [] and sum(written) == 0
 
 
@@ -191,10 +202,10 @@ def test_a_failing_slide_drops_its_shard_names_the_slide_and_leaves_no_file(
     failing = _plan(7, works, ((0, 0), (0, 1), (1, 0), (0, 2)))  # slide 0's samples come before slide 1 breaks
     after = _plan(8, works, ((0, 2), (0, 0)))  # the next shard does not need the broken slide
     (dropped, kept), written = _extract(out, slides, [failing, after])
-    assert dropped.index == 7 and dropped.failed_slide == 1
+    assert isinstance(dropped, SlideFailed) and (dropped.index, dropped.slide) == (7, 1)
     assert dropped.reason and "\n" not in dropped.reason
-    assert dropped.record is None and dropped.patches_by_slide is None
-    assert kept.index == 8 and kept.record is not None and kept.record.samples == after.patches
+    assert isinstance(kept, ShardDone) and kept.index == 8
+    assert kept.record is not None and kept.record.samples == after.patches
     assert sorted(os.listdir(out)) == [index_name(shard_name(8)), shard_name(8)]  # nothing of shard 7, no temp file
     assert sum(written) == after.patches  # what shard 7 had written was taken back
 
@@ -208,6 +219,20 @@ def test_a_crashed_segment_drops_its_shard(tmp_path: Path, works: list[SlideWork
     outcomes[2] = extract.crashed_segment(tasks[2])  # its worker process died
     written: list[int] = []
     (outcome,) = assemble_shards(iter(outcomes), Destination(str(tmp_path)), written.append)
-    assert (outcome.index, outcome.failed_slide, outcome.record) == (7, -1, None)
+    assert isinstance(outcome, WorkerDied) and outcome.index == 7
     assert "died" in outcome.reason
     assert os.listdir(tmp_path) == [] and sum(written) == 0
+
+
+def test_a_scanned_copy_stages_its_blocks_samples_or_nothing_at_all(tmp_path: Path, works: list[SlideWork]) -> None:
+    """A slide copied from object storage to be scanned is staged from that copy: each block's samples as reading
+    the slide gives them; a copy that cannot be staged leaves no staging file (extraction stages it again)."""
+    scratch, url = tmp_path / "scratch", "s3://bucket/slides/b.tif"
+    staged = stage_scanned(works[1].path, works[1], 1, url, str(scratch), ENCODE)
+    assert staged is not None and len(staged.blocks) == len(works[1].blocks)
+    assert all(staged.read(b) == _expected(works, ((1, b),)) for b in range(len(works[1].blocks)))
+    broken = tmp_path / "broken.tif"
+    _zeroed_tiles(works[1].path, broken)
+    assert stage_scanned(str(broken), works[1], 2, url, str(scratch), ENCODE) is None
+    assert stage_scanned(str(broken), None, 3, url, str(scratch), ENCODE) is None  # no patches: nothing to stage
+    assert os.listdir(scratch / "staging") == [os.path.basename(staged.path)]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from buildtools import files_under, put_files
 
-from wsishard.builder.extract import ShardOutcome
+from wsishard.builder.extract import ShardDone
 from wsishard.builder.grid import Candidates, blocks
 from wsishard.builder.scan import ScanResult
 from wsishard.builder.stamps import fingerprint, input_stamps
@@ -148,8 +148,8 @@ def test_done_shards_round_trip_with_their_excluded_slides(tmp_path: Path) -> No
     state = _state(tmp_path / "out")
     assert state.load_done() == {}
     record = ShardRecord(name="shard-000003.tar", samples=12, bytes=40_960, sha256="ab" * 32, slides=2)
-    written = ShardOutcome(3, record=record, patches_by_slide={0: 5, 2: 7})
-    empty = ShardOutcome(4)  # every block of it belonged to excluded slides
+    written = ShardDone(3, record=record, patches_by_slide={0: 5, 2: 7})
+    empty = ShardDone(4)  # every block of it belonged to excluded slides
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "shard-000003.tar").write_bytes(bytes(40_960))  # a done record stands for its shard's file
     state.save_done(written, "shard-000003.tar", frozenset({1}))
@@ -157,8 +157,7 @@ def test_done_shards_round_trip_with_their_excluded_slides(tmp_path: Path) -> No
     done = _state(tmp_path / "out").load_done()
     assert sorted(done) == [3, 4]
     assert done[3] == (written, frozenset({1}))
-    outcome, excluded = done[4]  # patches_by_slide None comes back as {}: no patches either way
-    assert (outcome.index, outcome.record, outcome.patches_by_slide or {}, excluded) == (4, None, {}, frozenset({0, 2}))
+    assert done[4] == (empty, frozenset({0, 2}))
 
 
 def test_failed_slides_are_kept_per_part_in_their_own_files(tmp_path: Path) -> None:
@@ -184,7 +183,7 @@ def test_a_done_record_being_written_by_another_part_is_not_read(tmp_path: Path)
     record = ShardRecord(name="shard-000000.tar", samples=3, bytes=10240, sha256="0" * 64, slides=1)
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "shard-000000.tar").write_bytes(bytes(10240))
-    state.save_done(ShardOutcome(0, record, {0: 3}), "shard-000000.tar", frozenset())
+    state.save_done(ShardDone(0, record, {0: 3}), "shard-000000.tar", frozenset())
     done_dir = tmp_path / "out" / ".wsishard" / "done"
     (done_dir / ".shard-000001.tar.json.tmp-4242").write_bytes(b"")  # another part's record, being written
     assert list(state.load_done()) == [0]

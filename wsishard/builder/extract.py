@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from wsishard.builder.patches import EncodeOptions, Samples, SlideWork, block_samples
 from wsishard.builder.plan import ShardPlan
@@ -54,8 +55,38 @@ class SegmentTask:
 
 
 @dataclass(frozen=True)
+class ShardDone:
+    """A shard finished: written (``record``, and its patches per slide index), or left empty (``record`` None: every
+    block of it was a failed slide's; no file)."""
+
+    index: int
+    record: ShardRecord | None = None
+    patches_by_slide: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SlideFailed:
+    """A shard not written: reading the slide ``slide`` (its index in the build) failed for ``reason``."""
+
+    index: int
+    slide: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class WorkerDied:
+    """A shard not written: a worker process died (twice) reading it, and which slide killed it is not known."""
+
+    index: int
+    reason: str
+
+
+ShardOutcome: TypeAlias = ShardDone | SlideFailed | WorkerDied  # what became of a shard's extraction
+
+
+@dataclass(frozen=True)
 class SegmentOutcome:
-    """A segment's tar records, or the slide that broke it (``failed_slide``), or a worker that died on it."""
+    """A segment's tar records, or its shard's :class:`SlideFailed` or :class:`WorkerDied` (``failure``)."""
 
     shard: int
     segment: int
@@ -63,24 +94,11 @@ class SegmentOutcome:
     records: bytes = b""
     patches_by_slide: dict[int, int] = field(default_factory=dict)
     slide_ids: frozenset[str] = frozenset()
-    failed_slide: int | None = None
-    reason: str = ""
-    crashed: bool = False  # its worker process died (twice): see :class:`~wsishard.builder.pool.WorkerPool`
+    failure: SlideFailed | WorkerDied | None = None
 
     @property
     def samples(self) -> int:
         return sum(self.patches_by_slide.values())
-
-
-@dataclass(frozen=True)
-class ShardOutcome:
-    """A written shard (``record``), an empty one (both None), or the slide that broke it (``failed_slide``)."""
-
-    index: int
-    record: ShardRecord | None = None
-    patches_by_slide: dict[int, int] | None = None
-    failed_slide: int | None = None
-    reason: str = ""
 
 
 def segment_size(pending_patches: int, jobs: int) -> int:
@@ -128,7 +146,8 @@ def extract_segment(task: SegmentTask) -> SegmentOutcome:
             samples = _read_block(source, block_index, task.encode)
         if failure.reason is not None:
             READERS.drop(source.work.path)
-            return SegmentOutcome(task.shard, task.segment, task.last, failed_slide=slide_index, reason=failure.reason)
+            failed = SlideFailed(task.shard, slide_index, failure.reason)
+            return SegmentOutcome(task.shard, task.segment, task.last, failure=failed)
         parts += [sample_records(key, members) for key, members in samples]
         counts[slide_index] = counts.get(slide_index, 0) + len(samples)
         ids.add(source.work.slide_id)
@@ -137,16 +156,17 @@ def extract_segment(task: SegmentTask) -> SegmentOutcome:
 
 def crashed_segment(task: SegmentTask) -> SegmentOutcome:
     """The outcome of a segment whose worker process died running it (twice)."""
-    return SegmentOutcome(task.shard, task.segment, task.last, crashed=True, reason="its worker process died")
+    died = WorkerDied(task.shard, "its worker process died")
+    return SegmentOutcome(task.shard, task.segment, task.last, failure=died)
 
 
 def assemble_shards(segments: Iterator[SegmentOutcome], dest: Destination,
                     written: Callable[[int], None]) -> Iterator[ShardOutcome]:  # fmt: skip
     """Write shards from their segments, which arrive in plan order, and yield each shard's outcome.
 
-    A segment naming a failed slide drops its shard (nothing appears; the rest of its segments are passed over) and
-    the outcome names the slide; a crashed segment drops it with ``failed_slide`` -1. ``written(n)`` is told of
-    every ``n`` samples written, and of ``-n`` when a dropped shard takes them back.
+    A segment's failure (:class:`SlideFailed`, :class:`WorkerDied`) drops its shard (nothing appears; the rest of its
+    segments are passed over) and is the shard's outcome. ``written(n)`` is told of every ``n`` samples written, and
+    of ``-n`` when a dropped shard takes them back.
     """
     writer: ShardWriter | None = None
     counts: dict[int, int] = {}
@@ -157,11 +177,11 @@ def assemble_shards(segments: Iterator[SegmentOutcome], dest: Destination,
                 writer, counts, dropped = None, {}, False
             if dropped:
                 continue
-            if seg.failed_slide is not None or seg.crashed:
+            if seg.failure is not None:
                 dropped = True
                 _drop(writer, counts, written)
                 writer = None
-                yield ShardOutcome(seg.shard, failed_slide=-1 if seg.crashed else seg.failed_slide, reason=seg.reason)
+                yield seg.failure
                 continue
             if seg.records:
                 writer = writer or ShardWriter(dest, shard_name(seg.shard))
@@ -170,7 +190,7 @@ def assemble_shards(segments: Iterator[SegmentOutcome], dest: Destination,
                     counts[slide] = counts.get(slide, 0) + n
                 written(seg.samples)
             if seg.last:
-                yield ShardOutcome(seg.shard, writer.commit(), counts) if writer else ShardOutcome(seg.shard)
+                yield ShardDone(seg.shard, writer.commit(), counts) if writer else ShardDone(seg.shard)
                 writer = None
     except BaseException:
         if writer is not None:
@@ -201,7 +221,7 @@ def crash_culprits(pool: WorkerPool, sp: ShardPlan, sources: dict[int, SlideSour
         for s in slides
     ]  # fmt: skip
     outcomes = pool.imap(extract_segment, probes, on_crash=crashed_segment, window=1)
-    crashed = [s for s, outcome in zip(slides, outcomes, strict=True) if outcome.crashed]
+    crashed = [s for s, outcome in zip(slides, outcomes, strict=True) if isinstance(outcome.failure, WorkerDied)]
     reason = "the worker process reading it died twice (killed: out of memory?)"
     if not crashed:  # no single slide kills a worker: rather than retry for ever, none of them is kept
         reason = f"a worker process died twice writing shard {sp.index} and no single slide of it could be blamed"

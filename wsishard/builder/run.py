@@ -8,19 +8,19 @@ slide is left in the output.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from wsishard.builder.buildcontext import BuildContext, Failures
 from wsishard.builder.extract import (
-    ShardOutcome,
+    ShardDone,
+    SlideFailed,
     SlideSource,
+    WorkerDied,
     assemble_shards,
     crash_culprits,
     crashed_segment,
@@ -28,29 +28,29 @@ from wsishard.builder.extract import (
     segment_size,
     segment_tasks,
 )
-from wsishard.builder.inputs import check_tables, find_slides, lookup
+from wsishard.builder.inputs import check_tables, find_slides
 from wsishard.builder.keywords import build_arguments
 from wsishard.builder.options import BuildOptions, BuildProgress
 from wsishard.builder.plan import ShardPlan, empty_part_reason, make_groups, part_groups, plan_group
 from wsishard.builder.pool import WorkerPool
 from wsishard.builder.records import make_manifest, options_dict, write_outputs
 from wsishard.builder.roi import match_annotations
-from wsishard.builder.scan import ScanResult, ScanTask, crashed_scan, scan_slide
-from wsishard.builder.staging import StagedSlide, StageTask, crashed_stage, remove_staging, stage_slide
+from wsishard.builder.scan import ScanResult, crashed_scan, scan_slide, scan_tasks
+from wsishard.builder.staging import StagedSlide, StageTask, crashed_stage, remove_staging, scratch_for, stage_slide
 from wsishard.builder.stamps import fingerprint, input_stamps
 from wsishard.builder.state import BuildState
 from wsishard.errors import OptionError, OutputError
-from wsishard.format import is_shard_name, qc_picture_name, shard_name, shard_order, temp_target, unique_slide_ids
+from wsishard.format import is_shard_name, shard_name, shard_order, temp_target
 from wsishard.manifest import Manifest, ShardRecord, SlideRecord
 from wsishard.progress import ProgressCallback, ignore_progress
 from wsishard.shards.index import index_shard
 from wsishard.storage.output import Destination
-from wsishard.storage.urls import StorageOptions, is_url, public_location
+from wsishard.storage.urls import StorageOptions, public_location
 
 logger = logging.getLogger(__name__)
 
 _TAR_BYTES_PER_MEMBER = 512 + 256  # header + mean padding
-Done = dict[int, tuple[ShardOutcome, frozenset[int]]]  # shards finished before: index -> (outcome, excluded slides)
+Done = dict[int, tuple[ShardDone, frozenset[int]]]  # shards finished before: index -> (outcome, excluded slides)
 
 
 def build(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], output: str | os.PathLike[str],
@@ -104,63 +104,32 @@ def build(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out
         if part is not None and not mine:
             logger.warning("%s", empty_part_reason(part, len(paths), len(groups), options.group_slides))
         _remove_leftovers(dest, set(mine))
-        with _scratch_for(paths, scratch, storage_options) as remote, WorkerPool(jobs) as pool:
-            early = _scan_all(pool, paths, annotations, sorted(s for g in mine for s in groups[g]), dest, options,
-                              state.lock.refreshing(progress), remote, state)  # fmt: skip
-            slides, shards = _extract_groups(pool, [(g, groups[g]) for g in mine], paths, dest, options, state,
-                                             progress, remote, early)  # fmt: skip
+        with scratch_for(paths, scratch, storage_options) as space, WorkerPool(jobs) as pool:
+            ctx = BuildContext(
+                options=options, dest=dest, state=state, scratch=space, pool=pool, paths=paths, progress=progress
+            )
+            early = _scan_all(ctx, annotations, sorted(s for g in mine for s in groups[g]))
+            slides, shards = _extract_groups(ctx, [(g, groups[g]) for g in mine], early)
         manifest = make_manifest(sources, options, slides, shards, state.digest, part, len(paths))
         write_outputs(dest, manifest, part, qc=options.qc)
     return manifest
 
 
-@dataclass(frozen=True)
-class _Scratch:
-    """Where slides given as URLs are copied and staged, and the options to fetch them."""
-
-    scratch: str
-    storage_options: dict[str, Any]
-    from_urls: bool  # some slides are URLs: they are copied to scratch and staged
-
-
-@contextlib.contextmanager
-def _scratch_for(paths: list[str], scratch: str | None, storage_options: StorageOptions | None) -> Iterator[_Scratch]:
-    """The scratch space of a build: ``scratch``, or a temporary folder (removed after) when slides are URLs."""
-    from_urls = any(is_url(p) for p in paths)
-    made = tempfile.mkdtemp(prefix="wsishard-scratch-") if from_urls and scratch is None else None
-    try:
-        yield _Scratch(made or scratch or "", dict(storage_options or {}), from_urls)
-    finally:
-        if made is not None:
-            shutil.rmtree(made, ignore_errors=True)
-
-
-def _scan_all(pool: WorkerPool, paths: list[str], annotations: list[str | None], indices: list[int],
-              dest: Destination, options: BuildOptions,
-              progress: ProgressCallback[BuildProgress], remote: _Scratch,
-              state: BuildState) -> dict[int, StagedSlide]:  # fmt: skip
-    """Scan the slides ``indices`` not scanned yet; each result is saved as it arrives, and none is kept here but
-    the staged patches of slides copied from object storage to be scanned (by slide index)."""
-    ids = unique_slide_ids([public_location(p) for p in paths])  # never from a query string
-    if options.qc:
-        dest.makedirs("qc")
-    store = state.scans
+def _scan_all(ctx: BuildContext, annotations: list[str | None], indices: list[int]) -> dict[int, StagedSlide]:
+    """Scan the slides ``indices`` not scanned yet (``annotations``: every slide's annotation file); each result is
+    saved as it arrives, and none is kept here but the staged patches of slides copied from object storage to be
+    scanned (by slide index)."""
+    if ctx.options.qc:
+        ctx.dest.makedirs("qc")
+    store = ctx.state.scans
     have = store.scanned()
     todo = [i for i in indices if i not in have]
-    tasks = (
-        ScanTask(index=i, path=paths[i], slide_id=ids[i], patch=options.patch, tissue=options.tissue,
-                 encode=options.encode, measure=options.shard_size_bytes is not None,
-                 mpp_override=lookup(options.mpp_overrides, paths[i]), default_mpp=options.default_mpp,
-                 label=lookup(options.labels, paths[i]), seed=options.seed, dest=dest,
-                 qc_name=qc_picture_name(ids[i]) if options.qc else None, qc_size_px=options.qc_size_px,
-                 scratch=remote.scratch, storage_options=remote.storage_options, roi=options.roi,
-                 roi_file=annotations[i])
-        for i in todo
-    )  # fmt: skip
+    tasks = scan_tasks(ctx.options, ctx.paths, todo, annotations, ctx.dest, ctx.scratch)
+    progress = ctx.state.lock.refreshing(ctx.progress)  # scanning saves nothing else that would refresh the lock
     done = len(indices) - len(todo)
     progress(BuildProgress("scan", done, len(indices)))
     staged: dict[int, StagedSlide] = {}
-    for i, result in zip(todo, pool.imap(scan_slide, tasks, on_crash=crashed_scan), strict=True):
+    for i, result in zip(todo, ctx.pool.imap(scan_slide, tasks, on_crash=crashed_scan), strict=True):
         store.save(i, result)
         if result.staged is not None:
             staged[i] = result.staged
@@ -169,49 +138,71 @@ def _scan_all(pool: WorkerPool, paths: list[str], annotations: list[str | None],
     return staged
 
 
-def _extract_groups(pool: WorkerPool, groups: list[tuple[int, list[int]]], paths: list[str], dest: Destination,
-                    options: BuildOptions,
-                    state: BuildState, progress: ProgressCallback[BuildProgress],
-                    remote: _Scratch, early: dict[int, StagedSlide]) -> tuple[dict[int, SlideRecord],
-                                                                              list[ShardRecord]]:  # fmt: skip
+@dataclass(frozen=True)
+class _Group:
+    """A group of slides in the extract step: its slides (``members``), their scans and staged patches (by slide
+    index), and the plan of its shards."""
+
+    index: int
+    members: list[int]
+    scans: dict[int, ScanResult]
+    staged: dict[int, StagedSlide]  # filled as its slides are staged
+    shards: list[ShardPlan]
+
+
+def _extract_groups(
+    ctx: BuildContext, groups: list[tuple[int, list[int]]], early: dict[int, StagedSlide]
+) -> tuple[dict[int, SlideRecord], list[ShardRecord]]:
     """Plan and write each group's shards, one group's scans in memory at a time; the final slide records (by slide
-    index) and shard records (in shard order) of these groups. ``paths``: every slide's location as read (a scan
-    records it without a URL's query string or user info). ``early``: slides staged while scanning (their files are
+    index) and shard records (in shard order) of these groups. ``early``: slides staged while scanning (their files are
     removed as their group is done)."""
-    previous, failed = state.load_done(), state.load_failed()
-    tally = _Tally(progress, 0, 0)
+    previous = ctx.state.load_done()
+    tally = _Tally(ctx.progress, 0, 0)
     slides: dict[int, SlideRecord] = {}
     shards: list[ShardRecord] = []
     for g, members in groups:
-        loaded = state.scans.load_many(members, options.patch.block_patches)
-        scans = {s: _read_from(scan, paths[s]) for s, scan in loaded.items()}
-        if len(scans) != len(members):
-            raise OutputError(dest.path(state.scans.folder), f"scans of group {g} went missing during the build")
-        per_shard = _samples_per_shard(options, list(scans.values()))
-        plan = plan_group(g, {s: scans[s].block_sizes for s in members}, samples_per_shard=per_shard, seed=options.seed)
-        tally.grow(len(plan), sum(sp.patches for sp in plan))
-        staged = {s: early.pop(s) for s in members if s in early}
-        if remote.from_urls:
-            staged.update(_stage_group(pool, plan, scans, options, remote, previous, failed, state, set(staged)))
-        outcomes = _extract_all(pool, plan, scans, dest, options, tally, state, previous, failed, staged)
-        remove_staging(remote.scratch, staged.values())
-        patches: dict[int, int] = {}
-        for outcome in outcomes.values():
-            for slide, n in (outcome.patches_by_slide or {}).items():
-                patches[slide] = patches.get(slide, 0) + n
+        group = _plan(ctx, g, members, {s: early.pop(s) for s in members if s in early})
+        tally.grow(len(group.shards), sum(sp.patches for sp in group.shards))
+        if ctx.scratch.from_urls:
+            group.staged.update(_stage_group(ctx, group, previous))
+        outcomes = _extract_all(ctx, group, previous, tally)
+        remove_staging(ctx.scratch.folder, group.staged.values())
         shards += [o.record for _, o in sorted(outcomes.items()) if o.record is not None]
-        for s in members:
-            record = _final_record(scans[s], failed.get(s), patches.get(s, 0))
-            got = staged[s].bytes_read if s in staged else 0
-            slides[s] = dataclasses.replace(record, bytes_read=record.bytes_read + got) if got else record
-    if remote.from_urls:
-        remove_staging(remote.scratch)  # and what an interrupted run left there
+        slides.update(_slide_records(ctx, group, outcomes.values()))
+    if ctx.scratch.from_urls:
+        remove_staging(ctx.scratch.folder)  # and what an interrupted run left there
     return slides, shards
+
+
+def _plan(ctx: BuildContext, g: int, members: list[int], staged: dict[int, StagedSlide]) -> _Group:
+    """Group ``g`` of slides ``members``: their saved scans, read from their locations as given (a scan records
+    the slide's public location: no query string or user info), and its shards' plan."""
+    loaded = ctx.state.scans.load_many(members, ctx.options.patch.block_patches)
+    scans = {s: _read_from(scan, ctx.paths[s]) for s, scan in loaded.items()}
+    if len(scans) != len(members):
+        raise OutputError(ctx.dest.path(ctx.state.scans.folder), f"scans of group {g} went missing during the build")
+    per_shard = _samples_per_shard(ctx.options, list(scans.values()))
+    blocks = {s: scans[s].block_sizes for s in members}
+    return _Group(g, members, scans, staged, plan_group(g, blocks, samples_per_shard=per_shard, seed=ctx.options.seed))
 
 
 def _read_from(scan: ScanResult, path: str) -> ScanResult:
     """``scan`` with its slide read from ``path`` (its record holds the slide's public location)."""
     return dataclasses.replace(scan, record=dataclasses.replace(scan.record, file=path))
+
+
+def _slide_records(ctx: BuildContext, group: _Group, outcomes: Iterable[ShardDone]) -> dict[int, SlideRecord]:
+    """The manifest records of a group's slides (by slide index), once its shards are done."""
+    patches: dict[int, int] = {}
+    for outcome in outcomes:
+        for slide, n in outcome.patches_by_slide.items():
+            patches[slide] = patches.get(slide, 0) + n
+    records: dict[int, SlideRecord] = {}
+    for s in group.members:
+        record = _final_record(group.scans[s], ctx.failures.reason(s), patches.get(s, 0))
+        got = group.staged[s].bytes_read if s in group.staged else 0
+        records[s] = dataclasses.replace(record, bytes_read=record.bytes_read + got) if got else record
+    return records
 
 
 def _final_record(scan: ScanResult, failure: str | None, patches: int) -> SlideRecord:
@@ -259,7 +250,7 @@ class _Tally:
         self.patches += samples
         self.report()
 
-    def finished(self, outcome: ShardOutcome, sign: int = 1, *, with_samples: bool = False) -> None:
+    def finished(self, outcome: ShardDone, sign: int = 1, *, with_samples: bool = False) -> None:
         """A shard done (``sign`` -1: undone); its samples count too unless :meth:`written` counted them."""
         self.shards += sign
         self.patches += sign * (outcome.record.samples if outcome.record and with_samples else 0)
@@ -268,61 +259,58 @@ class _Tally:
         self.progress(BuildProgress("extract", self.shards, self.shards_total, self.patches, self.patches_total))
 
 
-def _stage_group(pool: WorkerPool, shards: list[ShardPlan], scans: Mapping[int, ScanResult], options: BuildOptions,
-                 remote: _Scratch, previous: Done, failed: dict[int, str],
-                 state: BuildState, have: set[int]) -> dict[int, StagedSlide]:  # fmt: skip
-    """Slides in object storage: stage the patches of each slide a group's unfinished shards need and ``have`` has
-    not (those staged while scanning), once."""
-    done = _still_valid(previous, shards, failed)
-    todo = [sp for sp in shards if sp.index not in done]
-    wanted = sorted({s for sp in todo for s, _ in sp.blocks} - set(failed) - have)
-    tasks = [StageTask(index=s, url=scans[s].record.file, work=work, scratch=remote.scratch,
-                       storage_options=remote.storage_options, encode=options.encode)
-             for s in wanted if (work := scans[s].work) is not None]  # fmt: skip
+def _stage_group(ctx: BuildContext, group: _Group, previous: Done) -> dict[int, StagedSlide]:
+    """Slides in object storage: stage the patches of each slide the group's unfinished shards need that was not
+    staged while scanning, once. A slide whose staging fails joins the build's failures."""
+    done = _still_valid(previous, group.shards, ctx.failures)
+    todo = [sp for sp in group.shards if sp.index not in done]
+    wanted = sorted({s for sp in todo for s, _ in sp.blocks} - ctx.failures.slides - set(group.staged))
+    encode = ctx.options.encode
+    tasks = [
+        StageTask(index=s, url=group.scans[s].record.file, work=work, scratch=ctx.scratch, encode=encode)
+        for s in wanted
+        if (work := group.scans[s].work) is not None
+    ]
     staged: dict[int, StagedSlide] = {}
-    before = len(failed)
-    for result in pool.imap(stage_slide, tasks, on_crash=crashed_stage):
+    failed: dict[int, str] = {}
+    for result in ctx.pool.imap(stage_slide, tasks, on_crash=crashed_stage):
         if result.staged is None:
             failed[result.index] = result.reason
         else:
             staged[result.index] = result.staged
-    if len(failed) != before:
-        state.save_failed(failed)
+    ctx.failures.add(failed)
     return staged
 
 
-def _extract_all(pool: WorkerPool, shards: list[ShardPlan], scans: Mapping[int, ScanResult], dest: Destination,
-                 options: BuildOptions, tally: _Tally, state: BuildState, previous: Done, failed: dict[int, str],
-                 staged: dict[int, StagedSlide]) -> dict[int, ShardOutcome]:  # fmt: skip
-    """Write the shards not already done; a slide failing mid-way is excluded and the shards it touched redone.
-
-    ``failed`` (slide -> reason) is updated in place and saved whenever a slide fails."""
-    sources = {i: SlideSource(work, staged.get(i)) for i, s in scans.items() if (work := s.work)}
-    done = _still_valid(previous, shards, failed)
-    for outcome in done.values():
-        tally.finished(outcome, with_samples=True)
+def _extract_all(ctx: BuildContext, group: _Group, previous: Done, tally: _Tally) -> dict[int, ShardDone]:
+    """Write the group's shards not already done; a slide failing mid-way joins the build's failures, and the
+    shards it touched are redone without it."""
+    sources = {i: SlideSource(work, group.staged.get(i)) for i, s in group.scans.items() if (work := s.work)}
+    shards, pool, encode = group.shards, ctx.pool, ctx.options.encode
+    done = _still_valid(previous, shards, ctx.failures)
+    for finished in done.values():
+        tally.finished(finished, with_samples=True)
     by_index = {sp.index: sp for sp in shards}
     pending = [sp for sp in shards if sp.index not in done]
     while pending:
-        excluded = frozenset(failed)
+        excluded = ctx.failures.slides
         size = segment_size(sum(sp.patches for sp in pending), pool.jobs)
         taper = size * pool.jobs if pool.jobs > 1 else 0  # the end of the last shard: finer segments
-        tasks = [t for sp in pending for t in segment_tasks(sp, sources, excluded, options.encode, size,
+        tasks = [t for sp in pending for t in segment_tasks(sp, sources, excluded, encode, size,
                                                             taper if sp is pending[-1] else 0)]  # fmt: skip
         segments = pool.imap(extract_segment, tasks, on_crash=crashed_segment, window=4 * pool.jobs)
         new_failed: dict[int, str] = {}
-        for outcome in assemble_shards(segments, dest, tally.written):
-            if outcome.failed_slide is None:
-                done[outcome.index] = outcome
-                tally.finished(outcome)
-                state.save_done(outcome, shard_name(outcome.index), _excluded(by_index[outcome.index], failed))
-            elif outcome.failed_slide >= 0:
-                new_failed.setdefault(outcome.failed_slide, outcome.reason)
-            else:
-                new_failed.update(crash_culprits(pool, by_index[outcome.index], sources, excluded, options.encode))
-        failed.update(new_failed)
-        if new_failed:
-            state.save_failed(failed)
+        for outcome in assemble_shards(segments, ctx.dest, tally.written):
+            match outcome:
+                case ShardDone(index=index):
+                    done[index] = outcome
+                    tally.finished(outcome)
+                    ctx.state.save_done(outcome, shard_name(index), _excluded(by_index[index], ctx.failures))
+                case SlideFailed(slide=slide, reason=reason):
+                    new_failed.setdefault(slide, reason)
+                case WorkerDied(index=index):
+                    new_failed.update(crash_culprits(pool, by_index[index], sources, excluded, encode))
+        ctx.failures.add(new_failed)
         pending = [sp for sp in shards if any(s in new_failed for s, _ in sp.blocks)]
         for sp in pending:  # rewritten without the failed slides, or gone if nothing else was in them
             stale = done.pop(sp.index, None)
@@ -330,21 +318,20 @@ def _extract_all(pool: WorkerPool, shards: list[ShardPlan], scans: Mapping[int, 
                 tally.finished(stale, -1, with_samples=True)
     for sp in shards:
         if done[sp.index].record is None:
-            dest.remove(shard_name(sp.index))  # a shard left empty: no file (an earlier run may have written one)
+            ctx.dest.remove(shard_name(sp.index))  # a shard left empty: no file (an earlier run may have written one)
     return done
 
 
-def _excluded(sp: ShardPlan, failed: Mapping[int, str]) -> frozenset[int]:
-    return frozenset(s for s, _ in sp.blocks if s in failed)
+def _excluded(sp: ShardPlan, failures: Failures) -> frozenset[int]:
+    return failures.among(s for s, _ in sp.blocks)
 
 
-def _still_valid(previous: Done, shards: list[ShardPlan],
-                 failed: Mapping[int, str]) -> dict[int, ShardOutcome]:  # fmt: skip
+def _still_valid(previous: Done, shards: list[ShardPlan], failures: Failures) -> dict[int, ShardDone]:
     """Shards an earlier run finished that need no redo: written with the same slides excluded as now."""
     return {
         sp.index: previous[sp.index][0]
         for sp in shards
-        if sp.index in previous and previous[sp.index][1] == _excluded(sp, failed)
+        if sp.index in previous and previous[sp.index][1] == _excluded(sp, failures)
     }
 
 

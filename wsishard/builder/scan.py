@@ -10,6 +10,7 @@ import errno
 import io
 import logging
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,26 +22,28 @@ from wsishard.builder.context import context_footprints, context_legend
 from wsishard.builder.grid import (
     Block,
     Candidates,
-    PatchOptions,
     blocks,
     candidates,
     choose_level,
     grid_shape,
     output_scale,
 )
-from wsishard.builder.patches import EncodeOptions, SlideWork, block_samples
+from wsishard.builder.inputs import lookup
+from wsishard.builder.options import BuildOptions
+from wsishard.builder.patches import SlideWork, block_samples
 from wsishard.builder.qc import QcLayers, legend_lines, qc_picture
-from wsishard.builder.roi import RoiOptions, label_patches, roi_status, slide_roi
-from wsishard.builder.staging import StagedSlide, local_copy, stage_copy, staging_path
+from wsishard.builder.roi import label_patches, roi_status, slide_roi
+from wsishard.builder.staging import Scratch, StagedSlide, local_copy, stage_scanned
 from wsishard.builder.stain import fit_or_reference
-from wsishard.builder.tissue import TissueOptions, TissueResult, find_tissue
+from wsishard.builder.tissue import TissueResult, find_tissue
 from wsishard.errors import OutputError, SlideError, SlideFailure
+from wsishard.format import qc_picture_name, unique_slide_ids
 from wsishard.manifest import SlideRecord
 from wsishard.slide import SlideReader, open_slide, read_lowres, resolve_mpp
 from wsishard.slide import openslide_backend as _openslide_backend
 from wsishard.slide.remote_tiff import open_in_place
 from wsishard.storage.output import Destination
-from wsishard.storage.urls import StorageOptions, is_url, public_location
+from wsishard.storage.urls import is_url, public_location
 
 logger = logging.getLogger(__name__)
 
@@ -56,26 +59,52 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # writing failed for want
 
 @dataclass(frozen=True, kw_only=True)
 class ScanTask:
-    """Everything a worker needs to scan one slide."""
+    """One slide to scan: the slide, what the build's per-slide tables give it, and the build's options.
+
+    ``options`` are the build's without the per-slide tables (``labels``, ``mpp_overrides``), which would be pickled
+    with every task sent to a worker: :func:`scan_tasks` looks the slide up in them (``label``, ``mpp_override``).
+    """
 
     index: int
     path: str
     slide_id: str
-    patch: PatchOptions
-    tissue: TissueOptions
-    encode: EncodeOptions
-    measure: bool  # encode a few patches to measure bytes per patch
-    mpp_override: float | None
-    default_mpp: float | None
-    label: int | None
-    seed: int
+    options: BuildOptions  # without labels and mpp_overrides
     dest: Destination  # the build output (QC pictures go there)
-    roi: RoiOptions = field(default_factory=RoiOptions)
+    label: int | None = None
+    mpp_override: float | None = None  # the slide's level-0 mpp from the build's table (None: not in it)
     roi_file: str | None = None  # the slide's annotation file (None: none; see roi.missing when roi.path is set)
-    qc_name: str | None  # the QC picture's name in the output (None: no picture)
-    qc_size_px: int = 2000  # the QC picture's longest side (at most; a small slide's is smaller)
-    scratch: str = ""  # local folder for a copy of a slide given as a URL
-    storage_options: StorageOptions = field(default_factory=dict)
+    scratch: Scratch = field(default_factory=Scratch)  # where a slide given as a URL is copied
+
+    @property
+    def qc_name(self) -> str | None:
+        """The QC picture's name in the output (None: no picture)."""
+        return qc_picture_name(self.slide_id) if self.options.qc else None
+
+
+def scan_tasks(
+    options: BuildOptions,
+    paths: list[str],
+    indices: Iterable[int],
+    annotations: list[str | None],
+    dest: Destination,
+    scratch: Scratch,
+) -> Iterator[ScanTask]:
+    """The scan tasks of the slides ``indices`` of a build of ``paths`` (each slide's id is unique among them all;
+    ``annotations``: each slide's annotation file)."""
+    ids = unique_slide_ids([public_location(p) for p in paths])  # never from a query string
+    shared = replace(options, labels={}, mpp_overrides={})
+    for i in indices:
+        yield ScanTask(
+            index=i,
+            path=paths[i],
+            slide_id=ids[i],
+            options=shared,
+            dest=dest,
+            scratch=scratch,
+            label=lookup(options.labels, paths[i]),
+            mpp_override=lookup(options.mpp_overrides, paths[i]),
+            roi_file=annotations[i],
+        )
 
 
 @dataclass(frozen=True)
@@ -117,22 +146,13 @@ def scan_slide(task: ScanTask) -> ScanResult:
         try:
             if not is_url(task.path):
                 return _scan_path(task, task.path, record)
-            remote = open_in_place(task.path, task.scratch, task.storage_options, fast=task.encode.fast_path)
-            if remote is not None:
-                with remote:
-                    result = _scan_open(task, remote, record)
-                return replace(result, record=replace(result.record, bytes_read=remote.bytes_read))
-            with local_copy(task.path, task.scratch, task.storage_options) as local:
-                result = _scan_path(task, local, record)
-                copied = os.path.getsize(local)
-                result = replace(result, staged=_stage_from_copy(task, local, result))
-            return replace(result, record=replace(result.record, bytes_read=copied))
+            return _scan_url(task, record)
         except OutputError as exc:
             stop = exc
         except OSError as exc:
             if exc.errno not in _NO_SPACE:
                 raise
-            stop = OutputError(exc.filename or task.scratch or task.path, exc.strerror or str(exc))
+            stop = OutputError(exc.filename or task.scratch.folder or task.path, exc.strerror or str(exc))
     if stop is not None:
         raise stop
     return ScanResult(replace(record, reason=(failure.reason or "").replace(task.path, record.file)))
@@ -145,23 +165,24 @@ def crashed_scan(task: ScanTask) -> ScanResult:
                                   label=task.label, reason=reason))  # fmt: skip
 
 
-def _stage_from_copy(task: ScanTask, local: str, result: ScanResult) -> StagedSlide | None:
-    """A scanned slide's patches, every block encoded from the copy the scan read (so it is copied once per build);
-    None when it has none or staging failed (extraction then stages it again from a new copy, and fails it there)."""
-    work = result.work
-    if work is None:
-        return None
-    out_path = staging_path(task.scratch, task.index)
-    with SlideFailure(task.path) as failure:
-        return stage_copy(local, work, task.encode, out_path)
-    logger.debug("%s not staged while scanning: %s", public_location(task.path), failure.reason)
-    if os.path.exists(out_path):
-        os.remove(out_path)
-    return None
+def _scan_url(task: ScanTask, record: SlideRecord) -> ScanResult:
+    """A slide given as a URL, read in place by range; or scanned from a copy in scratch, its patches staged from
+    that copy before it is deleted (:func:`~wsishard.builder.staging.stage_scanned`)."""
+    scratch, fast = task.scratch, task.options.fast_path
+    remote = open_in_place(task.path, scratch.folder, scratch.storage_options, fast=fast)
+    if remote is not None:
+        with remote:
+            result = _scan_open(task, remote, record)
+        return replace(result, record=replace(result.record, bytes_read=remote.bytes_read))
+    with local_copy(task.path, scratch.folder, scratch.storage_options) as local:
+        result = _scan_path(task, local, record)
+        copied = os.path.getsize(local)
+        staged = stage_scanned(local, result.work, task.index, task.path, scratch.folder, task.options.encode)
+    return replace(result, staged=staged, record=replace(result.record, bytes_read=copied))
 
 
 def _scan_path(task: ScanTask, path: str, record: SlideRecord) -> ScanResult:
-    with open_slide(path, fast=task.encode.fast_path) as reader:
+    with open_slide(path, fast=task.options.fast_path) as reader:
         return _scan_open(task, reader, record)
 
 
@@ -171,27 +192,28 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
     record = _resolution(task, reader, replace(record, width=l0_w, height=l0_h))
     if record.reason:
         return ScanResult(record)
-    patch, mpp0 = task.patch, float(record.slide_mpp or 0)
+    options = task.options
+    patch, mpp0 = options.patch, float(record.slide_mpp or 0)
     l0_per_o = output_scale(mpp0, float(record.downsample or 1), patch)
     cols, rows = grid_shape((l0_w, l0_h), l0_per_o, patch.patch_size_px, patch.stride)
     if cols == 0 or rows == 0:
         reason = f"smaller than one {patch.patch_size_px} px patch at {patch.target_mpp} mpp ({l0_w}x{l0_h})"
         return ScanResult(replace(record, reason=reason))
-    record = replace(record, roi=roi_status(task.roi, task.roi_file))
-    if task.roi.path is not None and task.roi_file is None and task.roi.missing == "skip":
+    record = replace(record, roi=roi_status(options.roi, task.roi_file))
+    if options.roi.path is not None and task.roi_file is None and options.roi.missing == "skip":
         return ScanResult(replace(record, status="skipped", reason="no annotation file in --roi (--roi-missing whole "
                                                                    "builds it whole)"))  # fmt: skip
-    l0_per_t = max(task.tissue.thumb_mpp / mpp0, max(l0_w, l0_h) / task.tissue.max_thumb_px, 1.0)
+    l0_per_t = max(options.tissue.thumb_mpp / mpp0, max(l0_w, l0_h) / options.tissue.max_thumb_px, 1.0)
     thumb, l0_per_t = read_lowres(reader, l0_per_t)
-    found = find_tissue(thumb, l0_per_t * mpp0, task.tissue)
+    found = find_tissue(thumb, l0_per_t * mpp0, options.tissue)
     mask = found.mask
-    roi = slide_roi(task.roi, task.roi_file, mask.shape, l0_per_t)
+    roi = slide_roi(options.roi, task.roi_file, mask.shape, l0_per_t)
     cands = candidates((l0_w, l0_h), mpp0, mask, l0_per_t, patch,
                        seed=_slide_seed(task), level_downsample=float(record.downsample or 1),
                        artefact=found.ink | found.dark, roi=None if roi is None else roi.mask,
-                       min_roi_coverage=task.roi.min_roi_coverage, pigment=found.pigment)  # fmt: skip
-    if roi is not None and task.roi.labels:
-        cands = label_patches(cands, roi, task.roi.labels, l0_per_t)
+                       min_roi_coverage=options.roi.min_roi_coverage, pigment=found.pigment)  # fmt: skip
+    if roi is not None and options.roi.labels:
+        cands = label_patches(cands, roi, options.roi.labels, l0_per_t)
     record = replace(record, **_tissue_report(found, l0_per_t * mpp0, cands))
     if task.qc_name is not None:
         layers = QcLayers(mask, l0_per_t, found.ink, found.dark, None if roi is None else roi.mask, found.pigment)
@@ -204,7 +226,7 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
     work = _slide_work(record, cands, block_list)
     # the stain on the whole view, not the tissue mask: the scan's masks take darker-stained tissue for ink
     record = replace(record, stain=fit_or_reference(thumb[None], seed=_slide_seed(task)).to_record())
-    measured = _bytes_per_patch(task, reader, work) if task.measure else None
+    measured = _bytes_per_patch(task, reader, work) if options.shard_size_bytes is not None else None
     return ScanResult(replace(record, status="ok"), cands, block_list, measured)
 
 
@@ -228,7 +250,7 @@ def _tissue_report(found: TissueResult, t_mpp: float, cands: Candidates) -> dict
 
 def _write_qc(task: ScanTask, reader: SlideReader, thumb: tuple[np.ndarray, float], layers: QcLayers,
               cands: Candidates, record: SlideRecord) -> None:  # fmt: skip
-    """Draw the slide's QC picture on a view of about ``task.qc_size_px`` (the detection view when it is as large)
+    """Draw the slide's QC picture on a view of about ``qc_size_px`` (the detection view when it is as large)
     and write it into the output.
 
     Raises:
@@ -236,7 +258,8 @@ def _write_qc(task: ScanTask, reader: SlideReader, thumb: tuple[np.ndarray, floa
     """
     view, l0_per_v = thumb
     l0_w, l0_h = reader.level_dimensions[0]
-    wanted = max(1.0, max(l0_w, l0_h) / task.qc_size_px, QC_FINEST_UM / float(record.slide_mpp or 1))
+    size_px, context = task.options.qc_size_px, task.options.encode.context
+    wanted = max(1.0, max(l0_w, l0_h) / size_px, QC_FINEST_UM / float(record.slide_mpp or 1))
     if wanted < l0_per_v * 0.9:
         try:
             view, l0_per_v = read_lowres(reader, wanted, dct_scaled=True)  # a picture: libjpeg's 1/2 will do
@@ -246,10 +269,10 @@ def _write_qc(task: ScanTask, reader: SlideReader, thumb: tuple[np.ndarray, floa
     legend = legend_lines(tissue_mm2=record.tissue_mm2, ink_mm2=record.ink_mm2, artefact_mm2=record.artefact_mm2,
                           kept=len(cands), filtered=record.filtered, roi=record.roi,
                           pigment_mm2=record.pigment_mm2)  # fmt: skip
-    footprints = context_footprints(cands, task.encode.context, float(record.slide_mpp or 1))
-    legend += context_legend(task.encode.context) if footprints else []
+    footprints = context_footprints(cands, context, float(record.slide_mpp or 1))
+    legend += context_legend(context) if footprints else []
     picture = qc_picture(view, l0_per_v, layers, cands.l0_x, cands.l0_y, cands.l0_extent, legend=legend,
-                         max_side_px=task.qc_size_px, footprints=footprints)  # fmt: skip
+                         max_side_px=size_px, footprints=footprints)  # fmt: skip
     buf = io.BytesIO()
     # a 256-colour palette (1.2 MB instead of 3 at 2000 px); the octree is 4x as fast as median cut, and lighter;
     # zlib level 3: 2.5x as fast as the default 6, for a file about 15% larger
@@ -263,32 +286,32 @@ def _write_qc(task: ScanTask, reader: SlideReader, thumb: tuple[np.ndarray, floa
 
 def _resolution(task: ScanTask, reader: SlideReader, record: SlideRecord) -> SlideRecord:
     """The record with the slide's mpp, the level read and the patches' actual mpp; or with the reason it has none."""
+    options, l0_dims = task.options, (record.width or 0, record.height or 0)
     try:
-        mpp0, mpp_source = resolve_mpp(
-            task.path, reader.properties, task.mpp_override, task.default_mpp, (record.width or 0, record.height or 0)
-        )
+        mpp0, mpp_source = resolve_mpp(task.path, reader.properties, task.mpp_override, options.default_mpp, l0_dims)
         record = replace(record, slide_mpp=mpp0, mpp_source=mpp_source)
-        level = choose_level(task.path, mpp0, reader.level_downsamples, task.patch)
+        level = choose_level(task.path, mpp0, reader.level_downsamples, options.patch)
     except SlideError as exc:
         return replace(record, reason=exc.reason)
     downsample = reader.level_downsamples[level]
-    patch_mpp = round(mpp0 * output_scale(mpp0, downsample, task.patch), 6)
+    patch_mpp = round(mpp0 * output_scale(mpp0, downsample, options.patch), 6)
     return replace(record, level=level, downsample=downsample, patch_mpp=patch_mpp)
 
 
 def _slide_seed(task: ScanTask) -> int:
-    return int.from_bytes(task.slide_id.encode()[:8].ljust(8, b"\0"), "little") ^ task.seed
+    return int.from_bytes(task.slide_id.encode()[:8].ljust(8, b"\0"), "little") ^ task.options.seed
 
 
 def _bytes_per_patch(task: ScanTask, reader: SlideReader, work: SlideWork) -> float | None:
     """Mean encoded bytes of a sample, measured on a few seeded patches of the slide (read one by one)."""
     cands = work.cands
-    rng = np.random.default_rng((task.seed, task.index, 0x5CA9))
+    rng = np.random.default_rng((task.options.seed, task.index, 0x5CA9))
+    encode = task.options.encode
     picks = rng.choice(len(cands), size=min(_MEASURED_PATCHES, len(cands)), replace=False)
     sizes: list[int] = []
     for i in picks.tolist():
         ox, oy = int(cands.col[i]) * cands.stride, int(cands.row[i]) * cands.stride
         one = Block(patches=np.array([i]), o_x=ox, o_y=oy, o_w=cands.patch, o_h=cands.patch)
-        samples = block_samples(reader, work, one, task.encode)
+        samples = block_samples(reader, work, one, encode)
         sizes.extend(sum(len(v) for v in members.values()) for _, members in samples)
     return float(np.mean(sizes)) if sizes else None  # None: every patch measured was left out by a quality filter

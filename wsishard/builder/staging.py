@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import struct
+import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import fsspec
 
@@ -28,9 +31,33 @@ from wsishard.builder.patches import EncodeOptions, Samples, SlideWork, block_sa
 from wsishard.errors import SlideError, SlideFailure
 from wsishard.slide import SlideReader, open_slide
 from wsishard.slide.remote_tiff import open_in_place
-from wsishard.storage.urls import StorageOptions, public_location
+from wsishard.storage.urls import StorageOptions, is_url, public_location
+
+logger = logging.getLogger(__name__)
 
 _LEN = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """Where a build copies and stages slides given as URLs, and the fsspec options to fetch them."""
+
+    folder: str = ""
+    storage_options: dict[str, Any] = field(default_factory=dict)  # never logged or stored
+    from_urls: bool = False  # some slides are URLs: those not read in place are copied to ``folder`` and staged
+
+
+@contextlib.contextmanager
+def scratch_for(paths: list[str], folder: str | None, storage_options: StorageOptions | None) -> Iterator[Scratch]:
+    """The scratch space of a build of ``paths``: ``folder``, or a temporary folder (removed after) when slides are
+    URLs."""
+    from_urls = any(is_url(p) for p in paths)
+    made = tempfile.mkdtemp(prefix="wsishard-scratch-") if from_urls and folder is None else None
+    try:
+        yield Scratch(made or folder or "", dict(storage_options or {}), from_urls)
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -74,11 +101,12 @@ class StagedSlide:
 
 @dataclass(frozen=True, kw_only=True)
 class StageTask:
+    """One slide to stage: its planned blocks (``work``), where to copy it, how to encode its patches."""
+
     index: int
     url: str
     work: SlideWork  # its path is the URL; the local copy is read
-    scratch: str
-    storage_options: dict[str, object]
+    scratch: Scratch
     encode: EncodeOptions
 
 
@@ -91,14 +119,15 @@ class StageOutcome:
 
 def stage_slide(task: StageTask) -> StageOutcome:
     """Encode every planned block of one slide into a staging file: read in place, or from a copy deleted after."""
-    out_path = staging_path(task.scratch, task.index)
+    scratch = task.scratch
+    out_path = staging_path(scratch.folder, task.index)
     with SlideFailure(public_location(task.url)) as failure:  # logged (-v) without a query string or user info
-        remote = open_in_place(task.url, task.scratch, task.storage_options, fast=task.encode.fast_path)
+        remote = open_in_place(task.url, scratch.folder, scratch.storage_options, fast=task.encode.fast_path)
         if remote is not None:  # tiles read by range
             with remote:
                 spans = _write_blocks(remote, replace(task.work, file_name=task.work.name), task.encode, out_path)
             return StageOutcome(task.index, StagedSlide(out_path, tuple(spans), remote.bytes_read))
-        with local_copy(task.url, task.scratch, task.storage_options) as local:
+        with local_copy(task.url, scratch.folder, scratch.storage_options) as local:
             staged = stage_copy(local, task.work, task.encode, out_path)
             copied = os.path.getsize(local)
         return StageOutcome(task.index, replace(staged, bytes_read=copied))
@@ -123,6 +152,23 @@ def stage_copy(local: str, work: SlideWork, encode: EncodeOptions, out_path: str
     work = replace(work, path=local, file_name=work.name)  # samples name the slide, not the copy
     with open_slide(local, fast=encode.fast_path) as reader:
         return StagedSlide(out_path, tuple(_write_blocks(reader, work, encode, out_path)))
+
+
+def stage_scanned(
+    local: str, work: SlideWork | None, index: int, url: str, scratch: str, encode: EncodeOptions
+) -> StagedSlide | None:
+    """A slide just scanned from ``local``, its copy of ``url``: its patches (``work``: its blocks), every block
+    encoded from that copy before it is deleted, so the slide is copied once per build. None when it has none, or
+    when staging failed (extraction then stages it again from a new copy, and fails it there)."""
+    if work is None:
+        return None
+    out_path = staging_path(scratch, index)
+    with SlideFailure(url) as failure:
+        return stage_copy(local, work, encode, out_path)
+    logger.debug("%s not staged while scanning: %s", public_location(url), failure.reason)
+    if os.path.exists(out_path):
+        os.remove(out_path)
+    return None
 
 
 def crashed_stage(task: StageTask) -> StageOutcome:

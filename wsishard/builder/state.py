@@ -23,7 +23,7 @@ from typing import Any
 
 from wsishard import format as fmt
 from wsishard import manifest as manifest_records
-from wsishard.builder.extract import ShardOutcome
+from wsishard.builder.extract import ShardDone
 from wsishard.builder.lock import OutputLock, who
 from wsishard.builder.scanstate import ScanStore
 from wsishard.builder.stamps import Stamp
@@ -183,14 +183,14 @@ class BuildState:
         self.lock.refresh()
         self._put_json({str(k): v for k, v in failed.items()}, self._failed)
 
-    def save_done(self, outcome: ShardOutcome, name: str, excluded: frozenset[int]) -> None:
+    def save_done(self, outcome: ShardDone, name: str, excluded: frozenset[int]) -> None:
         self.lock.refresh()
         record = dataclasses.asdict(outcome.record) if outcome.record else None
         by_slide = {str(k): v for k, v in (outcome.patches_by_slide or {}).items()}
         entry = {"index": outcome.index, "record": record, "patches_by_slide": by_slide, "excluded": sorted(excluded)}
         self._put_json(entry, _DONE, f"{name}.json")
 
-    def load_done(self) -> dict[int, tuple[ShardOutcome, frozenset[int]]]:
+    def load_done(self) -> dict[int, tuple[ShardDone, frozenset[int]]]:
         """Finished shards whose file is still there as written: index -> (outcome, slides that were excluded when
         it was written). A shard missing, of another size, or (locally) modified after its done record was written
         and no longer of its recorded sha256 is left out, with a warning: the build writes it again."""
@@ -208,7 +208,7 @@ class BuildState:
                                damage)  # fmt: skip
                 continue
             by_slide = {int(k): v for k, v in entry["patches_by_slide"].items()}
-            done[entry["index"]] = (ShardOutcome(entry["index"], record, by_slide), frozenset(entry["excluded"]))
+            done[entry["index"]] = (ShardDone(entry["index"], record, by_slide), frozenset(entry["excluded"]))
         return done
 
 
