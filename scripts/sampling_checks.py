@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""The sampling features' "done when" figures at full size, on bench_sampling.py's labelled build (too slow for CI).
+"""The sampling features' "done when" figures at full size, on bench_stream.py --sampling's labelled build (too slow
+for CI).
 
 Example::
 
@@ -13,7 +14,7 @@ Example::
 - Resume: a loader (2 workers) with ``weights="class"`` and ``select=`` restored from its ``state_dict()`` after
   15 batches yields the uninterrupted run's next 25.
 
-Prints one line per check and ``JSON: {...}``; saves it under ``benchmarks/results/`` if that folder exists.
+Prints a table and ``JSON: {...}``, saved as ``benchmarks/results/sampling_checks.json`` (benchresults.py).
 """
 
 from __future__ import annotations
@@ -26,14 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_sampling import labelled
-from bench_stream import FULL, QUICK
+from bench_stream import FULL, QUICK, _tissue, labelled
+from benchkit import markdown, verdict
 
 TWO = [(r, w) for r in range(2) for w in range(2)]
-
-
-def _tissue(t: Any) -> Any:
-    return t["tissue"] >= 0.75
 
 
 def _readers(source: str, per_reader: int, **kw: Any) -> list[dict[str, Any]]:
@@ -117,17 +114,13 @@ def main() -> None:
                      ("select", lambda: check_select(source)), ("resume", lambda: check_resume(source))):  # fmt: skip
         t0 = time.perf_counter()
         result[name] = {**fn(), "seconds": round(time.perf_counter() - t0, 1)}
-        print(
-            f"{name:<7} {'PASS' if result[name]['pass'] else 'MISS'}  "
-            + json.dumps({k: v for k, v in result[name].items() if k != "pass"}, default=float),
-            flush=True,
-        )
-    line = json.dumps(result, default=float)
-    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-    if folder.is_dir():
-        (folder / f"sampling_checks-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(line + "\n")
-    print("JSON: " + line)
+    rows = [(name, verdict(r["pass"]), json.dumps({k: v for k, v in r.items() if k not in ("pass", "seconds")},
+             default=float), r["seconds"]) for name, r in result.items()]  # fmt: skip
+    print(markdown(("check", "verdict", "figures", "seconds"), rows, "The sampling features' checks at full size"))
+    print("JSON: " + json.dumps(result, default=float))
 
 
 if __name__ == "__main__":
-    main()
+    import benchresults
+
+    raise SystemExit(benchresults.run("sampling_checks", main))
