@@ -799,7 +799,7 @@ def context_main(mode: Mode, workdir: Path, log: Any, json_only: bool) -> int:
               f"options, --jobs 1, least of {repeats} runs ({mode.name} mode)")  # fmt: skip
         cells = [(r["context"], f"{r['patches']:,}", f"{r['wall_s']:.1f}", f"{r['cpu_s']:.1f}",
                   f"{r['wall_vs_none']:.2f}", f"{r['cpu_vs_none']:.2f}") for r in rows]  # fmt: skip
-        print(markdown(("context", "patches", "wall s", "CPU s", "wall / none", "CPU / none"), cells))
+        print(markdown(("context", "patches", "wall s", "CPU s", "wall / none", "CPU / none"), cells, align="lrrrrr"))
         print(f"\n{verdict['target']}: {one:.2f} by CPU time ({'met' if verdict['met'] else 'NOT met'})")
     config = {"mode": mode.name, "size": mode.size, "slides": len(slides), "mpp": MANY_MPP, "jobs": 1,
               "repeats": repeats, "load_after": load()}  # fmt: skip

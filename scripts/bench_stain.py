@@ -189,7 +189,7 @@ def _print_collate(report: dict[str, Any], device: torch.device) -> None:
     where = report["gpu"] or f"{report['threads']} torch threads"
     caption = f"GpuCollate on {device} ({where}), batch {BATCH} x {PATCH_PX} px, {report['patches']}, median of calls"
     rows = [(r["config"], f"{r['ms_per_batch']:,.1f}", f"{r['samples_per_s']:,}") for r in report["collate"]]
-    print(markdown(("config", "ms/batch", "samples/s"), rows, caption))
+    print(markdown(("config", "ms/batch", "samples/s"), rows, caption, align="lrr"))
     if device.type == "cuda":
         mac = next(r for r in report["collate"] if r["config"].startswith("macenko ("))["samples_per_s"]
         print(f"\nmacenko / slideflow's {SLIDEFLOW_MACENKO:.0f} img/s: {mac / SLIDEFLOW_MACENKO:.1f}x (target 10x)")
@@ -204,7 +204,8 @@ def _print_ready(ready: dict[str, Any], batches: int, rounds: int) -> None:
     rows.append((f"with / without stain, median round [range] (target >= {TARGET_RATIO}x: {verdict})",
                  f"{ready['ratio']:.2f}x [{spread}]", f"{ready['cpu_ratio']:.2f}x [{cpu_spread}]", ""))  # fmt: skip
     caption = f"Device-ready on cpu: loader with 2 workers + GpuCollate, {batches} batches a run, {rounds} rounds"
-    print("\n" + markdown(("config", "samples/s", "samples per CPU second", "collate CPU ms/batch"), rows, caption))
+    head = ("config", "samples/s", "samples per CPU second", "collate CPU ms/batch")
+    print("\n" + markdown(head, rows, caption, align="lrrr"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -97,10 +97,12 @@ def verdict(ok: bool | None) -> str:
     return "n/a" if ok is None else "PASS" if ok else "MISS"
 
 
-def markdown(header: Sequence[str], rows: Iterable[Sequence[Any]], caption: str = "") -> str:
-    """A Markdown table (the performance page shows it as printed), after its caption line where given."""
+def markdown(header: Sequence[str], rows: Iterable[Sequence[Any]], caption: str = "", align: str = "") -> str:
+    """A Markdown table (the performance page shows it as printed), after its caption line where given; ``align``:
+    a letter a column, ``r`` right-aligned (figures), anything else left."""
     lines = [caption] if caption else []  # right above the table: benchresults keeps it as the table's caption
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rules = ["---:" if a == "r" else "---" for a in align.ljust(len(header))]
+    lines += ["| " + " | ".join(header) + " |", "|" + "|".join(rules) + "|"]
     lines += ["| " + " | ".join(str(cell).replace("|", "/") for cell in row) + " |" for row in rows]
     return "\n".join(lines)
 
