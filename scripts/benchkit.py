@@ -63,20 +63,18 @@ def step(log: Callable[[str], None], name: str, fn: Callable[..., dict[str, Any]
     return out
 
 
-def interleaved(rounds: int, runs: dict[str, Callable[[], T]], log: Callable[[str], None] | None = None,
-                rotate: bool = False) -> list[dict[str, T]]:  # fmt: skip
-    """``rounds`` rounds, each running every one of ``runs`` once, one after the other (the order rotated each round
-    with ``rotate``): each round's figures are neighbours in time, so a ratio between them sees one machine."""
+def interleaved(rounds: int, runs: dict[str, Callable[[], T]], log: Callable[[str], None] | None = None
+                ) -> list[dict[str, T]]:  # fmt: skip
+    """``rounds`` rounds, each running every one of ``runs`` once, one after the other in the order given: each
+    round's figures are neighbours in time, so a ratio between them sees one machine."""
     out = []
-    names = list(runs)
     for r in range(rounds):
-        order = names[r % len(names) :] + names[: r % len(names)] if rotate else names
         rd: dict[str, T] = {}
-        for name in order:
+        for name, run in runs.items():
             if log is not None:
                 log(f"{name} (round {r + 1} of {rounds})")
-            rd[name] = runs[name]()
-        out.append({name: rd[name] for name in names})
+            rd[name] = run()
+        out.append(rd)
     return out
 
 
