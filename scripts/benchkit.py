@@ -53,8 +53,9 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def step(log: Callable[[str], None], name: str, fn: Callable[..., dict[str, Any]], *args: Any, **kw: Any
-         ) -> dict[str, Any]:  # fmt: skip
+def step(
+    log: Callable[[str], None], name: str, fn: Callable[..., dict[str, Any]], *args: Any, **kw: Any
+) -> dict[str, Any]:
     """``fn(*args, **kw)``, logged by ``name``, its result with the seconds it took as ``step_s``."""
     log(name)
     t0 = time.perf_counter()
@@ -63,8 +64,9 @@ def step(log: Callable[[str], None], name: str, fn: Callable[..., dict[str, Any]
     return out
 
 
-def interleaved(rounds: int, runs: dict[str, Callable[[], T]], log: Callable[[str], None] | None = None
-                ) -> list[dict[str, T]]:  # fmt: skip
+def interleaved(
+    rounds: int, runs: dict[str, Callable[[], T]], log: Callable[[str], None] | None = None
+) -> list[dict[str, T]]:
     """``rounds`` rounds, each running every one of ``runs`` once, one after the other in the order given: each
     round's figures are neighbours in time, so a ratio between them sees one machine."""
     out = []
@@ -114,8 +116,9 @@ def child_json(script: str, args: list[str]) -> dict[str, Any]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def synthetic_build(root: Path, want: dict[str, Any], build: Callable[[list[str], Path], None], seed: int = 0
-                    ) -> tuple[list[str], Path]:  # fmt: skip
+def synthetic_build(
+    root: Path, want: dict[str, Any], build: Callable[[list[str], Path], None], seed: int = 0
+) -> tuple[list[str], Path]:
     """Generated slides and their build under ``root`` (``slides/``, ``shards/``), made once and reused while
     ``want`` (``n_slides``, ``size_px``, ``slide_mpp``, ``tissue_fraction``; anything else the build depends on) is
     what made them: slide ``i`` is generated with seed ``seed + i``, ``build(slides, out)`` makes the shards."""
