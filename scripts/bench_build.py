@@ -6,39 +6,37 @@ Example::
     python scripts/bench_build.py --quick
     python scripts/bench_build.py --workdir /data/bench --json-only
 
-The same synthetic 40x slides are tagged (``mpp_overrides``) with each scanner's level-0 mpp: 0.2500 (the exact
-2x reference), 0.2520 (Aperio AT2), 0.2631 (GT450), 0.2265 (Hamamatsu NanoZoomer), 0.2425 (3DHistech). Per mpp:
-``build`` with default options (one shard) at ``--jobs 1`` and ``--jobs 2``; the naive CLAM/Trident-style loop
-(OpenSlide ``read_region`` of round(256 * 0.5 / mpp) level-0 px, PIL's default ``resize`` to 256, JPEG q90, one
-core) and the floor (decode each needed tile once, encode each patch once), both over the samples ``--jobs 1``
-wrote. Then a many-shard build (``shard_samples``), the workers' idle time between the scan and extraction phases,
-and peak RSS per worker on a small and a large slide. Each method runs in its own child process, whose tree is
-polled with psutil every 50 ms (peak RSS, CPU time; ``proctree.py``), and the CPU time other processes took
-meanwhile is recorded. Slides are cached in ``--workdir``. Prints a table (and a markdown one for the performance page),
-then one line ``JSON: {...}``. Verdicts use wall time; on a shared machine the CPU-second ratios printed beside
-them say more. Needs ``psutil`` (the ``bench`` extra).
+Per scanner mpp (0.2500, 0.2520, 0.2631, 0.2265, 0.2425): ``build`` with default options at ``--jobs 1`` and
+``--jobs 2``, the naive CLAM/Trident-style loop and the floor, each in a child process whose tree is polled (peak
+RSS, CPU time); then a many-shard build, the workers' idle time between scan and extraction, and peak RSS per worker.
+What each figure means is on the docs' performance page. Slides are cached in ``--workdir``. Prints Markdown tables,
+then one line ``JSON: {...}``. Needs ``psutil`` (the ``bench`` extra).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import math
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psutil
-from proctree import MB, TreeWatcher, run_watched  # scripts/proctree.py, beside this file
+from benchkit import interleaved, load, logger, markdown
 
 SLIDE_MPP = 0.25  # the generated slides' own level-0 mpp; every run overrides it with a scanner's
 SCANNERS = {0.25: "exact 2x", 0.2520: "Aperio AT2", 0.2631: "GT450", 0.2265: "NanoZoomer", 0.2425: "3DHistech"}
@@ -73,6 +71,195 @@ FULL = Mode(name="full", size=(40960, 30720), n_slides=4, small=(16384, 12288), 
 # ---------------------------------------------------------------------------------------------- child side
 
 
+# ------------------------------------------------------------------ where a build's CPU goes, per process and stage
+# Timers wrapped around the build's own functions, installed in the build child before build() forks its workers
+# (which inherit them); each process writes its figures to <folder>/<pid>.json after each unit of work (a slide
+# scanned, a segment extracted). Time is exclusive (a stage called from another counts for the innermost one only),
+# CPU time of the calling thread. The stages are listed on the docs' performance page.
+
+STAGES = ("scan", "qc", "decode", "resample", "scores", "encode", "write")
+# (module, attribute (Class.method allowed), stage); the units end with a dump of this process's figures
+_WRAPPED = [
+    ("wsishard.builder.scan", "scan_slide", "scan"),
+    ("wsishard.builder.scan", "_write_qc", "qc"),
+    ("wsishard.builder.patches", "reduced_read", "decode"),
+    ("wsishard.builder.context", "reduced_read", "decode"),
+    ("wsishard.builder.resample", "Reduced.cut", "resample"),
+    ("wsishard.builder.patches", "quality_scores", "scores"),
+    ("wsishard.builder.patches", "encode_image", "encode"),
+    ("wsishard.builder.context", "encode_image", "encode"),
+    ("wsishard.builder.extract", "sample_records", "write"),
+    ("wsishard.builder.extract", "ShardWriter.append", "write"),
+    ("wsishard.builder.extract", "ShardWriter.commit", "write"),
+]
+_UNITS = {"scan_slide", "extract_segment"}
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.folder: Path | None = None
+        self.cpu_s: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+        self.calls: dict[str, int] = dict.fromkeys(STAGES, 0)
+        self.stack: list[float] = []  # per open call: CPU time its inner stages took
+
+    def wrap(self, fn: Any, stage: str | None, unit: bool) -> Any:
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self.stack.append(0.0)
+            t0 = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent = time.thread_time() - t0
+                inner = self.stack.pop()
+                if stage is not None:
+                    self.cpu_s[stage] += spent - inner
+                    self.calls[stage] += 1
+                    if self.stack:
+                        self.stack[-1] += spent
+                elif self.stack:
+                    self.stack[-1] += inner
+                if unit:
+                    self.dump()
+
+        return timed
+
+    def dump(self) -> None:
+        if self.folder is not None:
+            cpu = time.process_time()
+            figures = {"pid": os.getpid(), "cpu_s": cpu, "stages_cpu_s": self.cpu_s, "calls": self.calls}
+            tmp = self.folder / f".{os.getpid()}.tmp"
+            tmp.write_text(json.dumps(figures))
+            os.replace(tmp, self.folder / f"{os.getpid()}.json")
+
+
+TIMER = _Timer()
+
+
+def install_stage_timers(folder: str) -> None:
+    """Wrap the build's stage functions; every process of the build then reports into ``folder``."""
+    import importlib
+
+    TIMER.folder = Path(folder)
+    TIMER.folder.mkdir(parents=True, exist_ok=True)
+    for module_name, attr, stage in [*_WRAPPED, ("wsishard.builder.extract", "extract_segment", None)]:
+        module = importlib.import_module(module_name)
+        owner, name = (getattr(module, attr.split(".")[0]), attr.split(".")[1]) if "." in attr else (module, attr)
+        setattr(owner, name, TIMER.wrap(getattr(owner, name), stage, name in _UNITS))
+    import wsishard.builder.extract as extract
+    import wsishard.builder.run as run  # it calls these two through names of its own
+    import wsishard.builder.scan as scan
+
+    run.scan_slide, run.extract_segment = scan.scan_slide, extract.extract_segment
+
+
+def collect_stage_times(folder: str) -> dict[str, Any]:
+    """Every process's figures: ``{"processes": [...], "cpu_s": {stage: total}, "share": {stage: fraction}}``."""
+    procs = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json"))]
+    total = sum(p["cpu_s"] for p in procs)
+    stages = {s: sum(p["stages_cpu_s"][s] for p in procs) for s in STAGES}
+    stages["other"] = max(0.0, total - sum(stages.values()))
+    share = {s: v / total if total > 0 else 0.0 for s, v in stages.items()}
+    return {"processes": procs, "cpu_s": stages, "total_cpu_s": total, "share": share}
+
+
+# ------------------------------------------------------------ process trees: peak RSS and CPU over time, per process
+
+MB = 1024**2
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return list(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return []
+
+
+class TreeWatcher(threading.Thread):
+    """Polls a process and its descendants every ``interval_s``: peak RSS, and CPU time over time per pid."""
+
+    def __init__(self, pid: int, interval_s: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.interval_s = pid, interval_s
+        self.peak_rss: dict[int, int] = {}
+        self.cpu: dict[int, list[tuple[float, float]]] = {}  # pid -> [(time.monotonic(), CPU seconds)]
+        self.parent: dict[int, int] = {}
+        self.helpers: set[int] = set()
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.NoSuchProcess:
+            return
+        while not self._stop_event.is_set():
+            try:
+                procs = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return
+            for proc in procs:
+                try:
+                    with proc.oneshot():
+                        rss, cpu, ppid = proc.memory_info().rss, proc.cpu_times(), proc.ppid()
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    continue
+                if proc.pid not in self.parent and "resource_tracker" in " ".join(_cmdline(proc)):
+                    self.helpers.add(proc.pid)
+                now = time.monotonic()
+                self.peak_rss[proc.pid] = max(self.peak_rss.get(proc.pid, 0), rss)
+                self.cpu.setdefault(proc.pid, [(now - self.interval_s, 0.0)]).append((now, cpu.user + cpu.system))
+                self.parent[proc.pid] = ppid
+            self._stop_event.wait(self.interval_s)
+
+    def workers(self) -> list[int]:
+        """Pool workers: the leaves below the root (root -> worker when forked, root -> forkserver -> worker
+        otherwise; multiprocessing's resource tracker is a leaf too but is left out); no pool: the root."""
+        parents = set(self.parent.values())
+        found = [p for p in self.parent if p != self.pid and p not in parents and p not in self.helpers]
+        return found or [self.pid]
+
+    def cpu_between(self, pids: list[int], a: float, b: float) -> float:
+        """CPU seconds ``pids`` used between monotonic times ``a`` and ``b`` (interpolated between polls)."""
+        total = 0.0
+        for pid in pids:
+            t, c = np.array(self.cpu.get(pid, [(0.0, 0.0)])).T
+            total += float(np.interp(b, t, c) - np.interp(a, t, c))
+        return total
+
+    def stop(self) -> dict[str, Any]:
+        self._stop_event.set()
+        self.join()
+        workers = self.workers()
+        last = {p: s[-1][1] for p, s in self.cpu.items() if p not in self.helpers}
+        return {"workers": len(workers), "worker_rss_mb": max(self.peak_rss.get(p, 0) for p in workers) / MB,
+                "root_rss_mb": self.peak_rss.get(self.pid, 0) / MB,
+                "workers_cpu_s": sum(last.get(p, 0.0) for p in workers), "tree_cpu_s": sum(last.values())}  # fmt: skip
+
+
+def busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy (every core, every process) since boot."""
+    t = psutil.cpu_times()  # Linux: guest time is already in user
+    return t.user + t.system + sum(getattr(t, k, 0.0) for k in ("nice", "irq", "softirq", "steal"))
+
+
+def run_watched(cmd: list[str]) -> tuple[int, str, TreeWatcher, dict[str, Any]]:
+    """Run ``cmd`` (stdout captured) under a :class:`TreeWatcher`: exit status, stdout, the watcher, and its figures
+    plus ``process_wall_s`` and ``other_load_cores`` (cores other processes of the machine kept busy meanwhile)."""
+    busy0, me0, t0 = busy_cpu_s(), psutil.Process().cpu_times(), time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    watcher = TreeWatcher(proc.pid)
+    watcher.start()
+    out, _ = proc.communicate()
+    polled = watcher.stop()
+    wall, me1 = time.perf_counter() - t0, psutil.Process().cpu_times()
+    mine = polled["tree_cpu_s"] + (me1.user + me1.system) - (me0.user + me0.system)  # the child's tree + the polling
+    others = max(0.0, busy_cpu_s() - busy0 - mine) / wall
+    return proc.returncode, out, watcher, {**polled, "process_wall_s": wall, "other_load_cores": others}
+
+
+# -------------------------------------------------------------------------------------------------- the children
+
+
 def shard_patches(output: str, slides: list[str]) -> list[tuple[int, int, int, int]]:
     """(slide index, level-0 x, y, extent) of every sample the build wrote, read from its shards' ``.json``."""
     index = {os.path.basename(p): k for k, p in enumerate(slides)}
@@ -95,14 +282,12 @@ def _rss_mb() -> float:
 
 def child_build(spec: dict[str, Any]) -> dict[str, Any]:
     """``build`` with default options but ``jobs``, the mpp tag and (for the many-shard run) ``shard_samples``."""
-    import stagetimes  # scripts/stagetimes.py, beside this file
-
     from wsishard.builder.options import BuildOptions, BuildProgress
     from wsishard.builder.run import build
 
     stages_dir = spec["output"] + ".stages"
     shutil.rmtree(stages_dir, ignore_errors=True)
-    stagetimes.install(stages_dir)  # before build(): its forked workers inherit the timers
+    install_stage_timers(stages_dir)  # before build(): its forked workers inherit the timers
 
     overrides = {os.path.basename(p): spec["mpp"] for p in spec["slides"]}
     options = BuildOptions(jobs=spec["jobs"], mpp_overrides=overrides, shard_samples=spec.get("shard_samples"),
@@ -119,8 +304,8 @@ def child_build(spec: dict[str, Any]) -> dict[str, Any]:
     cpu0, t0 = time.process_time(), time.monotonic()
     manifest = build(spec["slides"], spec["output"], options, progress=progress)
     t1 = time.monotonic()
-    stagetimes.dump()
-    stages = stagetimes.collect(stages_dir)
+    TIMER.dump()
+    stages = collect_stage_times(stages_dir)
     shutil.rmtree(stages_dir, ignore_errors=True)
     since_start = time.time() - time.monotonic() - psutil.Process().create_time()  # process start, monotonic
     failed = [f"{s.file}: {s.reason}" for s in manifest.failed_slides]
@@ -407,11 +592,12 @@ def _verdict_of(checks: list[dict[str, Any]], mpp: float, *names: str) -> str:
     return ("PASS" if all(c["pass"] for c in found) else "MISS") + mark if found else "-"
 
 
-def markdown(raw: dict[str, dict[str, Any]], checks: list[dict[str, Any]]) -> list[str]:
+def mpp_table(raw: dict[str, dict[str, Any]], checks: list[dict[str, Any]]) -> list[str]:
     """One row per mpp, for the performance page."""
-    lines = ["| level-0 mpp (scanner) | patches | jobs 1 patch/s | jobs 2 patch/s | naive patch/s (1 core) "
-             "| build / naive (j1; j2 vs 2x) | floor patch/s | vs 0.25 (j1) | j2 / j1 | >= 3x naive | >= 0.8x ref "
-             "| j2 >= 1.7x j1 |", "|" + "---|" * 12]  # fmt: skip
+    head = ("level-0 mpp (scanner)", "patches", "jobs 1 patch/s", "jobs 2 patch/s", "naive patch/s (1 core)",
+            "build / naive (j1; j2 vs 2x)", "floor patch/s", "vs 0.25 (j1)", "j2 / j1", ">= 3x naive", ">= 0.8x ref",
+            "j2 >= 1.7x j1")  # fmt: skip
+    rows = []
     rates = per_mpp(raw)
     for mpp, r in rates.items():
         j1, j2, naive, floor = r["j1"], r["j2"], r["naive"], r["floor"]
@@ -420,8 +606,8 @@ def markdown(raw: dict[str, dict[str, Any]], checks: list[dict[str, Any]]) -> li
                  f"{naive.per_s:.0f}", f"{j1.per_s / naive.per_s:.2f}x; {j2.per_s / (2 * naive.per_s):.2f}x",
                  f"{floor.per_s:.0f}", f"{j1.per_s / rates[REFERENCE_MPP]['j1'].per_s:.2f}x",
                  f"{j2.per_s / j1.per_s:.2f}x", *verdicts]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+        rows.append(cells)
+    return markdown(head, rows).splitlines()
 
 
 def idle_figures(raw: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -485,11 +671,10 @@ def details(mode: Mode, raw: dict[str, dict[str, Any]], env: dict[str, Any]) -> 
 
 
 def stage_table(raw: dict[str, dict[str, Any]]) -> list[str]:
-    """Where each build's CPU went, per stage (every process of the build; ``stagetimes.py``), and the floor's
-    parts; a Markdown table (the performance page shows it)."""
-    import stagetimes
+    """Where each build's CPU went, per stage (every process of the build: :func:`install_stage_timers`), and the
+    floor's parts; a Markdown table (the performance page shows it)."""
 
-    names = [*stagetimes.STAGES, "other"]
+    names = [*STAGES, "other"]
     lines = ["CPU per stage, % of the build's CPU (all its processes, start-up included; exclusive time), ms of CPU "
              "per patch written, and the floor's parts in ms per patch:", "",
              "| run | CPU s | ms/patch | " + " | ".join(names) + " | floor decode | floor resample | floor encode |",
@@ -551,16 +736,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     mode = QUICK if args.quick else FULL
 
-    def log(msg: str) -> None:
-        if not args.json_only:
-            print(f"[bench] {msg}", file=sys.stderr, flush=True)
+    log = (lambda _msg: None) if args.json_only else logger("bench_build")
 
     if args.context:
         return context_main(mode, args.workdir, log, args.json_only)
 
-    load_before, t0 = os.getloadavg()[0], time.perf_counter()
+    load_before, t0 = load(), time.perf_counter()
     raw = measure(mode, args.workdir, log)
-    env = {"cpus": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg()[0],
+    env = {"cpus": os.cpu_count(), "load_before": load_before, "load_after": load(),
            "bench_wall_s": time.perf_counter() - t0}  # fmt: skip
     same = all(raw[f"build_j2@{m:.4f}"]["per_slide"] == raw[f"build_j1@{m:.4f}"]["per_slide"] for m in SCANNERS)
     failed = [f for run in raw.values() for f in run.get("failed", [])]
@@ -568,7 +751,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"WARNING: jobs 1 and 2 wrote different patches, or slides failed: {failed}")
     checks = verdicts(raw)
     if not args.json_only:
-        print("\n".join(details(mode, raw, env) + stage_table(raw) + markdown(raw, checks) + [""] + targets(checks)))
+        print("\n".join(details(mode, raw, env) + stage_table(raw) + mpp_table(raw, checks) + [""] + targets(checks)))
     report = {
         "config": {**asdict(mode), "scanners": {f"{m:.4f}": s for m, s in SCANNERS.items()}, "slide_mpp": SLIDE_MPP,
                    "target_mpp": TARGET_MPP, "patch_size_px": PATCH_PX, "jpeg_quality": QUALITY,
@@ -596,13 +779,14 @@ def context_main(mode: Mode, workdir: Path, log: Any, json_only: bool) -> int:
     shared machine only adds). Saved as ``bench_build_context.json``."""
     slides = ensure_slides(workdir / "slides", mode.size, 2 if mode is QUICK else mode.n_slides, log)
     repeats = 2 if mode is QUICK else 3
-    raw: dict[str, list[dict[str, Any]]] = {name: [] for name in CONTEXT_RUNS}
-    for i in range(repeats):
-        for name, mpps in CONTEXT_RUNS.items():
-            log(f"running context {name} ({i + 1}/{repeats}) ...")
-            spec = {"slides": slides, "output": str(workdir / "out-context"), "jobs": 1, "mpp": MANY_MPP,
-                    "context_mpp": list(mpps)}  # fmt: skip
-            raw[name].append(run_child("build", spec, workdir / f"context-{i}"))
+
+    def run(mpps: tuple[float, ...]) -> dict[str, Any]:
+        spec = {"slides": slides, "output": str(workdir / "out-context"), "jobs": 1, "mpp": MANY_MPP,
+                "context_mpp": list(mpps)}  # fmt: skip
+        return run_child("build", spec, workdir / "context")
+
+    rounds = interleaved(repeats, {name: partial(run, mpps) for name, mpps in CONTEXT_RUNS.items()}, log)
+    raw = {name: [rd[name] for rd in rounds] for name in CONTEXT_RUNS}
     best = {name: {key: min(r[key] for r in runs) for key in ("wall_s", "cpu_s")} for name, runs in raw.items()}
     rows = [{"context": name, "context_mpp": list(CONTEXT_RUNS[name]), "patches": raw[name][0]["patches"],
              **best[name], "wall_vs_none": best[name]["wall_s"] / best["none"]["wall_s"],
@@ -613,13 +797,12 @@ def context_main(mode: Mode, workdir: Path, log: Any, json_only: bool) -> int:
     if not json_only:
         print(f"Context patches: {len(slides)} slides of {mode.size[0]}x{mode.size[1]} px at {MANY_MPP} mpp, default "
               f"options, --jobs 1, least of {repeats} runs ({mode.name} mode)")  # fmt: skip
-        print("| context | patches | wall s | CPU s | wall / none | CPU / none |\n|---|---:|---:|---:|---:|---:|")
-        for r in rows:
-            print(f"| {r['context']} | {r['patches']:,} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
-                  f"{r['wall_vs_none']:.2f} | {r['cpu_vs_none']:.2f} |")  # fmt: skip
+        cells = [(r["context"], f"{r['patches']:,}", f"{r['wall_s']:.1f}", f"{r['cpu_s']:.1f}",
+                  f"{r['wall_vs_none']:.2f}", f"{r['cpu_vs_none']:.2f}") for r in rows]  # fmt: skip
+        print(markdown(("context", "patches", "wall s", "CPU s", "wall / none", "CPU / none"), cells, align="lrrrrr"))
         print(f"\n{verdict['target']}: {one:.2f} by CPU time ({'met' if verdict['met'] else 'NOT met'})")
     config = {"mode": mode.name, "size": mode.size, "slides": len(slides), "mpp": MANY_MPP, "jobs": 1,
-              "repeats": repeats, "load_after": os.getloadavg()[0]}  # fmt: skip
+              "repeats": repeats, "load_after": load()}  # fmt: skip
     print("JSON: " + json.dumps({"config": config, "versions": versions(), "rows": rows, "target": verdict,
                                  "raw": raw}, sort_keys=True))  # fmt: skip
     shutil.rmtree(workdir / "out-context", ignore_errors=True)
@@ -629,4 +812,5 @@ def context_main(mode: Mode, workdir: Path, log: Any, json_only: bool) -> int:
 if __name__ == "__main__":
     import benchresults  # the script's own names stay its own (bench_tissue has a run())
 
-    sys.exit(benchresults.run("bench_build_context" if "--context" in sys.argv else "bench_build", main))
+    name = "bench_build_context" if "--context" in sys.argv else "bench_build"
+    sys.exit(benchresults.run(name, main, script="bench_build"))

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from benchkit import markdown, synthetic_build
 
 from wsishard import GpuCollate, loader, stream
 
@@ -30,18 +31,14 @@ SEED = 0
 
 
 def build_output(workdir: Path, jobs: int) -> str:
-    """A cached build of synthetic slides: 256 px patches at 0.5 mpp in shards of 200."""
-    out = workdir / "gpu-loader-build"
-    if (out / "manifest.json").exists():
-        return str(out)
+    """A cached build of synthetic slides at a scanner's 0.2520 mpp: 256 px patches at 0.5 mpp in shards of 200."""
     from wsishard import build
-    from wsishard.testing.synthetic import make_slides
 
-    slides = workdir / "gpu-loader-slides"
-    slides.mkdir(parents=True, exist_ok=True)
-    make_slides(slides, 8, width=8192, height=8192, mpp=0.2520, tissue_fraction=0.4)
-    build(str(slides), str(out), shard_samples=200, seed=SEED, jobs=jobs, overwrite=True, qc=False)
-    return str(out)
+    def make(slides: list[str], out: Path) -> None:
+        build(slides, str(out), shard_samples=200, seed=SEED, jobs=jobs, overwrite=True, qc=False)
+
+    want = {"n_slides": 8, "size_px": 8192, "slide_mpp": 0.2520, "tissue_fraction": 0.4, "shard_samples": 200}
+    return str(synthetic_build(workdir / "gpu-loader", want, make)[1])
 
 
 def run_one(source: str, device: torch.device, decode: str, workers: int, stain: Any, warm: int, timed: int
@@ -97,13 +94,12 @@ def main(argv: list[str] | None = None) -> int:
               "batch": BATCH, "timed_batches": timed, "rows": rows}  # fmt: skip
     if not args.json_only:
         where = report["gpu"] or "CPU"
-        print(f"\nDevice-ready samples/s on {where} ({cpus} cores), batch {BATCH} at 256 px, {timed} timed batches; "
-              "stain = Macenko (per-slide matrices) + HED jitter + brightness/contrast\n")  # fmt: skip
-        print("| decode | workers | no stain | stain | stain / no stain |\n|---|---|---|---|---|")
-        for i in range(0, len(rows), 2):
-            plain, aug = rows[i], rows[i + 1]
-            print(f"| {plain['decode']} | {plain['workers']} | {plain['samples_per_s']:,.0f} | "
-                  f"{aug['samples_per_s']:,.0f} | {aug['samples_per_s'] / plain['samples_per_s']:.2f}x |")  # fmt: skip
+        caption = (f"Device-ready samples/s on {where} ({cpus} cores), batch {BATCH} at 256 px, {timed} timed batches; "
+                   "stain = Macenko (per-slide matrices) + HED jitter + brightness/contrast")  # fmt: skip
+        table = [(a["decode"], a["workers"], f"{a['samples_per_s']:,.0f}", f"{b['samples_per_s']:,.0f}",
+                  f"{b['samples_per_s'] / a['samples_per_s']:.2f}x")
+                 for a, b in zip(rows[::2], rows[1::2], strict=True)]  # fmt: skip
+        print("\n" + markdown(("decode", "workers", "no stain", "stain", "stain / no stain"), table, caption))
     print("JSON: " + json.dumps(report, sort_keys=True))
     return 0
 

@@ -6,18 +6,7 @@ Example::
     python scripts/bench_index.py --quick            # start-up at 3e7 samples; index rows at 1k, 100k, 1M
     python scripts/bench_index.py                    # start-up at 3e8 samples (a TCGA-sized build)
 
-Synthetic, no pixels (the index does not depend on them). Three parts, each in its own child process (peak RSS is
-the part's, interpreter and torch included; an idle child's is printed as the baseline):
-
-- ``rows``: one shard index of N samples (1k, 100k, 1M) written by :class:`~wsishard.shards.index.IndexWriter`:
-  its ``.npz`` bytes per sample, and the time to load it and make the column table a ``select=`` function sees.
-  Also the build's own cost of indexing (parsing back the tar records the shard writer appends), per sample.
-- ``scan``: a build of N samples in shards of 18,000 (bench_scale.py's shard size): the main process's one pass over
-  every shard index for ``select=`` (:func:`~wsishard.streaming.indexed.plan_sampling`), time and peak RSS.
-- ``startup``: a build of ~3e8 samples (``--samples``): 16,667 shards of 18,000, groups of 32 slides of ~3,000
-  samples each (100,000 slides), labels 80/20, as ``manifest.json`` + ``index.npz`` (no shard, no shard index:
-  class and slide weights need only the summary). ``stream(..., weights=...)`` in a fresh process, then one
-  reader's pipeline set-up (64 ranks x 8 workers): time and peak RSS against 10 s and 1 GB per rank.
+What each figure means and how it is taken is on the docs' performance page.
 
 Prints a table and one line ``JSON: {...}``, saved as ``benchmarks/results/bench_index.json`` (benchresults.py).
 """
@@ -28,22 +17,16 @@ import argparse
 import io
 import json
 import os
-import resource
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from benchkit import child_json, markdown, rss_mb
 
 SHARD_SAMPLES, GROUP_SLIDES, SLIDE_SAMPLES = 18_000, 32, 3_000
 TARGETS = {"startup_s": 10.0, "startup_rss_mb": 1024.0}
-
-
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _index_bytes(n: int, seed: int = 0) -> bytes:
@@ -99,7 +82,7 @@ def part_rows(n: int, _args: argparse.Namespace) -> dict[str, Any]:
     mask = table["tissue"] >= 0.5
     tabled = time.perf_counter() - t0
     return {"samples": n, "bytes": len(data), "bytes_per_sample": len(data) / n, "fill_s": made, "load_s": loaded,
-            "table_select_s": tabled, "selected": int(mask.sum()), "rss_mb": _rss_mb()}  # fmt: skip
+            "table_select_s": tabled, "selected": int(mask.sum()), "rss_mb": rss_mb()}  # fmt: skip
 
 
 def _write_build(root: Path, shards: int, *, with_indexes: bool) -> None:
@@ -143,7 +126,7 @@ def part_scan(n: int, args: argparse.Namespace) -> dict[str, Any]:
     shards = max(1, n // SHARD_SAMPLES)
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         _write_build(Path(tmp), shards, with_indexes=True)
-        base = _rss_mb()
+        base = rss_mb()
         t0 = time.perf_counter()
         ds = stream(tmp, batch_size=256, resampled=False, select=lambda t: t["tissue"] >= 0.5,
                     world=World(rank=0, world_size=8))  # fmt: skip
@@ -153,7 +136,7 @@ def part_scan(n: int, args: argparse.Namespace) -> dict[str, Any]:
         selection.scan_shared(ds.sampling, ds.opener, len(ds.sampling.labels), (0, 8, None))
         share_s = time.perf_counter() - t0
     return {"samples": shards * SHARD_SAMPLES, "shards": shards, "scan_s": took, "selected": int(ds.counts.sum()),
-            "split_of_8_s": share_s, "rss_mb": _rss_mb(), "rss_before_mb": base}  # fmt: skip
+            "split_of_8_s": share_s, "rss_mb": rss_mb(), "rss_before_mb": base}  # fmt: skip
 
 
 def part_startup(n: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -165,7 +148,7 @@ def part_startup(n: int, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         _write_build(Path(tmp), shards, with_indexes=False)
         out["summary_bytes"] = os.path.getsize(Path(tmp) / "index.npz")
-        base = _rss_mb()
+        base = rss_mb()
         for weights in ("class", "slide"):
             t0 = time.perf_counter()
             ds = stream(tmp, batch_size=256, weights=weights, seed=1, world=World(rank=3, world_size=64))
@@ -174,7 +157,7 @@ def part_startup(n: int, args: argparse.Namespace) -> dict[str, Any]:
             ds.pipeline(World(rank=3, world_size=64, worker=5, num_workers=8), 0, done=1000)  # a resumed reader
             out[weights] = {"stream_s": stream_s, "reader_s": time.perf_counter() - t0,
                             "plan_pickle_bytes": len(_pickled(ds))}  # fmt: skip
-    out.update(rss_mb=_rss_mb(), rss_before_mb=base)
+    out.update(rss_mb=rss_mb(), rss_before_mb=base)
     return out
 
 
@@ -191,19 +174,14 @@ def baseline(_n: int, _args: argparse.Namespace) -> dict[str, Any]:
 
     import wsishard.streaming.dataset  # noqa: F401
 
-    return {"rss_mb": _rss_mb()}
+    return {"rss_mb": rss_mb()}
 
 
 PARTS = {"rows": part_rows, "scan": part_scan, "startup": part_startup, "baseline": baseline}
 
 
 def _child(part: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--child", part, "--n", str(n)] + (["--workdir", args.workdir] if args.workdir
-                                                                         else [])  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise SystemExit(f"{part} {n}: {done.stderr[-3000:]}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    return child_json(__file__, [part, "--n", str(n), *(["--workdir", args.workdir] if args.workdir else [])])
 
 
 def main() -> None:
@@ -259,14 +237,9 @@ def _print(r: dict[str, Any]) -> None:
                      "PASS" if ok else "MISS"))  # fmt: skip
     rows.append(("start-up peak RSS (one rank)", f"{s['rss_mb']:.0f} MB", f"(before {s['rss_before_mb']:.0f} MB)",
                  "PASS" if s["rss_mb"] < TARGETS["startup_rss_mb"] else "MISS"))  # fmt: skip
-    print(
-        f"Per-sample index at archive scale (targets: start-up < {TARGETS['startup_s']} s and "
-        f"< {TARGETS['startup_rss_mb']} MB per rank)"
-    )
-    print("| what | measured | | |")
-    print("|---|---|---|---|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
+    caption = (f"Per-sample index at archive scale (targets: start-up < {TARGETS['startup_s']} s and "
+               f"< {TARGETS['startup_rss_mb']} MB per rank)")  # fmt: skip
+    print(markdown(("what", "measured", "", ""), rows, caption))
 
 
 if __name__ == "__main__":

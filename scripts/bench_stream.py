@@ -6,64 +6,47 @@ Example::
     python scripts/bench_stream.py --quick
     python scripts/bench_stream.py --workdir /data/bench --json-only
     python scripts/bench_stream.py --quick --profile   # also cProfile one worker's pipeline in-process
-    python scripts/bench_stream.py --quick --context   # only: one context scale against none (own JSON file)
+    python scripts/bench_stream.py --quick --context   # only: one context scale against none (bench_stream_context)
+    python scripts/bench_stream.py --quick --sampling  # only: weights= and select= against none (bench_sampling)
 
-Synthetic 40x slides (0.25 mpp) are generated and built into shards of 256 px patches at 0.5 mpp once, then
-cached in ``--workdir``. Loader figures come in two kinds, side by side: the loader alone (uint8 batches as the
-DataLoader hands them over) and device-ready (after :class:`~wsishard.collate.GpuCollate` returns the normalized
-float NCHW tensor; on a CPU-only machine that collate runs in the main process, on the cores the workers use).
-Throughput counts a fixed number of batches after one warm-up batch per worker, and at least two (on a CPU the
-collate's first two calls make its two output buffers: 200 MB of fresh pages each, 0.02-0.6 s here, however the
-kernel finds huge pages).
-
-The decode floor (``streambench_floor.py``) decodes the same JPEG bytes in DataLoader workers started as the
-loader's are, with 1 and with 2 workers decoding at once: PIL, and libjpeg-turbo through imagecodecs straight into
-one reused slot (the loader's own decode call). Each decoder's libjpeg-turbo version is printed; the per-worker
-target is taken against the faster of the two floors (the stricter), and the row says which. Each round measures
-the libjpeg-turbo floor before and again right after the loader alone and takes the geometric mean (this VM's
-speed moves by up to 20% between two floors seconds apart); the verdict is the median round's. A worker's CPU per
-sample is also broken down by stage (read, shuffle, checks, decode, batching, hand-off), so that the next
-regression has a name.
-
-The S3 figure streams the same shards from a moto server started in this process. Two figures are of the loader
-alone: the first-batch latency of a resampled loader resumed (from a ``state_dict``) early and late in the stream,
-and the same samples rewritten into one shard (read by every worker, each keeping its slice: the sample-level
-split) against the many shards. The loader alone is also measured against its floor on the build a user makes
-first: slides at a real scanner's level-0 mpp (0.2520, not an exact 0.25) built with every default of ``wsishard
-build`` (one shard here, fewer than the readers: skip it with ``--no-user-build``). On a machine with at least 16
-cores the loader also runs with 8 workers, alone and device-ready: there the training process's work per batch can
-set the rate. Prints a table, then one final line
-``JSON: {...}``. Targets are reported as PASS/MISS, never asserted: on a shared machine wall-clock figures are what
-they are.
+Synthetic slides are generated and built once, then cached in ``--workdir``. What each figure means and how its
+rounds are taken (the decode floor, rounds sandwiched between floors, interleaved pairs, the user's first build, the
+stage costs, resume, the one-shard split, context, sampling) is written on the docs' performance page. Prints a
+Markdown table, then one line ``JSON: {...}``; targets are reported as PASS/MISS, never asserted.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
+import dataclasses
+import hashlib
 import io
 import itertools
 import json
 import math
+import multiprocessing as mp
 import os
 import platform
 import pstats
-import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
+from functools import partial
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psutil
 import torch
+from benchkit import cpu_s, interleaved, load, logger, markdown, median_range, spread, synthetic_build, verdict
+from benchkit import step as _timed_step
 from benchs3 import moto_s3
-from streambench_floor import cpu_s
 
 SLIDE_MPP = 0.25  # level-0 microns per px of the generated slides (40x)
 TARGET_MPP = 0.5
@@ -96,7 +79,7 @@ class Mode:
     floor_samples: int  # JPEGs decoded in the floor loop
     ws_batches: int  # timed wsistream batches of WS_BATCH (after the warm-up)
     rounds: int  # rounds of the floors, loaders alone and device-ready, one after the other: ratios per round
-    pairs: int  # interleaved pairs of floor and loader slices (streambench_pairs): the steadier second reading
+    pairs: int  # interleaved pairs of floor and loader slices (measure_pairs): the steadier second reading
 
 
 QUICK = Mode(name="quick", n_slides=6, size_px=8192, shard_samples=64, batches=8, floor_samples=2000,
@@ -105,15 +88,14 @@ FULL = Mode(name="full", n_slides=16, size_px=12288, shard_samples=128, batches=
             ws_batches=16, rounds=5, pairs=20)  # fmt: skip
 
 
-def log(msg: str) -> None:
-    print(f"[bench_stream] {msg}", file=sys.stderr, flush=True)
-
-
-def _make_one(path: str, size_px: int, seed: int, mpp: float = SLIDE_MPP) -> str:
-    from wsishard.testing.synthetic import make_slide
-
-    make_slide(path, width=size_px, height=size_px, mpp=mpp, seed=seed, tissue_fraction=TISSUE_FRACTION)
-    return path
+log = logger("bench_stream")
+_step = partial(_timed_step, log)
+ROUNDS = 4  # floor rounds per decoder, interleaved
+DECODERS = ("pil", "turbo", "turbo_batch")  # every floor's decoders (the performance page says what each is)
+CONTEXT_MPP = 2.0  # the context copy's one scale
+_STAMP = "source-manifest.sha256"  # a copy's record of the source manifest it was made from
+SAMPLING_KINDS = ("unweighted", "class", "select")  # --sampling: the loaders compared
+SAMPLING_TARGET = 0.8  # --sampling: weighted or selected samples/s against unweighted
 
 
 def prepare(workdir: Path, mode: Mode) -> tuple[list[str], Path]:
@@ -122,54 +104,37 @@ def prepare(workdir: Path, mode: Mode) -> tuple[list[str], Path]:
     from wsishard.builder.options import BuildOptions
     from wsishard.builder.run import build
 
-    root = workdir / mode.name
-    slides_dir, shards_dir, stamp = root / "slides", root / "shards", root / "stamp.json"
     want = {"n_slides": mode.n_slides, "size_px": mode.size_px, "shard_samples": mode.shard_samples,
             "tissue_fraction": TISSUE_FRACTION, "slide_mpp": SLIDE_MPP, "target_mpp": TARGET_MPP,
             "patch_px": PATCH_PX}  # fmt: skip
-    paths = [str(slides_dir / f"slide-{i:03d}.{'svs' if i % 2 == 0 else 'tif'}") for i in range(mode.n_slides)]
-    if stamp.exists() and json.loads(stamp.read_text()) == want and (shards_dir / "manifest.json").exists():
-        return paths, shards_dir
-    slides_dir.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(shards_dir, ignore_errors=True)
-    todo = [p for p in paths if not Path(p).exists()]
-    log(f"generating {len(todo)} slides of {mode.size_px}^2 px in {slides_dir}")
-    with ProcessPoolExecutor(max_workers=2) as pool:
-        list(pool.map(_make_one, todo, [mode.size_px] * len(todo), [1000 + paths.index(p) for p in todo]))
-    log(f"building shards in {shards_dir}")
-    opts = BuildOptions(patch=PatchOptions(target_mpp=TARGET_MPP, patch_size_px=PATCH_PX), jobs=2, qc=False,
-                        shard_samples=mode.shard_samples, seed=SEED)  # fmt: skip
-    manifest = build(paths, str(shards_dir), opts)
-    if manifest.failed_slides:
-        raise SystemExit(f"build failed for {[s.file for s in manifest.failed_slides]}")
-    stamp.write_text(json.dumps(want))
-    return paths, shards_dir
+
+    def make(paths: list[str], out: Path) -> None:
+        log(f"building shards in {out}")
+        opts = BuildOptions(patch=PatchOptions(target_mpp=TARGET_MPP, patch_size_px=PATCH_PX), jobs=2, qc=False,
+                            shard_samples=mode.shard_samples, seed=SEED)  # fmt: skip
+        manifest = build(paths, str(out), opts)
+        if manifest.failed_slides:
+            raise SystemExit(f"build failed for {[s.file for s in manifest.failed_slides]}")
+
+    return synthetic_build(workdir / mode.name, want, make, seed=1000)
 
 
 def prepare_user(workdir: Path) -> Path:
     """The user's first build, made once: six slides at a real scanner's level-0 mpp (:data:`USER_MPP`, not an exact
     0.25) built by ``wsishard build SLIDES -o OUT`` with every default (one shard here: fewer shards than readers)."""
-    root = workdir / "user"
-    slides_dir, out, stamp = root / "slides", root / "shards", root / "stamp.json"
     want = {"n_slides": USER_SLIDES, "size_px": USER_SIZE_PX, "slide_mpp": USER_MPP, "tissue_fraction": TISSUE_FRACTION}
-    if stamp.exists() and json.loads(stamp.read_text()) == want and (out / "manifest.json").exists():
-        return out
-    slides_dir.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(out, ignore_errors=True)
-    paths = [str(slides_dir / f"slide-{i:03d}.{'svs' if i % 2 == 0 else 'tif'}") for i in range(USER_SLIDES)]
-    log(f"generating {len(paths)} slides of {USER_SIZE_PX}^2 px at {USER_MPP} mpp in {slides_dir}")
-    with ProcessPoolExecutor(max_workers=2) as pool:
-        list(pool.map(_make_one, paths, [USER_SIZE_PX] * len(paths), range(500, 500 + len(paths)),
-                      [USER_MPP] * len(paths)))  # fmt: skip
-    log(f"wsishard build {slides_dir} -o {out} (defaults)")
-    cli = "import sys; from wsishard.cli import main; sys.exit(main())"
-    subprocess.run([sys.executable, "-c", cli, "build", str(slides_dir), "-o", str(out), "-q"], check=True)
-    stamp.write_text(json.dumps(want))
-    return out
+
+    def make(paths: list[str], out: Path) -> None:
+        log(f"wsishard build {Path(paths[0]).parent} -o {out} (defaults)")
+        cli = "import sys; from wsishard.cli import main; sys.exit(main())"
+        subprocess.run([sys.executable, "-c", cli, "build", str(Path(paths[0]).parent), "-o", str(out), "-q"],
+                       check=True)  # fmt: skip
+
+    return synthetic_build(workdir / "user", want, make, seed=500)[1]
 
 
 def time_wsishard(source: str, workers: int, batches: int, *, to_device: bool = True,
-                  storage_options: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+                  storage_options: dict[str, Any] | None = None, **stream_kw: Any) -> dict[str, Any]:  # fmt: skip
     """wsishard's loader, resampled, batch 256: first-batch latency, samples/s, distinct slides per batch.
 
     With ``to_device`` each batch goes through GpuCollate (the figure a training loop sees); without it the
@@ -181,7 +146,7 @@ def time_wsishard(source: str, workers: int, batches: int, *, to_device: bool = 
     from wsishard.streaming.sources import stream
 
     collate = GpuCollate(DEVICE, mean=MEAN, std=STD)
-    ds = stream(source, batch_size=BATCH, resampled=True, seed=SEED, storage_options=storage_options)
+    ds = stream(source, batch_size=BATCH, resampled=True, seed=SEED, storage_options=storage_options, **stream_kw)
     dl = loader(ds, num_workers=workers)
     distinct: list[int] = []
     collate_s, procs, cpu0, main0 = 0.0, [], 0.0, 0.0
@@ -355,11 +320,490 @@ def profile_pipeline(shards_dir: Path, batches: int) -> tuple[str, dict[str, flo
     return head + "\n" + "\n".join(out.getvalue().splitlines()[:40]), {k: v / total for k, v in own.items()}
 
 
-# ------------------------------------------------------------------------------------------------- main
+# ------------------------------------------------------------------------ the decode floor and stage costs
 
 
-def _v(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
+def huge_page_slot(shape: tuple[int, ...]) -> np.ndarray:
+    """An uninitialised uint8 array of ``shape`` inside one 2 MiB-aligned stretch of a numpy allocation (numpy asks
+    for transparent huge pages on large ones), starting where the loader's batches start relative to a 32-byte
+    boundary (:data:`wsishard.streaming.ring.ROW_OFFSET`: a 32-byte aligned row makes libjpeg-turbo use slower
+    non-temporal stores here): the fastest memory the floor's decoder can write into."""
+    from wsishard.streaming.ring import ROW_OFFSET
+
+    nbytes = math.prod(shape)
+    huge = 2 << 20
+    base = np.empty(nbytes + 2 * huge, dtype=np.uint8)
+    start = -base.ctypes.data % huge + ROW_OFFSET
+    return base[start : start + nbytes].reshape(shape)
+
+
+def _blobs(shards_dir: str) -> list[bytes]:
+    """Every sample's image bytes, in shard order, read by the stream's own reader."""
+    from wsishard.streaming.sources import stream
+    from wsishard.streaming.stages import read_shard
+
+    ds = stream(shards_dir, batch_size=1, resampled=False, seed=0)
+    return [raw["image"] for ref in ds.shards for raw in read_shard(ref, ds.opener)]
+
+
+class _FloorProbe(torch.utils.data.IterableDataset[dict[str, Any]]):
+    """In each worker: ``n`` decodes per decoder, ``ROUNDS`` interleaved rounds; yields one dict of timings."""
+
+    def __init__(self, shards_dir: str, n: int, names: tuple[str, ...] = DECODERS) -> None:
+        super().__init__()
+        self.shards_dir, self.n, self.names = shards_dir, n, names
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        import imagecodecs
+        from PIL import Image
+
+        blobs = _blobs(self.shards_dir)
+        slot = huge_page_slot((*np.asarray(Image.open(io.BytesIO(blobs[0]))).shape[:2], 3))  # (h, w, 3) uint8
+
+        def pil(data: bytes) -> None:
+            np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))  # (h, w, 3) uint8
+
+        def turbo(data: bytes) -> None:
+            imagecodecs.jpeg8_decode(data, out=slot)
+
+        into_batches = _BatchSlots((*slot.shape[:2], 3)) if "turbo_batch" in self.names else None
+
+        def turbo_batch(data: bytes) -> None:
+            imagecodecs.jpeg8_decode(data, out=into_batches.next())  # type: ignore[union-attr]
+
+        every: dict[str, Callable[[bytes], None]] = {"pil": pil, "turbo": turbo, "turbo_batch": turbo_batch}
+        decoders = {name: every[name] for name in self.names}
+        per_round = max(self.n // ROUNDS, 1)
+        for fn in decoders.values():
+            for data in blobs[:50]:  # warm-up
+                fn(data)
+        wall = dict.fromkeys(decoders, 0.0)
+        cpu = dict.fromkeys(decoders, 0.0)
+        for r in range(ROUNDS):  # every image decoded once a round or more (n >= the build's samples)
+            work = [blobs[(r * per_round + i) % len(blobs)] for i in range(per_round)]
+            for name, fn in decoders.items():
+                t0, c0 = time.perf_counter(), time.process_time()
+                for data in work:
+                    fn(data)
+                wall[name] += time.perf_counter() - t0
+                cpu[name] += time.process_time() - c0
+        done = per_round * ROUNDS
+        yield {name: {"samples_per_s": done / wall[name], "cpu_samples_per_s": done / cpu[name]} for name in decoders}
+
+
+class _BatchSlots:
+    """Successive slots of batches in the loader's own batch memory: a worker's ring of shared-memory buffers
+    (:class:`~wsishard.streaming.ring.BatchBuffers`, 4 KiB pages, made and faulted in before the first batch), three
+    in turn as under a loader whose main process holds one batch while two are prefetched."""
+
+    def __init__(self, hw_c: tuple[int, int, int], batch: int = 256) -> None:
+        from wsishard.streaming.ring import BatchBuffers, Lending
+
+        self.ring = BatchBuffers((batch, *hw_c), shared=True, lending=Lending(reuse=True, prefill=3))
+        self.held: list[Any] = []  # tickets of the buffers "the main process" holds, oldest first
+        self.batch, self.slots, self.i = batch, np.empty((0, *hw_c), dtype=np.uint8), batch
+
+    def next(self) -> np.ndarray:
+        if self.i == self.batch:
+            image, ticket = self.ring.take()
+            self.held.append(ticket)
+            if len(self.held) > 2:
+                old = self.held.pop(0)
+                old.flags[old.slot] = 0  # handed back, as the main process does once a batch is let go
+            self.slots, self.i = image.numpy(), 0
+        self.i += 1
+        return self.slots[self.i - 1]
+
+
+def decode_floor(shards_dir: str, workers: int, n: int, decoders: tuple[str, ...] = DECODERS) -> dict[str, Any]:
+    """Per-worker decode rates with ``workers`` decoding at once: mean over workers, for each of ``decoders``
+    (PIL, libjpeg-turbo into one slot, libjpeg-turbo into batch memory)."""
+    import imagecodecs
+    from PIL import features
+
+    dl = torch.utils.data.DataLoader(_FloorProbe(shards_dir, n, decoders), batch_size=None, num_workers=workers)
+    results = list(dl)
+    out: dict[str, Any] = {"workers": workers, "decodes_per_worker": n}
+    for name in decoders:
+        out[name] = {key: float(np.mean([r[name][key] for r in results])) for key in results[0][name]}
+        out[name]["libjpeg_turbo"] = imagecodecs.jpeg8_version()
+    if "pil" in out:
+        out["pil"]["libjpeg_turbo"] = features.version("libjpeg_turbo") or "not libjpeg-turbo"
+    return out
+
+
+class _StageProbe(torch.utils.data.IterableDataset[dict[str, float]]):
+    """In one worker: the pipeline over every shard, cut after each stage; yields CPU seconds per sample."""
+
+    def __init__(self, shards_dir: str, batch: int, shuffle: int) -> None:
+        super().__init__()
+        self.shards_dir, self.batch, self.shuffle = shards_dir, batch, shuffle
+
+    def __iter__(self) -> Iterator[dict[str, float]]:
+        from wsishard.streaming.decode import DecodeIntoBatches, checked_label, decode_into
+        from wsishard.streaming.sources import stream
+        from wsishard.streaming.stages import read_shard, shuffled
+
+        ds = stream(self.shards_dir, batch_size=self.batch, resampled=False, seed=0)
+        n = int(ds.counts.sum())
+        hw = ds.image_hw
+        slot = huge_page_slot((*hw, 3))  # (h, w, 3) uint8, as the floor's
+
+        def samples() -> Iterator[Any]:
+            for i, ref in enumerate(ds.shards):
+                yield from shuffled(read_shard(ref, ds.opener), self.shuffle, (0, i))
+
+        def read() -> None:
+            for ref in ds.shards:
+                for _ in read_shard(ref, ds.opener):
+                    pass
+
+        def shuffle() -> None:
+            for _ in samples():
+                pass
+
+        def fields() -> None:  # the loop's checks (the JSON parsed, the label)
+            for raw in samples():
+                checked_label(raw)
+
+        def decode() -> None:
+            for raw in samples():
+                decode_into(raw, slot)
+
+        def batches() -> tuple[float, int]:
+            """Timed from the second batch on: the ring's buffer is made (its pages faulted in) with the first, as a
+            loader's worker makes its buffers before its first batch."""
+            made = DecodeIntoBatches(self.batch, hw, drop_last=False)(samples())
+            _hand_back(next(made))
+            c0, done = time.process_time(), 0
+            for batch in made:
+                done += len(batch["key"])
+                _hand_back(batch)
+            return time.process_time() - c0, done
+
+        cuts: dict[str, Callable[[], tuple[float, int] | None]] = {"read": read, "+ shuffle": shuffle,
+            "+ checks (json, header)": fields, "+ decode into slot": decode, "+ batches": batches}  # fmt: skip
+        best = dict.fromkeys(cuts, float("inf"))
+        for _ in range(3):  # the best of three passes (the first also warms the page cache): this VM drifts
+            for name, fn in cuts.items():
+                c0 = time.process_time()
+                timed = fn()
+                cpu, done = timed if timed is not None else (time.process_time() - c0, n)
+                best[name] = min(best[name], cpu / done)
+        yield best
+
+
+def _hand_back(batch: Any) -> None:
+    """Hand a batch's buffer back at once, as the main process does once a batch is let go."""
+    ticket = batch.pop("buffer", None)
+    if ticket is not None:
+        ticket.flags[ticket.slot] = 0
+
+
+def stage_costs(shards_dir: str, batch: int, shuffle: int = 1000) -> dict[str, float]:
+    """CPU seconds per sample of a worker's pipeline cut after each stage (cumulative), in one DataLoader worker."""
+    dl = torch.utils.data.DataLoader(_StageProbe(shards_dir, batch, shuffle), batch_size=None, num_workers=1)
+    return next(iter(dl))
+
+
+# ------------------------------------------------------------------------------------------ interleaved pairs
+
+
+def _floor_process(shards_dir: str, conn: Connection) -> None:
+    """A floor process: decode the build's JPEGs by libjpeg-turbo into one hot slot, ``n`` at a time on request,
+    answering with the seconds each request took."""
+    import imagecodecs
+
+    blobs = _blobs(shards_dir)
+    slot = huge_page_slot((*imagecodecs.jpeg8_decode(blobs[0]).shape[:2], 3))  # (h, w, 3) uint8
+    for data in blobs[:50]:  # warm-up
+        imagecodecs.jpeg8_decode(data, out=slot)
+    pos = 0
+    conn.send("ready")
+    while (n := conn.recv()) is not None:
+        t0 = time.perf_counter()
+        for i in range(n):
+            imagecodecs.jpeg8_decode(blobs[(pos + i) % len(blobs)], out=slot)
+        pos += n
+        conn.send(time.perf_counter() - t0)
+
+
+def _wait_idle(procs: list[psutil.Process], poll_s: float = 0.05, limit_s: float = 60.0) -> None:
+    """Until the processes use no CPU over ``poll_s`` (the loader's workers, their prefetched batches made).
+
+    Raises:
+        RuntimeError: still busy after ``limit_s`` (a worker that never rests would otherwise hang the benchmark).
+    """
+    last, deadline = cpu_s(procs), time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        time.sleep(poll_s)
+        now = cpu_s(procs)
+        if now == last:
+            return
+        last = now
+    raise RuntimeError(f"the loader's workers were still busy after {limit_s:.0f} s; no pair can be timed")
+
+
+def interleaved_pairs(source: str, workers: int, pairs: int, k: int, *, batch: int, seed: int) -> dict[str, Any]:
+    """``pairs`` pairs of (floor slice, loader slice) with ``workers`` workers; ``k`` timed batches a loader slice.
+
+    Returns the per-pair ratios (loader samples/s per worker over floor samples/s per process) and both rates.
+    """
+    from wsishard.streaming.loader import loader
+    from wsishard.streaming.sources import stream
+
+    ctx = mp.get_context("fork")
+    pool: list[tuple[Any, Connection]] = []
+    for _ in range(workers):
+        ours, theirs = ctx.Pipe()
+        proc = ctx.Process(target=_floor_process, args=(source, theirs), daemon=True)
+        proc.start()
+        pool.append((proc, ours))
+    for _, conn in pool:
+        conn.recv()  # ready
+    floor_pids = {proc.pid for proc, _ in pool}
+    prefetch = 2  # DataLoader's default, as the benchmark's other loader runs
+    dl = loader(stream(source, batch_size=batch, resampled=True, seed=seed), num_workers=workers,
+                prefetch_factor=prefetch)  # fmt: skip
+    it = iter(dl)
+    try:
+        for _ in range(3 * workers):  # warm-up: the workers' rings made, their first batches
+            next(it)
+        procs = [p for p in psutil.Process().children() if p.pid not in floor_pids]
+        n_floor = k * batch // workers  # per floor process: as many as each loader worker makes in a slice
+        floor, load = [], []
+        for _ in range(pairs):
+            _wait_idle(procs)
+            for _, conn in pool:
+                conn.send(n_floor)
+            floor.append(float(np.mean([n_floor / conn.recv() for _, conn in pool])))
+            for _ in range(prefetch * workers + workers):  # the prefetched batches, then into the steady state
+                next(it)
+            t0 = time.perf_counter()
+            for _ in range(k):
+                next(it)
+            load.append(k * batch / (time.perf_counter() - t0) / workers)
+    finally:
+        del it  # shuts the loader's workers down
+        for proc, conn in pool:
+            conn.send(None)
+            proc.join(timeout=10)
+    ratios = [lo / fl for lo, fl in zip(load, floor, strict=True)]
+    return {"workers": workers, "pairs": pairs, "k": k, "ratios": ratios, "floor_per_worker": floor,
+            "loader_per_worker": load}  # fmt: skip
+
+
+# ------------------------------------------------------------------- resume, the one-shard and context copies
+
+
+def resume_state(state: dict[str, Any], step: int, workers: int) -> dict[str, Any]:
+    """``state`` (a fresh loader's :meth:`state_dict`) moved to after ``step`` batches taken round robin: worker
+    ``w`` took ``ceil((step - w) / workers)`` batches, the last one came from ``(step - 1) % workers``; epoch 0."""
+    taken = [max(math.ceil((step - w) / workers), 0) for w in range(workers)]
+    return {**state, "epoch": 0, "batches": taken, "last_worker": (step - 1) % workers if step > 0 else None}
+
+
+def _run(source: str, workers: int, batch: int, seed: int, n: int, step: int | None) -> tuple[float, list[list[str]]]:
+    """Seconds from creating the loader (and loading the state of ``step``, if given) to its first batch, and the
+    keys of its first ``n`` batches."""
+    from wsishard.streaming.loader import loader
+    from wsishard.streaming.sources import stream
+
+    t0 = time.perf_counter()
+    dl = loader(stream(source, batch_size=batch, resampled=True, seed=seed), num_workers=workers)
+    if step is not None:
+        dl.load_state_dict(resume_state(dl.state_dict(), step, workers))
+    it = iter(dl)
+    keys = [list(next(it)["key"])]
+    first_s = time.perf_counter() - t0
+    keys += [list(next(it)["key"]) for _ in range(n - 1)]
+    del it  # shuts the workers down
+    return first_s, keys
+
+
+def time_resume(source: str, *, workers: int, batch: int, seed: int, steps: tuple[int, int] = (10, 10_000),
+                rounds: int = 2) -> dict[str, Any]:  # fmt: skip
+    """First-batch seconds of a fresh loader and of loaders resumed at each of ``steps`` (best of ``rounds``,
+    interleaved so that a shared machine's drift hits all alike), and whether the batches resumed at ``steps[0]``
+    (one per worker) have the keys of the uninterrupted run's batches there."""
+    check = steps[0]
+    fresh: list[float] = []
+    resumed: dict[int, list[float]] = {s: [] for s in steps}
+    same = True
+    for r in range(rounds):
+        n = check + workers if r == 0 else 1  # the first fresh run is also the uninterrupted reference
+        first_s, ref = _run(source, workers, batch, seed, n, None)
+        fresh.append(first_s)
+        for step in steps:
+            first_s, keys = _run(source, workers, batch, seed, workers if r == 0 and step == check else 1, step)
+            resumed[step].append(first_s)
+            if r == 0 and step == check:
+                same = keys == ref[check:]
+    lo, hi = (min(resumed[s]) for s in steps)
+    return {"workers": workers, "steps": list(steps), "rounds": rounds, "fresh_first_s": min(fresh),
+            "resumed_first_s": {str(s): min(resumed[s]) for s in steps},
+            "all_first_s": {"fresh": fresh, **{str(s): v for s, v in resumed.items()}}, "ratio": hi / lo,
+            "check_step": check, "check_batches": workers, "check_keys_equal": same}  # fmt: skip
+
+
+def one_shard_copy(shards_dir: Path, out_dir: Path) -> Path:
+    """``out_dir``: the samples of the build output ``shards_dir``, in manifest and tar order, in ONE shard, with
+    the source's manifest but that one shard record. Reused while the source's manifest is unchanged."""
+    from wsishard.format import shard_name
+    from wsishard.shards.writer import ShardWriter
+
+    started = _start_copy(shards_dir, out_dir)
+    if started is None:
+        return out_dir
+    manifest, dest, digest = started
+    writer = ShardWriter(dest, shard_name(0))
+    for rec in manifest.shards:
+        for key, members in _samples_of(shards_dir / rec.name).items():
+            writer.write(key, members, json.loads(members["json"])["slide_id"])
+    record = writer.commit()
+    if record.samples != manifest.total_samples:
+        raise SystemExit(f"one-shard copy holds {record.samples} samples, the source {manifest.total_samples}")
+    _finish_copy(shards_dir, out_dir, dataclasses.replace(manifest, shards=[record]), digest)
+    return out_dir
+
+
+def context_copy(shards_dir: Path, out_dir: Path) -> Path:
+    """``out_dir``: the build ``shards_dir``, shard for shard, each sample with one context member: the JPEG of the
+    sample after it in its shard. Reused while the source's manifest is unchanged."""
+    from wsishard.format import context_ext
+    from wsishard.shards.writer import ShardWriter
+
+    started = _start_copy(shards_dir, out_dir)
+    if started is None:
+        return out_dir
+    manifest, dest, digest = started
+    image, records = manifest.image_format, []
+    for rec in manifest.shards:
+        samples = _samples_of(shards_dir / rec.name)
+        keys = list(samples)
+        writer = ShardWriter(dest, rec.name)
+        for i, key in enumerate(keys):
+            own, ctx = samples[key], samples[keys[(i + 1) % len(keys)]][image]
+            members = {image: own[image], context_ext(0, image): ctx, **{e: d for e, d in own.items() if e != image}}
+            writer.write(key, members, json.loads(own["json"])["slide_id"])
+        records.append(writer.commit())
+    patch_px = manifest.options["patch"]["patch_size_px"]
+    options = {**manifest.options, "context_mpp": [CONTEXT_MPP], "context_size": patch_px}
+    _finish_copy(shards_dir, out_dir, dataclasses.replace(manifest, shards=records, options=options), digest)
+    return out_dir
+
+
+def _samples_of(shard: Path) -> dict[str, dict[str, bytes]]:
+    """A shard's samples in tar order: key -> {extension: bytes}."""
+    from wsishard.format import split_member
+
+    samples: dict[str, dict[str, bytes]] = {}
+    with tarfile.open(shard) as tar:
+        for info in tar:
+            name = split_member(info.name)
+            if name is not None:
+                samples.setdefault(name[0], {})[name[1]] = tar.extractfile(info).read()  # type: ignore[union-attr]
+    return samples
+
+
+def _start_copy(shards_dir: Path, out_dir: Path) -> tuple[Any, Any, str] | None:
+    """None where ``out_dir`` is already a copy of ``shards_dir`` as its manifest is now (its digest in the stamp);
+    else the source's manifest, a Destination for ``out_dir`` and the digest to stamp it with."""
+    from wsishard.format import MANIFEST_NAME
+    from wsishard.storage.opener import load_manifest
+    from wsishard.storage.output import Destination
+
+    digest = hashlib.sha256((shards_dir / MANIFEST_NAME).read_bytes()).hexdigest()
+    stamp = out_dir / _STAMP
+    if stamp.exists() and stamp.read_text() == digest and (out_dir / MANIFEST_NAME).exists():
+        return None
+    manifest, _ = load_manifest(str(shards_dir))
+    dest = Destination(str(out_dir))
+    dest.makedirs()
+    return manifest, dest, digest
+
+
+def _finish_copy(shards_dir: Path, out_dir: Path, manifest: Any, digest: str) -> None:
+    """End a copy into ``out_dir``: the source's slide records, ``manifest``, then the stamp that lets
+    :func:`_start_copy` reuse it."""
+    from wsishard.format import MANIFEST_NAME, SLIDES_NAME
+    from wsishard.storage.output import Destination
+
+    dest = Destination(str(out_dir))
+    if (shards_dir / SLIDES_NAME).exists():  # a version-2 manifest: its slide records beside it, written first
+        dest.write_bytes(SLIDES_NAME, (shards_dir / SLIDES_NAME).read_bytes())
+    dest.write_bytes(MANIFEST_NAME, manifest.to_json().encode())
+    (out_dir / _STAMP).write_text(digest)
+
+
+# ------------------------------------------------------------------------------------------------ sampling
+
+
+def _tissue(t: Any) -> Any:
+    return t["tissue"] >= 0.75
+
+
+def labelled(workdir: Path, mode: Mode) -> Path:
+    """bench_stream's build for ``mode``, rebuilt once with slide labels (every fifth slide label 1), and indexed."""
+    from wsishard.builder.grid import PatchOptions
+    from wsishard.builder.options import BuildOptions
+    from wsishard.builder.run import build
+
+    slides, _ = prepare(workdir, mode)
+    out = workdir / mode.name / "labelled"
+    if (out / "manifest.json").exists() and (out / "index.npz").exists():
+        return out
+    labels = {p: int(i % 5 == 4) for i, p in enumerate(slides)}
+    opts = BuildOptions(patch=PatchOptions(target_mpp=TARGET_MPP, patch_size_px=PATCH_PX), jobs=2, qc=False,
+                        shard_samples=mode.shard_samples, seed=0, labels=labels)  # fmt: skip
+    log(f"building labelled shards in {out}")
+    build(slides, str(out), opts)
+    return out
+
+
+def sampling_rounds(source: str, mode: Mode, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+    """The loader alone (2 workers) unweighted, with ``weights="class"`` and with ``select=`` (tissue >= 0.75), in
+    interleaved rounds: each round's ratios to the unweighted loader, their median, the unweighted median rate."""
+    extra: dict[str, dict[str, Any]] = {"unweighted": {}, "class": {"weights": "class"}, "select": {"select": _tissue}}
+
+    def run(kind: str) -> float:
+        return float(time_wsishard(source, 2, mode.batches, to_device=False, storage_options=storage_options,
+                                   **extra[kind])["samples_per_s"])  # fmt: skip
+
+    runs = interleaved(max(mode.rounds, 3), {k: partial(run, k) for k in SAMPLING_KINDS}, log)
+    out: dict[str, Any] = {"rounds": runs, "unweighted_samples_per_s": median_range([r["unweighted"] for r in runs])[0]}
+    for kind in SAMPLING_KINDS[1:]:
+        ratio = median_range([r[kind] / r["unweighted"] for r in runs])[0]
+        out[kind] = {"ratio": ratio, "pass": ratio >= SAMPLING_TARGET}
+    return out
+
+
+def run_sampling(mode: Mode, workdir: Path, s3: bool) -> int:
+    """``--sampling``: weighted and selected streaming against unweighted (:func:`sampling_rounds`), local and from
+    S3 (moto), on the build for ``mode`` rebuilt with labels (:func:`labelled`); its table and JSON line."""
+    out = labelled(workdir, mode)
+    result: dict[str, Any] = {"mode": mode.name, "workers": 2, "batch": BATCH, "loadavg_1m_start": load(),
+                              "local": sampling_rounds(str(out), mode, None)}  # fmt: skip
+    if s3:
+        with moto_s3(out, "wsishard-sampling", "out") as (url, options):
+            result["s3"] = sampling_rounds(url, mode, options)
+    kinds = SAMPLING_KINDS[1:]
+    rows = [[where, f"{r['unweighted_samples_per_s']:.0f}", *(f"{r[k]['ratio']:.2f}x {verdict(r[k]['pass'])}"
+             for k in kinds)] for where, r in ((w, result[w]) for w in ("local", "s3") if w in result)]  # fmt: skip
+    n = len(result["local"]["rounds"])
+    caption = (f"Loader samples/s against the unweighted loader, {mode.name} build, batch {BATCH}, 2 workers (median "
+               f"of {n} interleaved rounds; target >= {SAMPLING_TARGET}x)")  # fmt: skip
+    print(markdown(("source", "unweighted samples/s", *(f"{k} (ratio)" for k in kinds)), rows, caption))
+    print("JSON: " + json.dumps(result))
+    return 0
+
+
+# -------------------------------------------------------------------------------------------- tables, main
+
+
+def _cells(row: tuple[str, ...]) -> tuple[str, ...]:
+    """A row's cells as the table prints them: an indented figure (a detail of the row above) marked with a dot."""
+    return tuple(("· " if cell.startswith("  ") else "") + cell.strip() for cell in row)
 
 
 def _floor_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -391,12 +835,6 @@ def _floor(r: dict[str, Any], workers: int) -> tuple[str, dict[str, float]]:
     return ("libjpeg-turbo" if name == "turbo" else "PIL"), (turbo if name == "turbo" else fl[name])
 
 
-def _spread(values: list[float]) -> str:
-    """The median of per-round values, and their range when there are several rounds."""
-    mid = float(np.median(values))  # three decimals: a verdict's 0.849x must not print as 0.85x
-    return f"{mid:.3f}x" + (f" [{min(values):.2f}-{max(values):.2f}]" if len(values) > 1 else "")
-
-
 def _loader_rows(r: dict[str, Any], w: int) -> list[tuple[str, str, str, str]]:
     """Loader alone against the floor (the target), device-ready against the loader alone: per round, side by side;
     the median round's ratio is the verdict's, the range across rounds in brackets."""
@@ -415,10 +853,10 @@ def _loader_rows(r: dict[str, Any], w: int) -> list[tuple[str, str, str, str]]:
             _verdict_row(f"  per worker / {name} floor ({w} worker(s) decoding; before and after){n}",
                          _round_ratios(rounds, w)),
             *_pair_rows(r["pairs"][str(w)]),
-            ("  per worker CPU-s / the floor's CPU-s", _spread(z), "", ""),
-            ("  per worker / the floor into batch memory; / PIL floor", f"{_spread(batch)}; {_spread(pil)}", "", ""),
+            ("  per worker CPU-s / the floor's CPU-s", spread(z), "", ""),
+            ("  per worker / the floor into batch memory; / PIL floor", f"{spread(batch)}; {spread(pil)}", "", ""),
             (f"  device-ready on {DEVICE.type} (GpuCollate in the main process) / loader alone{n}",
-             f"{dev['samples_per_s']:,.0f}/s; {_spread(d)}", f">= {pd}x", _v(float(np.median(d)) >= pd)),
+             f"{dev['samples_per_s']:,.0f}/s; {spread(d)}", f">= {pd}x", verdict(median_range(d)[0] >= pd)),
             ("  collate per batch; main process CPU per batch", f"{dev['collate_ms_per_batch']:,.0f} ms; "
              f"{dev['main_cpu_ms_per_batch']:,.0f} ms", "", "")]  # fmt: skip
 
@@ -431,7 +869,7 @@ def _round_ratios(rounds: list[dict[str, Any]], w: int) -> list[float]:
 def _verdict_row(label: str, ratios: list[float]) -> tuple[str, str, str, str]:
     """The loader-vs-floor target's row: the median ratio (and range) against the target, PASS or MISS."""
     pf = TARGETS["per_worker_vs_floor"]
-    return label, _spread(ratios), f">= {pf}x", _v(float(np.median(ratios)) >= pf)
+    return label, spread(ratios), f">= {pf}x", verdict(median_range(ratios)[0] >= pf)
 
 
 def _pair_rows(p: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -467,7 +905,7 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     rows += _stage_rows(r)
     first, loader_first = r["w2"]["first_batch_s"], r["w2"]["first_batch_loader_s"]
     rows.append(("first batch, local, 2 workers, device-ready", f"{first:.2f} s (loader {loader_first:.2f} s)",
-                 f"< {t['first_batch_s']:.0f} s", _v(first < t["first_batch_s"])))  # fmt: skip
+                 f"< {t['first_batch_s']:.0f} s", verdict(first < t["first_batch_s"])))  # fmt: skip
     if "error" in r["s3"]:
         rows.append(("S3 (moto), 2 workers", f"failed: {r['s3']['error']}", f">= {t['s3_vs_local']}x", "MISS"))
     else:
@@ -475,7 +913,7 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             local = r["s3_local" if key == "s3" else "s3_local_loader"]["samples_per_s"]
             x = r[key]["samples_per_s"] / local
             rows.append((f"S3 (moto, in-process), 2 workers, {name}", f"{r[key]['samples_per_s']:,.0f}/s = "
-                         f"{x:.2f}x local", f">= {t['s3_vs_local']}x", _v(x >= t["s3_vs_local"])))  # fmt: skip
+                         f"{x:.2f}x local", f">= {t['s3_vs_local']}x", verdict(x >= t["s3_vs_local"])))  # fmt: skip
         s3l, w2l = r["s3_loader"], r["s3_local_loader"]
         rows.append(("  loader alone, CPU: workers per sample; main", f"{1e3 / s3l['cpu_per_worker']:.2f} vs "
                      f"{1e3 / w2l['cpu_per_worker']:.2f} ms local; {s3l['main_cpu_ms_per_batch']:,.0f} (moto) vs "
@@ -496,14 +934,14 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             x = r[key]["samples_per_s"] / ws["samples_per_s"]
             target = key == "w2_loader"  # the target is the loader's; device-ready on a CPU shares its cores
             rows.append((f"  wsishard ({name}) / wsistream", f"{x:,.1f}x",
-                         f">= {t['vs_wsistream']:.0f}x" if target else "", _v(x >= t["vs_wsistream"]) if target
+                         f">= {t['vs_wsistream']:.0f}x" if target else "", verdict(x >= t["vs_wsistream"]) if target
                          else ""))  # fmt: skip
     else:
         rows.append(("wsistream", "not installed", f">= {t['vs_wsistream']:.0f}x", "n/a"))
     d = r["diversity"]
     rows.append((f"distinct slides / batch of {BATCH} (of {d['slides']})", f"{d['mean']:.2f} vs {d['uniform']:.2f}"
                  f" uniform = {d['ratio']:.2f}x", f">= {t['diversity_vs_uniform']}x",
-                 _v(d["ratio"] >= t["diversity_vs_uniform"])))  # fmt: skip
+                 verdict(d["ratio"] >= t["diversity_vs_uniform"])))  # fmt: skip
     return rows
 
 
@@ -514,14 +952,14 @@ def _resume_split_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     x = one["samples_per_s"] / many["samples_per_s"]
     return [(f"first batch resumed at step {RESUME_STEPS[0]:,} / {RESUME_STEPS[1]:,}, 2 workers, loader",
              f"{early:.2f} / {late:.2f} s = {res['ratio']:.2f}x", f"<= {t['resume_late_vs_early']}x",
-             _v(res["ratio"] <= t["resume_late_vs_early"])),
+             verdict(res["ratio"] <= t["resume_late_vs_early"])),
             ("  fresh loader (not resumed), first batch", f"{res['fresh_first_s']:.2f} s", "", ""),
             (f"  resumed batches at step {RESUME_STEPS[0]} == uninterrupted run's",
              f"keys {'equal' if res['check_keys_equal'] else 'DIFFER'} ({res['check_batches']} batches)", "equal",
              "PASS" if res["check_keys_equal"] else "FAIL"),
             (f"1 shard (sample-level split) vs {many['shards']} shards, 2 workers, loader alone",
              f"{one['samples_per_s']:,.0f} vs {many['samples_per_s']:,.0f}/s = {x:.2f}x",
-             f">= {t['one_shard_vs_many']}x", _v(x >= t["one_shard_vs_many"]))]  # fmt: skip
+             f">= {t['one_shard_vs_many']}x", verdict(x >= t["one_shard_vs_many"]))]  # fmt: skip
 
 
 def _user_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -540,28 +978,9 @@ def _user_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def _print_table(rows: list[tuple[str, str, str, str]]) -> None:
-    """A Markdown table (the performance page shows it as printed): the first row is the header."""
-    for i, row in enumerate(rows):
-        cells = [("· " if cell.startswith("  ") else "") + cell.strip().replace("|", "/") for cell in row]
-        print("| " + " | ".join(cells) + " |")
-        if i == 0:
-            print("|---|---|---|---|")
-
-
-def _step(name: str, fn: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any) -> dict[str, Any]:
-    log(name)
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    out["step_s"] = round(time.perf_counter() - t0, 2)
-    return out
-
-
 def measure(mode: Mode, slides: list[str], shards_dir: Path, user_dir: Path | None = None) -> dict[str, Any]:
     """Every figure, in one run. Each S3 run directly follows its local twin: the load of a shared machine
     drifts within minutes, so the S3 / local ratio compares neighbours."""
-    from streambench_floor import DECODERS, stage_costs
-
     local, n = str(shards_dir), mode.batches
     r: dict[str, Any] = {}
     rounds: list[dict[str, Any]] = []
@@ -581,7 +1000,7 @@ def measure(mode: Mode, slides: list[str], shards_dir: Path, user_dir: Path | No
     r["collate"] = _step("GpuCollate alone", time_collate)
     r["metas"] = _step("a batch's .json read", time_metas, local)
     s3_error = ""
-    with contextlib.ExitStack() as stack:
+    with ExitStack() as stack:
         try:
             url, opts = stack.enter_context(moto_s3(shards_dir, BUCKET, PREFIX))
         except Exception as exc:  # report exactly what fails; the other figures still count
@@ -609,8 +1028,6 @@ def measure(mode: Mode, slides: list[str], shards_dir: Path, user_dir: Path | No
 def _sandwich(src: str, w: int, mode: Mode, tag: str, decoders: tuple[str, ...]) -> dict[str, Any]:
     """One round's loader alone with ``w`` workers between two floors: ``decoders`` before it, libjpeg-turbo again
     right after it (the ratio takes the geometric mean of the two, :func:`_floor`)."""
-    from streambench_floor import decode_floor
-
     return {f"floor{w}": _step(f"decode floor, {w} worker(s){tag}", decode_floor, src, w, mode.floor_samples,
                                decoders),
             f"w{w}_loader": _step(f"wsishard, {w} worker(s), loader alone{tag}", time_wsishard, src, w, mode.batches,
@@ -620,12 +1037,10 @@ def _sandwich(src: str, w: int, mode: Mode, tag: str, decoders: tuple[str, ...])
 
 
 def measure_pairs(mode: Mode, src: str, tag: str) -> dict[str, Any]:
-    """The loader alone against the libjpeg-turbo floor in interleaved pairs (:mod:`streambench_pairs`), 1 and 2
+    """The loader alone against the libjpeg-turbo floor in interleaved pairs (:func:`interleaved_pairs`), 1 and 2
     workers."""
-    from streambench_pairs import interleaved
-
-    return {str(w): _step(f"interleaved pairs, {w} worker(s){tag}", interleaved, src, w, mode.pairs, PAIR_BATCHES[w],
-                          batch=BATCH, seed=SEED) for w in (1, 2)}  # fmt: skip
+    return {str(w): _step(f"interleaved pairs, {w} worker(s){tag}", interleaved_pairs, src, w, mode.pairs,
+                          PAIR_BATCHES[w], batch=BATCH, seed=SEED) for w in (1, 2)}  # fmt: skip
 
 
 def measure_user(mode: Mode, user_dir: Path) -> dict[str, Any]:
@@ -659,8 +1074,6 @@ def measure_wide(mode: Mode, shards_dir: Path) -> dict[str, Any]:
 
 def measure_resume_split(mode: Mode, shards_dir: Path) -> dict[str, Any]:
     """Resume cost, then the same samples from one shard and from the build's shards, back to back."""
-    from streambench_resume import one_shard_copy, time_resume
-
     from wsishard.storage.opener import load_manifest
 
     r: dict[str, Any] = {}
@@ -676,18 +1089,15 @@ def measure_resume_split(mode: Mode, shards_dir: Path) -> dict[str, Any]:
 
 def measure_context(mode: Mode, shards_dir: Path) -> dict[str, Any]:
     """The loader alone, 2 workers, on the build without context and on its copy with one context scale
-    (:mod:`streambench_context`), in alternating rounds (at least 2): samples/s, and decoded images/s (a sample with
+    (:func:`context_copy`), in alternating rounds (at least 2): samples/s, and decoded images/s (a sample with
     K context scales decodes 1 + K images)."""
-    from streambench_context import context_copy
-
     ctx_dir = context_copy(shards_dir, shards_dir.parent / "context")
-    rounds = []
-    for k in range(max(mode.rounds, 2)):
-        rounds.append({f"scales{n}": _step(f"{n} context scale(s), 2 workers, loader alone (round {k + 1})",
-                                           time_wsishard, str(src), 2, mode.batches, to_device=False)
-                       for n, src in ((0, shards_dir), (1, ctx_dir))})  # fmt: skip
-    median = {key: float(np.median([rd[key]["samples_per_s"] for rd in rounds])) for key in ("scales0", "scales1")}
-    cpu = {key: float(np.median([rd[key]["cpu_per_worker"] for rd in rounds])) for key in ("scales0", "scales1")}
+    runs = {f"scales{n}": partial(_step, f"{n} context scale(s), 2 workers, loader alone", time_wsishard, str(src), 2,
+                                  mode.batches, to_device=False)
+            for n, src in ((0, shards_dir), (1, ctx_dir))}  # fmt: skip
+    rounds = interleaved(max(mode.rounds, 2), runs)
+    median = {key: median_range([rd[key]["samples_per_s"] for rd in rounds])[0] for key in runs}
+    cpu = {key: median_range([rd[key]["cpu_per_worker"] for rd in rounds])[0] for key in runs}
     return {"rounds": rounds, "samples_per_s": median, "images_per_s": {k: v * (1 + int(k[-1])) for k, v in
             median.items()}, "one_vs_none": median["scales1"] / median["scales0"],
             "per_image_one_vs_none": 2 * median["scales1"] / median["scales0"], "cpu_per_worker": cpu,
@@ -711,15 +1121,13 @@ def run_context(mode: Mode, workdir: Path) -> int:
     """``--context``: the context figure alone (:func:`measure_context`) on the user's first build (a real scanner's
     mpp, every default: :func:`prepare_user`), its table and JSON line."""
     shards_dir = prepare_user(workdir)
-    load0, r = os.getloadavg()[0], {"context": measure_context(mode, shards_dir)}
+    load0, r = load(), {"context": measure_context(mode, shards_dir)}
     r["config"] = {"mode": mode.name, "batch": BATCH, "slide_mpp": USER_MPP, "batches": mode.batches,
-                   "cpus": os.cpu_count(), "loadavg_1m_start": load0, "loadavg_1m_end": os.getloadavg()[0]}  # fmt: skip
+                   "cpus": os.cpu_count(), "loadavg_1m_start": load0, "loadavg_1m_end": load()}  # fmt: skip
     print(f"Context patches: the loader alone ({mode.name} mode) on the user's first build ({USER_SLIDES} slides at "
           f"{USER_MPP} mpp, defaults) and on its copy with one context scale; 1-min load {load0:.1f} at start, "
-          f"{r['config']['loadavg_1m_end']:.1f} at end, {os.cpu_count()} cpus.\n")  # fmt: skip
-    print("| figure | measured | target | |\n|---|---|---|---|")
-    for row in _context_rows(r["context"]):
-        print("| " + " | ".join(row) + " |")
+          f"{r['config']['loadavg_1m_end']:.1f} at end, {os.cpu_count()} cpus.")  # fmt: skip
+    print(markdown(("figure", "measured", "target", ""), _context_rows(r["context"])))
     print("JSON: " + json.dumps(r, default=float, separators=(",", ":")))
     return 0
 
@@ -734,10 +1142,15 @@ def main(argv: list[str] | None = None) -> int:
                         f"options, slides at {USER_MPP} mpp): about a minute less")  # fmt: skip
     parser.add_argument("--context", action="store_true", help="only the loader with one context scale against "
                         "none (saved as bench_stream_context.json)")  # fmt: skip
+    parser.add_argument("--sampling", action="store_true", help="only the loader with weights= and select= against "
+                        "none, local and from S3 (saved as bench_sampling.json)")  # fmt: skip
+    parser.add_argument("--no-s3", action="store_true", help="with --sampling: leave out the S3 (moto) rows")
     args = parser.parse_args(argv)
     mode = QUICK if args.quick else FULL
     if args.context:
         return run_context(mode, Path(args.workdir))
+    if args.sampling:
+        return run_sampling(mode, Path(args.workdir), not args.no_s3)
     import imagecodecs
     import PIL
     from webdataset import __version__ as wds_version
@@ -745,7 +1158,7 @@ def main(argv: list[str] | None = None) -> int:
     import wsishard
     from wsishard.storage.opener import load_manifest
 
-    t_all, load0 = time.perf_counter(), os.getloadavg()[0]
+    t_all, load0 = time.perf_counter(), load()
     slides, shards_dir = prepare(Path(args.workdir), mode)
     manifest, _ = load_manifest(str(shards_dir))
     r = measure(mode, slides, shards_dir, None if args.no_user_build else prepare_user(Path(args.workdir)))
@@ -765,13 +1178,13 @@ def main(argv: list[str] | None = None) -> int:
                    "target_mpp": TARGET_MPP, "patch_px": PATCH_PX, "tissue_fraction": TISSUE_FRACTION,
                    "shards": len(manifest.shards), "samples": manifest.total_samples, "device": str(DEVICE),
                    "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "loadavg_1m_start": load0,
-                   "loadavg_1m_end": os.getloadavg()[0], "total_s": round(time.perf_counter() - t_all, 1)}  # fmt: skip
+                   "loadavg_1m_end": load(), "total_s": round(time.perf_counter() - t_all, 1)}  # fmt: skip
     if not args.json_only:
         print(f"wsishard stream benchmark ({mode.name}): {len(counts)} slides {mode.size_px}^2 px at {SLIDE_MPP} mpp"
               f" -> {manifest.total_samples} patches of {PATCH_PX} px at {TARGET_MPP} mpp in {len(manifest.shards)}"
               f" shards; device {r['config']['device']}, {os.cpu_count()} cpus, 1-min load {load0:.1f} at start,"
               f" {r['config']['loadavg_1m_end']:.1f} at end")  # fmt: skip
-        _print_table([("figure", "value", "target", ""), *_rows(r)])
+        print(markdown(("figure", "value", "target", ""), (_cells(row) for row in _rows(r))))
         if profile:
             print("\none worker's pipeline, in-process (no DataLoader), cProfile:\n" + profile)
     print("JSON: " + json.dumps(r, default=float, separators=(",", ":")))
@@ -781,7 +1194,7 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     import benchresults  # the script's own names stay its own (bench_tissue has a run())
 
-    context = "--context" in sys.argv  # a run of the context figure alone is saved apart
-    name = "bench_stream_context" if context else "bench_stream"
-    name += "_gpu" if DEVICE.type == "cuda" and not context else ""  # a GPU machine's run beside this machine's
+    alone = {"--context": "bench_stream_context", "--sampling": "bench_sampling"}  # runs of one figure, saved apart
+    name = next((alone[flag] for flag in alone if flag in sys.argv), "bench_stream")
+    name += "_gpu" if DEVICE.type == "cuda" and name == "bench_stream" else ""  # a GPU machine's run beside this one's
     sys.exit(benchresults.run(name, main, script="bench_stream"))

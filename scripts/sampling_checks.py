@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""The sampling features' "done when" figures at full size, on bench_sampling.py's labelled build (too slow for CI).
+"""The sampling features' "done when" figures at full size, on bench_stream.py --sampling's labelled build (too slow
+for CI).
 
 Example::
 
@@ -13,8 +14,7 @@ Example::
 - Resume: a loader (2 workers) with ``weights="class"`` and ``select=`` restored from its ``state_dict()`` after
   15 batches yields the uninterrupted run's next 25.
 
-Prints one line per check, a Markdown table and ``JSON: {...}``, saved as ``benchmarks/results/sampling_checks.json``
-(benchresults.py: the docs' performance page reads every file there).
+Prints a table and ``JSON: {...}``, saved as ``benchmarks/results/sampling_checks.json`` (benchresults.py).
 """
 
 from __future__ import annotations
@@ -27,14 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_sampling import labelled
-from bench_stream import FULL, QUICK
+from bench_stream import FULL, QUICK, _tissue, labelled
+from benchkit import markdown, verdict
 
 TWO = [(r, w) for r in range(2) for w in range(2)]
-
-
-def _tissue(t: Any) -> Any:
-    return t["tissue"] >= 0.75
 
 
 def _readers(source: str, per_reader: int, **kw: Any) -> list[dict[str, Any]]:
@@ -118,25 +114,13 @@ def main() -> int:
                      ("select", lambda: check_select(source)), ("resume", lambda: check_resume(source))):  # fmt: skip
         t0 = time.perf_counter()
         result[name] = {**fn(), "seconds": round(time.perf_counter() - t0, 1)}
-        print(
-            f"{name:<7} {'PASS' if result[name]['pass'] else 'MISS'}  "
-            + json.dumps({k: v for k, v in result[name].items() if k != "pass"}, default=float),
-            flush=True,
-        )
-    build = "quick" if args.quick else "full"
-    print(f"\nThe sampling features' checks ({args.samples:,} weighted draws, {build} build)")
-    print("| check | result | figures | seconds |\n|---|---|---|---|")
-    for name, got in result.items():
-        figures = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in got.items()
-                            if k not in ("pass", "seconds"))  # fmt: skip
-        print(f"| {name} | {'PASS' if got['pass'] else 'MISS'} | {figures} | {got['seconds']} |")
+    rows = [(name, verdict(r["pass"]), json.dumps({k: v for k, v in r.items() if k not in ("pass", "seconds")},
+             default=float), r["seconds"]) for name, r in result.items()]  # fmt: skip
+    print(markdown(("check", "verdict", "figures", "seconds"), rows, "The sampling features' checks at full size"))
     print("JSON: " + json.dumps(result, default=float))
-    return 0  # saved with its MISS rows, as the benchmarks are
 
 
 if __name__ == "__main__":
-    import sys
+    import benchresults
 
-    import benchresults  # saves benchmarks/results/sampling_checks.json (the docs' performance page reads it)
-
-    sys.exit(benchresults.run("sampling_checks", main))
+    raise SystemExit(benchresults.run("sampling_checks", main))
