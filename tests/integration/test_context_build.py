@@ -221,7 +221,7 @@ def test_keys_main_patches_and_shards_without_context_are_unchanged(builds: tupl
 
 def test_verify_accepts_context_and_names_a_wrong_context_member(builds: tuple[Path, Path], tmp_path: Path) -> None:
     assert verify(str(builds[1])).ok
-    from wsishard.shards.verify import SampleRules, sample_problems
+    from wsishard.shards.samplerules import SampleRules, sample_problems
 
     manifest, samples = read_output(str(builds[1]))
     rules = SampleRules.of(manifest, str(builds[1]))

@@ -58,8 +58,8 @@ class PatchOptions:
         "help": "with --allow-upsample: fail a slide whose level 0 would be upsampled more than X times"})  # fmt: skip
     mpp_tolerance: float = field(default=0.0, metadata={
         "metavar": "FRAC", "parse": "non_negative",
-        "help": "0: patches at exactly --mpp; above 0: an integer reduction of a pyramid level within this fraction "
-                "of --mpp is used as it is (actual mpp recorded; 0.05 is hs2p's default)"})  # fmt: skip
+        "help": "0: patches at exactly --mpp; above 0: an integer reduction of a pyramid level within this "
+                "fraction of --mpp is used as it is (actual mpp recorded; 0.05 is hs2p's default)"})  # fmt: skip
     block_patches: int = 4
     max_artefact: float = field(default=0.2, metadata={
         "flag": "--max-artefact-fraction", "old_flags": ("--max-artefact",), "metavar": "FRAC", "parse": "fraction",
@@ -211,6 +211,14 @@ def tissue_fractions(mask: np.ndarray, m_x0: np.ndarray, m_y0: np.ndarray, m_siz
     return (inside / area).astype(np.float32)
 
 
+def _capped(idx: np.ndarray, cap: int | None, seed: int) -> tuple[np.ndarray, int]:
+    """``idx``, or its seeded sorted subset of ``cap`` cells; and how many the cap left out."""
+    capped = max(0, idx.size - cap) if cap is not None else 0
+    if capped:
+        idx = np.sort(np.random.default_rng((seed, 0x5A3D)).choice(idx, size=cap, replace=False))
+    return idx, capped
+
+
 def candidates(l0_dims: tuple[int, int], slide_mpp: float, mask: np.ndarray, l0_per_m: float, options: PatchOptions,
                seed: int = 0, *, level_downsample: float = 1.0, artefact: np.ndarray | None = None,
                roi: np.ndarray | None = None, min_roi_coverage: float = 0.5,
@@ -254,19 +262,11 @@ def candidates(l0_dims: tuple[int, int], slide_mpp: float, mask: np.ndarray, l0_
         good = (frac >= options.min_tissue) & (fractions(roi) >= min_roi_coverage)
         dropped[1] = int(np.count_nonzero(keep & ~good))
         keep &= good
-    idx = np.flatnonzero(keep)
-    cap = options.max_patches_per_slide
-    capped = max(0, idx.size - cap) if cap is not None else 0
-    if capped:
-        idx = np.sort(np.random.default_rng((seed, 0x5A3D)).choice(idx, size=cap, replace=False))
+    idx, capped = _capped(np.flatnonzero(keep), options.max_patches_per_slide, seed)
     pig = None
     if pigment is not None:  # only the kept cells are measured
-        m_col, m_row = col[idx] * stride * m_per_o, row[idx] * stride * m_per_o
-        pig = (
-            tissue_fractions(pigment, m_col, m_row, patch * m_per_o)
-            if pigment.any()
-            else np.zeros(idx.size, np.float32)
-        )
+        at = (col[idx] * stride * m_per_o, row[idx] * stride * m_per_o)
+        pig = tissue_fractions(pigment, *at, patch * m_per_o) if pigment.any() else np.zeros(idx.size, np.float32)
     return Candidates(col=col[idx], row=row[idx], tissue=frac[idx], l0_per_o=l0_per_o, stride=stride, patch=patch,
                       total=total, dropped_artefact=dropped[0], dropped_roi=dropped[1], dropped_low=low,
                       dropped_cap=capped, pigment=pig)  # fmt: skip

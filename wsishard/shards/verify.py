@@ -7,16 +7,13 @@ and counted while the standard library's ``tarfile`` walks the members in stream
 as runs of members sharing a key, as the stream reader counts them. A shard that is missing, truncated, altered
 (even zero-filled to its original length, which a tar reader takes for a clean end) or that holds another
 number of samples is a problem. So is a shard with a sample that does not match the options
-(:class:`SampleRules`): a key outside the key grammar (a member named like a path), an image of another size
-(read from its header only: nothing is decoded) or format, a ``.json`` whose ``patch_size`` or ``patch_mpp`` disagree,
-a ``.cls`` where the slide has no label or none where it has one. ``shard-*.tar`` files that the manifest does not
+(:class:`~wsishard.shards.samplerules.SampleRules`). ``shard-*.tar`` files that the manifest does not
 list, and temporary files of an interrupted build, are warnings.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import tarfile
 from collections import Counter
@@ -26,22 +23,15 @@ from dataclasses import dataclass, field
 from typing import IO, Any, cast
 
 from wsishard.format import (
-    IMAGE_FORMATS,
-    LABEL_EXT,
-    LABEL_RANGE,
-    META_EXT,
-    image_header,
-    is_sample_key,
     is_sample_member,
     is_shard_name,
-    patch_mpp_name,
     temp_target,
 )
-from wsishard.manifest import Manifest, ShardRecord, expected_patch_size
+from wsishard.manifest import ShardRecord
 from wsishard.progress import ProgressCallback, ignore_progress
 from wsishard.shards.hashing import HashingFile
 from wsishard.shards.reader import group_members
-from wsishard.shards.verify_context import context_problems
+from wsishard.shards.samplerules import SampleRules, sample_problems
 from wsishard.storage.opener import StreamOpener, list_names, load_manifest
 from wsishard.storage.output import Destination
 from wsishard.storage.secrets import describe, redact
@@ -50,7 +40,6 @@ from wsishard.storage.urls import StorageOptions, join
 logger = logging.getLogger(__name__)
 
 _MAX_READ = 1 << 20  # bytes read of a member: headers, .json and .cls are far smaller; the rest is only hashed
-_MPP_ROUNDING = 1e-5  # relative: the recorded mpp is rounded to 6 decimals
 
 
 @dataclass(frozen=True)
@@ -220,142 +209,6 @@ def _samples(fileobj: HashingFile) -> Iterator[tuple[str, dict[str, bytes]]]:
 def _head(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
     data = tar.extractfile(member)
     return data.read(_MAX_READ) if data is not None else b""
-
-
-@dataclass(frozen=True, kw_only=True)
-class SampleRules:
-    """What every sample of a build must be, from its manifest.
-
-    Attributes:
-        patch_size_px: width = height of every image (``options.patch.patch_size_px``).
-        image_format: ``jpg``, ``png`` or ``webp``: the image member's extension and the image's header.
-        target_mpp: ``options.patch.target_mpp`` (None: not recorded, the ``.json`` mpp is not checked).
-        mpp_tolerance: ``options.patch.mpp_tolerance``: the relative distance the mpp may have from the target.
-        mpp_name: the ``.json``'s name for the patch's mpp in the manifest's format version (``patch_mpp``, or ``mpp``).
-        labels: slide id -> its label (None: unlabelled), from the manifest's slide records.
-        labelled: the build had labels (``options.labels``): for slides the manifest does not list.
-        context_scales, context_size_px: the context patches of every sample (``options.context_mpp``, ``size``).
-    """
-
-    patch_size_px: int
-    image_format: str
-    target_mpp: float | None = None
-    mpp_tolerance: float = 0.0
-    mpp_name: str = "patch_mpp"
-    labels: dict[str, int | None] = field(default_factory=dict)
-    labelled: bool = False
-    context_scales: int = 0  # len(options.context_mpp): the ctx<i> members every sample holds
-    context_size_px: int = 0  # options.context_size
-
-    @classmethod
-    def of(cls, manifest: Manifest, location: str) -> SampleRules:
-        """The rules ``manifest`` sets (``location`` names it in errors).
-
-        Raises:
-            ManifestError: the options lack the patch size.
-        """
-        options = manifest.options if isinstance(manifest.options, dict) else {}
-        patch = options.get("patch")
-        patch = patch if isinstance(patch, dict) else {}
-        target = _number(patch.get("target_mpp"))
-        return cls(patch_size_px=expected_patch_size(manifest, location), image_format=manifest.image_format,
-                   target_mpp=target if target is not None and target > 0 else None,
-                   mpp_tolerance=_number(patch.get("mpp_tolerance")) or 0.0, mpp_name=patch_mpp_name(manifest.version),
-                   labels={s.slide_id: s.label for s in manifest.slides},
-                   labelled=bool(options.get("labels")), context_scales=len(_list(options.get("context_mpp"))),
-                   context_size_px=int(_number(options.get("context_size")) or 0))  # fmt: skip
-
-
-def _list(value: object) -> list[object]:
-    return value if isinstance(value, list) else []
-
-
-def _number(value: object) -> float | None:
-    """``value`` as a float when it is a JSON number (not a bool), else None."""
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def sample_problems(key: str, members: dict[str, bytes], rules: SampleRules | None) -> list[tuple[str, str]]:
-    """``(problem, detail)`` for each way a sample breaks the format or, with ``rules``, the manifest's options
-    (empty: it matches). ``problem`` reads after a count ("3 samples ..."); ``detail`` describes this sample."""
-    if not is_sample_key(key):
-        return [("samples are not named <slide>_x<X>_y<Y>.<ext> (a path, or not a wsishard sample)", "")]
-    image_ext = next((ext for ext in IMAGE_FORMATS if ext in members), None)
-    if image_ext is None or META_EXT not in members:
-        return [(f"samples lack an image or .{META_EXT}", "")]
-    if rules is None:
-        return []
-    return [*_image_problems(members[image_ext], image_ext, rules), *_meta_problems(members[META_EXT], rules),
-            *_label_problems(key, members.get(LABEL_EXT), rules),
-            *context_problems(members, rules.image_format, rules.context_scales, rules.context_size_px)]  # fmt: skip
-
-
-def _image_problems(data: bytes, ext: str, rules: SampleRules) -> list[tuple[str, str]]:
-    header, want = image_header(data), rules.image_format
-    if header is None:
-        return [("images have no JPEG, PNG or WebP header", f"a .{ext} member")]
-    image_format, width, height = header
-    problems = []
-    if ext != want or image_format != want:
-        problems.append((f"images are not {want} as the manifest's image_format says", f"a {image_format} as .{ext}"))
-    px = rules.patch_size_px
-    if (width, height) != (px, px):
-        wrong = f"samples are not {px}x{px} px as the manifest's patch_size_px {px} says"
-        problems.append((wrong, f"{width}x{height} px"))
-    return problems
-
-
-def _meta_problems(data: bytes, rules: SampleRules) -> list[tuple[str, str]]:
-    try:
-        meta = json.loads(data)
-    except (ValueError, RecursionError):  # RecursionError: nested too deep for the parser
-        meta = None
-    if not isinstance(meta, dict):
-        return [(f"samples' .{META_EXT} is not a JSON object", "")]
-    problems = []
-    if "label" in meta and not _is_label(meta["label"]):
-        problems.append((f"samples' .{META_EXT} label is not an integer in int64's range", _short(meta["label"])))
-    size, mpp = meta.get("patch_size"), _number(meta.get(rules.mpp_name))
-    if size != rules.patch_size_px or isinstance(size, bool):
-        problems.append((f"samples' .{META_EXT} patch_size is not {rules.patch_size_px}", f"patch_size {size!r}"))
-    target, tolerance = rules.target_mpp, rules.mpp_tolerance
-    if target is not None and (mpp is None or abs(mpp / target - 1) > tolerance + _MPP_ROUNDING):
-        name = rules.mpp_name
-        problems.append((f"samples' .{META_EXT} {name} is off the manifest's target_mpp {target:g} by more than its "
-                         f"mpp_tolerance {tolerance:g}", f"{name} {meta.get(name)!r}"))  # fmt: skip
-    return problems
-
-
-def _label_problems(key: str, cls: bytes | None, rules: SampleRules) -> list[tuple[str, str]]:
-    slide = key.rsplit("_x", 1)[0]  # the key's slide id (coordinates are digits: the last "_x" is theirs)
-    label = rules.labels.get(slide)
-    labelled = label is not None if slide in rules.labels else rules.labelled
-    if not labelled:
-        return [] if cls is None else [(f"samples have .{LABEL_EXT} though their slide has no label", "")]
-    if cls is not None and not _is_label(cls):
-        return [(f"samples' .{LABEL_EXT} is not an integer in int64's range", f".{LABEL_EXT} {cls[:20]!r}")]
-    if cls is None:
-        return [(f"samples lack .{LABEL_EXT} though their slide is labelled", "")]
-    if label is not None and cls.strip() != str(label).encode():
-        return [
-            (f"samples' .{LABEL_EXT} differs from their slide's label", f".{LABEL_EXT} {cls[:20]!r}, label {label}")
-        ]
-    return []
-
-
-def _is_label(value: object) -> bool:
-    """Whether ``value`` (a ``.json`` label, or a ``.cls``'s bytes) is a label the stream can hand over."""
-    if isinstance(value, bytes):
-        try:
-            value = int(value)
-        except ValueError:  # not digits, or more than Python reads
-            return False
-    return isinstance(value, int) and not isinstance(value, bool) and value in LABEL_RANGE
-
-
-def _short(value: object) -> str:
-    text = json.dumps(value) if isinstance(value, int | float | str | bool) or value is None else type(value).__name__
-    return f"label {text if len(text) <= 24 else text[:12] + f'... ({len(text)} characters)'}"
 
 
 def _duplicates(shards: list[ShardRecord]) -> list[str]:

@@ -102,6 +102,31 @@ class Source:
     where: str  # redacted, for messages
 
 
+def _check_weights(weights: Weights | None) -> None:
+    """Refuse a ``weights`` that is no mode, mapping or function."""
+    if isinstance(weights, str) and weights not in ("class", "slide"):
+        raise ValueError(
+            f"weights= must be 'class', 'slide', a {{label: weight}} mapping or a function, got {weights!r}"
+        )
+    if isinstance(weights, Mapping):
+        sampling.check_mapping(weights)
+
+
+def _weighted_totals(plan: SamplingPlan, weights: Weights, label_counts: np.ndarray, slide_count: np.ndarray,
+                     slides: int, totals: np.ndarray) -> np.ndarray:  # fmt: skip
+    """Each shard's weight in all under ``weights`` (a weight function's ``totals`` come from the scan); the
+    per-slide or per-label weights are set on ``plan``."""
+    if callable(weights):
+        return totals
+    if weights == "slide":
+        per_slide = np.bincount(plan.slide_global, weights=slide_count, minlength=slides)
+        object.__setattr__(plan, "slide_weight", sampling.inverse(per_slide))
+        return sampling.csr_totals(plan.slide_ptr, slide_count * plan.slide_weight[plan.slide_global])
+    label_weight = sampling.label_weights(plan.labels, label_counts.sum(axis=0), weights)
+    object.__setattr__(plan, "label_weight", label_weight)
+    return label_counts @ label_weight
+
+
 def plan_sampling(sources: Sequence[Source], *, select: Select | None, weights: Weights | None,
                   proportions: Sequence[float] | None, storage_options: StorageOptions | None,
                   opener: Opener, share: Share | None = None) -> SamplingPlan:  # fmt: skip
@@ -114,12 +139,7 @@ def plan_sampling(sources: Sequence[Source], *, select: Select | None, weights: 
             not match its manifest, or a shard index that does not match its shard.
         ValueError: bad ``weights``/``proportions``, or ``select``/a weight function returning bad values.
     """
-    if isinstance(weights, str) and weights not in ("class", "slide"):
-        raise ValueError(
-            f"weights= must be 'class', 'slide', a {{label: weight}} mapping or a function, got {weights!r}"
-        )
-    if isinstance(weights, Mapping):
-        sampling.check_mapping(weights)
+    _check_weights(weights)
     summaries = [_summary(src, storage_options) for src in sources]
     urls = [join(src.root, rec.name) for src in sources for rec in src.manifest.shards]
     index_urls = tuple(join(src.root, index_name(rec.name)) for src in sources for rec in src.manifest.shards)
@@ -140,15 +160,7 @@ def plan_sampling(sources: Sequence[Source], *, select: Select | None, weights: 
         plan.selected[:] = label_counts.sum(axis=1)
     if weights is None:
         return plan
-    if callable(weights):
-        pass
-    elif weights == "slide":
-        per_slide = np.bincount(slide_global, weights=slide_count, minlength=int(offsets[-1]))
-        object.__setattr__(plan, "slide_weight", sampling.inverse(per_slide))
-        totals = sampling.csr_totals(plan.slide_ptr, slide_count * plan.slide_weight[slide_global])
-    else:
-        object.__setattr__(plan, "label_weight", sampling.label_weights(labels, label_counts.sum(axis=0), weights))
-        totals = label_counts @ plan.label_weight
+    totals = _weighted_totals(plan, weights, label_counts, slide_count, int(offsets[-1]), totals)
     per_source = np.bincount(source_of, weights=totals, minlength=len(sources))
     scales = sampling.proportion_scales(per_source, proportions)[source_of]
     plan.scales[:] = scales
