@@ -70,6 +70,7 @@ DEFERRED_IMPORTS = {
         for m in (
             "wsishard.builder.run",
             "wsishard.builder.merge",
+            "wsishard.builder.qcdraw",
             "wsishard.qc_html",
             "wsishard.report",
             "wsishard.shards.verify",
