@@ -4,6 +4,7 @@ exactly, and drawn into the same picture as the one drawn from the scan's own ob
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
@@ -62,3 +63,17 @@ def test_a_picture_drawn_from_the_saved_record_is_the_one_drawn_from_the_scan() 
     assert drawn == picture_png(qc, cands, 400, None)
     with Image.open(io.BytesIO(drawn)) as picture:
         assert picture.width == 53 and picture.height > 37  # the recorded view (never scaled up), and the legend
+
+
+def test_a_slide_id_that_no_build_gives_never_names_a_picture(tmp_path: Path) -> None:
+    from wsishard.builder.qcdraw import PictureTask, draw_picture
+    from wsishard.storage.output import Destination
+
+    qc, _ = _record()
+    dest = Destination(str(tmp_path / "out"))
+    for index, slide_id in enumerate(["../evil", "a"]):  # a tampered manifest's id, and a build's own
+        saved = ScanResult(SlideRecord(slide_id=slide_id, file="/gone.svs", status="ok"), _cands(), qc=qc)
+        dest.write_bytes(f".wsishard/scan/{index:07d}.npz", encode_scan(saved))
+    assert draw_picture(PictureTask(index=0, slide_id="../evil", path="/gone.svs", dest=dest, size_px=200)) == "none"
+    assert draw_picture(PictureTask(index=1, slide_id="a", path="/gone.svs", dest=dest, size_px=200)) == "record"
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.png")) == ["out/qc/a.png"]

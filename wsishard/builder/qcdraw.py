@@ -17,7 +17,7 @@ from wsishard.builder.pool import WorkerPool
 from wsishard.builder.qcrecord import picture_png
 from wsishard.builder.scanstate import ScanStore
 from wsishard.errors import OutputError, SlideError
-from wsishard.format import QC_INDEX_NAME, STATE_DIR, qc_picture_name
+from wsishard.format import QC_INDEX_NAME, STATE_DIR, qc_picture_name, sanitize_slide_id
 from wsishard.manifest import Manifest
 from wsishard.qc_html import qc_index
 from wsishard.slide import SlideReader, open_slide
@@ -102,7 +102,10 @@ def draw_pictures(manifest: Manifest, root: str, storage_options: StorageOptions
 
 def draw_picture(task: PictureTask) -> str:
     """Draw one slide's picture into the output; how: ``"slide"``, ``"record"`` (on the recorded view: the slide
-    could not be read) or ``"none"`` (its scan recorded no picture)."""
+    could not be read) or ``"none"`` (its scan recorded no picture, or the manifest's slide id is no name a build
+    gives: a picture is only ever written as ``qc/<id>.png``, never elsewhere)."""
+    if sanitize_slide_id(task.slide_id) != task.slide_id:
+        return "none"
     scan = ScanStore(task.dest, STATE_DIR).load(task.index, 1, qc=True)
     if scan is None or scan.qc is None or scan.record.slide_id != task.slide_id:
         return "none"
