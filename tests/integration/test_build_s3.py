@@ -249,7 +249,7 @@ def test_a_presigned_slide_url_builds_and_neither_its_query_nor_user_info_is_sto
     url = f"{base}/{name}?X-Amz-Signature={secrets[1]}&token={secrets[2]}&x-id={secrets[3]}"
     out = tmp_path / "out"
     again = url.replace(secrets[1], secrets[4])  # the same object, presigned again: one slide
-    manifest = build([url, again], str(out), dataclasses.replace(SMALL_BUILD, jobs=1))
+    manifest = build([url, again], str(out), dataclasses.replace(SMALL_BUILD, jobs=1, qc=True))  # and its QC page
     (record,) = manifest.slides
     assert record.status == "ok" and record.patches > 0
     assert record.file == f"{server.url}/{name}" and record.slide_id == name.rsplit(".", 1)[0]
