@@ -132,6 +132,8 @@ def _add_build_parser(sub: Any) -> None:
     groups = {key: p.add_argument_group(title) for key, title in _GROUPS.items()}
     for dest, group, f in sorted(option_fields(), key=lambda item: list(_GROUPS).index(item[1])):
         _add_option(groups[group], dest, f, _owner(dest))
+    hidden = dict(dest="qc", action="store_false", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    groups["output"].add_argument("--no-qc", **hidden)  # the default since 0.3: pictures drawn on demand
     g = groups["run"]
     g.add_argument("--overwrite", action="store_true", help="replace a build with other slides or options in OUT "
                    "(without it that is refused; the same build is resumed)")  # fmt: skip
@@ -248,15 +250,23 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from wsishard.qc_html import write_qc_page
+    from wsishard.qc_html import check_page_target, write_qc_page
     from wsishard.report import details
     from wsishard.storage.opener import load_manifest
 
     manifest, root = load_manifest(args.output, dict(args.storage_option))
     if args.html is not None:
+        check_page_target(root, args.html)  # before anything is drawn
+    if args.qc:
+        from wsishard.builder.qcdraw import draw_pictures
+
+        print(draw_pictures(manifest, root, dict(args.storage_option), jobs=args.jobs).line())
+    if args.html is not None:
         write_qc_page(manifest, root, args.html)
-    print(details(manifest, max_rows=args.rows) if args.html is None else f"{args.html}: {len(manifest.slides)} "
-          "slides, failed first")  # fmt: skip
+        hint = "" if args.qc else "; pictures missing from OUT/qc/ are drawn by inspect --qc"
+        print(f"{args.html}: {len(manifest.slides)} slides, failed first{hint}")
+    elif not args.qc:
+        print(details(manifest, max_rows=args.rows))
     return EXIT_OK
 
 
@@ -289,7 +299,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("output", help="build output folder, manifest.json path, or URL prefix")
     p.add_argument("--rows", type=cliargs.positive(int), default=50, help="rows of the slide and shard tables")
     p.add_argument("--html", metavar="FILE", help="write a page of every slide's QC picture and numbers, failed "
-                   "slides first (the build writes one as OUT/qc/index.html)")  # fmt: skip
+                   "slides first (--qc writes one as OUT/qc/index.html)")  # fmt: skip
+    p.add_argument("--qc", action="store_true", help="draw the QC pictures missing from OUT/qc/ (from what the build "
+                   "recorded; the slides are read again where they can be) and write OUT/qc/index.html")  # fmt: skip
+    p.add_argument("--jobs", type=cliargs.positive(int), default=None, metavar="N",
+                   help="with --qc: pictures drawn at once (default: all cores)")  # fmt: skip
     _add_storage_option(p)
     p.set_defaults(func=_cmd_inspect)
     p = sub.add_parser("verify", help="re-read every shard and check sizes, sha256 and sample counts")

@@ -39,7 +39,9 @@ def run_demo(output: str, say: Say, *, n_slides: int = 8, jobs: int | None = Non
     if len([n for n in existing if n.endswith((".svs", ".tif"))]) < n_slides:
         say(f"generating {n_slides} synthetic slides ({DEMO_SLIDE_PX}x{DEMO_SLIDE_PX} px at 0.25 mpp) in {slides_dir}")
         make_slides(slides_dir, n_slides, seed=0, width=DEMO_SLIDE_PX, height=DEMO_SLIDE_PX)
-    options = BuildOptions(patch=PatchOptions(target_mpp=0.5, patch_size_px=256), shard_samples=64, jobs=jobs)
+    options = BuildOptions(
+        patch=PatchOptions(target_mpp=0.5, patch_size_px=256), shard_samples=64, jobs=jobs, qc=True
+    )  # the demo shows its pictures: drawn while building
     say(f"building shards into {shards_dir}")
     start = time.perf_counter()
     manifest = build([slides_dir], shards_dir, options, progress=progress)

@@ -1,6 +1,7 @@
 """``qc/index.html``: every slide's QC picture with its numbers on one page, failed slides first, so a person can
-review a thousand slides by scrolling. Written by the build (``qc/index.html``) and by ``wsishard inspect OUT
---html FILE``. Everything from the manifest is HTML-escaped (file names and reasons are data, never markup)."""
+review a thousand slides by scrolling. Written as ``qc/index.html`` by a build with ``--qc`` and by ``wsishard
+inspect OUT --qc``, and anywhere by ``wsishard inspect OUT --html FILE``.
+Everything from the manifest is HTML-escaped (file names and reasons are data, never markup)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def write_qc_page(manifest: Manifest, root: str, path: str) -> None:
         OptionError: ``path`` is a folder, or one of the build's own files (its manifest, slide records, a shard, a
             QC picture, its state), which the page would replace; its own ``qc/index.html`` may be rewritten.
     """
-    _check_target(root, path)
+    check_page_target(root, path)
     qc = root.rstrip("/") + "/qc/"
     if not is_url(root):
         qc = os.path.relpath(os.path.join(root, "qc"), os.path.dirname(os.path.abspath(path))) + "/"
@@ -63,7 +64,8 @@ def write_qc_page(manifest: Manifest, root: str, path: str) -> None:
         fh.write(qc_index(manifest, qc.replace(os.sep, "/")))
 
 
-def _check_target(root: str, path: str) -> None:
+def check_page_target(root: str, path: str) -> None:
+    """Refuse (:class:`OptionError`) a page ``path`` that is a folder or one of the build's own files."""
     if os.path.isdir(path):
         raise OptionError(f"--html {path}: is a folder; give the page's file name ({os.path.join(path, 'qc.html')})")
     if is_url(root):

@@ -56,11 +56,22 @@ def summary(manifest: Manifest, location: str = "") -> str:
             names = ", ".join(unlabelled[:5]) + (f" and {len(unlabelled) - 5} more" if len(unlabelled) > 5 else "")
             plural = "slides" if len(unlabelled) > 1 else "slide"
             lines.append(f"  {len(unlabelled)} {plural} without a label (label -1 when streamed): {names}")
+    lines += _qc_lines(manifest, location)
     for slide in manifest.failed_slides:
         lines.append(f"  FAILED {os.path.basename(slide.file)}: {slide.reason}")
     for slide in _skipped(manifest):
         lines.append(f"  skipped {os.path.basename(slide.file)}: {slide.reason}")
     return "\n".join(lines)
+
+
+def _qc_lines(manifest: Manifest, location: str) -> list[str]:
+    """Where the QC review is (a whole build's), or how to draw it: a default build draws no picture."""
+    if "part" in manifest.extra or not location:
+        return []
+    if manifest.options.get("qc"):
+        return [f"  QC review: {location.rstrip('/')}/qc/index.html"]
+    page = f"{location.rstrip('/')}/qc/index.html"
+    return [f"  QC review: wsishard inspect {location} --qc draws the pictures and {page} (no picture drawn yet)"]
 
 
 def details(manifest: Manifest, *, max_rows: int = 50) -> str:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from buildtools import SMALL_BUILD, SMALL_BUILD_ARGS, read_output
 
+from wsishard.builder.qcdraw import draw_pictures
 from wsishard.builder.run import build
 from wsishard.shards.index import index_name
 from wsishard.shards.summary import SUMMARY_NAME
@@ -50,13 +51,17 @@ def test_build_to_s3_equals_the_local_build_and_streams_back(s3: S3Server, s3_bu
     s3.fs().invalidate_cache()
     names = sorted(p.rsplit("/", 1)[-1] for p in s3.fs().ls(url, detail=False))
     indexes = [SUMMARY_NAME, *(index_name(s.name) for s in manifest.shards)]  # the per-sample index
-    assert names == sorted([".wsishard", "manifest.json", "slides.jsonl", "qc", *(s.name for s in manifest.shards),
+    # a default build draws no QC picture (no qc/): inspect --qc draws them
+    assert names == sorted([".wsishard", "manifest.json", "slides.jsonl", *(s.name for s in manifest.shards),
                             *indexes])  # fmt: skip
     copy = _download(s3, url, tmp_path / "copy")
     local_manifest, local_samples = read_output(str(cohort_build))
     s3_manifest, _ = read_output(str(copy))
     assert s3_manifest.shards == local_manifest.shards  # same names, counts, bytes, sha256
     assert s3_manifest.slides == local_manifest.slides
+    drawn = draw_pictures(manifest, url, s3.storage_options, jobs=1)  # inspect --qc: from the recorded scans
+    assert (drawn.from_slides, drawn.from_records, drawn.without) == (len(os.listdir(cohort)), [], [])
+    s3.fs().invalidate_cache()
     qc = [p.rsplit("/", 1)[-1] for p in s3.fs().ls(f"{url}/qc", detail=False)]
     assert len(qc) == len(os.listdir(cohort)) + 1 == 9 and "index.html" in qc  # 8 pictures and the review page
     ds = stream(url, batch_size=16, resampled=False, shuffle=0, drop_last=False, storage_options=s3.storage_options)
@@ -245,7 +250,7 @@ def test_a_presigned_slide_url_builds_and_neither_its_query_nor_user_info_is_sto
     url = f"{base}/{name}?X-Amz-Signature={secrets[1]}&token={secrets[2]}&x-id={secrets[3]}"
     out = tmp_path / "out"
     again = url.replace(secrets[1], secrets[4])  # the same object, presigned again: one slide
-    manifest = build([url, again], str(out), dataclasses.replace(SMALL_BUILD, jobs=1))
+    manifest = build([url, again], str(out), dataclasses.replace(SMALL_BUILD, jobs=1, qc=True))  # and its QC page
     (record,) = manifest.slides
     assert record.status == "ok" and record.patches > 0
     assert record.file == f"{server.url}/{name}" and record.slide_id == name.rsplit(".", 1)[0]

@@ -29,7 +29,11 @@ def test_build_then_inspect_end_to_end(tmp_path: Path) -> None:
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["totals"]["shards"] == len(list(out.glob("shard-*.tar"))) >= 2
     assert manifest["options"]["shard_samples"] == 50 and manifest["extra"]["label_names"] == ["normal", "tumour"]
-    assert len(list((out / "qc").glob("*.png"))) == 3
+    assert not (out / "qc").exists() and f"wsishard inspect {out} --qc draws the pictures" in proc.stdout
+    proc = _run("inspect", str(out), "--qc")  # in two worker processes
+    assert proc.returncode == 0, proc.stderr
+    assert f"3 QC pictures drawn; review page {out}/qc/index.html" in proc.stdout
+    assert sorted(p.name for p in (out / "qc").iterdir()) == ["index.html", *(f"slide-00{i}.png" for i in range(3))]
     proc = _run("inspect", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "slide-002" in proc.stdout and "shard-000000-0000.tar" in proc.stdout and "64 px at 0.5 mpp" in proc.stdout

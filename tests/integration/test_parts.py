@@ -16,6 +16,7 @@ from wsishard.builder.inputs import find_slides
 from wsishard.builder.merge import merge
 from wsishard.builder.options import BuildProgress
 from wsishard.builder.plan import make_groups, part_groups
+from wsishard.builder.qcdraw import draw_pictures
 from wsishard.builder.run import build
 from wsishard.errors import ManifestError
 from wsishard.format import MANIFEST_NAME, SLIDES_NAME, unique_slide_ids
@@ -57,6 +58,8 @@ def test_a_part_scans_only_its_own_slides_and_two_parts_merge_to_the_one_machine
     assert 0 < len(mine) < len(paths)
     assert _scanned(out) == mine  # part 1 scanned its slides, none of part 2's
     ids = unique_slide_ids(paths)
+    assert not (out / "qc").exists()  # drawn on demand: a part's own pictures, and no review page (issue 33)
+    assert draw_pictures(first, str(out), jobs=1).from_slides == len(mine)
     assert sorted(os.listdir(out / "qc")) == sorted(f"{ids[i]}.png" for i in mine)
     assert [s.slide_id for s in first.slides] == [ids[i] for i in mine]
     assert first.extra["slide_indices"] == mine

@@ -1,7 +1,9 @@
-"""QC output of a build: pictures at ``--qc-size``, ``qc/index.html`` written by the build, ``inspect --html``."""
+"""QC output of a build: pictures at ``--qc-size``, ``qc/index.html`` written by the build with ``--qc``, ``inspect
+--html``; a default build's pictures drawn later by ``inspect --qc`` from what it recorded."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,17 +12,65 @@ from PIL import Image
 from wsishard.cli import main
 from wsishard.testing.synthetic import make_slide
 
+ARGS = ("--mpp", "1", "--patch-size", "128", "--qc-size", "800", "--jobs", "1", "-q")
+
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def slides(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("qc-slides")
     make_slide(folder / "inked.svs", width=4096, height=4096, mpp=1.0, seed=3, artefacts=("ink", "dots", "edge"))
     make_slide(folder / "blank.tif", width=1024, height=1024, tissue=False)
-    out = folder.parent / (folder.name + "-out")
-    code = main(["build", str(folder), "-o", str(out), "--mpp", "1", "--patch-size", "128", "--qc-size", "800",
-                 "--jobs", "1", "-q"])  # fmt: skip
-    assert code == 1  # the blank slide has no tissue
+    return folder
+
+
+@pytest.fixture(scope="module")
+def built(slides: Path) -> Path:
+    out = slides.parent / (slides.name + "-out")
+    assert main(["build", str(slides), "-o", str(out), *ARGS, "--qc"]) == 1  # the blank slide has no tissue
     return out
+
+
+def test_a_default_build_draws_no_picture_and_inspect_qc_draws_the_same_ones_later(
+        slides: Path, built: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["build", str(slides), "-o", str(out), *ARGS]) == 1
+    said = capsys.readouterr().out
+    assert not (out / "qc").exists()
+    assert f"QC review: wsishard inspect {out} --qc draws the pictures and {out}/qc/index.html" in said
+    assert main(["inspect", str(out), "--qc"]) == 0
+    assert f"2 QC pictures drawn; review page {out}/qc/index.html" in capsys.readouterr().out
+    for name in ("inked.png", "blank.png", "index.html"):  # the pictures and the page the build draws with --qc
+        assert (out / "qc" / name).read_bytes() == (built / "qc" / name).read_bytes(), name
+    assert main(["inspect", str(out), "--qc"]) == 0  # drawn once: a second call keeps them
+    assert "0 QC pictures drawn; 2 already there" in capsys.readouterr().out
+
+
+def test_pictures_of_slides_moved_since_are_drawn_on_the_recorded_view(
+        slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    moved = tmp_path / "slides"
+    shutil.copytree(slides, moved)
+    out = tmp_path / "out"
+    assert main(["build", str(moved), "-o", str(out), *ARGS]) == 1
+    shutil.rmtree(moved)
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--qc", "--html", str(tmp_path / "review.html")]) == 0
+    said = capsys.readouterr().out
+    assert "2 QC pictures drawn; 2 of them on the scan's recorded view (slide not readable here: blank, inked)" in said
+    with Image.open(out / "qc" / "inked.png") as picture:  # the detection view: 4096 px at 8 um/px (mpp 1)
+        assert picture.width == 512 and picture.height > 512
+    page = (tmp_path / "review.html").read_text()
+    assert 'src="out/qc/inked.png"' in page
+
+
+def test_inspect_html_without_qc_says_how_to_draw_the_missing_pictures(
+        slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    out = tmp_path / "out"
+    assert main(["build", str(slides), "-o", str(out), *ARGS]) == 1
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--html", str(tmp_path / "review.html")]) == 0
+    assert "pictures missing from OUT/qc/ are drawn by inspect --qc" in capsys.readouterr().out
+    assert not (out / "qc").exists()  # --html alone writes nothing into the build
 
 
 def test_pictures_are_at_the_qc_size_with_a_legend(built: Path) -> None:

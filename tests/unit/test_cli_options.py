@@ -71,7 +71,7 @@ def test_flags_cover_the_option_fields_the_cli_had() -> None:
     assert {"--thumb-mpp", "--tissue-median-um", "--tissue-close-um", "--min-object-um2", "--min-hole-um2",
             "--tissue-saturation-only", "--tissue-threshold"} <= flags  # fmt: skip
     assert {"--format", "--quality", "--shard-size", "--shard-samples", "--group-slides", "--seed", "--jobs",
-            "--no-qc", "--no-fast-path", "--default-mpp", "--mpp-csv", "--labels",
+            "--qc", "--no-fast-path", "--default-mpp", "--mpp-csv", "--labels",
             "--require-labels"} <= flags  # fmt: skip
     assert len(flags) == len(FLAGGED)  # no two fields share a flag
     unflagged = {"block_patches", "max_thumb_px", "min_threshold", "label_names"}
@@ -106,6 +106,13 @@ def test_flags_change_only_their_own_field() -> None:
         BuildOptions(), patch=PatchOptions(target_mpp=1.0), tissue=TissueOptions(use_darkness=False), qc=False, seed=7
     )
     assert _options(args) == expected
+
+
+def test_qc_draws_pictures_while_building_and_no_qc_is_still_accepted() -> None:
+    build = ["build", "S", "-o", "O"]
+    assert _options(parser().parse_args([*build, "--qc"])) == dataclasses.replace(BuildOptions(), qc=True)
+    assert _options(parser().parse_args([*build, "--no-qc"])) == BuildOptions()  # the default since issue 33
+    assert BuildOptions().qc is False
 
 
 @pytest.mark.parametrize(("dest", "f"), [(dest, f) for dest, _, f in FLAGGED], ids=[dest for dest, _, _ in FLAGGED])

@@ -63,6 +63,7 @@ DEFERRED_IMPORTS = {
     ("streaming/stain.py", "wsishard.storage.opener"): "slide records are read only for a stain table",
     ("builder/options.py", "wsishard.builder.keywords"): "a cycle: keywords maps BuildOptions' fields (left)",
     ("builder/tissue.py", "wsishard.builder.artefacts"): "scipy and scikit-image: not at CLI start-up",
+    ("builder/tissue.py", "wsishard.builder.morphology"): "OpenCV: not at CLI start-up",
     ("slide/__init__.py", "wsishard.slide.openslide_backend"): "OpenSlide: not at CLI start-up",
     ("slide/__init__.py", "wsishard.slide.tiff"): "tifffile: not at CLI start-up",
     **{
@@ -70,6 +71,7 @@ DEFERRED_IMPORTS = {
         for m in (
             "wsishard.builder.run",
             "wsishard.builder.merge",
+            "wsishard.builder.qcdraw",
             "wsishard.qc_html",
             "wsishard.report",
             "wsishard.shards.verify",

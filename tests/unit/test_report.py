@@ -44,7 +44,12 @@ def test_summary_counts_slides_samples_shards_and_bytes() -> None:
     lines = summary(_manifest(slides, shards), "s3://bucket/out").splitlines()
     assert lines[0] == "4 slides (2 ok, 2 failed): 2,400 patches in 3 shards (4.0 MB, png) -> s3://bucket/out"
     assert lines[1] == "  samples per shard 400..1200, slides per shard 1..2"
-    assert lines[2:] == ["  FAILED bad2.svs: no tissue found", "  FAILED bad3.svs: cannot open: bad header"]
+    assert lines[2] == ("  QC review: wsishard inspect s3://bucket/out --qc draws the pictures and "
+                        "s3://bucket/out/qc/index.html (no picture drawn yet)")  # fmt: skip
+    assert lines[3:] == ["  FAILED bad2.svs: no tissue found", "  FAILED bad3.svs: cannot open: bad header"]
+    drawn = _manifest(slides, shards)
+    drawn.options["qc"] = True  # built with --qc: the page is there
+    assert summary(drawn, "out/").splitlines()[2] == "  QC review: out/qc/index.html"
 
 
 def test_summary_totals_the_bytes_read_of_slides_in_object_storage_only_when_there_are_some() -> None:

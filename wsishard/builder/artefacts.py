@@ -33,6 +33,8 @@ import numpy as np
 from scipy import ndimage as ndi
 from skimage.morphology import disk
 
+from wsishard.builder.morphology import dilate
+
 GREY_MAX_VALUE = 0.55  # dark-grey artefacts (bubble rims, out-of-focus dirt): value below this...
 GREY_MAX_SATURATION = 0.12  # ...and saturation below this
 BROWN_HUES_DEG = (340.0, 45.0)  # melanin, haemosiderin: red-brown to golden brown (the band wraps through 0)...
@@ -149,7 +151,7 @@ def pigment_regions(candidate: np.ndarray, hue: np.ndarray, sat: np.ndarray, val
     keep = votes >= PIGMENT_MIN_SHARE * sizes
     keep[0] = False
     if keep.any():  # the place: what lies around each region (a 1 px ring)
-        ring = ndi.binary_dilation(candidate, structure=np.ones((3, 3), dtype=bool)) & ~candidate
+        ring = dilate(candidate, np.ones((3, 3), dtype=bool)) & ~candidate
         rows, cols = np.nonzero(ring)
         padded = np.pad(labels, 1, mode="edge")
         around = np.zeros(rows.size, dtype=labels.dtype)  # the region each ring pixel borders (the largest label)
@@ -175,4 +177,4 @@ def _joined(core: np.ndarray, extra: np.ndarray) -> np.ndarray:
 def _grow(mask: np.ndarray, radius: int) -> np.ndarray:
     if radius < 1 or not mask.any():
         return mask
-    return ndi.binary_dilation(mask, structure=disk(radius).astype(bool))
+    return dilate(mask, disk(radius))

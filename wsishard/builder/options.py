@@ -74,7 +74,8 @@ class BuildOptions:
         group_slides: slides per group; every shard mixes the slides of its group.
         seed: seeds every random choice of the build (>= 0).
         jobs: worker processes (None: all cores).
-        qc: write ``qc/<slide>.png`` pictures (and ``qc/index.html``).
+        qc: draw the ``qc/<slide>.png`` pictures (and ``qc/index.html``) while building; without it the build
+            records what they need and ``wsishard inspect OUT --qc`` draws them later.
         qc_size_px: the QC pictures' longest side, px (64..16384).
         fast_path: decode TIFF-family tiles directly instead of through OpenSlide.
         default_mpp: level-0 mpp for slides that report none.
@@ -118,7 +119,9 @@ class BuildOptions:
     jobs: int | None = field(default=None, metadata={
         "group": "run", "parse": "positive_int", "metavar": "N",
         "help": "worker processes (default: all cores)"})  # fmt: skip
-    qc: bool = field(default=True, metadata={"group": "output", "help": "skip the qc/<slide>.png pictures"})
+    qc: bool = field(default=False, metadata={
+        "group": "output", "help": "draw the qc/<slide>.png pictures and qc/index.html while building (default: "
+                                   "recorded only; wsishard inspect OUT --qc draws them later)"})  # fmt: skip
     qc_size_px: int = field(default=2000, metadata={
         "flag": "--qc-size", "group": "output", "parse": "positive_int", "metavar": "PX",
         "help": "longest side of the QC pictures"})  # fmt: skip

@@ -7,7 +7,6 @@ bytes per patch), so it is cheap next to extraction. Its result is small and pic
 from __future__ import annotations
 
 import errno
-import io
 import logging
 import os
 from collections.abc import Iterable, Iterator
@@ -16,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import skimage.filters.rank
-from PIL import Image
 
 from wsishard.builder.context import context_footprints, context_legend
 from wsishard.builder.grid import (
@@ -31,7 +29,8 @@ from wsishard.builder.grid import (
 from wsishard.builder.inputs import lookup
 from wsishard.builder.options import BuildOptions
 from wsishard.builder.patches import SlideWork, block_samples
-from wsishard.builder.qc import QcLayers, legend_lines, qc_picture
+from wsishard.builder.qc import QcLayers, legend_lines
+from wsishard.builder.qcrecord import QcRecord, picture_png, view_jpeg
 from wsishard.builder.roi import label_patches, roi_status, slide_roi
 from wsishard.builder.staging import Scratch, StagedSlide, local_copy, stage_scanned
 from wsishard.builder.stain import fit_or_reference
@@ -52,7 +51,6 @@ logger = logging.getLogger(__name__)
 # preloads this module) instead of each importing it again.
 _PRELOADED = (skimage.filters.rank, _openslide_backend)
 
-QC_FINEST_UM = 2.0  # QC pictures are read no finer than this many microns per px (a small slide's is small)
 _MEASURED_PATCHES = 6  # patches per slide encoded while scanning to size shards in bytes
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # writing failed for want of room or rights: not the slide's
 
@@ -116,6 +114,7 @@ class ScanResult:
     blocks: list[Block] = field(default_factory=list)
     bytes_per_patch: float | None = None
     staged: StagedSlide | None = None  # a slide copied from object storage: its patches, encoded from that copy
+    qc: QcRecord | None = None  # what its QC picture needs (None: the scan failed before finding tissue)
 
     @property
     def block_sizes(self) -> list[int]:
@@ -203,8 +202,8 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
     if options.roi.path is not None and task.roi_file is None and options.roi.missing == "skip":
         return ScanResult(replace(record, status="skipped", reason="no annotation file in --roi (--roi-missing whole "
                                                                    "builds it whole)"))  # fmt: skip
-    l0_per_t = max(options.tissue.thumb_mpp / mpp0, max(l0_w, l0_h) / options.tissue.max_thumb_px, 1.0)
-    thumb, l0_per_t = read_lowres(reader, l0_per_t)
+    asked = max(options.tissue.thumb_mpp / mpp0, max(l0_w, l0_h) / options.tissue.max_thumb_px, 1.0)
+    thumb, l0_per_t = read_lowres(reader, asked)
     found = find_tissue(thumb, l0_per_t * mpp0, options.tissue)
     mask = found.mask
     roi = slide_roi(options.roi, task.roi_file, mask.shape, l0_per_t)
@@ -215,19 +214,20 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
     if roi is not None and options.roi.labels:
         cands = label_patches(cands, roi, options.roi.labels, l0_per_t)
     record = replace(record, **_tissue_report(found, l0_per_t * mpp0, cands))
+    layers = QcLayers(mask, l0_per_t, found.ink, found.dark, None if roi is None else roi.mask, found.pigment)
+    qc = _qc_record(task, layers, asked, thumb, cands, record)
     if task.qc_name is not None:
-        layers = QcLayers(mask, l0_per_t, found.ink, found.dark, None if roi is None else roi.mask, found.pigment)
-        _write_qc(task, reader, (thumb, l0_per_t), layers, cands, record)
+        _write_qc(task, reader, thumb, qc, cands)
     if len(cands) == 0:
         reason = "no tissue found" if not mask.any() else f"no patch with >= {patch.min_tissue:.0%} tissue"
         left_out = ", ".join(f"{k} {n}" for k, n in sorted(record.filtered.items()))
-        return ScanResult(replace(record, reason=reason + (f" (left out: {left_out})" if left_out else "")))
+        return ScanResult(replace(record, reason=reason + (f" (left out: {left_out})" if left_out else "")), qc=qc)
     block_list = blocks(cands, patch.block_patches)
     work = _slide_work(record, cands, block_list)
     # the stain on the whole view, not the tissue mask: the scan's masks take darker-stained tissue for ink
     record = replace(record, stain=fit_or_reference(thumb[None], seed=_slide_seed(task)).to_record())
     measured = _bytes_per_patch(task, reader, work) if options.shard_size_bytes is not None else None
-    return ScanResult(replace(record, status="ok"), cands, block_list, measured)
+    return ScanResult(replace(record, status="ok"), cands, block_list, measured, qc=qc)
 
 
 def _tissue_report(found: TissueResult, t_mpp: float, cands: Candidates) -> dict[str, Any]:
@@ -248,38 +248,28 @@ def _tissue_report(found: TissueResult, t_mpp: float, cands: Candidates) -> dict
                 pigment_mm2=round(int(found.pigment.sum()) * mm2, 4), filtered=filtered)  # fmt: skip
 
 
-def _write_qc(task: ScanTask, reader: SlideReader, thumb: tuple[np.ndarray, float], layers: QcLayers,
-              cands: Candidates, record: SlideRecord) -> None:  # fmt: skip
-    """Draw the slide's QC picture on a view of about ``qc_size_px`` (the detection view when it is as large)
-    and write it into the output.
+def _qc_record(task: ScanTask, layers: QcLayers, asked: float, thumb: np.ndarray, cands: Candidates,
+               record: SlideRecord) -> QcRecord:  # fmt: skip
+    """What the slide's QC picture needs (:mod:`wsishard.builder.qcrecord`), drawn now or later."""
+    legend = legend_lines(tissue_mm2=record.tissue_mm2, ink_mm2=record.ink_mm2, artefact_mm2=record.artefact_mm2,
+                          kept=len(cands), filtered=record.filtered, roi=record.roi,
+                          pigment_mm2=record.pigment_mm2)  # fmt: skip
+    context = task.options.encode.context
+    footprints = context_footprints(cands, context, float(record.slide_mpp or 1))
+    legend += context_legend(context) if footprints else []
+    return QcRecord(layers, asked, float(record.slide_mpp or 1), tuple(legend), tuple(footprints), view_jpeg(thumb))
+
+
+def _write_qc(task: ScanTask, reader: SlideReader, thumb: np.ndarray, qc: QcRecord, cands: Candidates) -> None:
+    """Draw the slide's QC picture (``--qc``) and write it into the output.
 
     Raises:
         OutputError: it cannot be written (a permission, a full disk, a read-only store).
     """
-    view, l0_per_v = thumb
-    l0_w, l0_h = reader.level_dimensions[0]
-    size_px, context = task.options.qc_size_px, task.options.encode.context
-    wanted = max(1.0, max(l0_w, l0_h) / size_px, QC_FINEST_UM / float(record.slide_mpp or 1))
-    if wanted < l0_per_v * 0.9:
-        try:
-            view, l0_per_v = read_lowres(reader, wanted, dct_scaled=True)  # a picture: libjpeg's 1/2 will do
-        except SlideError as exc:  # a tile no kept patch needs may be corrupt: the slide is not failed for it
-            logger.debug("%s: QC view unreadable (%s); the detection view is used", public_location(task.path),
-                         exc.reason)  # fmt: skip
-    legend = legend_lines(tissue_mm2=record.tissue_mm2, ink_mm2=record.ink_mm2, artefact_mm2=record.artefact_mm2,
-                          kept=len(cands), filtered=record.filtered, roi=record.roi,
-                          pigment_mm2=record.pigment_mm2)  # fmt: skip
-    footprints = context_footprints(cands, context, float(record.slide_mpp or 1))
-    legend += context_legend(context) if footprints else []
-    picture = qc_picture(view, l0_per_v, layers, cands.l0_x, cands.l0_y, cands.l0_extent, legend=legend,
-                         max_side_px=size_px, footprints=footprints)  # fmt: skip
-    buf = io.BytesIO()
-    # a 256-colour palette (1.2 MB instead of 3 at 2000 px); the octree is 4x as fast as median cut, and lighter;
-    # zlib level 3: 2.5x as fast as the default 6, for a file about 15% larger
-    picture.quantize(256, method=Image.Quantize.FASTOCTREE).save(buf, "PNG", compress_level=3)
+    data = picture_png(qc, cands, task.options.qc_size_px, reader, view=thumb)
     name = task.qc_name or ""
     try:
-        task.dest.write_bytes(name, buf.getvalue())
+        task.dest.write_bytes(name, data)
     except OSError as exc:
         raise OutputError(task.dest.path(name), exc.strerror or str(exc)) from exc
 

@@ -1,7 +1,8 @@
 """Scan results saved one slide at a time, as each arrives, under ``OUT/.wsishard/scan/`` (local or object storage).
 
     scan/0000042.npz    slide 42's scan: its record (JSON bytes under ``meta``), its candidate arrays
-                        (``col``, ``row``, ``tissue``), never pickled; written atomically
+                        (``col``, ``row``, ``tissue``) and what its QC picture needs (``qc_*``,
+                        :mod:`wsishard.builder.qcrecord`), never pickled; written atomically
 
 A build interrupted while scanning keeps every slide scanned before: the next run scans only the others. The main
 process writes each result as it arrives and keeps none of them: extraction loads one group's scans at a time
@@ -20,6 +21,7 @@ import numpy as np
 
 from wsishard import manifest as manifest_records
 from wsishard.builder.grid import Candidates, blocks
+from wsishard.builder.qcrecord import is_record_array, read_record, record_arrays
 from wsishard.builder.scan import ScanResult
 from wsishard.storage.output import Destination
 
@@ -47,21 +49,27 @@ def encode_scan(scan: ScanResult) -> bytes:
         geometry = dict(l0_per_o=cands.l0_per_o, stride=cands.stride, patch=cands.patch, total=cands.total)
         arrays = {k: v.astype(np.int32) if k in _GRID else v for k, v in cands.arrays().items()}  # grid indices
     meta = dict(record=dataclasses.asdict(scan.record), cands=geometry, bytes=scan.bytes_per_patch)
+    if scan.qc is not None:
+        meta["qc"], qc_arrays = record_arrays(scan.qc)
+        arrays.update(qc_arrays)
     buf = io.BytesIO()
     np.savez_compressed(buf, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)  # type: ignore[arg-type]
     return buf.getvalue()
 
 
-def decode_scan(data: bytes, block_patches: int) -> ScanResult:
-    """A scan result from :func:`encode_scan`'s bytes, its blocks laid out with ``block_patches``."""
+def decode_scan(data: bytes, block_patches: int, *, qc: bool = False) -> ScanResult:
+    """A scan result from :func:`encode_scan`'s bytes, its blocks laid out with ``block_patches``; with its QC record
+    when ``qc`` (and it has one)."""
     with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
         meta = json.loads(arrays["meta"].tobytes())
         record = manifest_records.SlideRecord(**meta["record"])
+        drawn = read_record(meta["qc"], arrays) if qc and meta.get("qc") is not None else None
         if meta["cands"] is None:
-            return ScanResult(record)
-        got = {k: arrays[k].astype(np.int64) if k in _GRID else arrays[k] for k in arrays.files}
+            return ScanResult(record, qc=drawn)
+        got = {k: arrays[k].astype(np.int64) if k in _GRID else arrays[k] for k in arrays.files
+               if not is_record_array(k)}  # fmt: skip
         cands = Candidates.from_arrays(got, **meta["cands"])
-    return ScanResult(record, cands, blocks(cands, block_patches), meta["bytes"])
+    return ScanResult(record, cands, blocks(cands, block_patches), meta["bytes"], qc=drawn)
 
 
 class ScanStore:
@@ -77,10 +85,10 @@ class ScanStore:
     def save(self, index: int, scan: ScanResult) -> None:
         self.dest.write_bytes(f"{self.folder}/{scan_file(index)}", encode_scan(scan))
 
-    def load(self, index: int, block_patches: int) -> ScanResult | None:
-        """Slide ``index``'s saved scan, or None when it has none."""
+    def load(self, index: int, block_patches: int, *, qc: bool = False) -> ScanResult | None:
+        """Slide ``index``'s saved scan (with its QC record when ``qc``), or None when it has none."""
         data = self.dest.read_bytes(f"{self.folder}/{scan_file(index)}")
-        return None if data is None else decode_scan(data, block_patches)
+        return None if data is None else decode_scan(data, block_patches, qc=qc)
 
     def load_many(self, indices: Iterable[int], block_patches: int) -> dict[int, ScanResult]:
         """The saved scans of ``indices`` (slides without one are left out)."""

@@ -274,11 +274,12 @@ def _close(mask: np.ndarray, radius: int) -> np.ndarray:
     """Binary closing with a disk; the border is padded by replication so edge tissue is not eroded."""
     if radius < 1 or not mask.any():
         return mask
-    from scipy import ndimage as ndi
     from skimage.morphology import disk
 
+    from wsishard.builder.morphology import close
+
     padded = np.pad(mask, radius, mode="edge")
-    closed = ndi.binary_closing(padded, structure=disk(radius).astype(bool))
+    closed = close(padded, disk(radius))
     return closed[radius:-radius, radius:-radius]
 
 
