@@ -38,7 +38,7 @@ def test_scan_tasks_carry_each_slides_table_entries_not_the_tables(tmp_path: Pat
     paths = [f"/slides/{name}.svs" for name in names]
     labels = {name: i % 3 for i, name in enumerate(names)}  # by stem
     mpps = {f"{name}.svs": 0.2520 for name in names[::2]}  # by file name; odd slides report their own
-    options = BuildOptions(labels=labels, mpp_overrides=mpps, seed=7)
+    options = BuildOptions(labels=labels, mpp_overrides=mpps, seed=7, qc=True)  # pictures drawn while building
     annotations: list[str | None] = [None] * len(paths)
     annotations[6] = "/annotations/TCGA-00006.geojson"
     dest, scratch = Destination(str(tmp_path)), Scratch(str(tmp_path / "scratch"), {"anon": True}, True)

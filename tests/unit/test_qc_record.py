@@ -44,7 +44,7 @@ def test_the_qc_record_is_saved_with_the_scan_and_read_back_exactly() -> None:
         assert np.array_equal(getattr(back.layers, name), getattr(qc.layers, name))
         assert getattr(back.layers, name).dtype == bool
     assert back.layers.dark is None and back.layers.roi is None and back.layers.l0_per_m == 16.0
-    assert (back.l0_per_t_asked, back.mpp, back.legend, back.footprints) == (15.9, 0.5, qc.legend, qc.footprints)
+    assert (back.l0_per_t_asked, back.slide_mpp, back.legend, back.footprints) == (15.9, 0.5, qc.legend, qc.footprints)
     assert back.view_jpeg == qc.view_jpeg
     recorded = np.asarray(Image.open(io.BytesIO(back.view_jpeg)))
     assert recorded.shape == view.shape and np.abs(recorded.astype(int) - view).max() <= 4  # the view, in RGB order
