@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import sys
 import traceback
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import Field
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from wsishard import __version__, cliargs
-from wsishard.builder.inputs import check_output, mpp_table
-from wsishard.builder.keywords import option_fields, option_flag
-from wsishard.builder.options import BuildOptions, BuildProgress, context_mpps
+from wsishard.builder.inputs import check_output
+from wsishard.builder.options import BuildProgress
 from wsishard.builder.parts import array_part
-from wsishard.builder.roi import parse_names
-from wsishard.cliargs import format_size, parse_size
-from wsishard.deprecation import OldFlag, add_old_flag
-from wsishard.errors import OptionError, WsiShardError
+from wsishard.buildflags import add_build_flags, add_storage_option, build_options
+from wsishard.errors import WsiShardError
 from wsishard.storage.secrets import redact
 
 if TYPE_CHECKING:  # the commands' own modules are imported when one runs: ``--help`` starts without them
@@ -36,89 +31,6 @@ logger = logging.getLogger("wsishard")
 EXIT_OK, EXIT_FAILED_SLIDES, EXIT_USAGE, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
-# What an option field's metadata may name in "parse": reads its flag's value (argparse.ArgumentTypeError or
-# OptionError refuse it).
-_PARSE: dict[str, Callable[[str], Any]] = {
-    "str": str, "int": cliargs.int_, "positive_int": cliargs.positive(int), "positive_float": cliargs.positive(float),
-    "non_negative": cliargs.non_negative, "non_negative_int": cliargs.non_negative_int, "fraction": cliargs.fraction,
-    "size": parse_size, "degrees": cliargs.degrees, "names": parse_names, "mpp_table": mpp_table,
-    "label_table": cliargs.labels, "mpps": context_mpps,
-}  # fmt: skip
-_SHOW: dict[str, Callable[[Any], str]] = {"size": format_size}  # how a default is shown, by "parse" (else str)
-_GROUPS = {  # "group" in the metadata -> help section, in the order shown
-    "patches": "patches",
-    "resolution": "resolution",
-    "tissue": "tissue detection (Otsu on a low-resolution view; lengths in microns)",
-    "artefacts": "ink, dark artefacts and pigment (found on the tissue-detection view; dark pigment is tissue)",
-    "roi": "annotation regions (GeoJSON polygons in level-0 px, as QuPath exports them)",
-    "output": "output",
-    "run": "run",
-}
-
-
-def _owner(dest: str, cls: Any = BuildOptions) -> Any:
-    """The option class holding the field at ``dest`` (``patch.patch_size_px`` -> :class:`PatchOptions`)."""
-    for name in dest.split(".")[:-1]:
-        cls = next(f.default_factory for f in dataclasses.fields(cls) if f.name == name)
-    return cls
-
-
-def _flag_type(parse: Callable[[str], Any], owner: Any, f: Field[Any]) -> Callable[[str], Any]:
-    """An argparse ``type``: ``parse``, then (with ``owner``, the field's option class) the class's own validation
-    of the value: the flag refuses what the class refuses, as a usage error naming the flag."""
-
-    def check(text: str) -> Any:
-        try:
-            value = parse(text)
-            fills = f.metadata.get("fills")
-            if owner is not None:
-                owner(**(dict(zip(fills, value, strict=True)) if fills else {f.name: value}))
-        except OptionError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        return value
-
-    return check
-
-
-def _add_option(group: Any, dest: str, f: Field[Any], owner: Any = None) -> None:
-    """Add the flag of option field ``f``; with ``owner`` (its option class) a value the class refuses is refused."""
-    meta, default = f.metadata, f.default
-    shown = default not in (None, dataclasses.MISSING, ()) and not isinstance(default, bool)  # () and None: none
-    help_text = meta["help"]
-    if shown and "(default" not in help_text:
-        help_text += f" (default: {_SHOW.get(meta.get('parse', ''), str)(default)})"
-    kw: dict[str, Any] = {"dest": dest, "default": argparse.SUPPRESS, "help": help_text}  # absent: field default
-    if isinstance(default, bool):
-        kw["action"] = "store_false" if default else "store_true"
-    else:
-        choices = meta.get("choices")
-        metavar = meta.get("metavar", None if choices else f.name.upper())
-        check = None if choices or meta.get("with_others") else owner  # choices: argparse's "invalid choice" says it
-        # best; with_others: BuildOptions checks the value with the other flags' (_options)
-        kw.update(type=_flag_type(_PARSE[meta.get("parse", "str")], check, f), choices=choices, metavar=metavar)
-    group.add_argument(option_flag(f), **kw)
-    for old in meta.get("old_flags", ()):
-        add_old_flag(group, old, option_flag(f), kw, flips=isinstance(default, bool))
-
-
-def _options(args: argparse.Namespace) -> BuildOptions:
-    """The build options the parsed flags give; a field whose flag was not given keeps its dataclass default."""
-    options: BuildOptions = _from_flags(vars(args), BuildOptions, "")
-    return options
-
-
-def _from_flags(given: Mapping[str, Any], cls: Any, prefix: str) -> Any:
-    kw: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        dest = prefix + f.name
-        if dataclasses.is_dataclass(f.default_factory):
-            kw[f.name] = _from_flags(given, f.default_factory, dest + ".")
-        elif dest in given:
-            fills = f.metadata.get("fills")
-            kw.update(zip(fills, given[dest], strict=True) if fills else [(f.name, given[dest])])
-    return cls(**kw)
-
-
 def _add_build_parser(sub: Any) -> None:
     p = sub.add_parser("build", help="turn slides into mixed tissue-patch WebDataset shards",
                        description="Detect tissue (Otsu), cut a patch grid at a target resolution, and write the "
@@ -126,44 +38,8 @@ def _add_build_parser(sub: Any) -> None:
                        "Exit status: 0 all slides built, 1 some slides failed (listed in the summary and the "
                        "manifest), 2 bad usage or input, 3 another error (storage, permissions; -v shows its "
                        "traceback).")  # fmt: skip
-    p.add_argument("slides", nargs="+", metavar="SLIDES", help="slide folders (searched recursively), slide files, "
-                   "or text files listing slide paths")  # fmt: skip
-    p.add_argument("-o", "--output", required=True, metavar="OUT", help="output folder: shards, manifest.json, qc/")
-    groups = {key: p.add_argument_group(title) for key, title in _GROUPS.items()}
-    for dest, group, f in sorted(option_fields(), key=lambda item: list(_GROUPS).index(item[1])):
-        _add_option(groups[group], dest, f, _owner(dest))
-    hidden = dict(dest="qc", action="store_false", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    groups["output"].add_argument("--no-qc", **hidden)  # the default since 0.3: pictures drawn on demand
-    g = groups["run"]
-    g.add_argument("--overwrite", action="store_true", help="replace a build with other slides or options in OUT "
-                   "(without it that is refused; the same build is resumed)")  # fmt: skip
-    c = p.add_argument_group("cluster builds (one part of the slides per array-job task; then wsishard merge OUT)")
-    c.add_argument("--part", type=cliargs.part, metavar="I/N", help="build only part I of N (1-based) and write a part "
-                   "manifest. Default in an array job: from Slurm's SLURM_ARRAY_TASK_ID/_COUNT, a Kubernetes Indexed "
-                   "Job's JOB_COMPLETION_INDEX or AWS Batch's AWS_BATCH_JOB_ARRAY_INDEX/_SIZE")  # fmt: skip
-    c.add_argument("--part-count", type=cliargs.positive(int), metavar="N", help="N, the number of parts, where the "
-                   "array job's environment gives only this task's index (Kubernetes Indexed Job: its "
-                   "completions)")  # fmt: skip
-    c.add_argument("--parts", type=cliargs.positive(int), dest="part_count", metavar="N", help=argparse.SUPPRESS,
-                   action=OldFlag, new_flag="--part-count")  # fmt: skip
-    g.add_argument("--scratch", metavar="DIR", help="local folder for copies of slides read from object storage "
-                   "(one slide per worker at a time, plus one group's staged patches; "
-                   "default: a temporary folder)")  # fmt: skip
-    _add_storage_option(g)
-    g.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    add_build_flags(p)
     p.set_defaults(func=_cmd_build)
-
-
-def _add_storage_option(group: Any) -> None:
-    group.add_argument(
-        "--storage-option",
-        type=cliargs.storage_option,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="fsspec option for s3:// and other URLs, e.g. endpoint_url=http://127.0.0.1:9000 "
-        "(credentials: the standard AWS sources, or key=... secret=...); repeatable",
-    )
 
 
 class _Bars:
@@ -205,7 +81,7 @@ def build(*args: Any, **kwargs: Any) -> Manifest:
 def _cmd_build(args: argparse.Namespace) -> int:
     from wsishard.report import summary
 
-    options = _options(args)
+    options = build_options(args)
     check_output(args.output)
     bars = _Bars(args.quiet)
     try:
@@ -304,17 +180,17 @@ def parser() -> argparse.ArgumentParser:
                    "recorded; the slides are read again where they can be) and write OUT/qc/index.html")  # fmt: skip
     p.add_argument("--jobs", type=cliargs.positive(int), default=None, metavar="N",
                    help="with --qc: pictures drawn at once (default: all cores)")  # fmt: skip
-    _add_storage_option(p)
+    add_storage_option(p)
     p.set_defaults(func=_cmd_inspect)
     p = sub.add_parser("verify", help="re-read every shard and check sizes, sha256 and sample counts")
     p.add_argument("output", help="build output folder, manifest.json path, or URL prefix")
     p.add_argument("--jobs", type=cliargs.positive(int), default=4, metavar="N", help="shards read at once")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    _add_storage_option(p)
+    add_storage_option(p)
     p.set_defaults(func=_cmd_verify)
     p = sub.add_parser("merge", help="join the part manifests of a cluster build (build --part I/N) into one")
     p.add_argument("output", help="the build output all parts wrote to (folder or URL prefix)")
-    _add_storage_option(p)
+    add_storage_option(p)
     p.set_defaults(func=_cmd_merge)
     p = sub.add_parser("demo", help="generate demo slides offline, build them into shards, stream a few batches")
     p.add_argument("-o", "--output", default="wsishard-demo", help="folder for the demo slides and shards")

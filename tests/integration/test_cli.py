@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from buildtools import usage_error
 
-from wsishard.cli import main, parse_size
+from wsishard.cli import main
+from wsishard.cliargs import parse_size
 from wsishard.testing.synthetic import make_slide, make_slides
 
 
@@ -151,12 +152,13 @@ def test_an_error_wsishard_does_not_name_has_its_own_exit_status_and_a_traceback
 
 
 def test_tissue_options_reach_the_build() -> None:
-    from wsishard.cli import _options, parser
+    from wsishard.buildflags import build_options
+    from wsishard.cli import parser
 
     args = parser().parse_args(["build", "x", "-o", "y", "--tissue-median-um", "12", "--min-object-um2", "500",
                                 "--tissue-saturation-only", "--tissue-threshold", "0.2",
                                 "--thumb-mpp", "4"])  # fmt: skip
-    tissue = _options(args).tissue
+    tissue = build_options(args).tissue
     assert (tissue.median_um, tissue.min_object_um2, tissue.use_darkness) == (12.0, 500.0, False)
     assert (tissue.fixed_threshold, tissue.thumb_mpp, tissue.close_um) == (0.2, 4.0, 16.0)
     proc = _run("build", "x", "-o", "y", "--min-hole-um2", "-5")

@@ -13,9 +13,12 @@ import pytest
 
 import wsishard.builder
 from wsishard.builder.grid import PatchOptions
+from wsishard.builder.keywords import option_fields, option_flag
 from wsishard.builder.options import BuildOptions
 from wsishard.builder.tissue import TissueOptions
-from wsishard.cli import _add_option, _options, format_size, option_fields, option_flag, parse_size, parser
+from wsishard.buildflags import add_option, build_options
+from wsishard.cli import parser
+from wsishard.cliargs import format_size, parse_size
 
 FLAGGED = list(option_fields())
 
@@ -81,7 +84,7 @@ def test_flags_cover_the_option_fields_the_cli_had() -> None:
 @pytest.mark.parametrize(("dest", "f"), [(dest, f) for dest, _, f in FLAGGED], ids=[dest for dest, _, _ in FLAGGED])
 def test_each_flag_round_trips_to_its_field(dest: str, f: dataclasses.Field[Any], tmp_path: Path) -> None:
     words, expected = _non_default(f, tmp_path)
-    options = _options(parser().parse_args(["build", "SLIDES", "-o", "OUT", option_flag(f), *words]))
+    options = build_options(parser().parse_args(["build", "SLIDES", "-o", "OUT", option_flag(f), *words]))
     owner = functools.reduce(getattr, dest.split(".")[:-1], options)  # BuildOptions, .patch or .tissue
     for name, value in expected.items():
         assert getattr(owner, name) == value != getattr(type(owner)(), name)
@@ -92,7 +95,7 @@ def test_each_flag_round_trips_to_its_field(dest: str, f: dataclasses.Field[Any]
 
 
 def test_no_flags_gives_the_dataclass_defaults() -> None:
-    options = _options(parser().parse_args(["build", "SLIDES", "-o", "OUT"]))
+    options = build_options(parser().parse_args(["build", "SLIDES", "-o", "OUT"]))
     assert options == BuildOptions()
     assert options.patch == PatchOptions() and options.tissue == TissueOptions()
     assert (options.jobs, options.labels, options.label_names, options.mpp_overrides) == (None, {}, (), {})
@@ -105,13 +108,13 @@ def test_flags_change_only_their_own_field() -> None:
     expected = dataclasses.replace(
         BuildOptions(), patch=PatchOptions(target_mpp=1.0), tissue=TissueOptions(use_darkness=False), qc=False, seed=7
     )
-    assert _options(args) == expected
+    assert build_options(args) == expected
 
 
 def test_qc_draws_pictures_while_building_and_no_qc_is_still_accepted() -> None:
     build = ["build", "S", "-o", "O"]
-    assert _options(parser().parse_args([*build, "--qc"])) == dataclasses.replace(BuildOptions(), qc=True)
-    assert _options(parser().parse_args([*build, "--no-qc"])) == BuildOptions()  # the default since issue 33
+    assert build_options(parser().parse_args([*build, "--qc"])) == dataclasses.replace(BuildOptions(), qc=True)
+    assert build_options(parser().parse_args([*build, "--no-qc"])) == BuildOptions()  # the default since issue 33
     assert BuildOptions().qc is False
 
 
@@ -175,7 +178,7 @@ def test_a_new_field_gets_its_flag_from_its_declaration() -> None:
 
     p = argparse.ArgumentParser(prog="x")
     for f in dataclasses.fields(Extra):
-        _add_option(p, f.name, f)
+        add_option(p, f.name, f)
     text = " ".join(p.format_help().split())
     assert "--blur-sigma-um UM blur before detection (default: 1.5)" in text
     assert "--no-keep-edges drop patches at the slide edge" in text
@@ -216,7 +219,7 @@ def test_each_flag_is_a_keyword_of_the_python_api_giving_the_same_options(
     from wsishard.builder.keywords import option_keyword
 
     words, expected = _non_default(f, tmp_path)
-    from_cli = _options(parser().parse_args(["build", "SLIDES", "-o", "OUT", option_flag(f), *words]))
+    from_cli = build_options(parser().parse_args(["build", "SLIDES", "-o", "OUT", option_flag(f), *words]))
     flag = option_flag(f)
     keyword = option_keyword(f)
     assert keyword == flag[2:].removeprefix("no-" if f.default is True else "").replace("-", "_")
@@ -277,9 +280,9 @@ def test_old_dark_flags_still_work_with_a_one_line_warning(old: str, new: str, w
                                                           want: tuple[str, str, Any],
                                                           capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     group, name, value = want
-    via_new = _options(parser().parse_args(["build", "S", "-o", "O", new, *words]))
+    via_new = build_options(parser().parse_args(["build", "S", "-o", "O", new, *words]))
     assert capsys.readouterr().err == ""
-    via_old = _options(parser().parse_args(["build", "S", "-o", "O", old, *words]))
+    via_old = build_options(parser().parse_args(["build", "S", "-o", "O", old, *words]))
     assert getattr(getattr(via_old, group), name) == value != getattr(getattr(BuildOptions(), group), name)
     assert via_old == via_new
     assert capsys.readouterr().err == f"wsishard build: warning: {old} is deprecated, use {new}\n"

@@ -1,0 +1,151 @@
+"""The build's command-line flags, derived from the option dataclasses (:mod:`wsishard.builder.options`): each
+field's flag, help, value type and default come from the field and its metadata, and a value the option class
+refuses is refused as a usage error naming the flag. :func:`build_options` turns the parsed flags back into
+:class:`~wsishard.builder.options.BuildOptions`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import Field
+from typing import Any
+
+from wsishard import cliargs
+from wsishard.builder.inputs import mpp_table
+from wsishard.builder.keywords import option_fields, option_flag
+from wsishard.builder.options import BuildOptions, context_mpps
+from wsishard.builder.roi import parse_names
+from wsishard.cliargs import format_size, parse_size
+from wsishard.deprecation import OldFlag, add_old_flag
+from wsishard.errors import OptionError
+
+# What an option field's metadata may name in "parse": reads its flag's value (argparse.ArgumentTypeError or
+# OptionError refuse it).
+_PARSE: dict[str, Callable[[str], Any]] = {
+    "str": str, "int": cliargs.int_, "positive_int": cliargs.positive(int), "positive_float": cliargs.positive(float),
+    "non_negative": cliargs.non_negative, "non_negative_int": cliargs.non_negative_int, "fraction": cliargs.fraction,
+    "size": parse_size, "degrees": cliargs.degrees, "names": parse_names, "mpp_table": mpp_table,
+    "label_table": cliargs.labels, "mpps": context_mpps,
+}  # fmt: skip
+_SHOW: dict[str, Callable[[Any], str]] = {"size": format_size}  # how a default is shown, by "parse" (else str)
+_GROUPS = {  # "group" in the metadata -> help section, in the order shown
+    "patches": "patches",
+    "resolution": "resolution",
+    "tissue": "tissue detection (Otsu on a low-resolution view; lengths in microns)",
+    "artefacts": "ink, dark artefacts and pigment (found on the tissue-detection view; dark pigment is tissue)",
+    "roi": "annotation regions (GeoJSON polygons in level-0 px, as QuPath exports them)",
+    "output": "output",
+    "run": "run",
+}
+
+
+def _owner(dest: str, cls: Any = BuildOptions) -> Any:
+    """The option class holding the field at ``dest`` (``patch.patch_size_px`` -> :class:`PatchOptions`)."""
+    for name in dest.split(".")[:-1]:
+        cls = next(f.default_factory for f in dataclasses.fields(cls) if f.name == name)
+    return cls
+
+
+def _flag_type(parse: Callable[[str], Any], owner: Any, f: Field[Any]) -> Callable[[str], Any]:
+    """An argparse ``type``: ``parse``, then (with ``owner``, the field's option class) the class's own validation
+    of the value: the flag refuses what the class refuses, as a usage error naming the flag."""
+
+    def check(text: str) -> Any:
+        try:
+            value = parse(text)
+            fills = f.metadata.get("fills")
+            if owner is not None:
+                owner(**(dict(zip(fills, value, strict=True)) if fills else {f.name: value}))
+        except OptionError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return value
+
+    return check
+
+
+def add_option(group: Any, dest: str, f: Field[Any], owner: Any = None) -> None:
+    """Add the flag of option field ``f``; with ``owner`` (its option class) a value the class refuses is refused."""
+    meta, default = f.metadata, f.default
+    shown = default not in (None, dataclasses.MISSING, ()) and not isinstance(default, bool)  # () and None: none
+    help_text = meta["help"]
+    if shown and "(default" not in help_text:
+        help_text += f" (default: {_SHOW.get(meta.get('parse', ''), str)(default)})"
+    kw: dict[str, Any] = {"dest": dest, "default": argparse.SUPPRESS, "help": help_text}  # absent: field default
+    if isinstance(default, bool):
+        kw["action"] = "store_false" if default else "store_true"
+    else:
+        choices = meta.get("choices")
+        metavar = meta.get("metavar", None if choices else f.name.upper())
+        check = None if choices or meta.get("with_others") else owner  # choices: argparse's "invalid choice" says it
+        # best; with_others: BuildOptions checks the value with the other flags' (_options)
+        kw.update(type=_flag_type(_PARSE[meta.get("parse", "str")], check, f), choices=choices, metavar=metavar)
+    group.add_argument(option_flag(f), **kw)
+    for old in meta.get("old_flags", ()):
+        add_old_flag(group, old, option_flag(f), kw, flips=isinstance(default, bool))
+
+
+def build_options(args: argparse.Namespace) -> BuildOptions:
+    """The build options the parsed flags give; a field whose flag was not given keeps its dataclass default."""
+    options: BuildOptions = _from_flags(vars(args), BuildOptions, "")
+    return options
+
+
+def _from_flags(given: Mapping[str, Any], cls: Any, prefix: str) -> Any:
+    kw: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        dest = prefix + f.name
+        if dataclasses.is_dataclass(f.default_factory):
+            kw[f.name] = _from_flags(given, f.default_factory, dest + ".")
+        elif dest in given:
+            fills = f.metadata.get("fills")
+            kw.update(zip(fills, given[dest], strict=True) if fills else [(f.name, given[dest])])
+    return cls(**kw)
+
+
+def add_storage_option(group: Any) -> None:
+    group.add_argument(
+        "--storage-option",
+        type=cliargs.storage_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="fsspec option for s3:// and other URLs, e.g. endpoint_url=http://127.0.0.1:9000 "
+        "(credentials: the standard AWS sources, or key=... secret=...); repeatable",
+    )
+
+
+def add_build_flags(p: argparse.ArgumentParser) -> None:
+    """The ``build`` command's arguments and flags, in their help groups."""
+    p.add_argument("slides", nargs="+", metavar="SLIDES", help="slide folders (searched recursively), slide files, "
+                   "or text files listing slide paths")  # fmt: skip
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="output folder: shards, manifest.json, qc/")
+    groups = {key: p.add_argument_group(title) for key, title in _GROUPS.items()}
+    for dest, group, f in sorted(option_fields(), key=lambda item: list(_GROUPS).index(item[1])):
+        add_option(groups[group], dest, f, _owner(dest))
+    groups["output"].add_argument(  # the default since 0.3: pictures drawn on demand (inspect --qc)
+        "--no-qc", dest="qc", action="store_false", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
+    g = groups["run"]
+    g.add_argument("--overwrite", action="store_true", help="replace a build with other slides or options in OUT "
+                   "(without it that is refused; the same build is resumed)")  # fmt: skip
+    _add_cluster_flags(p)
+    g.add_argument("--scratch", metavar="DIR", help="local folder for copies of slides read from object storage "
+                   "(one slide per worker at a time, plus one group's staged patches; "
+                   "default: a temporary folder)")  # fmt: skip
+    add_storage_option(g)
+    g.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+
+
+def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    """``--part`` and ``--part-count`` (and the old ``--parts``)."""
+    c = p.add_argument_group("cluster builds (one part of the slides per array-job task; then wsishard merge OUT)")
+    c.add_argument("--part", type=cliargs.part, metavar="I/N", help="build only part I of N (1-based) and write a part "
+                   "manifest. Default in an array job: from Slurm's SLURM_ARRAY_TASK_ID/_COUNT, a Kubernetes Indexed "
+                   "Job's JOB_COMPLETION_INDEX or AWS Batch's AWS_BATCH_JOB_ARRAY_INDEX/_SIZE")  # fmt: skip
+    c.add_argument("--part-count", type=cliargs.positive(int), metavar="N", help="N, the number of parts, where the "
+                   "array job's environment gives only this task's index (Kubernetes Indexed Job: its "
+                   "completions)")  # fmt: skip
+    c.add_argument("--parts", type=cliargs.positive(int), dest="part_count", metavar="N", help=argparse.SUPPRESS,
+                   action=OldFlag, new_flag="--part-count")  # fmt: skip
