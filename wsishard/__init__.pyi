@@ -35,8 +35,8 @@ from wsishard.storage.opener import load_manifest as load_manifest
 from wsishard.storage.retry import RetryPolicy as RetryPolicy
 from wsishard.streaming.collate import DeviceBatch as DeviceBatch
 from wsishard.streaming.collate import GpuCollate as GpuCollate
+from wsishard.streaming.config import StreamConfig as StreamConfig
 from wsishard.streaming.dataset import ShardStream as ShardStream
-from wsishard.streaming.dataset import StreamConfig as StreamConfig
 from wsishard.streaming.decode import Batch as Batch
 from wsishard.streaming.decode import Metas as Metas
 from wsishard.streaming.decode import Sample as Sample

@@ -25,12 +25,20 @@ def test_no_module_over_400_lines() -> None:
     assert not long, long
 
 
+def _docstring_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        return (first.end_lineno or first.lineno) - first.lineno + 1
+    return 0
+
+
 def test_no_function_over_60_lines() -> None:
+    """Code lines, the signature included: a public function's docstring is its contract, not its length."""
     long = {}
     for path in _modules():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                length = (node.end_lineno or node.lineno) - node.lineno + 1 - _docstring_lines(node)
                 if length > MAX_FUNCTION_LINES:
                     long[f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}"] = length
     assert not long, long

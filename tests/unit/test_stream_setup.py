@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import webdataset as wds
 
-from wsishard.streaming.dataset import StreamConfig
+from wsishard.streaming.config import StreamConfig
 from wsishard.streaming.partition import worker_shards
 from wsishard.streaming.world import World, detect_world
 

@@ -12,8 +12,9 @@ from wsishard.storage.opener import StreamOpener, load_manifest
 from wsishard.storage.secrets import redact
 from wsishard.storage.urls import StorageOptions, join
 from wsishard.streaming import selection
+from wsishard.streaming.config import StreamConfig
 from wsishard.streaming.context import one_context, read_context
-from wsishard.streaming.dataset import ShardStream, StreamConfig
+from wsishard.streaming.dataset import ShardStream
 from wsishard.streaming.sampling import Select, Weights
 from wsishard.streaming.stages import ErrorMode, Opener, ShardRef
 from wsishard.streaming.world import World, rank_share
