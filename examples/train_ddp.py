@@ -56,8 +56,9 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def save(folder: str, rank: int, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         dl: ShardLoader) -> None:  # fmt: skip
+def save(
+    folder: str, rank: int, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dl: ShardLoader
+) -> None:
     """Each rank's loader state as JSON; model and optimizer once, from rank 0."""
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, f"loader-rank{rank}.json"), "w", encoding="utf-8") as fh:
@@ -67,8 +68,14 @@ def save(folder: str, rank: int, step: int, model: torch.nn.Module, optimizer: t
     dist.barrier()
 
 
-def restore(folder: str, rank: int, device: torch.device, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-            dl: ShardLoader) -> int:  # fmt: skip
+def restore(
+    folder: str,
+    rank: int,
+    device: torch.device,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    dl: ShardLoader,
+) -> int:
     """Load what :func:`save` wrote; the step to go on from. (The checkpoint is this job's own: torch.load of it is
     safe; never torch.load anything from shards.)"""
     weights = torch.load(os.path.join(folder, "model.pt"), map_location=device, weights_only=True)
@@ -115,17 +122,18 @@ def setup() -> tuple[int, torch.device]:
 def main() -> None:
     args = parse_args()
     rank, device = setup()
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format=f"[rank {rank}] %(asctime)s %(name)s %(message)s")  # fmt: skip
-    ds = stream(args.source, batch_size=args.batch_size, resampled=not args.epoch, shuffle=args.shuffle,
-                seed=args.seed)  # fmt: skip
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING, format=f"[rank {rank}] %(asctime)s %(name)s %(message)s"
+    )
+    ds = stream(args.source, batch_size=args.batch_size, resampled=not args.epoch, shuffle=args.shuffle, seed=args.seed)
     dl = loader(ds, num_workers=args.workers)
     batches = MonitoredLoader(dl, every=args.log_every, rank=rank)
     to_device = GpuCollate(device, mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=True, seed=args.seed + rank)
     targets = Targets(args.source)
     torch.manual_seed(args.seed)  # the same initial weights (and so the same run) for the same seed
-    model = DistributedDataParallel(make_model(targets.classes).to(device),
-                                    device_ids=[device.index] if device.type == "cuda" else None)  # fmt: skip
+    model = DistributedDataParallel(
+        make_model(targets.classes).to(device), device_ids=[device.index] if device.type == "cuda" else None
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     step = restore(args.checkpoint, rank, device, model.module, optimizer, dl) if args.resume and args.checkpoint else 0
     epoch = epoch_to_run(args.checkpoint, ds) if step else 0
@@ -151,8 +159,10 @@ def main() -> None:
                 steps, step = steps + 1, step + 1
                 checkpoint(step)
             if rank == 0:
-                print(f"epoch {epoch}: {steps} batches on rank 0, "
-                      f"{ds.batches_per_rank(args.workers, epoch)} planned per rank")  # fmt: skip
+                print(
+                    f"epoch {epoch}: {steps} batches on rank 0, "
+                    f"{ds.batches_per_rank(args.workers, epoch)} planned per rank"
+                )
             epoch += 1
     else:
         for _, batch in zip(range(step, args.steps), batches, strict=False):
@@ -167,8 +177,10 @@ def main() -> None:
     if rank == 0:
         for s in summaries:
             assert s is not None
-            print(f"rank {s['rank']}: {s['step']} batches, {s['samples_per_s']:.1f} samples/s, "
-                  f"data wait {100 * s['data_wait_fraction']:.0f}%")  # fmt: skip
+            print(
+                f"rank {s['rank']}: {s['step']} batches, {s['samples_per_s']:.1f} samples/s, "
+                f"data wait {100 * s['data_wait_fraction']:.0f}%"
+            )
     dist.barrier()  # every rank is done: nothing is in flight between them any more
     # Leave without the process group's and the interpreter's C++ teardown: under load, gloo aborted a rank at exit
     # now and then ("terminate called without an active exception", exit -6) after training had finished.

@@ -29,8 +29,9 @@ def make_model(classes: int) -> nn.Module:
     def block(c_in: int, c_out: int) -> list[nn.Module]:
         return [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU()]
 
-    return nn.Sequential(*block(3, 16), *block(16, 32), *block(32, 64), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                         nn.Linear(64, classes))  # fmt: skip
+    return nn.Sequential(
+        *block(3, 16), *block(16, 32), *block(32, 64), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, classes)
+    )
 
 
 class Targets:
@@ -78,8 +79,9 @@ def main() -> None:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     ds = stream(args.source, batch_size=args.batch_size, resampled=True, shuffle=args.shuffle, seed=args.seed)
     batches = MonitoredLoader(loader(ds, num_workers=args.workers), every=args.log_every)
-    to_device = GpuCollate(device, mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=True, seed=args.seed,
-                           channels_last=device.type == "cuda")  # fmt: skip
+    to_device = GpuCollate(
+        device, mean=IMAGENET_MEAN, std=IMAGENET_STD, augment=True, seed=args.seed, channels_last=device.type == "cuda"
+    )
     targets = Targets(args.source)
     model = make_model(targets.classes).to(device)
     if device.type == "cuda":
@@ -96,8 +98,10 @@ def main() -> None:
             accuracy = (logits.argmax(1) == y).float().mean().item()
             print(f"step {step}: loss {loss.item():.4f}, accuracy {accuracy:.2f}")
     s = batches.summary()
-    print(f"{s['samples_per_s']:.1f} samples/s, {s['batches_per_s']:.2f} batches/s, "
-          f"data wait {100 * s['data_wait_fraction']:.0f}% of step time, start-up {s['startup_s']:.1f} s")  # fmt: skip
+    print(
+        f"{s['samples_per_s']:.1f} samples/s, {s['batches_per_s']:.2f} batches/s, "
+        f"data wait {100 * s['data_wait_fraction']:.0f}% of step time, start-up {s['startup_s']:.1f} s"
+    )
     print(json.dumps({"device": str(device), "workers": args.workers, "batch_size": args.batch_size, **s}))
 
 

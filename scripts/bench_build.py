@@ -231,9 +231,13 @@ class TreeWatcher(threading.Thread):
         self.join()
         workers = self.workers()
         last = {p: s[-1][1] for p, s in self.cpu.items() if p not in self.helpers}
-        return {"workers": len(workers), "worker_rss_mb": max(self.peak_rss.get(p, 0) for p in workers) / MB,
-                "root_rss_mb": self.peak_rss.get(self.pid, 0) / MB,
-                "workers_cpu_s": sum(last.get(p, 0.0) for p in workers), "tree_cpu_s": sum(last.values())}  # fmt: skip
+        return {
+            "workers": len(workers),
+            "worker_rss_mb": max(self.peak_rss.get(p, 0) for p in workers) / MB,
+            "root_rss_mb": self.peak_rss.get(self.pid, 0) / MB,
+            "workers_cpu_s": sum(last.get(p, 0.0) for p in workers),
+            "tree_cpu_s": sum(last.values()),
+        }
 
 
 def busy_cpu_s() -> float:
@@ -290,8 +294,12 @@ def child_build(spec: dict[str, Any]) -> dict[str, Any]:
     install_stage_timers(stages_dir)  # before build(): its forked workers inherit the timers
 
     overrides = {os.path.basename(p): spec["mpp"] for p in spec["slides"]}
-    options = BuildOptions(jobs=spec["jobs"], mpp_overrides=overrides, shard_samples=spec.get("shard_samples"),
-                           context_mpp=tuple(spec.get("context_mpp", ())))  # fmt: skip
+    options = BuildOptions(
+        jobs=spec["jobs"],
+        mpp_overrides=overrides,
+        shard_samples=spec.get("shard_samples"),
+        context_mpp=tuple(spec.get("context_mpp", ())),
+    )
     shutil.rmtree(spec["output"], ignore_errors=True)  # a build into an existing output would resume it
     events: list[tuple[float, str, int]] = []  # (time.monotonic(): one clock for every process, stage, patches)
 
@@ -311,14 +319,28 @@ def child_build(spec: dict[str, Any]) -> dict[str, Any]:
     failed = [f"{s.file}: {s.reason}" for s in manifest.failed_slides]
     per_slide = {os.path.basename(s.file): s.patches for s in manifest.slides}
     scan_end = max((t for t, stage, _ in events if stage == "scan"), default=t0)
-    first_write, first_patches = min(((t, n) for t, stage, n in events if stage == "extract" and n > 0),
-                                     default=(t1, 0))  # fmt: skip
-    return {"patches": manifest.total_samples, "wall_s": t1 - t0, "cpu_s": time.process_time() - cpu0, "cpu0_s": cpu0,
-            "shards": len(manifest.shards), "per_slide": per_slide, "failed": failed, "rss_before_mb": rss0,
-            "t_start": t0, "t_scan_end": scan_end, "t_first_write": first_write,
-            "first_segment_patches": first_patches, "t_end": t1, "tile_hits": TILES.hits_at[2] - hits0,
-            "tile_decodes": TILES.misses_at[2] - misses0, "stages": stages,
-            "first_write_since_process_start_s": first_write + since_start}  # fmt: skip
+    first_write, first_patches = min(
+        ((t, n) for t, stage, n in events if stage == "extract" and n > 0), default=(t1, 0)
+    )
+    return {
+        "patches": manifest.total_samples,
+        "wall_s": t1 - t0,
+        "cpu_s": time.process_time() - cpu0,
+        "cpu0_s": cpu0,
+        "shards": len(manifest.shards),
+        "per_slide": per_slide,
+        "failed": failed,
+        "rss_before_mb": rss0,
+        "t_start": t0,
+        "t_scan_end": scan_end,
+        "t_first_write": first_write,
+        "first_segment_patches": first_patches,
+        "t_end": t1,
+        "tile_hits": TILES.hits_at[2] - hits0,
+        "tile_decodes": TILES.misses_at[2] - misses0,
+        "stages": stages,
+        "first_write_since_process_start_s": first_write + since_start,
+    }
 
 
 def child_naive(spec: dict[str, Any]) -> dict[str, Any]:
@@ -341,9 +363,16 @@ def child_naive(spec: dict[str, Any]) -> dict[str, Any]:
         image.save(buf, "JPEG", quality=QUALITY)
         nbytes += buf.tell()
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    return {"patches": len(todo), "kept_total": total, "wall_s": wall, "cpu_s": cpu, "extent": extent,
-            "extent_as_build": all(p[3] == extent for p in todo), "mean_bytes": nbytes / max(len(todo), 1),
-            "rss_before_mb": rss0}  # fmt: skip
+    return {
+        "patches": len(todo),
+        "kept_total": total,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "extent": extent,
+        "extent_as_build": all(p[3] == extent for p in todo),
+        "mean_bytes": nbytes / max(len(todo), 1),
+        "rss_before_mb": rss0,
+    }
 
 
 def _tiles(x0: int, y0: int, w: int, h: int, page: Any) -> list[int]:
@@ -351,8 +380,9 @@ def _tiles(x0: int, y0: int, w: int, h: int, page: Any) -> list[int]:
     tw, th = page.tilewidth, page.tilelength
     across = -(-page.imagewidth // tw)
     x1, y1 = min(x0 + w, page.imagewidth) - 1, min(y0 + h, page.imagelength) - 1
-    return [ty * across + tx for ty in range(max(y0, 0) // th, y1 // th + 1)
-            for tx in range(max(x0, 0) // tw, x1 // tw + 1)]  # fmt: skip
+    return [
+        ty * across + tx for ty in range(max(y0, 0) // th, y1 // th + 1) for tx in range(max(x0, 0) // tw, x1 // tw + 1)
+    ]
 
 
 def _patch_pixels(tiles: dict[int, np.ndarray], page: Any, x: int, y: int, e: int) -> np.ndarray:
@@ -425,8 +455,16 @@ def child_floor(spec: dict[str, Any]) -> dict[str, Any]:
                 row = y // page.tilelength  # tiles of rows above this one: no later patch needs them
                 tiles = {i: v for i, v in tiles.items() if i // across >= row}
     cpu = t["decode_s"] + t["resample_s"] + t["encode_s"]
-    return {"patches": len(spec["patches"]), "wall_s": cpu, "cpu_s": cpu, **t, "k": k, "rest": rest,
-            "tiles_needed": tiles_needed, "rss_before_mb": rss0}  # fmt: skip
+    return {
+        "patches": len(spec["patches"]),
+        "wall_s": cpu,
+        "cpu_s": cpu,
+        **t,
+        "k": k,
+        "rest": rest,
+        "tiles_needed": tiles_needed,
+        "rss_before_mb": rss0,
+    }
 
 
 CHILDREN = {"build": child_build, "naive": child_naive, "floor": child_floor}
@@ -449,9 +487,14 @@ def phase_idle(watcher: TreeWatcher, result: dict[str, Any]) -> dict[str, float]
     scan_idle = n * (scan - t0) - watcher.cpu_between(pids, t0, scan)
     gap_idle = n * (write - scan) - watcher.cpu_between(pids, scan, write)
     extract_idle = n * (t1 - write) - watcher.cpu_between(pids, write, t1)
-    return {"gap_s": write - scan, "gap_fraction": (write - scan) / wall, "scan_idle_fraction": scan_idle / (n * wall),
-            "gap_idle_fraction": gap_idle / (n * wall), "extract_idle_fraction": extract_idle / (n * wall),
-            "idle_fraction": 1 - watcher.cpu_between(pids, t0, t1) / (n * wall)}  # fmt: skip
+    return {
+        "gap_s": write - scan,
+        "gap_fraction": (write - scan) / wall,
+        "scan_idle_fraction": scan_idle / (n * wall),
+        "gap_idle_fraction": gap_idle / (n * wall),
+        "extract_idle_fraction": extract_idle / (n * wall),
+        "idle_fraction": 1 - watcher.cpu_between(pids, t0, t1) / (n * wall),
+    }
 
 
 def run_child(method: str, spec: dict[str, Any], stem: Path) -> dict[str, Any]:
@@ -494,11 +537,19 @@ def versions() -> dict[str, str]:
 
     import wsishard
 
-    return {"wsishard": wsishard.__version__, "openslide_python": openslide.__version__,
-            "openslide": openslide.__library_version__, "tifffile": tifffile.__version__,
-            "imagecodecs": imagecodecs.__version__, "imagecodecs_libjpeg": imagecodecs.jpeg8_version(),
-            "pillow": PIL.__version__, "pillow_libjpeg_turbo": str(features.version("libjpeg_turbo")),
-            "numpy": np.__version__, "psutil": psutil.__version__, "python": platform.python_version()}  # fmt: skip
+    return {
+        "wsishard": wsishard.__version__,
+        "openslide_python": openslide.__version__,
+        "openslide": openslide.__library_version__,
+        "tifffile": tifffile.__version__,
+        "imagecodecs": imagecodecs.__version__,
+        "imagecodecs_libjpeg": imagecodecs.jpeg8_version(),
+        "pillow": PIL.__version__,
+        "pillow_libjpeg_turbo": str(features.version("libjpeg_turbo")),
+        "numpy": np.__version__,
+        "psutil": psutil.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def measure(mode: Mode, workdir: Path, log: Any) -> dict[str, dict[str, Any]]:
@@ -554,9 +605,15 @@ def rate(run: dict[str, Any], pool: bool = False) -> Rate:
 
 
 def per_mpp(raw: dict[str, dict[str, Any]]) -> dict[float, dict[str, Rate]]:
-    return {mpp: {"j1": rate(raw[f"build_j1@{mpp:.4f}"]), "j2": rate(raw[f"build_j2@{mpp:.4f}"], pool=True),
-                  "naive": rate(raw[f"naive@{mpp:.4f}"]), "floor": rate(raw[f"floor@{mpp:.4f}"])}
-            for mpp in SCANNERS}  # fmt: skip
+    return {
+        mpp: {
+            "j1": rate(raw[f"build_j1@{mpp:.4f}"]),
+            "j2": rate(raw[f"build_j2@{mpp:.4f}"], pool=True),
+            "naive": rate(raw[f"naive@{mpp:.4f}"]),
+            "floor": rate(raw[f"floor@{mpp:.4f}"]),
+        }
+        for mpp in SCANNERS
+    }
 
 
 def verdicts(raw: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -572,18 +629,37 @@ def verdicts(raw: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             (VS_NAIVE_J1, mpp, j1.per_s / naive.per_s, j1.per_cpu_s / naive.per_cpu_s, ">=", 3.0, (k1, kn)),
             (VS_NAIVE_J2, mpp, j2.per_s / (2 * naive.per_s), j2.per_cpu_s / naive.per_cpu_s, ">=", 3.0, (k2, kn)),
             (SPEEDUP, mpp, j2.per_s / j1.per_s, 2 * j2.per_cpu_s / j1.per_cpu_s, ">=", 1.7, (k1, k2)),
-        ]  # fmt: skip
+        ]
         share = raw[k1]["stages"]["share"]
-        items += [(VS_FLOOR, mpp, j1.per_s / r["floor"].per_s, j1.per_cpu_s / r["floor"].per_cpu_s, ">=", 0.85,
-                   (k1,)), (SCAN_QC, mpp, share["scan"] + share["qc"], None, "<=", 0.10, ())]  # fmt: skip
+        items += [
+            (VS_FLOOR, mpp, j1.per_s / r["floor"].per_s, j1.per_cpu_s / r["floor"].per_cpu_s, ">=", 0.85, (k1,)),
+            (SCAN_QC, mpp, share["scan"] + share["qc"], None, "<=", 0.10, ()),
+        ]
         if mpp != REFERENCE_MPP:
-            items.append((VS_REF, mpp, j1.per_s / ref.per_s, j1.per_cpu_s / ref.per_cpu_s, ">=", 0.8,
-                          (k1, f"build_j1@{REFERENCE_MPP:.4f}")))  # fmt: skip
+            items.append(
+                (
+                    VS_REF,
+                    mpp,
+                    j1.per_s / ref.per_s,
+                    j1.per_cpu_s / ref.per_cpu_s,
+                    ">=",
+                    0.8,
+                    (k1, f"build_j1@{REFERENCE_MPP:.4f}"),
+                )
+            )
     items.append((RSS_FLAT, MANY_MPP, big / small, None, "<=", 1.3, ()))
-    return [{"name": n, "mpp": m, "value": v, "cpu_value": c, "target": f"{op} {t:g}x",
-             "pass": v >= t if op == ">=" else v <= t,
-             "contended": any(raw[k]["other_load_cores"] > CONTENDED_CORES for k in runs)}
-            for n, m, v, c, op, t, runs in items]  # fmt: skip
+    return [
+        {
+            "name": n,
+            "mpp": m,
+            "value": v,
+            "cpu_value": c,
+            "target": f"{op} {t:g}x",
+            "pass": v >= t if op == ">=" else v <= t,
+            "contended": any(raw[k]["other_load_cores"] > CONTENDED_CORES for k in runs),
+        }
+        for n, m, v, c, op, t, runs in items
+    ]
 
 
 def _verdict_of(checks: list[dict[str, Any]], mpp: float, *names: str) -> str:
@@ -594,18 +670,37 @@ def _verdict_of(checks: list[dict[str, Any]], mpp: float, *names: str) -> str:
 
 def mpp_table(raw: dict[str, dict[str, Any]], checks: list[dict[str, Any]]) -> list[str]:
     """One row per mpp, for the performance page."""
-    head = ("level-0 mpp (scanner)", "patches", "jobs 1 patch/s", "jobs 2 patch/s", "naive patch/s (1 core)",
-            "build / naive (j1; j2 vs 2x)", "floor patch/s", "vs 0.25 (j1)", "j2 / j1", ">= 3x naive", ">= 0.8x ref",
-            "j2 >= 1.7x j1")  # fmt: skip
+    head = (
+        "level-0 mpp (scanner)",
+        "patches",
+        "jobs 1 patch/s",
+        "jobs 2 patch/s",
+        "naive patch/s (1 core)",
+        "build / naive (j1; j2 vs 2x)",
+        "floor patch/s",
+        "vs 0.25 (j1)",
+        "j2 / j1",
+        ">= 3x naive",
+        ">= 0.8x ref",
+        "j2 >= 1.7x j1",
+    )
     rows = []
     rates = per_mpp(raw)
     for mpp, r in rates.items():
         j1, j2, naive, floor = r["j1"], r["j2"], r["naive"], r["floor"]
         verdicts = [_verdict_of(checks, mpp, *names) for names in ((VS_NAIVE_J1, VS_NAIVE_J2), (VS_REF,), (SPEEDUP,))]
-        cells = [f"{mpp:.4f} ({SCANNERS[mpp]})", str(j1.patches), f"{j1.per_s:.0f}", f"{j2.per_s:.0f}",
-                 f"{naive.per_s:.0f}", f"{j1.per_s / naive.per_s:.2f}x; {j2.per_s / (2 * naive.per_s):.2f}x",
-                 f"{floor.per_s:.0f}", f"{j1.per_s / rates[REFERENCE_MPP]['j1'].per_s:.2f}x",
-                 f"{j2.per_s / j1.per_s:.2f}x", *verdicts]  # fmt: skip
+        cells = [
+            f"{mpp:.4f} ({SCANNERS[mpp]})",
+            str(j1.patches),
+            f"{j1.per_s:.0f}",
+            f"{j2.per_s:.0f}",
+            f"{naive.per_s:.0f}",
+            f"{j1.per_s / naive.per_s:.2f}x; {j2.per_s / (2 * naive.per_s):.2f}x",
+            f"{floor.per_s:.0f}",
+            f"{j1.per_s / rates[REFERENCE_MPP]['j1'].per_s:.2f}x",
+            f"{j2.per_s / j1.per_s:.2f}x",
+            *verdicts,
+        ]
         rows.append(cells)
     return markdown(head, rows).splitlines()
 
@@ -626,47 +721,62 @@ def idle_figures(raw: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
 def details(mode: Mode, raw: dict[str, dict[str, Any]], env: dict[str, Any]) -> list[str]:
     """Header, rates per mpp (wall and CPU), the many-shard build, idle time, RSS and the floor's parts."""
     (w, h), rates = mode.size, per_mpp(raw)
-    lines = [f"bench_build ({mode.name}): {mode.n_slides} slides {w}x{h}, {TISSUE:.0%} tissue, tagged with each "
-             f"scanner's mpp -> {PATCH_PX} px at {TARGET_MPP} mpp, default build options (256 MB shards: one shard), "
-             f"JPEG q{QUALITY}; {env['cpus']} CPUs, load avg {env['load_before']:.2f} before / "
-             f"{env['load_after']:.2f} after", "",
-             f"{'':<17}{'patches per second':^34}{'per CPU-second (robust to load)':^34}{'others, cores':^15}",
-             f"{'mpp':<8}{'patches':>9}" + 2 * f"{'jobs 1':>9}{'jobs 2':>9}{'naive':>8}{'floor':>8}"
-             + f"{'j1':>5}{'j2':>5}{'nv':>5}   naive: subset, level-0 extent", "-" * 120]  # fmt: skip
+    lines = [
+        f"bench_build ({mode.name}): {mode.n_slides} slides {w}x{h}, {TISSUE:.0%} tissue, tagged with each "
+        f"scanner's mpp -> {PATCH_PX} px at {TARGET_MPP} mpp, default build options (256 MB shards: one shard), "
+        f"JPEG q{QUALITY}; {env['cpus']} CPUs, load avg {env['load_before']:.2f} before / "
+        f"{env['load_after']:.2f} after",
+        "",
+        f"{'':<17}{'patches per second':^34}{'per CPU-second (robust to load)':^34}{'others, cores':^15}",
+        f"{'mpp':<8}{'patches':>9}"
+        + 2 * f"{'jobs 1':>9}{'jobs 2':>9}{'naive':>8}{'floor':>8}"
+        + f"{'j1':>5}{'j2':>5}{'nv':>5}   naive: subset, level-0 extent",
+        "-" * 120,
+    ]
     for mpp, r in rates.items():
         nv, j1, j2 = (raw[f"{k}@{mpp:.4f}"] for k in ("naive", "build_j1", "build_j2"))
-        cells = [f"{getattr(r[k], a):>{9 if k[0] == 'j' else 8}.1f}" for a in ("per_s", "per_cpu_s")
-                 for k in ("j1", "j2", "naive", "floor")]  # fmt: skip
+        cells = [
+            f"{getattr(r[k], a):>{9 if k[0] == 'j' else 8}.1f}"
+            for a in ("per_s", "per_cpu_s")
+            for k in ("j1", "j2", "naive", "floor")
+        ]
         same = "" if nv["extent_as_build"] else " (not the build's!)"
         others = "".join(f"{run['other_load_cores']:>5.2f}" for run in (j1, j2, nv))
-        lines.append(f"{mpp:<8.4f}{r['j1'].patches:>9}{''.join(cells)}{others}   {nv['patches']} of "
-                     f"{nv['kept_total']}, {nv['extent']} px{same}")  # fmt: skip
+        lines.append(
+            f"{mpp:<8.4f}{r['j1'].patches:>9}{''.join(cells)}{others}   {nv['patches']} of "
+            f"{nv['kept_total']}, {nv['extent']} px{same}"
+        )
     m1, m2 = raw["many_j1"], raw["many_j2"]
     figures, fl = idle_figures(raw), raw[f"floor@{MANY_MPP:.4f}"]
     idle, one_shard = figures["many_j2"], {m: figures[f"build_j2@{m:.4f}"] for m in SCANNERS}
-    lines += ["", "others: cores that other processes kept busy during the run (the machine is shared); the "
-              "build/naive ratios are on the same cores only when both are near 0", "",
-              f"many shards at {MANY_MPP:.4f}: jobs 1 {m1['patches'] / m1['wall_s']:.0f} patch/s "
-              f"({m1['shards']} shards), jobs 2 {m2['patches'] / m2['wall_s']:.0f} patch/s ({m2['shards']} shards): "
-              f"{m1['wall_s'] / m2['wall_s']:.2f}x; others {m1['other_load_cores']:.2f} / "
-              f"{m2['other_load_cores']:.2f} cores",
-              f"scan -> extraction (many shards, jobs 2, {mode.n_slides} slides): last slide scanned to first "
-              f"segment written {idle['gap_s']:.2f} s = {idle['gap_fraction']:.1%} of the wall time, less that "
-              f"segment's own work {idle['wait_fraction']:.1%}; workers without CPU in that gap "
-              f"{idle['gap_idle_fraction']:.1%}, in the scan phase {idle['scan_idle_fraction']:.1%}, after it "
-              f"{idle['extract_idle_fraction']:.1%}, in all {idle['idle_fraction']:.1%} of workers x wall (target: "
-              "overlap the phases if the wait > 10%)",
-              "  one-shard jobs 2 builds, gap / less the first segment: " + ", ".join(
-                  f"{m:.4f} {i['gap_fraction']:.0%} / {i['wait_fraction']:.0%}" for m, i in one_shard.items()),
-              f"peak RSS per worker (jobs 2, one slide, {MANY_MPP:.4f}): {mode.small[0]}x{mode.small[1]}: "
-              f"{raw['rss_small']['worker_rss_mb']:.0f} MB, {w}x{h}: {raw['rss_big']['worker_rss_mb']:.0f} MB; "
-              f"jobs 2 parent: {raw[f'build_j2@{MANY_MPP:.4f}']['root_rss_mb']:.0f} MB; naive child before its "
-              f"loop: {raw[f'naive@{MANY_MPP:.4f}']['rss_before_mb']:.0f} MB",
-              f"floor parts at {MANY_MPP:.4f}: decode {fl['decode_s']:.2f} s ({fl['tiles_needed']} tiles, "
-              f"{1000 * fl['decode_s'] / max(fl['tiles_needed'], 1):.2f} ms/tile), encode {fl['encode_s']:.2f} s "
-              f"({1000 * fl['encode_s'] / max(fl['patches'], 1):.2f} ms/patch)",
-              "jobs 1 tile decodes at 1/2 scale per patch (tile cache hits; tiles the floor needs per patch): "
-              + ", ".join(_tile_line(m, raw) for m in sorted(SCANNERS)), ""]  # fmt: skip
+    lines += [
+        "",
+        "others: cores that other processes kept busy during the run (the machine is shared); the "
+        "build/naive ratios are on the same cores only when both are near 0",
+        "",
+        f"many shards at {MANY_MPP:.4f}: jobs 1 {m1['patches'] / m1['wall_s']:.0f} patch/s "
+        f"({m1['shards']} shards), jobs 2 {m2['patches'] / m2['wall_s']:.0f} patch/s ({m2['shards']} shards): "
+        f"{m1['wall_s'] / m2['wall_s']:.2f}x; others {m1['other_load_cores']:.2f} / "
+        f"{m2['other_load_cores']:.2f} cores",
+        f"scan -> extraction (many shards, jobs 2, {mode.n_slides} slides): last slide scanned to first "
+        f"segment written {idle['gap_s']:.2f} s = {idle['gap_fraction']:.1%} of the wall time, less that "
+        f"segment's own work {idle['wait_fraction']:.1%}; workers without CPU in that gap "
+        f"{idle['gap_idle_fraction']:.1%}, in the scan phase {idle['scan_idle_fraction']:.1%}, after it "
+        f"{idle['extract_idle_fraction']:.1%}, in all {idle['idle_fraction']:.1%} of workers x wall (target: "
+        "overlap the phases if the wait > 10%)",
+        "  one-shard jobs 2 builds, gap / less the first segment: "
+        + ", ".join(f"{m:.4f} {i['gap_fraction']:.0%} / {i['wait_fraction']:.0%}" for m, i in one_shard.items()),
+        f"peak RSS per worker (jobs 2, one slide, {MANY_MPP:.4f}): {mode.small[0]}x{mode.small[1]}: "
+        f"{raw['rss_small']['worker_rss_mb']:.0f} MB, {w}x{h}: {raw['rss_big']['worker_rss_mb']:.0f} MB; "
+        f"jobs 2 parent: {raw[f'build_j2@{MANY_MPP:.4f}']['root_rss_mb']:.0f} MB; naive child before its "
+        f"loop: {raw[f'naive@{MANY_MPP:.4f}']['rss_before_mb']:.0f} MB",
+        f"floor parts at {MANY_MPP:.4f}: decode {fl['decode_s']:.2f} s ({fl['tiles_needed']} tiles, "
+        f"{1000 * fl['decode_s'] / max(fl['tiles_needed'], 1):.2f} ms/tile), encode {fl['encode_s']:.2f} s "
+        f"({1000 * fl['encode_s'] / max(fl['patches'], 1):.2f} ms/patch)",
+        "jobs 1 tile decodes at 1/2 scale per patch (tile cache hits; tiles the floor needs per patch): "
+        + ", ".join(_tile_line(m, raw) for m in sorted(SCANNERS)),
+        "",
+    ]
     return lines
 
 
@@ -675,10 +785,13 @@ def stage_table(raw: dict[str, dict[str, Any]]) -> list[str]:
     floor's parts; a Markdown table (the performance page shows it)."""
 
     names = [*STAGES, "other"]
-    lines = ["CPU per stage, % of the build's CPU (all its processes, start-up included; exclusive time), ms of CPU "
-             "per patch written, and the floor's parts in ms per patch:", "",
-             "| run | CPU s | ms/patch | " + " | ".join(names) + " | floor decode | floor resample | floor encode |",
-             "|" + "---|" * (len(names) + 6)]  # fmt: skip
+    lines = [
+        "CPU per stage, % of the build's CPU (all its processes, start-up included; exclusive time), ms of CPU "
+        "per patch written, and the floor's parts in ms per patch:",
+        "",
+        "| run | CPU s | ms/patch | " + " | ".join(names) + " | floor decode | floor resample | floor encode |",
+        "|" + "---|" * (len(names) + 6),
+    ]
     for mpp in SCANNERS:
         fl = raw[f"floor@{mpp:.4f}"]
         floor = [f"{1000 * fl[k] / max(fl['patches'], 1):.2f}" for k in ("decode_s", "resample_s", "encode_s")]
@@ -686,13 +799,22 @@ def stage_table(raw: dict[str, dict[str, Any]]) -> list[str]:
             st = raw[f"build_j{jobs}@{mpp:.4f}"]["stages"]
             n = max(raw[f"build_j{jobs}@{mpp:.4f}"]["patches"], 1)
             shares = [f"{100 * st['share'][s]:.1f}%" for s in names]
-            cells = [f"j{jobs} @ {mpp:.4f}", f"{st['total_cpu_s']:.2f}", f"{1000 * st['total_cpu_s'] / n:.2f}",
-                     *shares, *(floor if jobs == 1 else ["", "", ""])]  # fmt: skip
+            cells = [
+                f"j{jobs} @ {mpp:.4f}",
+                f"{st['total_cpu_s']:.2f}",
+                f"{1000 * st['total_cpu_s'] / n:.2f}",
+                *shares,
+                *(floor if jobs == 1 else ["", "", ""]),
+            ]
             lines.append("| " + " | ".join(cells) + " |")
     one = raw["rss_big"]
     first, called = one["first_write_since_process_start_s"], one["t_first_write"] - one["t_start"]
-    lines += ["", f"one-slide build (jobs 2, {MANY_MPP:.4f}): first segment written {first:.2f} s after its process "
-              f"started ({called:.2f} s after build() was called)", ""]  # fmt: skip
+    lines += [
+        "",
+        f"one-slide build (jobs 2, {MANY_MPP:.4f}): first segment written {first:.2f} s after its process "
+        f"started ({called:.2f} s after build() was called)",
+        "",
+    ]
     return lines
 
 
@@ -711,8 +833,12 @@ def targets(checks: list[dict[str, Any]]) -> list[str]:
     ]
     for name in dict.fromkeys(c["name"] for c in checks):
         mine = [c for c in checks if c["name"] == name]
-        cells = [f"{c['mpp']:.4f} {c['value']:.2f}x" + (f" [{c['cpu_value']:.2f}]" if c["cpu_value"] else "")
-                 + f" {'PASS' if c['pass'] else 'MISS'}{'*' if c['contended'] else ''}" for c in mine]  # fmt: skip
+        cells = [
+            f"{c['mpp']:.4f} {c['value']:.2f}x"
+            + (f" [{c['cpu_value']:.2f}]" if c["cpu_value"] else "")
+            + f" {'PASS' if c['pass'] else 'MISS'}{'*' if c['contended'] else ''}"
+            for c in mine
+        ]
         lines.append(f"  {name} {mine[0]['target']}: " + " | ".join(cells))
     return lines
 
@@ -720,8 +846,12 @@ def targets(checks: list[dict[str, Any]]) -> list[str]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smaller slides and subsets: a few minutes on 2 cores")
-    p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "wsishard-bench",
-                   help="slides (cached between runs) and build outputs")  # fmt: skip
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "wsishard-bench",
+        help="slides (cached between runs) and build outputs",
+    )
     p.add_argument("--json-only", action="store_true", help="print only the final JSON line")
     p.add_argument("--context", action="store_true", help="only the context rows: build cost of 0, 1 and 2 scales")
     p.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
@@ -743,8 +873,12 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before, t0 = load(), time.perf_counter()
     raw = measure(mode, args.workdir, log)
-    env = {"cpus": os.cpu_count(), "load_before": load_before, "load_after": load(),
-           "bench_wall_s": time.perf_counter() - t0}  # fmt: skip
+    env = {
+        "cpus": os.cpu_count(),
+        "load_before": load_before,
+        "load_after": load(),
+        "bench_wall_s": time.perf_counter() - t0,
+    }
     same = all(raw[f"build_j2@{m:.4f}"]["per_slide"] == raw[f"build_j1@{m:.4f}"]["per_slide"] for m in SCANNERS)
     failed = [f for run in raw.values() for f in run.get("failed", [])]
     if not same or failed:
@@ -753,16 +887,30 @@ def main(argv: list[str] | None = None) -> int:
     if not args.json_only:
         print("\n".join(details(mode, raw, env) + stage_table(raw) + mpp_table(raw, checks) + [""] + targets(checks)))
     report = {
-        "config": {**asdict(mode), "scanners": {f"{m:.4f}": s for m, s in SCANNERS.items()}, "slide_mpp": SLIDE_MPP,
-                   "target_mpp": TARGET_MPP, "patch_size_px": PATCH_PX, "jpeg_quality": QUALITY,
-                   "tissue_fraction": TISSUE, "seed": SEED, **env, "same_patches": same, "failed": failed},
+        "config": {
+            **asdict(mode),
+            "scanners": {f"{m:.4f}": s for m, s in SCANNERS.items()},
+            "slide_mpp": SLIDE_MPP,
+            "target_mpp": TARGET_MPP,
+            "patch_size_px": PATCH_PX,
+            "jpeg_quality": QUALITY,
+            "tissue_fraction": TISSUE,
+            "seed": SEED,
+            **env,
+            "same_patches": same,
+            "failed": failed,
+        },
         "versions": versions(),
-        "rates": {f"{m:.4f}": {k: {**asdict(r), "patches_per_s": r.per_s, "patches_per_cpu_s": r.per_cpu_s}
-                               for k, r in rs.items()} for m, rs in per_mpp(raw).items()},
+        "rates": {
+            f"{m:.4f}": {
+                k: {**asdict(r), "patches_per_s": r.per_s, "patches_per_cpu_s": r.per_cpu_s} for k, r in rs.items()
+            }
+            for m, rs in per_mpp(raw).items()
+        },
         "targets": checks,
         "scan_to_extract": idle_figures(raw),
         "raw": raw,
-    }  # fmt: skip
+    }
     print("JSON: " + json.dumps(report, sort_keys=True))
     return 0
 
@@ -781,30 +929,69 @@ def context_main(mode: Mode, workdir: Path, log: Any, json_only: bool) -> int:
     repeats = 2 if mode is QUICK else 3
 
     def run(mpps: tuple[float, ...]) -> dict[str, Any]:
-        spec = {"slides": slides, "output": str(workdir / "out-context"), "jobs": 1, "mpp": MANY_MPP,
-                "context_mpp": list(mpps)}  # fmt: skip
+        spec = {
+            "slides": slides,
+            "output": str(workdir / "out-context"),
+            "jobs": 1,
+            "mpp": MANY_MPP,
+            "context_mpp": list(mpps),
+        }
         return run_child("build", spec, workdir / "context")
 
     rounds = interleaved(repeats, {name: partial(run, mpps) for name, mpps in CONTEXT_RUNS.items()}, log)
     raw = {name: [rd[name] for rd in rounds] for name in CONTEXT_RUNS}
     best = {name: {key: min(r[key] for r in runs) for key in ("wall_s", "cpu_s")} for name, runs in raw.items()}
-    rows = [{"context": name, "context_mpp": list(CONTEXT_RUNS[name]), "patches": raw[name][0]["patches"],
-             **best[name], "wall_vs_none": best[name]["wall_s"] / best["none"]["wall_s"],
-             "cpu_vs_none": best[name]["cpu_s"] / best["none"]["cpu_s"]} for name in CONTEXT_RUNS]  # fmt: skip
+    rows = [
+        {
+            "context": name,
+            "context_mpp": list(CONTEXT_RUNS[name]),
+            "patches": raw[name][0]["patches"],
+            **best[name],
+            "wall_vs_none": best[name]["wall_s"] / best["none"]["wall_s"],
+            "cpu_vs_none": best[name]["cpu_s"] / best["none"]["cpu_s"],
+        }
+        for name in CONTEXT_RUNS
+    ]
     one = rows[1]["cpu_vs_none"]
-    verdict = {"target": f"one 4x context scale / none <= {CONTEXT_TARGET}", "cpu_ratio": one,
-               "wall_ratio": rows[1]["wall_vs_none"], "met": one <= CONTEXT_TARGET}  # fmt: skip
+    verdict = {
+        "target": f"one 4x context scale / none <= {CONTEXT_TARGET}",
+        "cpu_ratio": one,
+        "wall_ratio": rows[1]["wall_vs_none"],
+        "met": one <= CONTEXT_TARGET,
+    }
     if not json_only:
-        print(f"Context patches: {len(slides)} slides of {mode.size[0]}x{mode.size[1]} px at {MANY_MPP} mpp, default "
-              f"options, --jobs 1, least of {repeats} runs ({mode.name} mode)")  # fmt: skip
-        cells = [(r["context"], f"{r['patches']:,}", f"{r['wall_s']:.1f}", f"{r['cpu_s']:.1f}",
-                  f"{r['wall_vs_none']:.2f}", f"{r['cpu_vs_none']:.2f}") for r in rows]  # fmt: skip
+        print(
+            f"Context patches: {len(slides)} slides of {mode.size[0]}x{mode.size[1]} px at {MANY_MPP} mpp, default "
+            f"options, --jobs 1, least of {repeats} runs ({mode.name} mode)"
+        )
+        cells = [
+            (
+                r["context"],
+                f"{r['patches']:,}",
+                f"{r['wall_s']:.1f}",
+                f"{r['cpu_s']:.1f}",
+                f"{r['wall_vs_none']:.2f}",
+                f"{r['cpu_vs_none']:.2f}",
+            )
+            for r in rows
+        ]
         print(markdown(("context", "patches", "wall s", "CPU s", "wall / none", "CPU / none"), cells, align="lrrrrr"))
         print(f"\n{verdict['target']}: {one:.2f} by CPU time ({'met' if verdict['met'] else 'NOT met'})")
-    config = {"mode": mode.name, "size": mode.size, "slides": len(slides), "mpp": MANY_MPP, "jobs": 1,
-              "repeats": repeats, "load_after": load()}  # fmt: skip
-    print("JSON: " + json.dumps({"config": config, "versions": versions(), "rows": rows, "target": verdict,
-                                 "raw": raw}, sort_keys=True))  # fmt: skip
+    config = {
+        "mode": mode.name,
+        "size": mode.size,
+        "slides": len(slides),
+        "mpp": MANY_MPP,
+        "jobs": 1,
+        "repeats": repeats,
+        "load_after": load(),
+    }
+    print(
+        "JSON: "
+        + json.dumps(
+            {"config": config, "versions": versions(), "rows": rows, "target": verdict, "raw": raw}, sort_keys=True
+        )
+    )
     shutil.rmtree(workdir / "out-context", ignore_errors=True)
     return 0
 

@@ -41,8 +41,9 @@ def build_output(workdir: Path, jobs: int) -> str:
     return str(synthetic_build(workdir / "gpu-loader", want, make)[1])
 
 
-def run_one(source: str, device: torch.device, decode: str, workers: int, stain: Any, warm: int, timed: int
-            ) -> dict[str, Any]:  # fmt: skip
+def run_one(
+    source: str, device: torch.device, decode: str, workers: int, stain: Any, warm: int, timed: int
+) -> dict[str, Any]:
     """samples/s of one loader into GpuCollate on ``device``."""
     ds = stream(source, batch_size=BATCH, seed=SEED)
     collate = GpuCollate(device, mean=(0.5,) * 3, std=(0.25,) * 3, augment=True, seed=SEED, stain=stain)
@@ -59,8 +60,14 @@ def run_one(source: str, device: torch.device, decode: str, workers: int, stain:
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - start
     del it, dl
-    return {"decode": decode, "workers": workers, "stain": stain is not None, "samples": n,
-            "seconds": round(elapsed, 3), "samples_per_s": round(n / elapsed, 1)}  # fmt: skip
+    return {
+        "decode": decode,
+        "workers": workers,
+        "stain": stain is not None,
+        "samples": n,
+        "seconds": round(elapsed, 3),
+        "samples_per_s": round(n / elapsed, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,8 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     source = build_output(workdir, jobs=cpus)
-    stained = StainOptions(normalize="macenko", slides=StainTable.from_build(source), hed_scale=0.05,
-                           hed_shift=0.01, brightness=0.1, contrast=0.1)  # fmt: skip
+    stained = StainOptions(
+        normalize="macenko",
+        slides=StainTable.from_build(source),
+        hed_scale=0.05,
+        hed_shift=0.01,
+        brightness=0.1,
+        contrast=0.1,
+    )
     timed = 8 if args.quick else 30
     rows = []
     for decode in ("worker", "device") if cuda else ("worker",):
@@ -87,18 +100,38 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(run_one(source, device, decode, workers, stain, warm=3, timed=timed))
                 if not args.json_only:
                     r = rows[-1]
-                    print(f"  decode={r['decode']} workers={r['workers']} stain={r['stain']}: "
-                          f"{r['samples_per_s']:,.0f} samples/s", flush=True)  # fmt: skip
+                    print(
+                        f"  decode={r['decode']} workers={r['workers']} stain={r['stain']}: "
+                        f"{r['samples_per_s']:,.0f} samples/s",
+                        flush=True,
+                    )
     gpu = torch.cuda.get_device_name(0) if cuda else None
-    report = {"bench": "gpu_loader", "device": str(device), "gpu": gpu, "torch": torch.__version__, "cpus": cpus,
-              "batch": BATCH, "timed_batches": timed, "rows": rows}  # fmt: skip
+    report = {
+        "bench": "gpu_loader",
+        "device": str(device),
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "cpus": cpus,
+        "batch": BATCH,
+        "timed_batches": timed,
+        "rows": rows,
+    }
     if not args.json_only:
         where = report["gpu"] or "CPU"
-        caption = (f"Device-ready samples/s on {where} ({cpus} cores), batch {BATCH} at 256 px, {timed} timed batches; "
-                   "stain = Macenko (per-slide matrices) + HED jitter + brightness/contrast")  # fmt: skip
-        table = [(a["decode"], a["workers"], f"{a['samples_per_s']:,.0f}", f"{b['samples_per_s']:,.0f}",
-                  f"{b['samples_per_s'] / a['samples_per_s']:.2f}x")
-                 for a, b in zip(rows[::2], rows[1::2], strict=True)]  # fmt: skip
+        caption = (
+            f"Device-ready samples/s on {where} ({cpus} cores), batch {BATCH} at 256 px, {timed} timed batches; "
+            "stain = Macenko (per-slide matrices) + HED jitter + brightness/contrast"
+        )
+        table = [
+            (
+                a["decode"],
+                a["workers"],
+                f"{a['samples_per_s']:,.0f}",
+                f"{b['samples_per_s']:,.0f}",
+                f"{b['samples_per_s'] / a['samples_per_s']:.2f}x",
+            )
+            for a, b in zip(rows[::2], rows[1::2], strict=True)
+        ]
         print("\n" + markdown(("decode", "workers", "no stain", "stain", "stain / no stain"), table, caption))
     print("JSON: " + json.dumps(report, sort_keys=True))
     return 0

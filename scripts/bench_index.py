@@ -43,8 +43,21 @@ def _index_bytes(n: int, seed: int = 0) -> bytes:
     tissue, background, sharp = rng.random(n).round(4), (rng.random(n) * 0.2).round(4), rng.gamma(4, 50, n).round(2)
     size = 14_000 + 3 * 512
     for i in range(n):
-        writer._rows.append((i * size, size, i % GROUP_SLIDES, int(i % 5 == 4), int(x[i]), int(y[i]), 0.5039,
-                             float(tissue[i]), float(background[i]), 0.0, float(sharp[i])))  # fmt: skip
+        writer._rows.append(
+            (
+                i * size,
+                size,
+                i % GROUP_SLIDES,
+                int(i % 5 == 4),
+                int(x[i]),
+                int(y[i]),
+                0.5039,
+                float(tissue[i]),
+                float(background[i]),
+                0.0,
+                float(sharp[i]),
+            )
+        )
         writer._keys.append(f"{slides[i % GROUP_SLIDES]}_x{x[i]}_y{y[i]}".encode())
     return writer.to_bytes()
 
@@ -56,8 +69,17 @@ def _build_cost(n: int = 2048) -> float:
 
     records = []
     for i in range(n):
-        meta = {"slide_id": f"s{i % GROUP_SLIDES}", "x": i, "y": i, "patch_mpp": 0.5039, "tissue": 0.75,
-                "background": 0.1, "dark": 0.0, "sharpness": 212.5, "label": 1}  # fmt: skip
+        meta = {
+            "slide_id": f"s{i % GROUP_SLIDES}",
+            "x": i,
+            "y": i,
+            "patch_mpp": 0.5039,
+            "tissue": 0.75,
+            "background": 0.1,
+            "dark": 0.0,
+            "sharpness": 212.5,
+            "label": 1,
+        }
         members = {"jpg": b"\xff" * 14_000, "json": json.dumps(meta).encode(), "cls": b"1"}
         records.append(sample_records(f"s{i % GROUP_SLIDES}_x{i}_y{i}", members))
     chunks = [b"".join(records[k : k + 256]) for k in range(0, n, 256)]  # a segment's records at a time
@@ -81,8 +103,16 @@ def part_rows(n: int, _args: argparse.Namespace) -> dict[str, Any]:
     table = index.table("shard-000000-0000.tar")
     mask = table["tissue"] >= 0.5
     tabled = time.perf_counter() - t0
-    return {"samples": n, "bytes": len(data), "bytes_per_sample": len(data) / n, "fill_s": made, "load_s": loaded,
-            "table_select_s": tabled, "selected": int(mask.sum()), "rss_mb": rss_mb()}  # fmt: skip
+    return {
+        "samples": n,
+        "bytes": len(data),
+        "bytes_per_sample": len(data) / n,
+        "fill_s": made,
+        "load_s": loaded,
+        "table_select_s": tabled,
+        "selected": int(mask.sum()),
+        "rss_mb": rss_mb(),
+    }
 
 
 def _write_build(root: Path, shards: int, *, with_indexes: bool) -> None:
@@ -93,8 +123,10 @@ def _write_build(root: Path, shards: int, *, with_indexes: bool) -> None:
     from wsishard.shards.summary import SUMMARY_NAME, Summary
 
     names = [shard_name(s) for s in range(shards)]
-    records = [ShardRecord(name=n, samples=SHARD_SAMPLES, bytes=SHARD_SAMPLES * 14_000, sha256="0" * 64, slides=32)
-               for n in names]  # fmt: skip
+    records = [
+        ShardRecord(name=n, samples=SHARD_SAMPLES, bytes=SHARD_SAMPLES * 14_000, sha256="0" * 64, slides=32)
+        for n in names
+    ]
     options = {"patch": {"target_mpp": 0.5, "patch_size_px": 256, "mpp_tolerance": 0.0}, "patch_size": 256}
     manifest = Manifest(options=options, shards=records, slides=[], wsishard_version="bench")
     (root / "manifest.json").write_text(manifest.to_json())
@@ -105,12 +137,14 @@ def _write_build(root: Path, shards: int, *, with_indexes: bool) -> None:
     slide_index = (group_of[:, None] * GROUP_SLIDES + np.arange(GROUP_SLIDES)[None, :]).reshape(-1).astype(np.int32)
     n_slides = int(slide_index.max()) + 1
     summary = Summary(
-        shards=np.array(names, dtype="S"), labels=np.array([0, 1]),
+        shards=np.array(names, dtype="S"),
+        labels=np.array([0, 1]),
         label_counts=np.tile([SHARD_SAMPLES * 4 // 5, SHARD_SAMPLES // 5], (shards, 1)).astype(np.int64),
         slides=np.array([f"TCGA-{i:06d}".encode() for i in range(n_slides)]),
-        slide_ptr=np.arange(0, shards * GROUP_SLIDES + 1, GROUP_SLIDES, dtype=np.int64), slide_index=slide_index,
+        slide_ptr=np.arange(0, shards * GROUP_SLIDES + 1, GROUP_SLIDES, dtype=np.int64),
+        slide_index=slide_index,
         slide_count=np.full(shards * GROUP_SLIDES, per, dtype=np.int64),
-    )  # fmt: skip
+    )
     (root / SUMMARY_NAME).write_bytes(summary.to_bytes())
     if with_indexes:
         data = _index_bytes(SHARD_SAMPLES)  # the same rows in every shard: only the reading is measured
@@ -128,15 +162,23 @@ def part_scan(n: int, args: argparse.Namespace) -> dict[str, Any]:
         _write_build(Path(tmp), shards, with_indexes=True)
         base = rss_mb()
         t0 = time.perf_counter()
-        ds = stream(tmp, batch_size=256, resampled=False, select=lambda t: t["tissue"] >= 0.5,
-                    world=World(rank=0, world_size=8))  # fmt: skip
+        ds = stream(
+            tmp, batch_size=256, resampled=False, select=lambda t: t["tissue"] >= 0.5, world=World(rank=0, world_size=8)
+        )
         took = time.perf_counter() - t0
         assert ds.sampling is not None
         t0 = time.perf_counter()  # split_scan=True: one rank's share of 8 (the sum over ranks is one all-reduce)
         selection.scan_shared(ds.sampling, ds.opener, len(ds.sampling.labels), (0, 8, None))
         share_s = time.perf_counter() - t0
-    return {"samples": shards * SHARD_SAMPLES, "shards": shards, "scan_s": took, "selected": int(ds.counts.sum()),
-            "split_of_8_s": share_s, "rss_mb": rss_mb(), "rss_before_mb": base}  # fmt: skip
+    return {
+        "samples": shards * SHARD_SAMPLES,
+        "shards": shards,
+        "scan_s": took,
+        "selected": int(ds.counts.sum()),
+        "split_of_8_s": share_s,
+        "rss_mb": rss_mb(),
+        "rss_before_mb": base,
+    }
 
 
 def part_startup(n: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -155,8 +197,11 @@ def part_startup(n: int, args: argparse.Namespace) -> dict[str, Any]:
             stream_s = time.perf_counter() - t0
             t0 = time.perf_counter()
             ds.pipeline(World(rank=3, world_size=64, worker=5, num_workers=8), 0, done=1000)  # a resumed reader
-            out[weights] = {"stream_s": stream_s, "reader_s": time.perf_counter() - t0,
-                            "plan_pickle_bytes": len(_pickled(ds))}  # fmt: skip
+            out[weights] = {
+                "stream_s": stream_s,
+                "reader_s": time.perf_counter() - t0,
+                "plan_pickle_bytes": len(_pickled(ds)),
+            }
     out.update(rss_mb=rss_mb(), rss_before_mb=base)
     return out
 
@@ -212,33 +257,68 @@ def _print(r: dict[str, Any]) -> None:
         ("build: indexing the records it writes", f"{r['build_us_per_sample']:.0f} us/sample", "", ""),
     ]
     for x in r["rows"]:
-        rows.append((f"shard index of {x['samples']:,} samples", f"{x['bytes'] / 1e6:.2f} MB "
-                     f"({x['bytes_per_sample']:.1f} B/sample)", f"load {1000 * x['load_s']:.1f} ms",
-                     f"table + select {1000 * x['table_select_s']:.1f} ms"))  # fmt: skip
+        rows.append(
+            (
+                f"shard index of {x['samples']:,} samples",
+                f"{x['bytes'] / 1e6:.2f} MB ({x['bytes_per_sample']:.1f} B/sample)",
+                f"load {1000 * x['load_s']:.1f} ms",
+                f"table + select {1000 * x['table_select_s']:.1f} ms",
+            )
+        )
     for x in r["scan"]:
-        rows.append((f"select= scan, {x['samples']:,} samples / {x['shards']} shards", f"{x['scan_s']:.2f} s",
-                     f"peak RSS {x['rss_mb']:.0f} MB", f"(before {x['rss_before_mb']:.0f} MB)"))  # fmt: skip
-        rows.append((f"select= scan, split_scan=True, one rank of 8, {x['samples']:,} samples",
-                     f"{x['split_of_8_s']:.2f} s", "", ""))  # fmt: skip
+        rows.append(
+            (
+                f"select= scan, {x['samples']:,} samples / {x['shards']} shards",
+                f"{x['scan_s']:.2f} s",
+                f"peak RSS {x['rss_mb']:.0f} MB",
+                f"(before {x['rss_before_mb']:.0f} MB)",
+            )
+        )
+        rows.append(
+            (
+                f"select= scan, split_scan=True, one rank of 8, {x['samples']:,} samples",
+                f"{x['split_of_8_s']:.2f} s",
+                "",
+                "",
+            )
+        )
     if r["scan"]:
         x = r["scan"][-1]
         per = x["scan_s"] / x["samples"]
         total = r["startup"]["samples"]
-        rows.append((f"select= start-up at {total:.1e} samples (extrapolated from {x['samples']:,})",
-                     f"{per * total:.0f} s per rank", f"split_scan, 64 ranks: {per * total / 64:.1f} s",
-                     "MISS" if per * total >= TARGETS["startup_s"] else "PASS"))  # fmt: skip
+        rows.append(
+            (
+                f"select= start-up at {total:.1e} samples (extrapolated from {x['samples']:,})",
+                f"{per * total:.0f} s per rank",
+                f"split_scan, 64 ranks: {per * total / 64:.1f} s",
+                "MISS" if per * total >= TARGETS["startup_s"] else "PASS",
+            )
+        )
     s = r["startup"]
     summary = f"{s['summary_bytes'] / 1e6:.1f} MB"
     rows.append((f"summary of {s['samples']:.2e} samples / {s['shards']:,} shards", summary, "", ""))
     for w in ("class", "slide"):
         ok = s[w]["stream_s"] + s[w]["reader_s"] < TARGETS["startup_s"]
-        rows.append((f"weights={w!r} start-up (stream + one reader)", f"{s[w]['stream_s']:.2f} s + "
-                     f"{s[w]['reader_s']:.2f} s", f"plan pickled {s[w]['plan_pickle_bytes'] / 1e6:.1f} MB",
-                     "PASS" if ok else "MISS"))  # fmt: skip
-    rows.append(("start-up peak RSS (one rank)", f"{s['rss_mb']:.0f} MB", f"(before {s['rss_before_mb']:.0f} MB)",
-                 "PASS" if s["rss_mb"] < TARGETS["startup_rss_mb"] else "MISS"))  # fmt: skip
-    caption = (f"Per-sample index at archive scale (targets: start-up < {TARGETS['startup_s']} s and "
-               f"< {TARGETS['startup_rss_mb']} MB per rank)")  # fmt: skip
+        rows.append(
+            (
+                f"weights={w!r} start-up (stream + one reader)",
+                f"{s[w]['stream_s']:.2f} s + {s[w]['reader_s']:.2f} s",
+                f"plan pickled {s[w]['plan_pickle_bytes'] / 1e6:.1f} MB",
+                "PASS" if ok else "MISS",
+            )
+        )
+    rows.append(
+        (
+            "start-up peak RSS (one rank)",
+            f"{s['rss_mb']:.0f} MB",
+            f"(before {s['rss_before_mb']:.0f} MB)",
+            "PASS" if s["rss_mb"] < TARGETS["startup_rss_mb"] else "MISS",
+        )
+    )
+    caption = (
+        f"Per-sample index at archive scale (targets: start-up < {TARGETS['startup_s']} s and "
+        f"< {TARGETS['startup_rss_mb']} MB per rank)"
+    )
     print(markdown(("what", "measured", "", ""), rows, caption))
 
 

@@ -42,8 +42,16 @@ def _read(blobs: list[bytes], native: bool) -> tuple[float, list[RawSample]]:
     t, raws = time.process_time(), []
     for i, blob in enumerate(blobs):
         for key, members in TarSamples(io.BytesIO(blob), ("jpg", "json", "cls"), native=native):
-            raws.append(RawSample(key=key, shard=str(i), image_ext="jpg", image=members["jpg"],
-                                  meta=members["json"], label=members.get("cls")))  # fmt: skip
+            raws.append(
+                RawSample(
+                    key=key,
+                    shard=str(i),
+                    image_ext="jpg",
+                    image=members["jpg"],
+                    meta=members["json"],
+                    label=members.get("cls"),
+                )
+            )
     return time.process_time() - t, raws
 
 
@@ -82,11 +90,16 @@ def measure(root: str, rounds: int) -> dict[str, Any]:
         runs["lut_torch"].append(_collate(batch, False, collate) / len(batch))
     med = {k: median_range(v)[0] * 1e6 for k, v in runs.items()}
     worker = med["scan_c"] + med["label_decode"]
-    return {"samples": len(raws), "patch_px": hw[0], "rounds": rounds,
-            "median_us": med, "range_us": {k: [x * 1e6 for x in median_range(v)[1:]] for k, v in runs.items()},
-            "worker_us": worker,
-            "scan_removed_pct": (med["scan_python"] - med["scan_c"]) / worker * 100,
-            "lut_removed_pct": (med["lut_torch"] - med["lut_c"]) / worker * 100}  # fmt: skip
+    return {
+        "samples": len(raws),
+        "patch_px": hw[0],
+        "rounds": rounds,
+        "median_us": med,
+        "range_us": {k: [x * 1e6 for x in median_range(v)[1:]] for k, v in runs.items()},
+        "worker_us": worker,
+        "scan_removed_pct": (med["scan_python"] - med["scan_c"]) / worker * 100,
+        "lut_removed_pct": (med["lut_torch"] - med["lut_c"]) / worker * 100,
+    }
 
 
 def main() -> int:
@@ -105,8 +118,10 @@ def main() -> int:
     rows = [(k, f"{v:.2f}", f"{rng[k][0]:.2f}-{rng[k][1]:.2f}") for k, v in med.items()]
     print(markdown(("step", "median (us)", "range (us)"), rows, caption))
     caption = f"What removing each C function costs, against a loader worker's {res['worker_us']:.0f} us a sample"
-    rows = [(name, f"+{res[key]:.1f}%", "keep" if res[key] >= 5 else "remove")
-            for name, key in (("scan", "scan_removed_pct"), ("lut_apply", "lut_removed_pct"))]  # fmt: skip
+    rows = [
+        (name, f"+{res[key]:.1f}%", "keep" if res[key] >= 5 else "remove")
+        for name, key in (("scan", "scan_removed_pct"), ("lut_apply", "lut_removed_pct"))
+    ]
     print(markdown(("C function", "cost without it", "rule (keep at >= 5%)"), rows, caption))
     print("JSON: " + json.dumps(res))
     return 0

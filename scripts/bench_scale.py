@@ -73,8 +73,12 @@ def stage_groups(n: int, _args: argparse.Namespace) -> dict[str, Any]:
     seconds = time.perf_counter() - t
     share = max(sum(len(groups[g]) for g in p) for p in parts) / n
     byte_share = max(sum(sizes[s] for g in p for s in groups[g]) for p in parts) / sum(sizes)
-    return {"seconds": seconds, "groups": len(groups), "part_share_x_n": share * PARTS,
-            "part_bytes_x_n": byte_share * PARTS}  # fmt: skip
+    return {
+        "seconds": seconds,
+        "groups": len(groups),
+        "part_share_x_n": share * PARTS,
+        "part_bytes_x_n": byte_share * PARTS,
+    }
 
 
 def stage_plan(n: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -95,19 +99,36 @@ def stage_plan(n: int, args: argparse.Namespace) -> dict[str, Any]:
         shards += len(plan_group(g, sizes, samples_per_shard=SAMPLES_PER_SHARD, seed=SEED))
         planned += time.perf_counter() - t
     scale = len(groups) / len(picks)
-    return {"seconds": grouping + planned * scale, "sampled": scale > 1, "groups_planned": len(picks),
-            "shards": round(shards * scale), "blocks": round(blocks * scale),
-            "per_group_ms": 1000 * planned / len(picks)}  # fmt: skip
+    return {
+        "seconds": grouping + planned * scale,
+        "sampled": scale > 1,
+        "groups_planned": len(picks),
+        "shards": round(shards * scale),
+        "blocks": round(blocks * scale),
+        "per_group_ms": 1000 * planned / len(picks),
+    }
 
 
 def _record(slide: int) -> Any:
     from wsishard.manifest import SlideRecord
 
     count = _patches(slide)
-    return SlideRecord(slide_id=f"TCGA-{slide:07d}-01Z-00-DX1", file=f"s3://archive/slides/TCGA-{slide:07d}.svs",
-                         status="ok" if count else "failed", reason="" if count else "no tissue found",
-                         width=100_000, height=80_000, slide_mpp=0.2520, mpp_source="openslide", patch_mpp=0.5, level=0,
-                         downsample=1.0, tissue_fraction=0.25, candidates=4 * count, patches=count)  # fmt: skip
+    return SlideRecord(
+        slide_id=f"TCGA-{slide:07d}-01Z-00-DX1",
+        file=f"s3://archive/slides/TCGA-{slide:07d}.svs",
+        status="ok" if count else "failed",
+        reason="" if count else "no tissue found",
+        width=100_000,
+        height=80_000,
+        slide_mpp=0.2520,
+        mpp_source="openslide",
+        patch_mpp=0.5,
+        level=0,
+        downsample=1.0,
+        tissue_fraction=0.25,
+        candidates=4 * count,
+        patches=count,
+    )
 
 
 def _scan(slide: int) -> Any:
@@ -119,9 +140,15 @@ def _scan(slide: int) -> Any:
     if not count:
         return ScanResult(record)
     rng = np.random.default_rng((SEED, slide, 0xCA))
-    cands = Candidates(col=rng.integers(0, 400, count), row=rng.integers(0, 300, count),
-                       tissue=rng.random(count, dtype=np.float32), l0_per_o=1.984, stride=256, patch=256,
-                       total=4 * count)  # fmt: skip
+    cands = Candidates(
+        col=rng.integers(0, 400, count),
+        row=rng.integers(0, 300, count),
+        tissue=rng.random(count, dtype=np.float32),
+        l0_per_o=1.984,
+        stride=256,
+        patch=256,
+        total=4 * count,
+    )
     return ScanResult(record, cands)
 
 
@@ -139,8 +166,13 @@ def stage_state(n: int, args: argparse.Namespace) -> dict[str, Any]:
         folder = Path(tmp, ".wsishard", "scan")
         nbytes = sum(p.stat().st_size for p in folder.iterdir())
     scale = n / sample
-    return {"seconds": seconds * scale, "sampled": scale > 1, "bytes": round(nbytes * scale),
-            "bytes_per_slide": nbytes / sample, "slides_written": sample}  # fmt: skip
+    return {
+        "seconds": seconds * scale,
+        "sampled": scale > 1,
+        "bytes": round(nbytes * scale),
+        "bytes_per_slide": nbytes / sample,
+        "slides_written": sample,
+    }
 
 
 def _manifest(n: int, n_shards: int) -> Any:
@@ -148,9 +180,16 @@ def _manifest(n: int, n_shards: int) -> Any:
     from wsishard.manifest import Manifest, ShardRecord
 
     per_group = max(1, n_shards // max(1, math.ceil(n / GROUP_SLIDES)))
-    shards = [ShardRecord(name=shard_name(shard_index(i // per_group, i % per_group)), samples=SAMPLES_PER_SHARD,
-                          bytes=256_000_000 + i, sha256=f"{i:064x}", slides=GROUP_SLIDES)
-              for i in range(n_shards)]  # fmt: skip
+    shards = [
+        ShardRecord(
+            name=shard_name(shard_index(i // per_group, i % per_group)),
+            samples=SAMPLES_PER_SHARD,
+            bytes=256_000_000 + i,
+            sha256=f"{i:064x}",
+            slides=GROUP_SLIDES,
+        )
+        for i in range(n_shards)
+    ]
     slides = [_record(s) for s in range(n)]
     options = {"inputs": ["s3://archive/slides/"], "patch": {"patch_size_px": 256, "target_mpp": 0.5}, "seed": SEED}
     return Manifest(options=options, shards=shards, slides=slides, wsishard_version="bench")
@@ -175,8 +214,13 @@ def stage_manifest(n: int, args: argparse.Namespace) -> dict[str, Any]:
             dest.write_bytes(name, data)
         seconds = time.perf_counter() - t
         sizes = {p.name: p.stat().st_size for p in Path(tmp).iterdir()}
-    return {"seconds": seconds, "shards": len(manifest.shards), "manifest_bytes": sizes["manifest.json"],
-            "slides_bytes": sizes["slides.jsonl"], "bytes_per_slide": sizes["slides.jsonl"] / n}  # fmt: skip
+    return {
+        "seconds": seconds,
+        "shards": len(manifest.shards),
+        "manifest_bytes": sizes["manifest.json"],
+        "slides_bytes": sizes["slides.jsonl"],
+        "bytes_per_slide": sizes["slides.jsonl"] / n,
+    }
 
 
 def _startup(n_slides: int, n_shards: int, workdir: str | None) -> tuple[float, int]:
@@ -257,18 +301,28 @@ def s3_two_parts(workdir: str | None) -> dict[str, Any]:
             total = sum(os.path.getsize(s.path) for s in slides)
             per_part, shards = [], {}
             for how, fast in (("in place", True), ("copied", False)):  # SVS read by range; or through OpenSlide
-                opts = BuildOptions(patch=PatchOptions(patch_size_px=128), shard_samples=200, group_slides=2, jobs=2,
-                                    fast_path=fast)  # fmt: skip
+                opts = BuildOptions(
+                    patch=PatchOptions(patch_size_px=128), shard_samples=200, group_slides=2, jobs=2, fast_path=fast
+                )
                 for i in (1, 2):
                     before, t = sum(sent.values()), time.perf_counter()
-                    manifest = build(["s3://bench/slides/"], str(Path(tmp, how)), opts, storage_options=options,
-                                     part=(i, 2))  # fmt: skip
+                    manifest = build(
+                        ["s3://bench/slides/"], str(Path(tmp, how)), opts, storage_options=options, part=(i, 2)
+                    )
                     files = {Path(s.file).name for s in manifest.slides}
                     own = sum(os.path.getsize(Path(tmp, "slides", f)) for f in files)
                     took, got = time.perf_counter() - t, sum(sent.values()) - before
-                    per_part.append({"reads": how, "part": i, "slides": len(files), "slide_bytes": own,
-                                     "seconds": took, "downloaded": got,
-                                     "bytes_read": sum(s.bytes_read for s in manifest.slides)})  # fmt: skip
+                    per_part.append(
+                        {
+                            "reads": how,
+                            "part": i,
+                            "slides": len(files),
+                            "slide_bytes": own,
+                            "seconds": took,
+                            "downloaded": got,
+                            "bytes_read": sum(s.bytes_read for s in manifest.slides),
+                        }
+                    )
                 shards[how] = len(merge(str(Path(tmp, how))).shards)
     finally:
         server.stop()
@@ -298,23 +352,55 @@ def main() -> None:
     for n in sizes:
         log(f"{n:,} slides: {', '.join(STAGES)}")
         rows[n] = {stage: _run_child(stage, n, args) for stage in STAGES}
-    cells = [(f"{n:,}", stage, ("~" if r.get("sampled") else "") + f"{r['seconds']:.2f}", f"{r['peak_rss_mb']:.0f}",
-              str({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
-                   if k not in ("seconds", "peak_rss_mb", "sampled")}))
-             for n in sizes for stage, r in rows[n].items()]  # fmt: skip
-    print(markdown(("slides", "stage", "seconds", "peak MB", "detail"), cells, f"child baseline RSS {baseline:.0f} MB; "
-                   f"{PARTS} parts; groups of {GROUP_SLIDES}; '~' = extrapolated"))  # fmt: skip
+    cells = [
+        (
+            f"{n:,}",
+            stage,
+            ("~" if r.get("sampled") else "") + f"{r['seconds']:.2f}",
+            f"{r['peak_rss_mb']:.0f}",
+            str(
+                {
+                    k: (round(v, 3) if isinstance(v, float) else v)
+                    for k, v in r.items()
+                    if k not in ("seconds", "peak_rss_mb", "sampled")
+                }
+            ),
+        )
+        for n in sizes
+        for stage, r in rows[n].items()
+    ]
+    print(
+        markdown(
+            ("slides", "stage", "seconds", "peak MB", "detail"),
+            cells,
+            f"child baseline RSS {baseline:.0f} MB; {PARTS} parts; groups of {GROUP_SLIDES}; '~' = extrapolated",
+        )
+    )
     growth = _growth_table(rows, sizes)
     verdicts = _verdicts(rows, sizes)
     s3 = None if args.no_s3 else s3_two_parts(args.workdir)
     if s3:
-        cells = [(p["reads"], p["part"], p["slides"], f"{p['slide_bytes']:,}", f"{p['bytes_read']:,}",
-                  f"{p['bytes_read'] / max(p['slide_bytes'], 1):.2f}x",
-                  f"{p['downloaded'] / max(p['slide_bytes'], 1):.2f}x", f"{p['seconds']:.1f}")
-                 for p in s3["parts"]]  # fmt: skip
-        print("\n" + markdown(("reads", "part", "slides", "slide bytes", "bytes_read", "/ its slides", "server sent",
-                                "seconds"), cells, f"S3 2-part build: {s3['slides']} slides, {s3['slide_bytes']:,} "
-                               "bytes in all"))  # fmt: skip
+        cells = [
+            (
+                p["reads"],
+                p["part"],
+                p["slides"],
+                f"{p['slide_bytes']:,}",
+                f"{p['bytes_read']:,}",
+                f"{p['bytes_read'] / max(p['slide_bytes'], 1):.2f}x",
+                f"{p['downloaded'] / max(p['slide_bytes'], 1):.2f}x",
+                f"{p['seconds']:.1f}",
+            )
+            for p in s3["parts"]
+        ]
+        print(
+            "\n"
+            + markdown(
+                ("reads", "part", "slides", "slide bytes", "bytes_read", "/ its slides", "server sent", "seconds"),
+                cells,
+                f"S3 2-part build: {s3['slides']} slides, {s3['slide_bytes']:,} bytes in all",
+            )
+        )
     targets = {k: {"value": v, "verdict": "not run" if ok is None else verdict(ok)} for k, (v, ok) in verdicts.items()}
     print("\n" + markdown(("target", "measured", ""), [(k, t["value"], t["verdict"]) for k, t in targets.items()]))
     out = {"sizes": sizes, "baseline_rss_mb": baseline, "rows": rows, "growth": growth, "s3": s3, "targets": targets}
@@ -326,8 +412,10 @@ def _growth_table(rows: dict[int, dict[str, dict[str, Any]]], sizes: list[int]) 
     if len(sizes) < 2:
         return {}
     pairs = list(itertools.pairwise(sizes))
-    growth = {stage: [round(rows[b][stage]["seconds"] / max(rows[a][stage]["seconds"], 1e-9), 2) for a, b in pairs]
-              for stage in STAGES}  # fmt: skip
+    growth = {
+        stage: [round(rows[b][stage]["seconds"] / max(rows[a][stage]["seconds"], 1e-9), 2) for a, b in pairs]
+        for stage in STAGES
+    }
     steps = ", ".join(f"{b // a}x" for a, b in pairs)
     head = ("stage", *(f"{a:,} -> {b:,}" for a, b in pairs))
     caption = f"growth: time ratio between consecutive sizes (slides grew {steps}; linear = the same ratio)"
@@ -350,12 +438,17 @@ def _verdicts(rows: dict[int, dict[str, dict[str, Any]]], sizes: list[int]) -> d
     verdicts[names[2]] = (f"{share:.3f}", share <= TARGETS[names[2]])
     startup = max(r["startup"]["seconds_100k_shards"] for r in rows.values())
     verdicts[names[3]] = (f"{startup:.2f} s", startup < TARGETS[names[3]])
-    per_slide = [rows[n]["state"]["bytes_per_slide"] for n in sizes] + [rows[n]["manifest"]["bytes_per_slide"]
-                                                                          for n in sizes]  # fmt: skip
-    dev = max(_growth([rows[n]["state"]["bytes_per_slide"] for n in sizes]),
-              _growth([rows[n]["manifest"]["bytes_per_slide"] for n in sizes]))  # fmt: skip
-    verdicts[names[4]] = (f"{dev:.1%} (bytes/slide {[round(b) for b in per_slide]})",
-                          dev <= TARGETS[names[4]] if len(sizes) > 1 else None)  # fmt: skip
+    per_slide = [rows[n]["state"]["bytes_per_slide"] for n in sizes] + [
+        rows[n]["manifest"]["bytes_per_slide"] for n in sizes
+    ]
+    dev = max(
+        _growth([rows[n]["state"]["bytes_per_slide"] for n in sizes]),
+        _growth([rows[n]["manifest"]["bytes_per_slide"] for n in sizes]),
+    )
+    verdicts[names[4]] = (
+        f"{dev:.1%} (bytes/slide {[round(b) for b in per_slide]})",
+        dev <= TARGETS[names[4]] if len(sizes) > 1 else None,
+    )
     return verdicts
 
 

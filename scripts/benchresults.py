@@ -21,14 +21,22 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 TITLES = {  # each script's section on the performance page
-    "bench_build": "Build", "bench_build_context": "Context patches: build cost", "bench_stream": "Streaming",
-    "bench_stream_context": "Context patches: streaming", "bench_index": "Per-sample index at archive scale",
-    "bench_sampling": "Weighted and selected streaming", "bench_stain": "Stain on the device",
-    "bench_native": "The C module", "bench_scale": "Scale", "bench_quality": "Per-patch quality scores",
-    "bench_tissue": "Tissue detection and artefacts", "bench_stain_gpu": "Stain on a GPU",
-    "bench_stream_gpu": "Streaming on a GPU machine", "bench_gpu_loader": "Decode on the GPU",
+    "bench_build": "Build",
+    "bench_build_context": "Context patches: build cost",
+    "bench_stream": "Streaming",
+    "bench_stream_context": "Context patches: streaming",
+    "bench_index": "Per-sample index at archive scale",
+    "bench_sampling": "Weighted and selected streaming",
+    "bench_stain": "Stain on the device",
+    "bench_native": "The C module",
+    "bench_scale": "Scale",
+    "bench_quality": "Per-patch quality scores",
+    "bench_tissue": "Tissue detection and artefacts",
+    "bench_stain_gpu": "Stain on a GPU",
+    "bench_stream_gpu": "Streaming on a GPU machine",
+    "bench_gpu_loader": "Decode on the GPU",
     "sampling_checks": "Weighted and selected sampling: the checks at full size",
-}  # fmt: skip
+}
 
 
 class _Tee(io.TextIOBase):

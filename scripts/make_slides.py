@@ -60,10 +60,18 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         slides = make_slides(
-            args.folder, args.n, seed=args.seed, width=width, height=height, mpp=args.mpp, kinds=kinds,
-            tissue_fraction=args.tissue_fraction, dust=not args.no_dust, include_mpp=not args.no_mpp,
+            args.folder,
+            args.n,
+            seed=args.seed,
+            width=width,
+            height=height,
+            mpp=args.mpp,
+            kinds=kinds,
+            tissue_fraction=args.tissue_fraction,
+            dust=not args.no_dust,
+            include_mpp=not args.no_mpp,
             quality=args.quality,
-        )  # fmt: skip
+        )
     except ValueError as exc:
         print(f"make_slides: error: {exc}", file=sys.stderr)
         return 2
@@ -72,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         mask_path = path.with_name(path.name.rsplit(".", 1)[0] + ".mask.png")
         Image.fromarray(s.mask.astype(np.uint8) * 255).save(mask_path)
         size_mb = path.stat().st_size / 1e6
-        print(f"{path}  {s.width}x{s.height} @ {s.mpp:g} mpp  tissue {s.mask.mean():.3f}  {size_mb:.1f} MB  "
-              f"mask {mask_path.name} (1 px = {s.mask_downsample:g} px)")  # fmt: skip
+        print(
+            f"{path}  {s.width}x{s.height} @ {s.mpp:g} mpp  tissue {s.mask.mean():.3f}  {size_mb:.1f} MB  "
+            f"mask {mask_path.name} (1 px = {s.mask_downsample:g} px)"
+        )
     print(f"{len(slides)} slides in {time.perf_counter() - start:.1f} s")
     return 0
 

@@ -42,8 +42,10 @@ def _readers(source: str, per_reader: int, **kw: Any) -> list[dict[str, Any]]:
     for rank, worker in TWO:
         world = World(rank=rank, world_size=2, worker=worker, num_workers=2)
         for batch in itertools.islice(ds.pipeline(world, 0), per_reader // 250):
-            out += [{"label": label, "slide": key.rsplit("_x", 1)[0]} for label, key in
-                    zip(batch["label"].tolist(), batch["key"], strict=True)]  # fmt: skip
+            out += [
+                {"label": label, "slide": key.rsplit("_x", 1)[0]}
+                for label, key in zip(batch["label"].tolist(), batch["key"], strict=True)
+            ]
     return out
 
 
@@ -68,8 +70,9 @@ def check_select(source: str) -> dict[str, Any]:
 
     valid, inside, batches = [], True, []
     for rank in range(2):
-        ds = stream(source, batch_size=64, resampled=False, select=_tissue, pad_last=True,
-                    world=World(rank=rank, world_size=2))  # fmt: skip
+        ds = stream(
+            source, batch_size=64, resampled=False, select=_tissue, pad_last=True, world=World(rank=rank, world_size=2)
+        )
         n = 0
         for batch in loader(ds, num_workers=2):
             n += 1
@@ -79,9 +82,14 @@ def check_select(source: str) -> dict[str, Any]:
                     inside &= meta["tissue"] >= 0.75
         batches.append(n)
         selected = int(ds.counts.sum())
-    return {"selected": selected, "valid": len(valid), "distinct": len(set(valid)), "inside_mask": bool(inside),
-            "batches_per_rank": batches,
-            "pass": inside and len(valid) == len(set(valid)) == selected and batches[0] == batches[1]}  # fmt: skip
+    return {
+        "selected": selected,
+        "valid": len(valid),
+        "distinct": len(set(valid)),
+        "inside_mask": bool(inside),
+        "batches_per_rank": batches,
+        "pass": inside and len(valid) == len(set(valid)) == selected and batches[0] == batches[1],
+    }
 
 
 def check_resume(source: str) -> dict[str, Any]:
@@ -109,13 +117,23 @@ def main() -> int:
     args = ap.parse_args()
     source = str(labelled(Path(args.workdir), QUICK if args.quick else FULL))
     result: dict[str, Any] = {}
-    for name, fn in (("class", lambda: check_class(source, args.samples)),
-                     ("slide", lambda: check_slide(source, args.samples)),
-                     ("select", lambda: check_select(source)), ("resume", lambda: check_resume(source))):  # fmt: skip
+    for name, fn in (
+        ("class", lambda: check_class(source, args.samples)),
+        ("slide", lambda: check_slide(source, args.samples)),
+        ("select", lambda: check_select(source)),
+        ("resume", lambda: check_resume(source)),
+    ):
         t0 = time.perf_counter()
         result[name] = {**fn(), "seconds": round(time.perf_counter() - t0, 1)}
-    rows = [(name, verdict(r["pass"]), json.dumps({k: v for k, v in r.items() if k not in ("pass", "seconds")},
-             default=float), r["seconds"]) for name, r in result.items()]  # fmt: skip
+    rows = [
+        (
+            name,
+            verdict(r["pass"]),
+            json.dumps({k: v for k, v in r.items() if k not in ("pass", "seconds")}, default=float),
+            r["seconds"],
+        )
+        for name, r in result.items()
+    ]
     print(markdown(("check", "verdict", "figures", "seconds"), rows, "The sampling features' checks at full size"))
     print("JSON: " + json.dumps(result, default=float))
 

@@ -47,8 +47,9 @@ Case = Callable[[Path], str]  # returns what it saw; raises AssertionError when 
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "wsishard.cli", *args], capture_output=True, text=True, timeout=300,
-                          env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "wsishard.cli", *args], capture_output=True, text=True, timeout=300, env=env
+    )
 
 
 def _usage_error(proc: subprocess.CompletedProcess[str], *words: str) -> str:
@@ -121,8 +122,20 @@ def _site(work: Path, name: str, code: str) -> dict[str, str]:
 
 def second_build_is_refused(work: Path) -> str:
     out = work / "contended"
-    cmd = [sys.executable, "-m", "wsishard.cli", "build", str(_slides(work)), "-o", str(out), "--patch-size", "32",
-           "--jobs", "1", "-q"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "wsishard.cli",
+        "build",
+        str(_slides(work)),
+        "-o",
+        str(out),
+        "--patch-size",
+        "32",
+        "--jobs",
+        "1",
+        "-q",
+    ]
     first = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=_site(work, "slow", _SLOW))
     try:
         deadline = time.monotonic() + 60
@@ -151,13 +164,18 @@ def replaced_slide_is_noticed(work: Path) -> str:
 
 def bad_labels_are_usage_errors(work: Path) -> str:
     seen = []
-    for table, word in (("slide-000,1\nslide-001,tumor\nslide-002,2\n", "mixed"),
-                        ("slide-000,1\nslide-001,99999999999999999999999\n", "0..2**63-1"),
-                        ("slide-000,1\nslide-000,2\n", "listed twice")):  # fmt: skip
+    for table, word in (
+        ("slide-000,1\nslide-001,tumor\nslide-002,2\n", "mixed"),
+        ("slide-000,1\nslide-001,99999999999999999999999\n", "0..2**63-1"),
+        ("slide-000,1\nslide-000,2\n", "listed twice"),
+    ):
         (work / "labels.csv").write_text(table)
         out = work / "labels-out"
-        seen.append(_usage_error(_cli("build", str(_slides(work)), "-o", str(out), *SMALL, "--labels",
-                                      str(work / "labels.csv")), word))  # fmt: skip
+        seen.append(
+            _usage_error(
+                _cli("build", str(_slides(work)), "-o", str(out), *SMALL, "--labels", str(work / "labels.csv")), word
+            )
+        )
         assert not out.exists(), "a usage error wrote into OUT"
     return f"{len(seen)} tables refused before any work"
 
@@ -165,8 +183,12 @@ def bad_labels_are_usage_errors(work: Path) -> str:
 def bad_values_are_usage_errors(work: Path) -> str:
     (work / "afile").write_text("x")
     (work / "mpp.csv").write_text("slide-000,nan\n")
-    cases = [(["--seed", "-1"], "seed"), (["--quality", "0"], "quality"), (["--mpp-csv", str(work / "mpp.csv")], "nan"),
-             (["--patch-size", "4"], "patch")]  # fmt: skip
+    cases = [
+        (["--seed", "-1"], "seed"),
+        (["--quality", "0"], "quality"),
+        (["--mpp-csv", str(work / "mpp.csv")], "nan"),
+        (["--patch-size", "4"], "patch"),
+    ]
     for args, word in cases:
         _usage_error(_cli("build", str(_slides(work)), "-o", str(work / "values-out"), *SMALL, *args), word)
     _usage_error(_cli("build", str(_slides(work)), "-o", str(work / "afile"), *SMALL), "not a folder")
@@ -328,8 +350,12 @@ def inspect_html_keeps_the_build(work: Path) -> str:
 def url_credentials_are_refused_unseen(work: Path) -> str:
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
     url = f"s3://AKIAEXAMPLEKEYID:{_SECRET}@bucket/in/"
-    runs = [("build", url, "-o", str(work / "creds-out"), "-q"), ("build", str(_slides(work)), "-o", url, "-q"),
-            ("verify", url, "-q"), ("inspect", url)]  # fmt: skip
+    runs = [
+        ("build", url, "-o", str(work / "creds-out"), "-q"),
+        ("build", str(_slides(work)), "-o", url, "-q"),
+        ("verify", url, "-q"),
+        ("inspect", url),
+    ]
     for args in runs:
         proc = _cli(*args, env=env)
         _usage_error(proc, "credentials in an s3:// URL are not read", "s3://***@bucket/in/")
@@ -349,8 +375,10 @@ def presigned_url_is_not_stored(work: Path) -> str:
     secrets = ("PASSW0RDSECRET", "SIGNATURESECRET", "TOKENSECRET")
     out = work / "presigned"
     with running_http(str(_slides(work))) as server:
-        url = (f"{server.url.replace('http://', f'http://reader:{secrets[0]}@')}/slide-000.svs"
-               f"?X-Amz-Signature={secrets[1]}&token={secrets[2]}")  # fmt: skip
+        url = (
+            f"{server.url.replace('http://', f'http://reader:{secrets[0]}@')}/slide-000.svs"
+            f"?X-Amz-Signature={secrets[1]}&token={secrets[2]}"
+        )
         proc = _cli("build", url, "-o", str(out), *SMALL)
     assert proc.returncode == 0, proc.stderr[-500:]
     files = [p for p in out.rglob("*") if p.is_file()]
@@ -364,8 +392,13 @@ def same_slide_twice_is_built_once(work: Path) -> str:
     shutil.copytree(_slides(work), slides)
     (slides / "alias.svs").symlink_to(slides / "slide-000.svs")
     (slides / "gone.svs").symlink_to(work / "deleted.svs")
-    proc = subprocess.run([sys.executable, "-m", "wsishard.cli", "build", "aliased", str(slides), "-o", "aliased-out",
-                           *SMALL], capture_output=True, text=True, timeout=300, cwd=work)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "wsishard.cli", "build", "aliased", str(slides), "-o", "aliased-out", *SMALL],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=work,
+    )
     assert proc.returncode == 1, f"exit {proc.returncode}: {proc.stderr[-500:]}"  # 1: the dangling link failed
     manifest, _ = load_manifest(str(work / "aliased-out"))
     files = sorted(os.path.basename(s.file) for s in manifest.slides)
@@ -376,9 +409,11 @@ def same_slide_twice_is_built_once(work: Path) -> str:
 
 
 def slurm_ids_that_are_no_part(work: Path) -> str:
-    cases = [{"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "3"},
-             {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MAX": "7"},
-             {"SLURM_ARRAY_TASK_ID": "abc", "SLURM_ARRAY_TASK_COUNT": "3"}]  # fmt: skip
+    cases = [
+        {"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "3"},
+        {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MAX": "7"},
+        {"SLURM_ARRAY_TASK_ID": "abc", "SLURM_ARRAY_TASK_COUNT": "3"},
+    ]
     for environ in cases:
         out = work / "slurm-out"
         _usage_error(_cli("build", str(_slides(work)), "-o", str(out), *SMALL, env={**os.environ, **environ}), "Slurm")
@@ -389,8 +424,18 @@ def slurm_ids_that_are_no_part(work: Path) -> str:
 def tables_that_mean_nothing(work: Path) -> str:
     for text in ("", "slide,label\n", "# later\n"):
         (work / "empty-labels.csv").write_text(text)
-        _usage_error(_cli("build", str(_slides(work)), "-o", str(work / "t-out"), *SMALL, "--labels",
-                          str(work / "empty-labels.csv")), "no slide,label line")  # fmt: skip
+        _usage_error(
+            _cli(
+                "build",
+                str(_slides(work)),
+                "-o",
+                str(work / "t-out"),
+                *SMALL,
+                "--labels",
+                str(work / "empty-labels.csv"),
+            ),
+            "no slide,label line",
+        )
     twins = work / "twins"
     for folder in ("a", "b"):
         shutil.copytree(_slides(work), twins / folder)
@@ -431,8 +476,9 @@ def wrong_resolutions_say_so(work: Path) -> str:
     proc = _cli("build", str(_slides(work)), "-o", str(work / "tiny-mpp"), *SMALL, "--mpp", "1e-30", "--allow-upsample")
     assert proc.returncode == 1 and "more than --max-upsample 4 allows" in proc.stdout, proc.stdout[-500:]
     assert "MemoryError" not in proc.stdout
-    _usage_error(_cli("build", str(_slides(work)), "-o", str(work / "thumb-out"), *SMALL, "--thumb-mpp", "1e9"),
-                 "thumb_mpp")  # fmt: skip
+    _usage_error(
+        _cli("build", str(_slides(work)), "-o", str(work / "thumb-out"), *SMALL, "--thumb-mpp", "1e9"), "thumb_mpp"
+    )
     return "72 dpi TIFF: 'metadata looks wrong'; --mpp 1e-30: over --max-upsample; --thumb-mpp 1e9: usage error"
 
 
@@ -442,16 +488,18 @@ def empty_part_says_why(work: Path) -> str:
     return proc.stderr.strip().splitlines()[-1][-90:]
 
 
-CASES.update({
-    "inspect --html onto the build's own files": inspect_html_keeps_the_build,
-    "credentials written into an s3:// URL": url_credentials_are_refused_unseen,
-    "a presigned slide URL with user info": presigned_url_is_not_stored,
-    "the same slide twice, a dangling symlink": same_slide_twice_is_built_once,
-    "Slurm array ids that are no part": slurm_ids_that_are_no_part,
-    "tables and lists that meant nothing": tables_that_mean_nothing,
-    "resolutions no microscope gives": wrong_resolutions_say_so,
-    "a part that gets no group": empty_part_says_why,
-})  # fmt: skip
+CASES.update(
+    {
+        "inspect --html onto the build's own files": inspect_html_keeps_the_build,
+        "credentials written into an s3:// URL": url_credentials_are_refused_unseen,
+        "a presigned slide URL with user info": presigned_url_is_not_stored,
+        "the same slide twice, a dangling symlink": same_slide_twice_is_built_once,
+        "Slurm array ids that are no part": slurm_ids_that_are_no_part,
+        "tables and lists that meant nothing": tables_that_mean_nothing,
+        "resolutions no microscope gives": wrong_resolutions_say_so,
+        "a part that gets no group": empty_part_says_why,
+    }
+)
 # ---- end of issue 28 (items 1, 2, 5, 6, 8, 13) ----------------------------------------------------------------
 
 
@@ -522,8 +570,18 @@ def workers_die_with_a_killed_build(work: Path) -> str:
     marks = work / "marks"
     marks.mkdir()
     env = {**_site(work, "stall", _STALL), "TORTURE_MARKS": str(marks)}
-    cmd = [sys.executable, "-m", "wsishard.cli", "build", str(_slides(work)), "-o", str(work / "orphans"), "--jobs",
-           "2", "-q"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "wsishard.cli",
+        "build",
+        str(_slides(work)),
+        "-o",
+        str(work / "orphans"),
+        "--jobs",
+        "2",
+        "-q",
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     workers: list[int] = []
     try:
@@ -616,8 +674,9 @@ def too_few_file_descriptors(work: Path) -> str:
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (56, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
-    short = subprocess.run([sys.executable, "-m", "wsishard.cli", *args], capture_output=True, text=True,
-                           timeout=600, preexec_fn=limit)  # fmt: skip
+    short = subprocess.run(
+        [sys.executable, "-m", "wsishard.cli", *args], capture_output=True, text=True, timeout=600, preexec_fn=limit
+    )
     err = _usage_error(short, "too many open files", "run the build again")
     assert not (out / ".wsishard" / "failed.json").exists(), "slides recorded as failed"
     again = _cli(*args)
@@ -627,15 +686,17 @@ def too_few_file_descriptors(work: Path) -> str:
     return f"stopped ({err.split('error: ', 1)[-1][:70]}...), the re-run built all 30"
 
 
-CASES.update({
-    "JPEG tiles that end early (fast path)": damaged_tiles_fail_the_slide,
-    "shards deleted or truncated before a re-run": rerun_redoes_missing_and_damaged_shards,
-    "the build's process SIGKILLed": workers_die_with_a_killed_build,
-    "a label of 2**70": overflowing_labels,
-    "a .json nested 500,000 deep (verify)": deep_json_in_verify,
-    "a damaged loader state": damaged_loader_state,
-    "ulimit -n 56 with 30 slides": too_few_file_descriptors,
-})  # fmt: skip
+CASES.update(
+    {
+        "JPEG tiles that end early (fast path)": damaged_tiles_fail_the_slide,
+        "shards deleted or truncated before a re-run": rerun_redoes_missing_and_damaged_shards,
+        "the build's process SIGKILLed": workers_die_with_a_killed_build,
+        "a label of 2**70": overflowing_labels,
+        "a .json nested 500,000 deep (verify)": deep_json_in_verify,
+        "a damaged loader state": damaged_loader_state,
+        "ulimit -n 56 with 30 slides": too_few_file_descriptors,
+    }
+)
 
 
 def main(argv: list[str] | None = None) -> int:

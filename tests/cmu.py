@@ -33,5 +33,14 @@ def cmu_rgb() -> np.ndarray:
 def write_tiff(path: str, rgb: np.ndarray, mpp: float) -> None:
     """``rgb`` as a tiled JPEG TIFF with its resolution (one level: OpenSlide's generic TIFF reader opens it)."""
     res = 1e4 / mpp  # px per cm
-    tifffile.imwrite(path, rgb, tile=(256, 256), compression="jpeg", compressionargs={"level": 95},
-                     photometric="rgb", resolution=(res, res), resolutionunit="CENTIMETER", metadata=None)  # fmt: skip
+    tifffile.imwrite(
+        path,
+        rgb,
+        tile=(256, 256),
+        compression="jpeg",
+        compressionargs={"level": 95},
+        photometric="rgb",
+        resolution=(res, res),
+        resolutionunit="CENTIMETER",
+        metadata=None,
+    )

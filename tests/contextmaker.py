@@ -22,8 +22,9 @@ from wsishard.manifest import Manifest
 Maker = Callable[[str, int, bytes], bytes]  # (key, scale, the sample's image bytes) -> the context member's bytes
 
 
-def add_context(out: sm.Output, mpp: tuple[float, ...] = (2.0,), size_px: int = 24, *,
-                member: Maker | None = None, seed: int = 0) -> dict[str, np.ndarray]:  # fmt: skip
+def add_context(
+    out: sm.Output, mpp: tuple[float, ...] = (2.0,), size_px: int = 24, *, member: Maker | None = None, seed: int = 0
+) -> dict[str, np.ndarray]:
     """Rewrite every shard of ``out`` with K = ``len(mpp)`` context members a sample (noise patches of ``size_px`` in
     the output's image format, or ``member(key, scale, image bytes)``), and record the scales in the manifest.
 
@@ -50,8 +51,9 @@ def add_context(out: sm.Output, mpp: tuple[float, ...] = (2.0,), size_px: int = 
                 decoded[key] = np.stack(scales) if scales else np.zeros((0, size_px, size_px, 3), np.uint8)
             elif ext == "json":
                 meta = json.loads(data)
-                meta["context"] = [{"mpp": m, "x": meta["x"], "y": meta["y"], "size": size_px, "padded": 0.0}
-                                   for m in mpp]  # fmt: skip
+                meta["context"] = [
+                    {"mpp": m, "x": meta["x"], "y": meta["y"], "size": size_px, "padded": 0.0} for m in mpp
+                ]
                 result.append((name, json.dumps(meta, sort_keys=True).encode()))
             else:
                 result.append((name, data))

@@ -78,8 +78,14 @@ class S3Server:
 
 def aws_test_env(mp: pytest.MonkeyPatch) -> None:
     """Fake AWS credentials in the environment; no profile, config file or instance metadata lookups."""
-    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
-                 "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):  # fmt: skip
+    for name in (
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+        "AWS_SESSION_TOKEN",
+        "AWS_SECURITY_TOKEN",
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+    ):
         mp.delenv(name, raising=False)
     mp.setenv("AWS_ACCESS_KEY_ID", FAKE_KEY)
     mp.setenv("AWS_SECRET_ACCESS_KEY", FAKE_SECRET)

@@ -103,8 +103,11 @@ def make_output(
             writer.close()
         with open(os.path.join(root, name), "rb") as fh:
             data = fh.read()
-        records.append(ShardRecord(name=name, samples=count, bytes=len(data),
-                                   sha256=hashlib.sha256(data).hexdigest(), slides=len(used)))  # fmt: skip
+        records.append(
+            ShardRecord(
+                name=name, samples=count, bytes=len(data), sha256=hashlib.sha256(data).hexdigest(), slides=len(used)
+            )
+        )
     slide_records = [
         SlideRecord(
             slide_id=s,
@@ -130,21 +133,45 @@ def make_output(
         "patch_size": size_px,
         "seed": seed,
     }
-    out.manifest = Manifest(options=options, shards=records, slides=slide_records, image_format=image_format,
-                            created="1970-01-01T00:00:00Z", wsishard_version="test")  # fmt: skip
+    out.manifest = Manifest(
+        options=options,
+        shards=records,
+        slides=slide_records,
+        image_format=image_format,
+        created="1970-01-01T00:00:00Z",
+        wsishard_version="test",
+    )
     write_manifest(out)
     return out
 
 
-def _sample(rng: np.random.Generator, slide_id: str, serial: int, size: int, labelled: bool, label: int,
-            image_format: str, out: Output, jpeg_subsampling: int = -1) -> tuple[str, dict[str, bytes]]:  # fmt: skip
+def _sample(
+    rng: np.random.Generator,
+    slide_id: str,
+    serial: int,
+    size: int,
+    labelled: bool,
+    label: int,
+    image_format: str,
+    out: Output,
+    jpeg_subsampling: int = -1,
+) -> tuple[str, dict[str, bytes]]:
     x, y = (serial % 100) * size * 2, (serial // 100) * size * 2
     key = sample_key(slide_id, x, y)
     image = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)  # (h, w, 3)
     data = encode(image, image_format, jpeg_subsampling)
     out.images[key] = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
-    meta: PatchMeta = {"slide_id": slide_id, "file": f"{slide_id}.svs", "x": x, "y": y, "extent": size * 2,
-                       "patch_mpp": 0.5, "level": 0, "patch_size": size, "tissue": 1.0}  # fmt: skip
+    meta: PatchMeta = {
+        "slide_id": slide_id,
+        "file": f"{slide_id}.svs",
+        "x": x,
+        "y": y,
+        "extent": size * 2,
+        "patch_mpp": 0.5,
+        "level": 0,
+        "patch_size": size,
+        "tissue": 1.0,
+    }
     members = {image_format: data}
     if labelled:
         meta["label"] = label
@@ -163,8 +190,9 @@ def set_count(out: Output, shard_index: int, samples: int) -> None:
     """Make the manifest promise ``samples`` samples for one shard (to fake a short shard)."""
     shards = list(out.manifest.shards)
     old = shards[shard_index]
-    shards[shard_index] = ShardRecord(name=old.name, samples=samples, bytes=old.bytes, sha256=old.sha256,
-                                      slides=old.slides)  # fmt: skip
+    shards[shard_index] = ShardRecord(
+        name=old.name, samples=samples, bytes=old.bytes, sha256=old.sha256, slides=old.slides
+    )
     out.manifest = Manifest(**{**out.manifest.__dict__, "shards": shards})
     write_manifest(out)
 
@@ -181,8 +209,9 @@ def rewrite_member(out: Output, shard_index: int, key: str, ext: str, change: Ca
         writer.close()
 
 
-def rewrite_shard(out: Output, shard_index: int,
-                  change: Callable[[list[tuple[str, bytes]]], list[tuple[str, bytes]]]) -> None:  # fmt: skip
+def rewrite_shard(
+    out: Output, shard_index: int, change: Callable[[list[tuple[str, bytes]]], list[tuple[str, bytes]]]
+) -> None:
     """Rewrite one shard as ``change(its (member name, data) list)`` (any names, a valid USTAR tar) and update its
     manifest record (samples, bytes, sha256) to match: the shard then differs from the format, not the manifest."""
     path = out.path(shard_index)
@@ -206,8 +235,9 @@ def refresh_record(out: Output, shard_index: int) -> None:
         samples = len(list(group_members((m.name, None) for m in tar.getmembers() if is_sample_member(m.name))))
     shards = list(out.manifest.shards)
     old = shards[shard_index]
-    shards[shard_index] = ShardRecord(name=old.name, samples=samples, bytes=len(data),
-                                      sha256=hashlib.sha256(data).hexdigest(), slides=old.slides)  # fmt: skip
+    shards[shard_index] = ShardRecord(
+        name=old.name, samples=samples, bytes=len(data), sha256=hashlib.sha256(data).hexdigest(), slides=old.slides
+    )
     out.manifest = Manifest(**{**out.manifest.__dict__, "shards": shards})
     write_manifest(out)
 

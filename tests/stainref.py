@@ -10,8 +10,9 @@ from skimage import color
 from wsishard.streaming.stain import StainTarget
 
 
-def torchstain_normalize(tile: np.ndarray, matrix: np.ndarray, max_conc: np.ndarray, target: StainTarget,
-                          io: float = 240.0) -> np.ndarray:  # fmt: skip
+def torchstain_normalize(
+    tile: np.ndarray, matrix: np.ndarray, max_conc: np.ndarray, target: StainTarget, io: float = 240.0
+) -> np.ndarray:
     """torchstain's NumpyMacenkoNormalizer.normalize, its per-tile fit replaced by (matrix, max_conc), before its
     cast to uint8: float (h, w, 3) in 0..255."""
     od = -np.log((tile.reshape(-1, 3).astype(float) + 1) / io)

@@ -58,8 +58,12 @@ class FakeCuda:
         self.fail = fail
 
     def cuda(self) -> Cuda:
-        return Cuda(register=self._register, unregister=self._unregister, event=self._event,
-                    synchronize=lambda: self.calls.append(("sync",)))  # fmt: skip
+        return Cuda(
+            register=self._register,
+            unregister=self._unregister,
+            event=self._event,
+            synchronize=lambda: self.calls.append(("sync",)),
+        )
 
     def _register(self, ptr: int, n: int) -> int:
         self.calls.append(("register", ptr, n))

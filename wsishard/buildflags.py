@@ -24,11 +24,20 @@ from wsishard.errors import OptionError
 # What an option field's metadata may name in "parse": reads its flag's value (argparse.ArgumentTypeError or
 # OptionError refuse it).
 _PARSE: dict[str, Callable[[str], Any]] = {
-    "str": str, "int": cliargs.int_, "positive_int": cliargs.positive(int), "positive_float": cliargs.positive(float),
-    "non_negative": cliargs.non_negative, "non_negative_int": cliargs.non_negative_int, "fraction": cliargs.fraction,
-    "size": parse_size, "degrees": cliargs.degrees, "names": parse_names, "mpp_table": mpp_table,
-    "label_table": cliargs.labels, "mpps": context_mpps,
-}  # fmt: skip
+    "str": str,
+    "int": cliargs.int_,
+    "positive_int": cliargs.positive(int),
+    "positive_float": cliargs.positive(float),
+    "non_negative": cliargs.non_negative,
+    "non_negative_int": cliargs.non_negative_int,
+    "fraction": cliargs.fraction,
+    "size": parse_size,
+    "degrees": cliargs.degrees,
+    "names": parse_names,
+    "mpp_table": mpp_table,
+    "label_table": cliargs.labels,
+    "mpps": context_mpps,
+}
 _SHOW: dict[str, Callable[[Any], str]] = {"size": format_size}  # how a default is shown, by "parse" (else str)
 _GROUPS = {  # "group" in the metadata -> help section, in the order shown
     "patches": "patches",
@@ -118,8 +127,12 @@ def add_storage_option(group: Any) -> None:
 
 def add_build_flags(p: argparse.ArgumentParser) -> None:
     """The ``build`` command's arguments and flags, in their help groups."""
-    p.add_argument("slides", nargs="+", metavar="SLIDES", help="slide folders (searched recursively), slide files, "
-                   "or text files listing slide paths")  # fmt: skip
+    p.add_argument(
+        "slides",
+        nargs="+",
+        metavar="SLIDES",
+        help="slide folders (searched recursively), slide files, or text files listing slide paths",
+    )
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="output folder: shards, manifest.json, qc/")
     groups = {key: p.add_argument_group(title) for key, title in _GROUPS.items()}
     for dest, group, f in sorted(option_fields(), key=lambda item: list(_GROUPS).index(item[1])):
@@ -128,12 +141,20 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
         "--no-qc", dest="qc", action="store_false", default=argparse.SUPPRESS, help=argparse.SUPPRESS
     )
     g = groups["run"]
-    g.add_argument("--overwrite", action="store_true", help="replace a build with other slides or options in OUT "
-                   "(without it that is refused; the same build is resumed)")  # fmt: skip
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a build with other slides or options in OUT "
+        "(without it that is refused; the same build is resumed)",
+    )
     _add_cluster_flags(p)
-    g.add_argument("--scratch", metavar="DIR", help="local folder for copies of slides read from object storage "
-                   "(one slide per worker at a time, plus one group's staged patches; "
-                   "default: a temporary folder)")  # fmt: skip
+    g.add_argument(
+        "--scratch",
+        metavar="DIR",
+        help="local folder for copies of slides read from object storage "
+        "(one slide per worker at a time, plus one group's staged patches; "
+        "default: a temporary folder)",
+    )
     add_storage_option(g)
     g.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
@@ -141,11 +162,28 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
 def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
     """``--part`` and ``--part-count`` (and the old ``--parts``)."""
     c = p.add_argument_group("cluster builds (one part of the slides per array-job task; then wsishard merge OUT)")
-    c.add_argument("--part", type=cliargs.part, metavar="I/N", help="build only part I of N (1-based) and write a part "
-                   "manifest. Default in an array job: from Slurm's SLURM_ARRAY_TASK_ID/_COUNT, a Kubernetes Indexed "
-                   "Job's JOB_COMPLETION_INDEX or AWS Batch's AWS_BATCH_JOB_ARRAY_INDEX/_SIZE")  # fmt: skip
-    c.add_argument("--part-count", type=cliargs.positive(int), metavar="N", help="N, the number of parts, where the "
-                   "array job's environment gives only this task's index (Kubernetes Indexed Job: its "
-                   "completions)")  # fmt: skip
-    c.add_argument("--parts", type=cliargs.positive(int), dest="part_count", metavar="N", help=argparse.SUPPRESS,
-                   action=OldFlag, new_flag="--part-count")  # fmt: skip
+    c.add_argument(
+        "--part",
+        type=cliargs.part,
+        metavar="I/N",
+        help="build only part I of N (1-based) and write a part "
+        "manifest. Default in an array job: from Slurm's SLURM_ARRAY_TASK_ID/_COUNT, a Kubernetes Indexed "
+        "Job's JOB_COMPLETION_INDEX or AWS Batch's AWS_BATCH_JOB_ARRAY_INDEX/_SIZE",
+    )
+    c.add_argument(
+        "--part-count",
+        type=cliargs.positive(int),
+        metavar="N",
+        help="N, the number of parts, where the "
+        "array job's environment gives only this task's index (Kubernetes Indexed Job: its "
+        "completions)",
+    )
+    c.add_argument(
+        "--parts",
+        type=cliargs.positive(int),
+        dest="part_count",
+        metavar="N",
+        help=argparse.SUPPRESS,
+        action=OldFlag,
+        new_flag="--part-count",
+    )

@@ -32,12 +32,15 @@ EXIT_OK, EXIT_FAILED_SLIDES, EXIT_USAGE, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2,
 
 
 def _add_build_parser(sub: Any) -> None:
-    p = sub.add_parser("build", help="turn slides into mixed tissue-patch WebDataset shards",
-                       description="Detect tissue (Otsu), cut a patch grid at a target resolution, and write the "
-                       "tissue patches into WebDataset tar shards that mix slides, with a manifest and QC pictures. "
-                       "Exit status: 0 all slides built, 1 some slides failed (listed in the summary and the "
-                       "manifest), 2 bad usage or input, 3 another error (storage, permissions; -v shows its "
-                       "traceback).")  # fmt: skip
+    p = sub.add_parser(
+        "build",
+        help="turn slides into mixed tissue-patch WebDataset shards",
+        description="Detect tissue (Otsu), cut a patch grid at a target resolution, and write the "
+        "tissue patches into WebDataset tar shards that mix slides, with a manifest and QC pictures. "
+        "Exit status: 0 all slides built, 1 some slides failed (listed in the summary and the "
+        "manifest), 2 bad usage or input, 3 another error (storage, permissions; -v shows its "
+        "traceback).",
+    )
     add_build_flags(p)
     p.set_defaults(func=_cmd_build)
 
@@ -86,8 +89,16 @@ def _cmd_build(args: argparse.Namespace) -> int:
     bars = _Bars(args.quiet)
     try:
         part = args.part or array_part(os.environ, args.part_count)
-        manifest = build(args.slides, args.output, options, progress=bars, storage_options=dict(args.storage_option),
-                         part=part, overwrite=args.overwrite, scratch=args.scratch)  # fmt: skip
+        manifest = build(
+            args.slides,
+            args.output,
+            options,
+            progress=bars,
+            storage_options=dict(args.storage_option),
+            part=part,
+            overwrite=args.overwrite,
+            scratch=args.scratch,
+        )
     finally:
         bars.close()
     print(summary(manifest, args.output))
@@ -165,8 +176,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
-    top = _Parser(prog="wsishard", description="Whole-slide images to mixed tissue-patch WebDataset shards, "
-                  "streamed into PyTorch with two-level DDP sharding.")  # fmt: skip
+    top = _Parser(
+        prog="wsishard",
+        description="Whole-slide images to mixed tissue-patch WebDataset shards, "
+        "streamed into PyTorch with two-level DDP sharding.",
+    )
     top.add_argument("--version", action="version", version=f"wsishard {__version__}")
     top.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -174,12 +188,25 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="print a readable summary of a build output's manifest")
     p.add_argument("output", help="build output folder, manifest.json path, or URL prefix")
     p.add_argument("--rows", type=cliargs.positive(int), default=50, help="rows of the slide and shard tables")
-    p.add_argument("--html", metavar="FILE", help="write a page of every slide's QC picture and numbers, failed "
-                   "slides first (--qc writes one as OUT/qc/index.html)")  # fmt: skip
-    p.add_argument("--qc", action="store_true", help="draw the QC pictures missing from OUT/qc/ (from what the build "
-                   "recorded; the slides are read again where they can be) and write OUT/qc/index.html")  # fmt: skip
-    p.add_argument("--jobs", type=cliargs.positive(int), default=None, metavar="N",
-                   help="with --qc: pictures drawn at once (default: all cores)")  # fmt: skip
+    p.add_argument(
+        "--html",
+        metavar="FILE",
+        help="write a page of every slide's QC picture and numbers, failed "
+        "slides first (--qc writes one as OUT/qc/index.html)",
+    )
+    p.add_argument(
+        "--qc",
+        action="store_true",
+        help="draw the QC pictures missing from OUT/qc/ (from what the build "
+        "recorded; the slides are read again where they can be) and write OUT/qc/index.html",
+    )
+    p.add_argument(
+        "--jobs",
+        type=cliargs.positive(int),
+        default=None,
+        metavar="N",
+        help="with --qc: pictures drawn at once (default: all cores)",
+    )
     add_storage_option(p)
     p.set_defaults(func=_cmd_inspect)
     p = sub.add_parser("verify", help="re-read every shard and check sizes, sha256 and sample counts")

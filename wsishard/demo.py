@@ -26,8 +26,14 @@ DEMO_MEAN, DEMO_STD = (0.85, 0.63, 0.77), (0.13, 0.18, 0.10)  # the demo slides'
 Say = Callable[[str], None]
 
 
-def run_demo(output: str, say: Say, *, n_slides: int = 8, jobs: int | None = None,
-             progress: ProgressCallback[BuildProgress] = ignore_progress) -> int:  # fmt: skip
+def run_demo(
+    output: str,
+    say: Say,
+    *,
+    n_slides: int = 8,
+    jobs: int | None = None,
+    progress: ProgressCallback[BuildProgress] = ignore_progress,
+) -> int:
     """Run the demo into ``output`` (slides reused when already there), narrating through ``say``.
 
     Returns:
@@ -66,7 +72,9 @@ def _stream_batches(shards_dir: str, workers: int, say: Say) -> None:
     for step, batch in zip(range(DEMO_BATCHES), loader(dataset, num_workers=workers), strict=False):
         x = to_device(batch)["image"]
         slides = len({m["slide_id"] for m in batch["meta"]})
-        say(f"  batch {step}: image {tuple(x.shape)} {x.dtype} on {x.device}, mean {x.mean().item():+.3f}, "
-            f"{slides} slides in the batch")  # fmt: skip
+        say(
+            f"  batch {step}: image {tuple(x.shape)} {x.dtype} on {x.device}, mean {x.mean().item():+.3f}, "
+            f"{slides} slides in the batch"
+        )
     rate = DEMO_BATCHES * DEMO_BATCH / (time.perf_counter() - start)
     say(f"  {rate:.0f} samples/s including worker start-up")

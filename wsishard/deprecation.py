@@ -15,8 +15,13 @@ class OldFlag(argparse.Action):
         self.new_flag = new_flag
         super().__init__(option_strings, dest, **kw)
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:  # fmt: skip
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         print(f"{parser.prog}: warning: {option_string} is deprecated, use {self.new_flag}", file=sys.stderr)
         setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
 

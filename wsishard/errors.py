@@ -79,8 +79,9 @@ class SlideFailure:
     def __enter__(self) -> SlideFailure:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> bool:  # fmt: skip
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
         if exc is None or not isinstance(exc, Exception) or isinstance(exc, ResourceError | OutputError):
             return False
         shortage = machine_shortage(exc)

@@ -156,8 +156,10 @@ class Manifest:
         except (KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(location, f"malformed ({exc})") from exc
         if manifest.slides_file and not is_slides_name(manifest.slides_file):
-            raise ManifestError(location, f"slides_file is {_shown(manifest.slides_file)}, not a slide records file "
-                                          f"name like {SLIDES_NAME}")  # fmt: skip
+            raise ManifestError(
+                location,
+                f"slides_file is {_shown(manifest.slides_file)}, not a slide records file name like {SLIDES_NAME}",
+            )
         check_shard_records(manifest.shards, location)
         return manifest
 
@@ -180,8 +182,11 @@ def expected_patch_size(manifest: Manifest, location: str = "<manifest>") -> int
     patch = manifest.options.get("patch") if isinstance(manifest.options, dict) else None
     size = patch.get("patch_size_px") if isinstance(patch, dict) else None
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ManifestError(location, f"options.patch.patch_size_px is {size!r}, not a patch size in px "
-                                      "(a manifest not written by wsishard build?)")  # fmt: skip
+        raise ManifestError(
+            location,
+            f"options.patch.patch_size_px is {size!r}, not a patch size in px "
+            "(a manifest not written by wsishard build?)",
+        )
     return size
 
 
@@ -245,8 +250,11 @@ def check_shard_records(shards: list[ShardRecord], location: str) -> None:
     seen: dict[str, int] = {}
     for i, rec in enumerate(shards):
         if not isinstance(rec.name, str) or not is_shard_name(rec.name):
-            raise ManifestError(location, f"shard entry {i} is named {_shown(rec.name)}, not a shard file name "
-                                          f"like {shard_name(0)} (no folder, absolute path or URL)")  # fmt: skip
+            raise ManifestError(
+                location,
+                f"shard entry {i} is named {_shown(rec.name)}, not a shard file name "
+                f"like {shard_name(0)} (no folder, absolute path or URL)",
+            )
         if (first := seen.setdefault(rec.name, i)) != i:
             raise ManifestError(location, f"shard entry {i} ({rec.name}) is entry {first} again: read twice")
         for count in ("samples", "bytes"):

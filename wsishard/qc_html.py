@@ -38,11 +38,14 @@ def qc_index(manifest: Manifest, picture_prefix: str = "") -> str:
     """The page for ``manifest``'s slides; a slide's picture is ``<picture_prefix><slide_id>.png``."""
     slides = sorted(manifest.slides, key=lambda s: (_ORDER.get(s.status, 0), s.slide_id))
     head = headline(manifest)
-    parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
-             f"<title>wsishard QC: {html.escape(head)}</title><style>{_STYLE}</style></head><body>",
-             f"<h1>wsishard QC</h1><p>{html.escape(head)}. Failed slides first, then skipped ones. Colours: tissue "
-             "contour green, kept patches blue, ink removed magenta, dark artefacts removed orange, dark pigment kept "
-             "cyan, annotations yellow.</p>"]  # fmt: skip
+    parts = [
+        "<!doctype html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>wsishard QC: {html.escape(head)}</title><style>{_STYLE}</style></head><body>",
+        f"<h1>wsishard QC</h1><p>{html.escape(head)}. Failed slides first, then skipped ones. Colours: tissue "
+        "contour green, kept patches blue, ink removed magenta, dark artefacts removed orange, dark pigment kept "
+        "cyan, annotations yellow.</p>",
+    ]
     parts += [_card(s, picture_prefix) for s in slides]
     parts.append("</body></html>\n")
     return "\n".join(parts)
@@ -78,8 +81,10 @@ def check_page_target(root: str, path: str) -> None:
     state = name == STATE_DIR or name.startswith(STATE_DIR + "/")
     listing = name == MANIFEST_NAME or parse_part_manifest(name) is not None or is_slides_name(name)
     if state or picture or listing or is_shard_name(name):
-        raise OptionError(f"--html {path}: that is the build's own {name}, which the page would replace; write it "
-                          f"elsewhere (the build's page is {os.path.join(root, QC_INDEX_NAME)})")  # fmt: skip
+        raise OptionError(
+            f"--html {path}: that is the build's own {name}, which the page would replace; write it "
+            f"elsewhere (the build's page is {os.path.join(root, QC_INDEX_NAME)})"
+        )
 
 
 _ORDER = {"failed": 0, "skipped": 1, "ok": 2}  # failed slides first, then skipped ones
@@ -93,9 +98,12 @@ def _card(s: SlideRecord, prefix: str) -> str:
         ("tissue", f"{s.tissue_mm2:.2f} mm2 ({s.tissue_fraction:.1%} of the slide)"),
         ("removed", f"ink {s.ink_mm2:.2f} mm2, dark artefacts {s.artefact_mm2:.2f} mm2"),
         ("kept pigment", f"{s.pigment_mm2:.2f} mm2"),
-        ("patches", f"{s.patches:,} kept of {s.candidates:,} cells with tissue"
-                    + (f", at {s.patch_mpp:.4f} mpp" if s.patch_mpp else "")),
-    ]  # fmt: skip
+        (
+            "patches",
+            f"{s.patches:,} kept of {s.candidates:,} cells with tissue"
+            + (f", at {s.patch_mpp:.4f} mpp" if s.patch_mpp else ""),
+        ),
+    ]
     if s.filtered:
         rows.append(("left out", ", ".join(f"{k} {n:,}" for k, n in sorted(s.filtered.items()))))
     if s.roi:
@@ -106,6 +114,8 @@ def _card(s: SlideRecord, prefix: str) -> str:
     reason = f'<p class="reason">{html.escape(s.reason)}</p>' if s.reason else ""
     src = html.escape(prefix + s.slide_id + ".png", quote=True)
     name = html.escape(s.slide_id)
-    return (f'<div class="slide {html.escape(s.status)}" id="{name}"><h2>{name}: {html.escape(s.status)}</h2>'
-            f'{reason}<table>{table}</table><a href="{src}"><img src="{src}" loading="lazy" '
-            f'alt="no QC picture for {name}" onerror="this.parentNode.replaceWith(this.alt)"></a></div>')  # fmt: skip
+    return (
+        f'<div class="slide {html.escape(s.status)}" id="{name}"><h2>{name}: {html.escape(s.status)}</h2>'
+        f'{reason}<table>{table}</table><a href="{src}"><img src="{src}" loading="lazy" '
+        f'alt="no QC picture for {name}" onerror="this.parentNode.replaceWith(this.alt)"></a></div>'
+    )

@@ -48,8 +48,9 @@ def summary(manifest: Manifest, location: str = "") -> str:
     remote = [s.bytes_read for s in manifest.slides if is_url(s.file)]
     if remote:
         total, mean = human_bytes(sum(remote)), human_bytes(sum(remote) / len(remote))
-        lines.append(f"  read from object storage: {total} of slide files, {mean} per slide on average "
-                     f"({len(remote)} slides)")  # fmt: skip
+        lines.append(
+            f"  read from object storage: {total} of slide files, {mean} per slide on average ({len(remote)} slides)"
+        )
     if manifest.options.get("labels"):
         unlabelled = [os.path.basename(s.file) for s in manifest.slides if s.status == "ok" and s.label is None]
         if unlabelled:
@@ -91,8 +92,10 @@ def details(manifest: Manifest, *, max_rows: int = 50) -> str:
     ]
     context = opts.get("context_mpp")
     if context and isinstance(context, list):
-        lines.append(f"context: {', '.join(map(str, context))} mpp at {opts.get('context_size')} px "
-                     f"(members {', '.join(f'ctx{i}' for i in range(len(context)))})")  # fmt: skip
+        lines.append(
+            f"context: {', '.join(map(str, context))} mpp at {opts.get('context_size')} px "
+            f"(members {', '.join(f'ctx{i}' for i in range(len(context)))})"
+        )
     if manifest.extra.get("label_names"):
         names = manifest.extra["label_names"]
         lines.append("labels: " + ", ".join(f"{i} {name}" for i, name in enumerate(names)))

@@ -57,8 +57,9 @@ def test_an_epoch_stopped_on_two_ranks_finishes_on_another_world_size(tmp_path: 
     _torchrun(out.root, str(tmp_path), "epoch", "regrow", nproc=new_ranks)
     whole = {k for r in range(2) for step in json.loads((tmp_path / f"full-{r}.json").read_text()) for k in step}
     before = [k for r in range(2) for step in json.loads((tmp_path / f"first-{r}.json").read_text()) for k in step]
-    after = [k for r in range(new_ranks) for step in json.loads((tmp_path / f"regrow-{r}.json").read_text())
-             for k in step]  # fmt: skip
+    after = [
+        k for r in range(new_ranks) for step in json.loads((tmp_path / f"regrow-{r}.json").read_text()) for k in step
+    ]
     assert len(before + after) == len(set(before + after))  # no sample repeated
     lost = whole - set(before + after)
     assert len(lost) <= new_ranks * WORKERS * BATCH  # at most each new reader's partial last batch
@@ -87,8 +88,12 @@ def _rank_main(source: str, work: str, mode: str, phase: str) -> None:
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()
-    dl = loader(stream(source, batch_size=BATCH, resampled=mode == "resampled", shuffle=16, seed=7,
-                       drop_last=mode == "resampled"), num_workers=WORKERS)  # fmt: skip
+    dl = loader(
+        stream(
+            source, batch_size=BATCH, resampled=mode == "resampled", shuffle=16, seed=7, drop_last=mode == "resampled"
+        ),
+        num_workers=WORKERS,
+    )
     state_file = Path(work, f"state-{rank}.json")
     if phase == "resume":
         dl.load_state_dict(json.loads(state_file.read_text()))
@@ -126,6 +131,7 @@ def test_the_ddp_example_counts_epochs_in_all_and_seeds_its_model(tmp_path: Path
     a, b = (torch.load(tmp_path / d / "model.pt", weights_only=True)["model"] for d in ("a", "b"))
     assert all(torch.equal(a[k], b[k]) for k in a)  # one seed, the same run: the model starts from one seed too
     assert twin.count("epoch 0:") == 1
-    again = _torchrun(*args[:-3], "--epochs", "2", "--checkpoint", str(tmp_path / "a"), "--resume",
-                      script="examples/train_ddp.py")  # fmt: skip
+    again = _torchrun(
+        *args[:-3], "--epochs", "2", "--checkpoint", str(tmp_path / "a"), "--resume", script="examples/train_ddp.py"
+    )
     assert "epoch 1:" in again and "epoch 0:" not in again  # --epochs is the total: only the epoch left runs

@@ -39,8 +39,9 @@ def ranks(outputs: tuple[sm.Output, sm.Output], tmp_path_factory: pytest.TempPat
 
 
 @pytest.mark.timeout(300)
-def test_pad_last_reads_every_sample_exactly_once_with_equal_batches(outputs: tuple[sm.Output, sm.Output],
-                                                                     ranks: list[dict]) -> None:  # fmt: skip
+def test_pad_last_reads_every_sample_exactly_once_with_equal_batches(
+    outputs: tuple[sm.Output, sm.Output], ranks: list[dict]
+) -> None:
     assert ranks[0]["batches"] == ranks[1]["batches"] == ranks[0]["planned"] > 0
     valid = [k for r in ranks for k in r["valid"]]
     assert sorted(valid) == sorted(outputs[0].shard_of)  # all 706, none twice
@@ -94,8 +95,11 @@ def _scan_record(mixed: str, split: bool) -> dict:
     opener = _CountingOpener()
     ds = stream(mixed, batch_size=BATCH, select=_keep, weights=_weigh, opener=opener, split_scan=split)
     assert ds.sampling is not None
-    return {"opened": sorted(opener.opened), "selected": ds.sampling.selected.tolist(),
-            "totals": ds.sampling.totals.tolist()}  # fmt: skip
+    return {
+        "opened": sorted(opener.opened),
+        "selected": ds.sampling.selected.tolist(),
+        "totals": ds.sampling.totals.tolist(),
+    }
 
 
 def _rank_main(one: str, mixed: str, result_dir: str) -> None:
@@ -120,9 +124,15 @@ def _rank_main(one: str, mixed: str, result_dir: str) -> None:
     for _, batch in zip(range(STEPS), loader(weighted, num_workers=WORKERS), strict=False):
         dist.all_reduce(torch.ones(1))
         labels += batch["label"].tolist()
-    results = {"valid": valid, "sizes": sizes, "batches": len(sizes), "planned": ds.batches_per_rank(WORKERS),
-               "labels": labels, "scan_whole": _scan_record(mixed, False),
-               "scan_split": _scan_record(mixed, True)}  # fmt: skip
+    results = {
+        "valid": valid,
+        "sizes": sizes,
+        "batches": len(sizes),
+        "planned": ds.batches_per_rank(WORKERS),
+        "labels": labels,
+        "scan_whole": _scan_record(mixed, False),
+        "scan_split": _scan_record(mixed, True),
+    }
     Path(result_dir, f"rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()

@@ -58,8 +58,11 @@ def test_build_takes_one_path_and_the_cli_options_as_keywords(tmp_path: Path) ->
 
     make_slides(tmp_path / "in", 2, seed=3, width=1024, height=1024, tissue_fraction=0.5)
     flat = wsishard.build(tmp_path / "in", str(tmp_path / "flat"), mpp=1.0, patch_size=64, jobs=1, qc=False)
-    nested = wsishard.build([str(tmp_path / "in")], str(tmp_path / "nested"), wsishard.BuildOptions(
-        patch=PatchOptions(target_mpp=1.0, patch_size_px=64), jobs=1, qc=False))  # fmt: skip
+    nested = wsishard.build(
+        [str(tmp_path / "in")],
+        str(tmp_path / "nested"),
+        wsishard.BuildOptions(patch=PatchOptions(target_mpp=1.0, patch_size_px=64), jobs=1, qc=False),
+    )
     assert flat.total_samples > 0 and flat.options == nested.options
     assert [s.sha256 for s in flat.shards] == [s.sha256 for s in nested.shards]
     with pytest.raises(TypeError, match="did you mean 'patch_size'"):

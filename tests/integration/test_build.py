@@ -167,8 +167,13 @@ def test_mpp_override_and_default(tmp_path: Path) -> None:
 
 def test_labels_lossless_format_and_patch_cap(tmp_path: Path) -> None:
     make_slides(tmp_path / "in", 2, seed=3, width=2048, height=2048)
-    opts = BuildOptions(patch=PatchOptions(target_mpp=0.5, patch_size_px=64, max_patches_per_slide=7),
-                        image_format="png", labels={"slide-000": 3, "slide-001.tif": 1}, jobs=1, qc=False)  # fmt: skip
+    opts = BuildOptions(
+        patch=PatchOptions(target_mpp=0.5, patch_size_px=64, max_patches_per_slide=7),
+        image_format="png",
+        labels={"slide-000": 3, "slide-001.tif": 1},
+        jobs=1,
+        qc=False,
+    )
     build([str(tmp_path / "in")], str(tmp_path / "out"), opts)
     _, samples = read_output(str(tmp_path / "out"))
     assert Counter(s.meta["slide_id"] for s in samples) == {"slide-000": 7, "slide-001": 7}
@@ -229,8 +234,11 @@ def test_the_same_slide_twice_is_built_once_and_a_dangling_symlink_is_a_failed_s
     (tmp_path / "in" / "alias.svs").symlink_to(tmp_path / "in" / "slide-000.svs")
     (tmp_path / "in" / "gone.svs").symlink_to(tmp_path / "deleted.svs")
     monkeypatch.chdir(tmp_path)
-    manifest = build(["in", str(tmp_path / "in" / "slide-001.tif"), str(tmp_path / "in")], str(tmp_path / "out"),
-                     BuildOptions(patch=SMALL, jobs=1, qc=False))  # fmt: skip
+    manifest = build(
+        ["in", str(tmp_path / "in" / "slide-001.tif"), str(tmp_path / "in")],
+        str(tmp_path / "out"),
+        BuildOptions(patch=SMALL, jobs=1, qc=False),
+    )
     by_status = Counter((os.path.basename(s.file), s.status) for s in manifest.slides)
     assert sorted(by_status) == [("gone.svs", "failed"), ("slide-000.svs", "ok"), ("slide-001.tif", "ok")]
     assert set(by_status.values()) == {1}
@@ -248,8 +256,9 @@ def test_a_72_dpi_tiff_is_said_to_have_wrong_resolution_metadata(tmp_path: Path)
     assert record.status == "failed"
     assert record.reason.startswith("this slide's resolution metadata looks wrong (72 dpi"), record.reason
     assert "allow-upsample" not in record.reason
-    fixed = build([str(tmp_path / "in")], str(tmp_path / "out2"),
-                  BuildOptions(patch=SMALL, jobs=1, qc=False, default_mpp=0.25))  # fmt: skip
+    fixed = build(
+        [str(tmp_path / "in")], str(tmp_path / "out2"), BuildOptions(patch=SMALL, jobs=1, qc=False, default_mpp=0.25)
+    )
     assert (fixed.slides[0].status, fixed.slides[0].mpp_source) == ("ok", "default")
 
 
@@ -263,8 +272,13 @@ def _cli_build(*args: str, open_files: int | None = None) -> subprocess.Complete
         if open_files is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
-    return subprocess.run([sys.executable, "-m", "wsishard.cli", "build", *args], capture_output=True, text=True,
-                          timeout=600, preexec_fn=limit)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "wsishard.cli", "build", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=limit,
+    )
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_NOFILE")

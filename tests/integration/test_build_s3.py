@@ -44,16 +44,16 @@ def _download(s3: S3Server, url: str, to: Path) -> Path:
     return to
 
 
-def test_build_to_s3_equals_the_local_build_and_streams_back(s3: S3Server, s3_bucket: str, cohort: Path,
-                                                              cohort_build: Path, tmp_path: Path) -> None:  # fmt: skip
+def test_build_to_s3_equals_the_local_build_and_streams_back(
+    s3: S3Server, s3_bucket: str, cohort: Path, cohort_build: Path, tmp_path: Path
+) -> None:
     url = f"s3://{s3_bucket}/cohort/shards"
     manifest = build([str(cohort)], url, OPTS, storage_options=s3.storage_options)
     s3.fs().invalidate_cache()
     names = sorted(p.rsplit("/", 1)[-1] for p in s3.fs().ls(url, detail=False))
     indexes = [SUMMARY_NAME, *(index_name(s.name) for s in manifest.shards)]  # the per-sample index
     # a default build draws no QC picture (no qc/): inspect --qc draws them
-    assert names == sorted([".wsishard", "manifest.json", "slides.jsonl", *(s.name for s in manifest.shards),
-                            *indexes])  # fmt: skip
+    assert names == sorted([".wsishard", "manifest.json", "slides.jsonl", *(s.name for s in manifest.shards), *indexes])
     copy = _download(s3, url, tmp_path / "copy")
     local_manifest, local_samples = read_output(str(cohort_build))
     s3_manifest, _ = read_output(str(copy))
@@ -117,18 +117,52 @@ def test_credentials_never_reach_output_or_logs(s3: S3Server, s3_bucket: str, co
     one = sorted(cohort.iterdir())[0]
     env = {**os.environ, "AWS_SECRET_ACCESS_KEY": secret}
     proc = subprocess.run(
-        [sys.executable, "-m", "wsishard.cli", "-v", "build", str(one), "-o", url, "--patch-size", "64", "--jobs", "1",
-         "--storage-option", f"endpoint_url={s3.endpoint_url}", "--storage-option", f"secret={secret}",
-         "--storage-option", "key=AKIAEXAMPLEKEY"],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "wsishard.cli",
+            "-v",
+            "build",
+            str(one),
+            "-o",
+            url,
+            "--patch-size",
+            "64",
+            "--jobs",
+            "1",
+            "--storage-option",
+            f"endpoint_url={s3.endpoint_url}",
+            "--storage-option",
+            f"secret={secret}",
+            "--storage-option",
+            "key=AKIAEXAMPLEKEY",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert secret not in proc.stdout + proc.stderr
     bad = subprocess.run(  # a failing run: the error is one line, without the secret
-        [sys.executable, "-m", "wsishard.cli", "build", str(one), "-o", url + "-2", "--storage-option",
-         f"endpoint_url={s3.endpoint_url}", "--storage-option", f"secret={secret}"],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "wsishard.cli",
+            "build",
+            str(one),
+            "-o",
+            url + "-2",
+            "--storage-option",
+            f"endpoint_url={s3.endpoint_url}",
+            "--storage-option",
+            f"secret={secret}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert bad.returncode == 3 and "Traceback" not in bad.stderr and "Credentials" in bad.stderr  # not named: 3
     assert secret not in bad.stdout + bad.stderr
     fs = s3.fs()
@@ -165,8 +199,9 @@ def test_slides_read_from_a_bucket_through_bounded_scratch(
     scratch = tmp_path / "scratch"
     opts = dataclasses.replace(OPTS, jobs=1)  # in-process, so the spy sees every copy
     out = tmp_path / "out"
-    manifest = build([f"s3://{s3_bucket}/cohort/slides/"], str(out), opts, storage_options=s3.storage_options,
-                     scratch=str(scratch))  # fmt: skip
+    manifest = build(
+        [f"s3://{s3_bucket}/cohort/slides/"], str(out), opts, storage_options=s3.storage_options, scratch=str(scratch)
+    )
     assert live == [0, 0]  # SVS and TIFF slides are read in place: no copy
     assert not [p for p in scratch.rglob("*") if p.is_file()]  # tile files and staged patches removed
     local_manifest, _ = read_output(str(cohort_build))
@@ -179,16 +214,22 @@ def test_slides_read_from_a_bucket_through_bounded_scratch(
     assert not any(s.bytes_read for s in local_manifest.slides)  # local files: nothing downloaded
     assert not copied
     opts = dataclasses.replace(opts, fast_path=False)  # read through OpenSlide: copied once, staged from that copy
-    manifest = build([f"s3://{s3_bucket}/cohort/slides/"], str(tmp_path / "copied"), opts,
-                     storage_options=s3.storage_options, scratch=str(scratch))  # fmt: skip
+    manifest = build(
+        [f"s3://{s3_bucket}/cohort/slides/"],
+        str(tmp_path / "copied"),
+        opts,
+        storage_options=s3.storage_options,
+        scratch=str(scratch),
+    )
     assert live == [0, 1]  # one slide on local disk at a time, and none left
     assert not [p for p in scratch.rglob("*") if p.is_file()]
     assert sorted(copied) == sorted(s.file for s in manifest.slides)  # each slide downloaded exactly once
     assert [s.status for s in manifest.slides] == [s.status for s in local_manifest.slides]
     assert sum(s.patches for s in manifest.slides) == sum(s.patches for s in local_manifest.slides)
     assert all(s.bytes_read == sizes[Path(s.file).name] for s in manifest.slides)
-    assert [s.file for s in manifest.slides] == [f"s3://{s3_bucket}/cohort/slides/{Path(s.file).name}"
-                                                 for s in local_manifest.slides]  # fmt: skip
+    assert [s.file for s in manifest.slides] == [
+        f"s3://{s3_bucket}/cohort/slides/{Path(s.file).name}" for s in local_manifest.slides
+    ]
 
 
 def test_a_copied_slide_is_downloaded_again_only_by_a_resumed_build(

@@ -23,8 +23,22 @@ def test_build_then_inspect_end_to_end(tmp_path: Path) -> None:
     make_slides(tmp_path / "slides", 3, seed=4, width=2048, height=2048)
     (tmp_path / "labels.csv").write_text("slide,label\nslide-000.svs,tumour\nslide-001.tif,normal\n")
     out = tmp_path / "out"
-    proc = _run("build", str(tmp_path / "slides"), "-o", str(out), "--patch-size", "64", "--shard-samples", "50",
-                "--labels", str(tmp_path / "labels.csv"), "--jobs", "2", "--seed", "3")  # fmt: skip
+    proc = _run(
+        "build",
+        str(tmp_path / "slides"),
+        "-o",
+        str(out),
+        "--patch-size",
+        "64",
+        "--shard-samples",
+        "50",
+        "--labels",
+        str(tmp_path / "labels.csv"),
+        "--jobs",
+        "2",
+        "--seed",
+        "3",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "3 slides (3 ok, 0 failed)" in proc.stdout
     manifest = json.loads((out / "manifest.json").read_text())
@@ -155,9 +169,23 @@ def test_tissue_options_reach_the_build() -> None:
     from wsishard.buildflags import build_options
     from wsishard.cli import parser
 
-    args = parser().parse_args(["build", "x", "-o", "y", "--tissue-median-um", "12", "--min-object-um2", "500",
-                                "--tissue-saturation-only", "--tissue-threshold", "0.2",
-                                "--thumb-mpp", "4"])  # fmt: skip
+    args = parser().parse_args(
+        [
+            "build",
+            "x",
+            "-o",
+            "y",
+            "--tissue-median-um",
+            "12",
+            "--min-object-um2",
+            "500",
+            "--tissue-saturation-only",
+            "--tissue-threshold",
+            "0.2",
+            "--thumb-mpp",
+            "4",
+        ]
+    )
     tissue = build_options(args).tissue
     assert (tissue.median_um, tissue.min_object_um2, tissue.use_darkness) == (12.0, 500.0, False)
     assert (tissue.fixed_threshold, tissue.thumb_mpp, tissue.close_um) == (0.2, 4.0, 16.0)
@@ -186,9 +214,12 @@ def test_credentials_in_an_s3_url_are_refused_and_never_shown(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     url = f"s3://AKIAEXAMPLEKEYID:{secret}@bucket/in/"
     make_slides(tmp_path / "in", 1, seed=1, width=512, height=512)
-    argv = {"input": ["build", url, "-o", str(tmp_path / "out"), "-q"],
-            "-o": ["build", str(tmp_path / "in"), "-o", url, "-q"],
-            "verify": ["verify", url, "-q"], "inspect": ["inspect", url]}[where]  # fmt: skip
+    argv = {
+        "input": ["build", url, "-o", str(tmp_path / "out"), "-q"],
+        "-o": ["build", str(tmp_path / "in"), "-o", url, "-q"],
+        "verify": ["verify", url, "-q"],
+        "inspect": ["inspect", url],
+    }[where]
     assert main(argv) == 2
     seen = capsys.readouterr()
     assert "credentials in an s3:// URL are not read" in seen.err and len(seen.err.strip().splitlines()) == 1
@@ -202,11 +233,15 @@ def test_credentials_in_an_s3_url_are_refused_and_never_shown(
     "environ",
     [
         {"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "3"},
-        {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "0",
-         "SLURM_ARRAY_TASK_MAX": "7"},  # --array=0,5,7
+        {
+            "SLURM_ARRAY_TASK_ID": "5",
+            "SLURM_ARRAY_TASK_COUNT": "3",
+            "SLURM_ARRAY_TASK_MIN": "0",
+            "SLURM_ARRAY_TASK_MAX": "7",
+        },  # --array=0,5,7
         {"SLURM_ARRAY_TASK_ID": "abc", "SLURM_ARRAY_TASK_COUNT": "3"},
     ],
-)  # fmt: skip
+)
 def test_a_slurm_task_that_is_no_part_is_a_usage_error_that_writes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, environ: dict[str, str]
 ) -> None:
@@ -222,8 +257,20 @@ def test_an_upsample_past_max_upsample_fails_the_slide_with_its_reason(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     make_slides(tmp_path / "in", 1, seed=1, width=512, height=512)
-    code = main(["build", str(tmp_path / "in"), "-o", str(tmp_path / "out"), "--mpp", "1e-30", "--allow-upsample",
-                 "--jobs", "1", "-q"])  # fmt: skip
+    code = main(
+        [
+            "build",
+            str(tmp_path / "in"),
+            "-o",
+            str(tmp_path / "out"),
+            "--mpp",
+            "1e-30",
+            "--allow-upsample",
+            "--jobs",
+            "1",
+            "-q",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 1
     assert "FAILED slide-000.svs: target 1e-30 mpp would upsample level 0 (0.25 mpp) 2.5e+29x, more than " in out

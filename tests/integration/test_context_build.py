@@ -36,8 +36,15 @@ if TYPE_CHECKING:
 
 pytest_plugins = ("servers",)
 
-PLAIN = BuildOptions(patch=PatchOptions(patch_size_px=128), shard_size_bytes=None, shard_samples=32, group_slides=2,
-                     seed=3, jobs=1, qc=False)  # fmt: skip
+PLAIN = BuildOptions(
+    patch=PatchOptions(patch_size_px=128),
+    shard_size_bytes=None,
+    shard_samples=32,
+    group_slides=2,
+    seed=3,
+    jobs=1,
+    qc=False,
+)
 CONTEXT = dataclasses.replace(PLAIN, context_mpp=(8.0, 2.0))  # kept ascending: ctx0 is 2.0, ctx1 is 8.0
 
 
@@ -74,8 +81,10 @@ def _check_context(root: Path, min_samples: int) -> list[float]:
         m0 = mpp0[meta["slide_id"]]
         for i, ctx in enumerate(meta["context"]):
             l0_per_c = ctx["mpp"] / m0
-            gap = np.hypot(ctx["x"] + ctx["size"] * l0_per_c / 2 - (meta["x"] + meta["extent"] / 2),
-                           ctx["y"] + ctx["size"] * l0_per_c / 2 - (meta["y"] + meta["extent"] / 2))  # fmt: skip
+            gap = np.hypot(
+                ctx["x"] + ctx["size"] * l0_per_c / 2 - (meta["x"] + meta["extent"] / 2),
+                ctx["y"] + ctx["size"] * l0_per_c / 2 - (meta["y"] + meta["extent"] / 2),
+            )
             assert gap <= 0.5 * l0_per_c, (s.key, i, gap, l0_per_c)
             image = _rgb(s.members[f"ctx{i}.jpg"])
             assert image.shape == (ctx["size"], ctx["size"], 3)
@@ -151,8 +160,13 @@ def test_lossless_context_matches_the_main_patch_at_its_own_pixels_unshifted(sli
         ctx, main = (np.asarray(_rgb(s.members[m]), dtype=np.float64) for m in ("ctx0.png", "png"))
         reduced = cv2.resize(main, (inner, inner), interpolation=cv2.INTER_AREA)
         for shift in ((0.0, 0.0), (0.25, 0.0), (-0.25, 0.0), (0.0, 0.25), (0.0, -0.25)):
-            moved = cv2.warpAffine(ctx, np.float32([[1, 0, -shift[0]], [0, 1, -shift[1]]]), (128, 128),
-                                   flags=cv2.INTER_CUBIC, borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
+            moved = cv2.warpAffine(
+                ctx,
+                np.float32([[1, 0, -shift[0]], [0, 1, -shift[1]]]),
+                (128, 128),
+                flags=cv2.INTER_CUBIC,
+                borderMode=cv2.BORDER_REPLICATE,
+            )
             at.setdefault(shift, []).append(_psnr(moved[lo : lo + inner, lo : lo + inner], reduced))
     assert len(at[(0.0, 0.0)]) >= 20 and min(at[(0.0, 0.0)]) >= 35.0, sorted(at[(0.0, 0.0)])[:5]
     centred = float(np.median(at[(0.0, 0.0)]))
@@ -235,8 +249,9 @@ def test_verify_accepts_context_and_names_a_wrong_context_member(builds: tuple[P
     assert any("ctx0.jpg" in p for p, _ in sample_problems(s.key, missing, rules))
 
 
-def test_resume_and_parts_merge_with_context_give_the_single_build(slides: Path, builds: tuple[Path, Path],
-                                                                   tmp_path: Path) -> None:  # fmt: skip
+def test_resume_and_parts_merge_with_context_give_the_single_build(
+    slides: Path, builds: tuple[Path, Path], tmp_path: Path
+) -> None:
     single, _ = read_output(str(builds[1]))
     out = tmp_path / "resumed"
     build([str(slides)], str(out), CONTEXT)
@@ -271,8 +286,11 @@ def test_context_with_annotation_regions_and_their_classes(slides: Path, tmp_pat
     folder.mkdir()
     for stem in ("a", "b"):
         square = [[[200, 200], [1800, 200], [1800, 1600], [200, 1600], [200, 200]]]
-        feature = {"type": "Feature", "geometry": {"type": "Polygon", "coordinates": square},
-                   "properties": {"classification": {"name": "Tumor"}}}  # fmt: skip
+        feature = {
+            "type": "Feature",
+            "geometry": {"type": "Polygon", "coordinates": square},
+            "properties": {"classification": {"name": "Tumor"}},
+        }
         (folder / f"{stem}.geojson").write_text(json.dumps({"type": "FeatureCollection", "features": [feature]}))
     roi = RoiOptions(path=str(folder), labels=("Tumor",))
     build([str(slides)], str(tmp_path / "plain"), dataclasses.replace(PLAIN, roi=roi))
@@ -296,8 +314,9 @@ def test_a_context_finer_than_level_0_fails_the_slide_with_a_reason_unless_upsam
     assert not manifest.failed_slides and manifest.total_samples >= 40  # 0.2 mpp: level 0 upsampled 1.26x / 1.32x
 
 
-def test_build_from_and_to_s3_with_context_equals_the_local_build(s3: S3Server, s3_bucket: str, slides: Path,
-                                                                   builds: tuple[Path, Path]) -> None:  # fmt: skip
+def test_build_from_and_to_s3_with_context_equals_the_local_build(
+    s3: S3Server, s3_bucket: str, slides: Path, builds: tuple[Path, Path]
+) -> None:
     s3.upload(str(slides), f"s3://{s3_bucket}/context/slides")
     url = f"s3://{s3_bucket}/context/out"
     manifest = build([f"s3://{s3_bucket}/context/slides/"], url, CONTEXT, storage_options=s3.storage_options)
@@ -315,8 +334,9 @@ def test_build_from_and_to_s3_with_context_equals_the_local_build(s3: S3Server, 
         (["--context-mpp", "2", "--context-size", "4"], "invalid context_size: 4"),
     ],
 )
-def test_the_cli_refuses_bad_context_values_in_one_line(args: list[str], says: str, slides: Path, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_the_cli_refuses_bad_context_values_in_one_line(
+    args: list[str], says: str, slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     err = usage_error(capsys, str(slides), "-o", str(tmp_path / "out"), *args)
     assert says in err
     assert not (tmp_path / "out").exists()  # nothing written

@@ -147,8 +147,9 @@ def test_the_plain_webdataset_recipe_reads_the_context_members(
     assert not wsishard.is_context_member("slide0_x0_y0.ctx0.pyd") and not wsishard.is_sample_member("a.ctx0.pyd")
 
 
-def test_a_context_build_streams_from_s3(ctx_out: tuple[sm.Output, dict[str, np.ndarray]], s3: Any,
-                                         s3_bucket: str) -> None:  # fmt: skip
+def test_a_context_build_streams_from_s3(
+    ctx_out: tuple[sm.Output, dict[str, np.ndarray]], s3: Any, s3_bucket: str
+) -> None:
     out, context = ctx_out
     url = f"s3://{s3_bucket}/out"
     s3.upload(out.root, url)
@@ -225,8 +226,10 @@ def test_decode_on_the_device_refuses_a_stream_with_context(ctx_out: tuple[sm.Ou
         loader(stream(ctx_out[0].root, batch_size=2), num_workers=0, decode="device")
 
 
-@pytest.mark.parametrize("options", [{}, {"channels_last": True, "dtype": torch.bfloat16},
-                                     {"stain": StainOptions(hed_scale=0.05, brightness=0.2)}])  # fmt: skip
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"channels_last": True, "dtype": torch.bfloat16}, {"stain": StainOptions(hed_scale=0.05, brightness=0.2)}],
+)
 def test_gpu_collate_transforms_the_context_as_its_image(tmp_path: Path, options: dict[str, Any]) -> None:
     out = sm.make_output(str(tmp_path / "o"), (8, 8), size_px=16, image_format="png")
     cm.add_context(out, (2.0, 4.0), 16, member=lambda key, k, image: image)  # each scale a copy of the image
@@ -269,5 +272,4 @@ def test_context_size_defaults_to_the_patch_size(tmp_path: Path) -> None:
     cm.set_options(out, context_size=None)  # a build that records no size: its context patches are patch-sized
     batch = next(iter(stream(out.root, batch_size=4, resampled=False, shuffle=0)))
     assert batch["context"].shape == (4, 1, 16, 16, 3)
-    assert all(np.array_equal(batch["context"][i, 0].numpy(), context[k][0])
-               for i, k in enumerate(batch["key"]))  # fmt: skip
+    assert all(np.array_equal(batch["context"][i, 0].numpy(), context[k][0]) for i, k in enumerate(batch["key"]))

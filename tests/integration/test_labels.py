@@ -29,14 +29,18 @@ def slides(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(
     ("table", "message"),
     [
-        ("slide-000,1\nslide-001,tumor\nslide-002,2\n", "integer labels mixed with class names (use one or the other): "
-         "line 2: slide-001,tumor"),  # was silently renumbered 0, 2, 1
+        (
+            "slide-000,1\nslide-001,tumor\nslide-002,2\n",
+            "integer labels mixed with class names (use one or the other): line 2: slide-001,tumor",
+        ),  # was silently renumbered 0, 2, 1
         ("slide,label\nslide-000,1\nslide-001,0\nslide-000,1\n", "'slide-000' is listed twice (lines 2 and 4)"),
-        ("slide-000,1\nslide-001,99999999999999999999999\n",
-         "label 99999999999999999999999 of 'slide-001' (line 2) is not in 0..2**63-1 "
-         "(int64; negative labels are kept for unlabelled samples)"),  # it built, then broke streams
+        (
+            "slide-000,1\nslide-001,99999999999999999999999\n",
+            "label 99999999999999999999999 of 'slide-001' (line 2) is not in 0..2**63-1 "
+            "(int64; negative labels are kept for unlabelled samples)",
+        ),  # it built, then broke streams
     ],
-)  # fmt: skip
+)
 def test_a_bad_label_table_is_a_usage_error_before_any_work(
     slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], table: str, message: str
 ) -> None:
@@ -52,13 +56,14 @@ def test_require_labels_refuses_slides_without_one_before_any_work(
 ) -> None:
     (tmp_path / "labels.csv").write_text("slide-000,1\nslide-001,0\n")
     out = tmp_path / "out"
-    err = usage_error(capsys, str(slides), "-o", str(out), "--labels", str(tmp_path / "labels.csv"),
-                       "--require-labels")  # fmt: skip
+    err = usage_error(capsys, str(slides), "-o", str(out), "--labels", str(tmp_path / "labels.csv"), "--require-labels")
     assert err == "wsishard build: error: --require-labels: 1 of 3 slides have no label in --labels: slide-002.svs"
     assert not out.exists()
     err = usage_error(capsys, str(slides), "-o", str(out), "--require-labels")
-    assert err == ("wsishard build: error: --require-labels: 3 of 3 slides have no label in --labels: "
-                   "slide-000.svs, slide-001.tif, slide-002.svs")  # fmt: skip
+    assert err == (
+        "wsishard build: error: --require-labels: 3 of 3 slides have no label in --labels: "
+        "slide-000.svs, slide-001.tif, slide-002.svs"
+    )
     assert not out.exists()
 
 
@@ -94,8 +99,13 @@ def partly_labelled(slides: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     from wsishard.streaming.sources import stream
 
     out = tmp_path_factory.mktemp("partly-labelled") / "out"
-    options = BuildOptions(labels={"slide-000.svs": 1, "slide-001": 7, "slide-009": 3},
-                           mpp_overrides={"slide-010.svs": 0.25}, jobs=1, shard_samples=50, qc=False)  # fmt: skip
+    options = BuildOptions(
+        labels={"slide-000.svs": 1, "slide-001": 7, "slide-009": 3},
+        mpp_overrides={"slide-010.svs": 0.25},
+        jobs=1,
+        shard_samples=50,
+        qc=False,
+    )
     collect = _Collect()
     logging.getLogger("wsishard").addHandler(collect)
     try:

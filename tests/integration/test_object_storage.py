@@ -54,8 +54,11 @@ def s3_out(s3: S3Server, s3_bucket: str, out: sm.Output) -> str:
 
 def _samples(batches: Any) -> list[tuple[str, int, bytes]]:
     """(key, label, pixels) of every sample, in order."""
-    return [(key, int(label), image.numpy().tobytes())
-            for b in batches for key, label, image in zip(b["key"], b["label"], b["image"], strict=True)]  # fmt: skip
+    return [
+        (key, int(label), image.numpy().tobytes())
+        for b in batches
+        for key, label, image in zip(b["key"], b["label"], b["image"], strict=True)
+    ]
 
 
 def _epoch(source: str, *, num_workers: int | None = None, **kw: Any) -> list[tuple[str, int, bytes]]:
@@ -98,8 +101,9 @@ def test_aws_endpoint_url_from_the_environment(
     _check_truth(_epoch(s3_out), out)
 
 
-def test_small_blocks_without_and_with_read_ahead_give_the_same_bytes(s3: S3Server, s3_out: str,
-                                                                       out: sm.Output) -> None:  # fmt: skip
+def test_small_blocks_without_and_with_read_ahead_give_the_same_bytes(
+    s3: S3Server, s3_out: str, out: sm.Output
+) -> None:
     want = Path(out.path(2)).read_bytes()
     for prefetch in (0, 1, 3):
         opener = StreamOpener(s3.storage_options, block_size=5000, prefetch=prefetch)
@@ -146,8 +150,7 @@ def test_missing_shard_on_s3_is_a_shard_error_naming_it(s3: S3Server, s3_out: st
     assert info.value.shard == f"{s3_out}/shard-000000-0003.tar"
     assert "FileNotFoundError" in info.value.reason
     with pytest.raises(ShardError, match="shard-000000-0003"):
-        list(loader(stream(s3_out, batch_size=4, resampled=False, storage_options=s3.storage_options),
-                    num_workers=2))  # fmt: skip
+        list(loader(stream(s3_out, batch_size=4, resampled=False, storage_options=s3.storage_options), num_workers=2))
 
 
 def test_missing_output_on_s3_is_a_manifest_error(s3: S3Server, s3_bucket: str) -> None:
@@ -192,8 +195,9 @@ def test_not_found_and_forbidden_are_not_retried(http_serve: Any, out: sm.Output
 def _client_error(code: str, status: int) -> Exception:
     from botocore.exceptions import ClientError
 
-    return ClientError({"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}},
-                       "GetObject")  # fmt: skip
+    return ClientError(
+        {"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject"
+    )
 
 
 def _wrapped(outer: BaseException, cause: BaseException) -> BaseException:
@@ -201,15 +205,22 @@ def _wrapped(outer: BaseException, cause: BaseException) -> BaseException:
     return outer
 
 
-@pytest.mark.parametrize(("exc", "transient"), [
-    (_client_error("SlowDown", 503), True), (_client_error("InternalError", 500), True),
-    (_client_error("NoSuchKey", 404), False), (_client_error("AccessDenied", 403), False),
-    (ConnectionResetError(), True), (TimeoutError(), True), (FileNotFoundError("x"), False),
-    (_wrapped(OSError(16, "SlowDown"), _client_error("SlowDown", 503)), True),
-    (_wrapped(FileNotFoundError("x"), _client_error("ServiceUnavailable", 503)), True),
-    (_wrapped(PermissionError("x"), _client_error("AccessDenied", 403)), False),
-    (ValueError("bad option"), False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("exc", "transient"),
+    [
+        (_client_error("SlowDown", 503), True),
+        (_client_error("InternalError", 500), True),
+        (_client_error("NoSuchKey", 404), False),
+        (_client_error("AccessDenied", 403), False),
+        (ConnectionResetError(), True),
+        (TimeoutError(), True),
+        (FileNotFoundError("x"), False),
+        (_wrapped(OSError(16, "SlowDown"), _client_error("SlowDown", 503)), True),
+        (_wrapped(FileNotFoundError("x"), _client_error("ServiceUnavailable", 503)), True),
+        (_wrapped(PermissionError("x"), _client_error("AccessDenied", 403)), False),
+        (ValueError("bad option"), False),
+    ],
+)
 def test_transient_or_not(exc: BaseException, transient: bool) -> None:
     assert is_transient(exc) is transient
 
@@ -217,8 +228,9 @@ def test_transient_or_not(exc: BaseException, transient: bool) -> None:
 # ---- credentials -------------------------------------------------------------------------------------------
 
 
-def test_credentials_never_in_reprs_errors_or_logs(s3: S3Server, s3_out: str, http_serve: Any, out: sm.Output,
-                                                    caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_credentials_never_in_reprs_errors_or_logs(
+    s3: S3Server, s3_out: str, http_serve: Any, out: sm.Output, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.DEBUG, logger="wsishard")
     options = {**s3.storage_options, "key": "AKIDEXAMPLE", "secret": SECRET}
     opener = StreamOpener(options)

@@ -75,8 +75,12 @@ def test_overwrite_into_a_folder_without_a_build_deletes_nothing(slides: Path, t
     assert {k: v for k, v in _files(out).items() if k in FOREIGN} == FOREIGN
     assert len(manifest.slides) == 2 and not manifest.failed_slides
     assert sorted(p.name for p in out.glob("shard-*.tar")) == [s.name for s in manifest.shards]
-    assert sorted(p.name for p in (out / "qc").iterdir()) == ["index.html", "notes.txt", "slide-000.png",
-                                                               "slide-001.png"]  # fmt: skip
+    assert sorted(p.name for p in (out / "qc").iterdir()) == [
+        "index.html",
+        "notes.txt",
+        "slide-000.png",
+        "slide-001.png",
+    ]
 
 
 def test_a_folder_of_other_files_is_refused_and_left_as_it_was(slides: Path, tmp_path: Path) -> None:
@@ -117,8 +121,13 @@ def test_overwriting_a_previous_build_removes_its_files_and_nothing_else(
     assert len(second.shards) < len(first.shards)
     assert {k: v for k, v in _files(out).items() if k in mine} == mine
     assert sorted(p.name for p in out.glob("shard-*.tar")) == [s.name for s in second.shards]
-    assert sorted(p.name for p in (out / "qc").iterdir()) == ["annotated.png", "index.html", "notes.txt",
-                                                               "slide-000.png", "slide-001.png"]  # fmt: skip
+    assert sorted(p.name for p in (out / "qc").iterdir()) == [
+        "annotated.png",
+        "index.html",
+        "notes.txt",
+        "slide-000.png",
+        "slide-001.png",
+    ]
     removing = [r.getMessage() for r in caplog.records if "removing" in r.getMessage()]
     assert len(removing) == 1 and f"{len(first.shards)} shards" in removing[0] and "2 QC pictures" in removing[0]
 
@@ -146,8 +155,13 @@ build([sys.argv[1]], sys.argv[2], BuildOptions(patch=PatchOptions(patch_size_px=
 
 def test_a_second_build_is_refused_while_the_first_writes_the_output(slides: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    first = subprocess.Popen([sys.executable, "-c", _HOLDER, str(slides), str(out)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    first = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(slides), str(out)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert first.stdin is not None and first.stdout is not None and first.stderr is not None
     try:
         assert first.stdout.readline() == "holding\n", first.stderr.read()  # it holds the output, claimed
@@ -185,19 +199,28 @@ def test_the_lock_is_released_on_error_and_interrupt(slides: Path, tmp_path: Pat
     assert len(manifest.slides) == 2 and not manifest.failed_slides
 
 
-def test_the_lock_of_a_crashed_build_is_taken_over(slides: Path, tmp_path: Path,
-                                                  caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_the_lock_of_a_crashed_build_is_taken_over(
+    slides: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     out = tmp_path / "out"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (out / ".wsishard").mkdir(parents=True)
-    lock = {"fingerprint": "a crashed build", "part": None, "host": os.uname().nodename, "pid": int(dead.stdout),
-            "token": "0123", "started": "2020-01-01T00:00:00+00:00", "refreshed_s": time.time()}  # fmt: skip
+    lock = {
+        "fingerprint": "a crashed build",
+        "part": None,
+        "host": os.uname().nodename,
+        "pid": int(dead.stdout),
+        "token": "0123",
+        "started": "2020-01-01T00:00:00+00:00",
+        "refreshed_s": time.time(),
+    }
     (out / ".wsishard" / "lock.json").write_text(json.dumps(lock))
     caplog.set_level(logging.WARNING, logger="wsishard")
     manifest = build([str(slides)], str(out), FAST, overwrite=True)
     assert len(manifest.slides) == 2 and _locks(out) == []
-    assert any(f"pid {dead.stdout.strip()}" in r.getMessage() and "not running" in r.getMessage()
-               for r in caplog.records)  # fmt: skip
+    assert any(
+        f"pid {dead.stdout.strip()}" in r.getMessage() and "not running" in r.getMessage() for r in caplog.records
+    )
 
 
 def test_parts_share_the_output_and_a_whole_build_waits_for_them(slides: Path, tmp_path: Path) -> None:
@@ -215,8 +238,9 @@ def test_parts_share_the_output_and_a_whole_build_waits_for_them(slides: Path, t
     assert _locks(out) == []
 
 
-def test_an_s3_output_is_locked_by_a_conditional_create(s3: S3Server, s3_bucket: str, slides: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_an_s3_output_is_locked_by_a_conditional_create(
+    s3: S3Server, s3_bucket: str, slides: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url = f"s3://{s3_bucket}/out"
     dest = Destination(url, s3.storage_options)
     assert dest.create_exclusive("probe.json", b"first") is True
@@ -238,8 +262,15 @@ def test_an_s3_output_is_locked_by_a_conditional_create(s3: S3Server, s3_bucket:
 def test_an_old_s3_lock_of_another_host_is_stale(s3: S3Server, s3_bucket: str, slides: Path) -> None:
     url = f"s3://{s3_bucket}/out"
     dest = Destination(url, s3.storage_options)
-    lock = {"fingerprint": "x", "part": None, "host": "elsewhere", "pid": 1, "token": "t", "started": "2020-01-01",
-            "refreshed_s": time.time() - 60}  # fmt: skip
+    lock = {
+        "fingerprint": "x",
+        "part": None,
+        "host": "elsewhere",
+        "pid": 1,
+        "token": "t",
+        "started": "2020-01-01",
+        "refreshed_s": time.time() - 60,
+    }
     dest.write_bytes(".wsishard/lock.json", json.dumps(lock).encode())
     with pytest.raises(OptionError, match="pid 1 on elsewhere"):
         build([str(slides)], url, FAST, storage_options=s3.storage_options, overwrite=True)
@@ -301,8 +332,9 @@ def _no_qc_writes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Destination, "write_bytes", refuse)
 
 
-def test_a_qc_write_error_stops_the_build_and_is_not_cached(slides: Path, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_qc_write_error_stops_the_build_and_is_not_cached(
+    slides: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "out"
     with monkeypatch.context() as mp:
         _no_qc_writes(mp)

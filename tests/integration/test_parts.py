@@ -36,7 +36,8 @@ def _same(a: Path, b: Path) -> None:
     ma, sa = read_output(str(a))
     mb, sb = read_output(str(b))
     assert [(s.name, s.sha256, s.samples, s.bytes) for s in ma.shards] == [
-        (s.name, s.sha256, s.samples, s.bytes) for s in mb.shards]  # fmt: skip
+        (s.name, s.sha256, s.samples, s.bytes) for s in mb.shards
+    ]
     assert ma.slides == mb.slides and [s.key for s in sa] == [s.key for s in sb]
     assert (a / SLIDES_NAME).read_bytes() == (b / SLIDES_NAME).read_bytes()
     sum_a, sum_b = (Summary.from_bytes((out / SUMMARY_NAME).read_bytes()) for out in (a, b))  # the index summary too
@@ -70,8 +71,9 @@ def test_a_part_scans_only_its_own_slides_and_two_parts_merge_to_the_one_machine
     _same(out, cohort_build)
 
 
-def test_a_build_stopped_mid_scan_rescans_only_the_slides_not_saved(cohort: Path, cohort_build: Path,
-                                                                   tmp_path: Path) -> None:  # fmt: skip
+def test_a_build_stopped_mid_scan_rescans_only_the_slides_not_saved(
+    cohort: Path, cohort_build: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
 
     class Stop(Exception):
@@ -124,6 +126,8 @@ def test_a_part_that_gets_no_group_says_why(tmp_path: Path, caplog: pytest.LogCa
     with caplog.at_level("WARNING", logger="wsishard"):
         manifest = build([str(tmp_path / "in")], str(tmp_path / "out"), opts, part=(2, 2))
     assert manifest.slides == [] and manifest.shards == []
-    assert ("part 2/2 got no group of slides, so it builds nothing: the 2 slides make 1 group of at most "
-            "--group-slides 64 slides") in caplog.text  # fmt: skip
+    assert (
+        "part 2/2 got no group of slides, so it builds nothing: the 2 slides make 1 group of at most "
+        "--group-slides 64 slides"
+    ) in caplog.text
     assert "--group-slides 1 gives each of 2 parts a group" in caplog.text

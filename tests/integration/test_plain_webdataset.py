@@ -21,9 +21,19 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def _pipeline(urls: list[str]) -> wds.WebDataset:
-    return (wds.WebDataset(urls, resampled=True, shardshuffle=False, nodesplitter=wds.split_by_node,
-                           workersplitter=wds.split_by_worker, select_files=wsishard.is_sample_member, seed=0)
-            .decode("rgb8").to_tuple("__key__", "jpg", "json"))  # fmt: skip
+    return (
+        wds.WebDataset(
+            urls,
+            resampled=True,
+            shardshuffle=False,
+            nodesplitter=wds.split_by_node,
+            workersplitter=wds.split_by_worker,
+            select_files=wsishard.is_sample_member,
+            seed=0,
+        )
+        .decode("rgb8")
+        .to_tuple("__key__", "jpg", "json")
+    )
 
 
 def _take(ds: wds.WebDataset, n: int, **loader: Any) -> list[tuple[str, Any, dict]]:
@@ -73,15 +83,17 @@ def test_pickled_members_are_never_read_by_the_recipe(tmp_path: Path) -> None:
             return (exec, ("raise SystemExit('unpickled')",))
 
     out = sm.make_output(str(tmp_path / "out"), (4,), size_px=16, extra_members={"pyd": pickle.dumps(Boom())})
-    ds = (wds.WebDataset(wsishard.shard_urls(out.root), shardshuffle=False, select_files=wsishard.is_sample_member)
-          .decode("rgb8"))  # fmt: skip
+    ds = wds.WebDataset(
+        wsishard.shard_urls(out.root), shardshuffle=False, select_files=wsishard.is_sample_member
+    ).decode("rgb8")
     samples = list(ds)
     assert len(samples) == 4 and all("pyd" not in s for s in samples)
     assert samples[0]["jpg"].shape == (16, 16, 3) and isinstance(samples[0]["json"], dict)
 
 
-def test_the_single_process_example_trains_from_a_one_shard_build_in_s3(s3: S3Server, s3_bucket: str,
-                                                                         tmp_path: Path) -> None:  # fmt: skip
+def test_the_single_process_example_trains_from_a_one_shard_build_in_s3(
+    s3: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
     """The issue's failing case: ``python examples/train_single.py s3://bucket/run --steps 5`` (2 workers) on a
     build that is one shard."""
     import os
@@ -95,7 +107,12 @@ def test_the_single_process_example_trains_from_a_one_shard_build_in_s3(s3: S3Se
     s3.upload(one.root, url)
     env = {**os.environ, "AWS_ENDPOINT_URL": s3.endpoint_url}
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, str(root / "examples" / "train_single.py"), url, "--steps", "5",
-                           "--batch-size", "8"], capture_output=True, text=True, timeout=240, env=env)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(root / "examples" / "train_single.py"), url, "--steps", "5", "--batch-size", "8"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "samples/s" in done.stdout and "step 0: loss" in done.stdout

@@ -31,7 +31,8 @@ def built(slides: Path) -> Path:
 
 
 def test_a_default_build_draws_no_picture_and_inspect_qc_draws_the_same_ones_later(
-        slides: Path, built: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    slides: Path, built: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out"
     capsys.readouterr()
     assert main(["build", str(slides), "-o", str(out), *ARGS]) == 1
@@ -47,7 +48,8 @@ def test_a_default_build_draws_no_picture_and_inspect_qc_draws_the_same_ones_lat
 
 
 def test_pictures_of_slides_moved_since_are_drawn_on_the_recorded_view(
-        slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     moved = tmp_path / "slides"
     shutil.copytree(slides, moved)
     out = tmp_path / "out"
@@ -64,7 +66,8 @@ def test_pictures_of_slides_moved_since_are_drawn_on_the_recorded_view(
 
 
 def test_inspect_html_without_qc_says_how_to_draw_the_missing_pictures(
-        slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out"
     assert main(["build", str(slides), "-o", str(out), *ARGS]) == 1
     capsys.readouterr()
@@ -84,8 +87,9 @@ def test_the_build_writes_the_qc_page_failed_first(built: Path) -> None:
     assert "no tissue found" in page and 'src="inked.png"' in page
 
 
-def test_inspect_html_links_pictures_from_the_page(built: Path, tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_inspect_html_links_pictures_from_the_page(
+    built: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     page_path = tmp_path / "review" / "qc.html"
     page_path.parent.mkdir()
     assert main(["inspect", str(built), "--html", str(page_path)]) == 0
@@ -96,8 +100,13 @@ def test_inspect_html_links_pictures_from_the_page(built: Path, tmp_path: Path,
 
 
 def test_inspect_html_never_writes_over_a_file_of_the_build(built: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    own = ["manifest.json", "slides.jsonl", "qc/inked.png", ".wsishard/build.json",
-           next(p.name for p in built.glob("shard-*.tar"))]  # fmt: skip
+    own = [
+        "manifest.json",
+        "slides.jsonl",
+        "qc/inked.png",
+        ".wsishard/build.json",
+        next(p.name for p in built.glob("shard-*.tar")),
+    ]
     for name in own:
         before = (built / name).read_bytes()
         assert main(["inspect", str(built), "--html", str(built / name)]) == 2

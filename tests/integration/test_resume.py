@@ -73,8 +73,9 @@ def test_rerun_of_a_finished_build_changes_nothing(cohort: Path, cohort_build: P
 
 
 @pytest.mark.parametrize("finished", [True, False])
-def test_a_rerun_rewrites_shards_deleted_truncated_or_altered_since(cohort: Path, cohort_build: Path, tmp_path: Path,
-                                                                     finished: bool) -> None:  # fmt: skip
+def test_a_rerun_rewrites_shards_deleted_truncated_or_altered_since(
+    cohort: Path, cohort_build: Path, tmp_path: Path, finished: bool
+) -> None:
     out = tmp_path / "out"
     shutil.copytree(cohort_build, out)  # times kept: the shards are older than their done records, as written
     if not finished:  # interrupted before its manifest
@@ -114,14 +115,32 @@ def test_other_options_are_refused_unless_overwrite(cohort: Path, tmp_path: Path
     assert sorted(p.name for p in out.glob("shard-*.tar")) == [s.name for s in manifest.shards]
 
 
-def test_three_parts_in_separate_processes_merge_to_the_single_build(cohort: Path, cohort_build: Path,
-                                                                      tmp_path: Path) -> None:  # fmt: skip
+def test_three_parts_in_separate_processes_merge_to_the_single_build(
+    cohort: Path, cohort_build: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     procs = [
-        subprocess.Popen([sys.executable, "-m", "wsishard.cli", "build", str(cohort), "-o", str(out), "--jobs", "1",
-                          "--part", f"{i}/3", *ARGS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "wsishard.cli",
+                "build",
+                str(cohort),
+                "-o",
+                str(out),
+                "--jobs",
+                "1",
+                "--part",
+                f"{i}/3",
+                *ARGS,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for i in (1, 2, 3)
-    ]  # fmt: skip
+    ]
     for p in procs:
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err

@@ -26,8 +26,11 @@ def _square(x: float, y: float, side: float) -> list[list[float]]:
 
 
 def _feature(coords: list[Any], name: str, kind: str = "Polygon") -> dict[str, Any]:
-    return {"type": "Feature", "geometry": {"type": kind, "coordinates": coords},
-            "properties": {"classification": {"name": name}}}  # fmt: skip
+    return {
+        "type": "Feature",
+        "geometry": {"type": kind, "coordinates": coords},
+        "properties": {"classification": {"name": name}},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +46,10 @@ def annotations(tmp_path: Path) -> Path:
     """slide-000: two classes and a hole; slide-001: malformed; slide-002: no polygon; slide-003: none."""
     folder = tmp_path / "roi"
     folder.mkdir()
-    features = [_feature([_square(0, 0, 1024), _square(256, 256, 256)], "Tumor"),
-                _feature([[_square(1024, 1024, 1024)]], "Stroma", "MultiPolygon")]  # fmt: skip
+    features = [
+        _feature([_square(0, 0, 1024), _square(256, 256, 256)], "Tumor"),
+        _feature([[_square(1024, 1024, 1024)]], "Stroma", "MultiPolygon"),
+    ]
     (folder / "slide-000.geojson").write_text(json.dumps({"type": "FeatureCollection", "features": features}))
     (folder / "slide-001.geojson").write_text('{"type": "Polygon", "coordinates": [[[0, 0], [5, 5]]]}')
     (folder / "slide-002.geojson").write_text(json.dumps({"type": "FeatureCollection", "features": []}))
@@ -78,11 +83,30 @@ def test_patches_only_inside_annotations_with_class_labels(slides: Path, annotat
     assert by_id["slide-000"].filtered.get("roi", 0) > 0 and by_id["slide-000"].patches == len(samples)
 
 
-def test_missing_annotation_built_whole_and_the_cli_says_why(slides: Path, annotations: Path, tmp_path: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_missing_annotation_built_whole_and_the_cli_says_why(
+    slides: Path, annotations: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out"
-    code = main(["build", str(slides), "-o", str(out), "--patch-size", "64", "--mpp", "1", "--roi", str(annotations),
-                 "--roi-missing", "whole", "--no-qc", "--jobs", "1", "-q"])  # fmt: skip
+    code = main(
+        [
+            "build",
+            str(slides),
+            "-o",
+            str(out),
+            "--patch-size",
+            "64",
+            "--mpp",
+            "1",
+            "--roi",
+            str(annotations),
+            "--roi-missing",
+            "whole",
+            "--no-qc",
+            "--jobs",
+            "1",
+            "-q",
+        ]
+    )
     assert code == 1  # two slides failed: their annotation files are broken
     printed = capsys.readouterr().out
     assert "FAILED slide-001.tif: " in printed and "malformed annotation GeoJSON" in printed
@@ -121,15 +145,32 @@ def test_quality_scores_recorded_and_filters_leave_patches_out(slides: Path, tmp
     assert sum(s.filtered.get("quality", 0) for s in filtered.slides) == len(all_samples) - len(kept) > 0
 
 
-def test_a_slide_skipped_for_want_of_annotations_is_no_failure(slides: Path, tmp_path: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_a_slide_skipped_for_want_of_annotations_is_no_failure(
+    slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     roi = tmp_path / "roi"
     roi.mkdir()
     features = [_feature([_square(0, 0, 1024)], "Tumor")]
     (roi / "slide-000.geojson").write_text(json.dumps({"type": "FeatureCollection", "features": features}))
     out = tmp_path / "out"
-    code = main(["build", str(slides), "-o", str(out), "--patch-size", "64", "--mpp", "1", "--roi", str(roi),
-                 "--no-qc", "--jobs", "1", "-q"])  # fmt: skip
+    code = main(
+        [
+            "build",
+            str(slides),
+            "-o",
+            str(out),
+            "--patch-size",
+            "64",
+            "--mpp",
+            "1",
+            "--roi",
+            str(roi),
+            "--no-qc",
+            "--jobs",
+            "1",
+            "-q",
+        ]
+    )
     printed = capsys.readouterr().out
     assert code == 0, printed  # the default --roi-missing skip: three slides skipped, none failed
     assert printed.startswith("4 slides (1 ok, 0 failed, 3 skipped)") and "FAILED" not in printed

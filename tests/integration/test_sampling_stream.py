@@ -90,8 +90,13 @@ def test_slide_weights_give_every_slide_its_share(out: sm.Output) -> None:
 def test_a_mapping_and_a_function_weigh_samples(out: sm.Output) -> None:
     mapped = stream(out.root, batch_size=10, weights={1: 1.0}, seed=4, world=World(rank=0, world_size=1))
     assert {out.labels[k] for k in _draw(mapped, World(), 400)} == {1}
-    fn = stream(out.root, batch_size=10, weights=lambda t: np.where(t["label"] == 1, 3.0, 1.0), seed=4,
-                world=World(rank=0, world_size=1))  # fmt: skip
+    fn = stream(
+        out.root,
+        batch_size=10,
+        weights=lambda t: np.where(t["label"] == 1, 3.0, 1.0),
+        seed=4,
+        world=World(rank=0, world_size=1),
+    )
     keys = _draw(fn, World(), 4_000)
     share = sum(out.labels[k] for k in keys) / len(keys)  # 84 x 3 against 336 x 1: 3/7 of the draws
     assert abs(share - 3 / 7) < 0.03
@@ -100,8 +105,14 @@ def test_a_mapping_and_a_function_weigh_samples(out: sm.Output) -> None:
 def test_proportions_mix_sources(out: sm.Output, tmp_path: Path) -> None:
     other = sm.make_output(str(tmp_path / "b"), (30, 30), slides=2, slide_prefix="other", seed=1)
     index_build(other.root)
-    ds = stream([out.root, other.root], batch_size=10, weights="class", proportions=[0.3, 0.7], seed=5,
-                world=World(rank=0, world_size=1))  # fmt: skip
+    ds = stream(
+        [out.root, other.root],
+        batch_size=10,
+        weights="class",
+        proportions=[0.3, 0.7],
+        seed=5,
+        world=World(rank=0, world_size=1),
+    )
     keys = _draw(ds, World(), 5_000)
     share = sum(k.startswith("other") for k in keys) / len(keys)
     assert abs(share - 0.7) < 0.05
@@ -134,12 +145,13 @@ def _odd_select(t: dict[str, np.ndarray]) -> np.ndarray:
     return t["position"] % 2 == 1
 
 
-def test_pad_last_reads_a_706_sample_shard_exactly_once_on_2_ranks_x_2_workers(tmp_path: Path,
-                                                                                 caplog: Any) -> None:  # fmt: skip
+def test_pad_last_reads_a_706_sample_shard_exactly_once_on_2_ranks_x_2_workers(tmp_path: Path, caplog: Any) -> None:
     one = sm.make_output(str(tmp_path / "one"), (706,), slides=3)
     worlds = [World(rank=r, world_size=2) for r in range(2)]
-    runs = [list(loader(stream(one.root, batch_size=64, resampled=False, pad_last=True, world=w), num_workers=2))
-            for w in worlds]  # fmt: skip
+    runs = [
+        list(loader(stream(one.root, batch_size=64, resampled=False, pad_last=True, world=w), num_workers=2))
+        for w in worlds
+    ]
     assert len(runs[0]) == len(runs[1]) > 0
     valid = [k for run in runs for b in run for k, v in zip(b["key"], b["valid"].tolist(), strict=True) if v]
     assert sorted(valid) == sorted(one.shard_of)
@@ -196,10 +208,18 @@ def test_a_build_writes_an_index_of_its_shards_and_a_summary(cohort_build: Path)
             meta = json.loads(next(iter(TarSamples(_bytes(data[lo : lo + size]), {"json"})))[1]["json"])
             assert (meta["x"], meta["y"]) == (index.columns["x"][row], index.columns["y"][row])
             assert index.columns["tissue"][row] == pytest.approx(meta["tissue"])
-    strict = stream(str(cohort_build), batch_size=4, resampled=False, select=lambda t: t["tissue"] >= 0.9,
-                    world=World(rank=0, world_size=1), pad_last=True)  # fmt: skip
-    want = sum(int((load_index((cohort_build / index_name(r["name"])).read_bytes()).columns["tissue"] >= 0.9).sum())
-               for r in manifest["shards"])  # fmt: skip
+    strict = stream(
+        str(cohort_build),
+        batch_size=4,
+        resampled=False,
+        select=lambda t: t["tissue"] >= 0.9,
+        world=World(rank=0, world_size=1),
+        pad_last=True,
+    )
+    want = sum(
+        int((load_index((cohort_build / index_name(r["name"])).read_bytes()).columns["tissue"] >= 0.9).sum())
+        for r in manifest["shards"]
+    )
     got = [b for b in strict]
     assert sum(int(b["valid"].sum()) for b in got) == want > 0
     assert all(m["tissue"] >= 0.9 for b in got for m, v in zip(b["meta"], b["valid"].tolist(), strict=True) if v)
@@ -215,12 +235,25 @@ def test_select_and_weights_read_the_index_from_s3(out: sm.Output, s3: Any, s3_b
     url = f"s3://{s3_bucket}/out"
     s3.upload(out.root, url)
     assert {n for n in os.listdir(out.root) if n.endswith(".npz")} >= {SUMMARY_NAME, index_name(sm.shard_name(0))}
-    ds = stream(url, batch_size=5, resampled=False, select=_odd_select, pad_last=True,
-                storage_options=s3.storage_options, world=World(rank=0, world_size=1))  # fmt: skip
+    ds = stream(
+        url,
+        batch_size=5,
+        resampled=False,
+        select=_odd_select,
+        pad_last=True,
+        storage_options=s3.storage_options,
+        world=World(rank=0, world_size=1),
+    )
     odd = {k for keys in out.keys.values() for i, k in enumerate(keys) if i % 2}
     valid = [k for b in ds for k, v in zip(b["key"], b["valid"].tolist(), strict=True) if v]
     assert sorted(valid) == sorted(odd)
-    weighted = stream(url, batch_size=10, weights="class", seed=1, storage_options=s3.storage_options,
-                      world=World(rank=0, world_size=1))  # fmt: skip
+    weighted = stream(
+        url,
+        batch_size=10,
+        weights="class",
+        seed=1,
+        storage_options=s3.storage_options,
+        world=World(rank=0, world_size=1),
+    )
     keys = _draw(weighted, World(), 1_000)
     assert abs(sum(out.labels[k] for k in keys) / len(keys) - 0.5) < 0.06

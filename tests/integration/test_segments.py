@@ -62,5 +62,12 @@ def test_segments_cover_a_shard_in_order_in_whole_blocks(cohort: Path, tmp_path:
 def _work(scan: ScanResult) -> SlideWork:
     assert scan.cands is not None
     r = scan.record
-    return SlideWork(path=r.file, slide_id=r.slide_id, level=r.level or 0, patch_mpp=r.patch_mpp or 0, cands=scan.cands,
-                     blocks=scan.blocks, label=r.label)  # fmt: skip
+    return SlideWork(
+        path=r.file,
+        slide_id=r.slide_id,
+        level=r.level or 0,
+        patch_mpp=r.patch_mpp or 0,
+        cands=scan.cands,
+        blocks=scan.blocks,
+        label=r.label,
+    )

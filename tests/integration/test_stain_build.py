@@ -74,8 +74,12 @@ def test_macenko_brings_the_shifted_copy_within_10_percent(shifted_build: Path) 
     collate = GpuCollate("cpu", stain=StainOptions(normalize="macenko", slides=table))
     after = {}
     for slide, xs in by_slide.items():
-        batch = {"image": torch.from_numpy(np.stack([x.image() for x in xs])), "label": torch.full((len(xs),), -1),
-                 "meta": Metas(x.members["json"] for x in xs), "key": [x.key for x in xs]}  # fmt: skip
+        batch = {
+            "image": torch.from_numpy(np.stack([x.image() for x in xs])),
+            "label": torch.full((len(xs),), -1),
+            "meta": Metas(x.members["json"] for x in xs),
+            "key": [x.key for x in xs],
+        }
         out = collate(batch)["image"]  # (b, 3, h, w) float in [0, 1] (mean 0, std 1)
         pixels = (out.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
         after[slide] = _mean_he(pixels)

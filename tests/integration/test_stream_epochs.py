@@ -61,8 +61,10 @@ def test_simulated_ranks_and_workers_are_disjoint_with_equal_batches(stream_out:
             assert len(batches) == plan.budgets[r, w]
             assert all(len(b["key"]) == 3 for b in batches)  # drop_last: fixed shape
             shards = {stream_out.shard_of[k] for k in keys_of(batches)}
-            assert shards <= {os.path.basename(ds.shards[i].url) for i in plan.shards_of(World(
-                rank=r, world_size=2, worker=w, num_workers=2))}  # fmt: skip
+            assert shards <= {
+                os.path.basename(ds.shards[i].url)
+                for i in plan.shards_of(World(rank=r, world_size=2, worker=w, num_workers=2))
+            }
             per_rank[r] += len(batches)
             seen += keys_of(batches)
         assert per_rank[0] == per_rank[1] == plan.batches_per_rank

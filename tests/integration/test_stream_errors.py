@@ -221,8 +221,16 @@ def test_a_decompression_bomb_is_a_shard_error_and_skip_mode_skips_it(tmp_path: 
 # ---- item 11: names from the data never become paths ----------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["../../x.tar", "/etc/x.tar", "s3://other/x.tar", "sub/shard-000001.tar",
-                                  "https://user:hunter22secret@host/shard-000001.tar"])  # fmt: skip
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../../x.tar",
+        "/etc/x.tar",
+        "s3://other/x.tar",
+        "sub/shard-000001.tar",
+        "https://user:hunter22secret@host/shard-000001.tar",
+    ],
+)
 def test_a_shard_name_that_is_a_path_is_refused_at_stream_time(tmp_path: Path, name: str) -> None:
     out = sm.make_output(str(tmp_path / "o"), (4, 4), size_px=PX)
     data = json.loads(Path(out.root, "manifest.json").read_text())
@@ -236,8 +244,19 @@ def test_a_shard_name_that_is_a_path_is_refused_at_stream_time(tmp_path: Path, n
         assert repr(name) in info.value.reason
 
 
-@pytest.mark.parametrize("key", ["../../evil", "sub/slide0_x0_y0", "slide0_x0_y0/../../evil", "/abs/slide0_x0_y0",
-                                 "evil", "slide0_x0", "slide0_x1_y2_z3", "_slide0_x0_y0"])  # fmt: skip
+@pytest.mark.parametrize(
+    "key",
+    [
+        "../../evil",
+        "sub/slide0_x0_y0",
+        "slide0_x0_y0/../../evil",
+        "/abs/slide0_x0_y0",
+        "evil",
+        "slide0_x0",
+        "slide0_x1_y2_z3",
+        "_slide0_x0_y0",
+    ],
+)
 def test_a_member_name_outside_the_key_grammar_is_a_broken_sample(tmp_path: Path, key: str) -> None:
     out = sm.make_output(str(tmp_path / "o"), (5, 5), size_px=PX)
     donor = out.keys[out.manifest.shards[0].name][1]
@@ -257,8 +276,10 @@ def test_a_member_name_outside_the_key_grammar_is_a_broken_sample(tmp_path: Path
 # ---- issue 28, item 10: a label that does not fit a batch's int64 labels ----------------------------------
 
 
-@pytest.mark.parametrize(("ext", "value"), [("cls", b"18446744073709551616"), ("cls", b"-9223372036854775809"),
-                                            ("json", 2**70), ("json", -1e23)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("ext", "value"),
+    [("cls", b"18446744073709551616"), ("cls", b"-9223372036854775809"), ("json", 2**70), ("json", -1e23)],
+)
 def test_a_label_outside_int64_is_a_shard_error_naming_the_sample(tmp_path: Path, ext: str, value: object) -> None:
     out = sm.make_output(str(tmp_path / "o"), (5, 5), size_px=PX, labelled=ext == "cls")
     bad = out.keys[out.manifest.shards[1].name][3]

@@ -78,9 +78,11 @@ def test_batches_of_their_own_are_pinned_by_dataloader(tmp_path: Path, monkeypat
 def test_making_a_loader_does_not_start_cuda(tmp_path: Path) -> None:
     """Code that makes a loader, then forks processes that use CUDA, must not find CUDA started in the parent."""
     png = sm.make_output(str(tmp_path / "png"), (9, 7, 8, 6, 9, 7), image_format="png")
-    code = ("import torch; from wsishard import loader, stream; "
-            f"dl = loader(stream({png.root!r}, batch_size=2, resampled=True, seed=0), num_workers=2); "
-            "print(dl._cuda is not None, torch.cuda.is_initialized())")  # fmt: skip
+    code = (
+        "import torch; from wsishard import loader, stream; "
+        f"dl = loader(stream({png.root!r}, batch_size=2, resampled=True, seed=0), num_workers=2); "
+        "print(dl._cuda is not None, torch.cuda.is_initialized())"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["True", "False"], done.stderr[-2000:]
 

@@ -33,8 +33,7 @@ def _sig(batches: list[dict[str, Any]]) -> list[tuple[str, ...]]:
 
 
 @pytest.mark.parametrize(("workers", "steps"), [(2, 5), (2, 6), (0, 4), (3, 7)])
-def test_resampled_batches_after_a_resume_are_the_uninterrupted_ones(out: sm.Output, workers: int,
-                                                                      steps: int) -> None:  # fmt: skip
+def test_resampled_batches_after_a_resume_are_the_uninterrupted_ones(out: sm.Output, workers: int, steps: int) -> None:
     reference = list(itertools.islice(kept(_loader(out.root, workers)), steps + 12))
     first = _loader(out.root, workers)
     taken = list(itertools.islice(kept(first), steps))
@@ -94,14 +93,26 @@ def test_the_state_is_plain_data(out: sm.Output) -> None:
 
 
 def _ranks(root: str, ranks: int, workers: int, **kw: Any) -> list[ShardLoader]:
-    return [loader(stream(root, batch_size=3, shuffle=6, seed=5, resampled=False, drop_last=False,
-                          world=World(rank=r, world_size=ranks), **kw), num_workers=workers)
-            for r in range(ranks)]  # fmt: skip
+    return [
+        loader(
+            stream(
+                root,
+                batch_size=3,
+                shuffle=6,
+                seed=5,
+                resampled=False,
+                drop_last=False,
+                world=World(rank=r, world_size=ranks),
+                **kw,
+            ),
+            num_workers=workers,
+        )
+        for r in range(ranks)
+    ]
 
 
 @pytest.mark.parametrize(("ranks", "workers"), [(1, 2), (3, 2), (3, 1), (1, 0)])
-def test_an_epoch_stopped_on_two_ranks_finishes_on_another_world_size(out: sm.Output, ranks: int,
-                                                                        workers: int) -> None:  # fmt: skip
+def test_an_epoch_stopped_on_two_ranks_finishes_on_another_world_size(out: sm.Output, ranks: int, workers: int) -> None:
     old = _ranks(out.root, 2, 2)
     whole = set(keys_of(list(old[0]))) | set(keys_of(list(_ranks(out.root, 2, 2)[1])))  # the epoch, uninterrupted
     old = _ranks(out.root, 2, 2)

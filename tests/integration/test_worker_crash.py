@@ -60,8 +60,13 @@ def test_killed_workers_fail_their_slides_and_the_build_finishes(tmp_path: Path)
     (tmp_path / "site" / "sitecustomize.py").write_text(_KILLER)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(tmp_path / "in"), str(out)], capture_output=True,
-                          text=True, timeout=300, env=env)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(tmp_path / "in"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     slides = json.loads(proc.stdout.strip().splitlines()[-1])
     assert slides["slide-001"][0] == "failed" and "worker process" in slides["slide-001"][1]
@@ -117,10 +122,17 @@ def test_workers_end_when_the_build_process_is_killed(tmp_path: Path, caller: st
     (tmp_path / "site" / "sitecustomize.py").write_text(_STALL)
     marks = tmp_path / "marks"
     marks.mkdir()
-    env = {**os.environ, "WSISHARD_TEST_MARKS": str(marks),
-           "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-c", _BUILD, str(tmp_path / "in"), str(tmp_path / "out"), caller],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    env = {
+        **os.environ,
+        "WSISHARD_TEST_MARKS": str(marks),
+        "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _BUILD, str(tmp_path / "in"), str(tmp_path / "out"), caller],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     workers: list[int] = []
     try:
         deadline = time.monotonic() + 120

@@ -32,8 +32,9 @@ def test_each_engine_gives_a_one_based_part() -> None:
         ({"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "4"}, 2, "--part-count 2, but a Slurm"),
     ],
 )
-def test_an_index_without_a_count_or_outside_it_is_refused(environ: dict[str, str], parts: int | None,
-                                                           message: str) -> None:  # fmt: skip
+def test_an_index_without_a_count_or_outside_it_is_refused(
+    environ: dict[str, str], parts: int | None, message: str
+) -> None:
     with pytest.raises(OptionError, match=message):
         array_part(environ, parts)
 
@@ -70,8 +71,12 @@ def test_a_slurm_task_that_is_no_part_of_its_array_is_refused(environ: dict[str,
 
 
 def test_a_slurm_array_with_a_step_numbers_its_tasks_in_order() -> None:
-    steps = {"SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "7",
-             "SLURM_ARRAY_TASK_STEP": "2"}  # fmt: skip
+    steps = {
+        "SLURM_ARRAY_TASK_COUNT": "4",
+        "SLURM_ARRAY_TASK_MIN": "1",
+        "SLURM_ARRAY_TASK_MAX": "7",
+        "SLURM_ARRAY_TASK_STEP": "2",
+    }
     assert [array_part({**steps, "SLURM_ARRAY_TASK_ID": str(t)}) for t in (1, 3, 5, 7)] == [
         (i, 4) for i in (1, 2, 3, 4)
     ]

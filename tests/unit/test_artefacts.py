@@ -38,8 +38,14 @@ def _slide(folder: Path, kinds: tuple[str, ...], seed: int) -> SyntheticSlide:
 def slides(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[SyntheticSlide]]:
     """Generated 3 mm slides at 1 mpp: each artefact kind alone, all of them, and the clean twins."""
     folder = tmp_path_factory.mktemp("artefacts")
-    sets = {"ink": ("ink",), "dots": ("dots",), "edge": ("edge",), "bubbles": ("bubbles",), "all": ARTEFACT_KINDS,
-            "clean": ()}  # fmt: skip
+    sets = {
+        "ink": ("ink",),
+        "dots": ("dots",),
+        "edge": ("edge",),
+        "bubbles": ("bubbles",),
+        "all": ARTEFACT_KINDS,
+        "clean": (),
+    }
     return {name: [_slide(folder, kinds, seed) for seed in SEEDS] for name, kinds in sets.items()}
 
 
@@ -51,7 +57,8 @@ def _dirty(scores: list[SlideScore]) -> float:
 
 
 def test_generated_artefacts_are_where_the_truth_says_and_out_of_the_tissue_mask(
-        slides: dict[str, list[SyntheticSlide]]) -> None:  # fmt: skip
+    slides: dict[str, list[SyntheticSlide]],
+) -> None:
     for s in slides["all"]:
         arts = s.artefacts
         assert arts is not None and arts.alpha.shape == s.mask.shape
@@ -97,10 +104,13 @@ def test_clean_slides_are_not_hurt(slides: dict[str, list[SyntheticSlide]]) -> N
 # ------------------------------------------------------------------------------------------- each filter
 
 
-@pytest.mark.parametrize(("kind", "off"), [("ink", {"ink_filter": False}), ("dots", {"dark_filter": False}),
-                                           ("edge", {"dark_filter": False})])  # fmt: skip
-def test_each_filter_is_needed_and_enough(slides: dict[str, list[SyntheticSlide]], kind: str,
-                                          off: dict[str, bool]) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "off"),
+    [("ink", {"ink_filter": False}), ("dots", {"dark_filter": False}), ("edge", {"dark_filter": False})],
+)
+def test_each_filter_is_needed_and_enough(
+    slides: dict[str, list[SyntheticSlide]], kind: str, off: dict[str, bool]
+) -> None:
     patch_off = dataclasses.replace(PATCH, max_artefact=1.0)
     with_filter = [score_slide(s, TissueOptions(), PATCH) for s in slides[kind]]
     without = [score_slide(s, TissueOptions(**off), patch_off) for s in slides[kind]]  # type: ignore[arg-type]
@@ -150,13 +160,31 @@ def _swatch(*colors: tuple[int, int, int]) -> np.ndarray:
     return np.array([[c] * 8 for c in colors], dtype=np.uint8).repeat(8, axis=0)  # (8n, 8, 3)
 
 
-HE_COLOURS = {"eosin": (225, 150, 190), "haematoxylin": (100, 60, 150), "dense haematoxylin": (70, 45, 115),
-              "bluish haematoxylin": (95, 85, 165), "blood": (200, 60, 70), "pale stroma": (238, 222, 232),
-              "grey unstained": (150, 150, 150), "dim glass": (215, 215, 217)}  # fmt: skip
-INK_COLOURS = {"blue": (30, 95, 190), "blue over eosin": (47, 69, 154), "green": (40, 140, 80),
-               "green over eosin": (37, 88, 63), "red-brown": (150, 85, 40), "cyan": (60, 170, 200)}  # fmt: skip
-DARK_COLOURS = {"black": (32, 32, 38), "scanner edge": (14, 14, 14), "black over eosin": (50, 33, 42),
-                "bubble rim": (70, 70, 72), "navy ink": (20, 20, 60)}  # fmt: skip
+HE_COLOURS = {
+    "eosin": (225, 150, 190),
+    "haematoxylin": (100, 60, 150),
+    "dense haematoxylin": (70, 45, 115),
+    "bluish haematoxylin": (95, 85, 165),
+    "blood": (200, 60, 70),
+    "pale stroma": (238, 222, 232),
+    "grey unstained": (150, 150, 150),
+    "dim glass": (215, 215, 217),
+}
+INK_COLOURS = {
+    "blue": (30, 95, 190),
+    "blue over eosin": (47, 69, 154),
+    "green": (40, 140, 80),
+    "green over eosin": (37, 88, 63),
+    "red-brown": (150, 85, 40),
+    "cyan": (60, 170, 200),
+}
+DARK_COLOURS = {
+    "black": (32, 32, 38),
+    "scanner edge": (14, 14, 14),
+    "black over eosin": (50, 33, 42),
+    "bubble rim": (70, 70, 72),
+    "navy ink": (20, 20, 60),
+}
 
 
 @pytest.mark.parametrize("name", sorted(HE_COLOURS))

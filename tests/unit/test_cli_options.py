@@ -69,13 +69,39 @@ def _build_help(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[s
 
 def test_flags_cover_the_option_fields_the_cli_had() -> None:
     flags = {option_flag(f) for _, _, f in FLAGGED}
-    assert {"--mpp", "--patch-size", "--stride", "--min-tissue", "--max-patches-per-slide", "--allow-upsample",
-            "--mpp-tolerance"} <= flags  # fmt: skip
-    assert {"--thumb-mpp", "--tissue-median-um", "--tissue-close-um", "--min-object-um2", "--min-hole-um2",
-            "--tissue-saturation-only", "--tissue-threshold"} <= flags  # fmt: skip
-    assert {"--format", "--quality", "--shard-size", "--shard-samples", "--group-slides", "--seed", "--jobs",
-            "--qc", "--no-fast-path", "--default-mpp", "--mpp-csv", "--labels",
-            "--require-labels"} <= flags  # fmt: skip
+    assert {
+        "--mpp",
+        "--patch-size",
+        "--stride",
+        "--min-tissue",
+        "--max-patches-per-slide",
+        "--allow-upsample",
+        "--mpp-tolerance",
+    } <= flags
+    assert {
+        "--thumb-mpp",
+        "--tissue-median-um",
+        "--tissue-close-um",
+        "--min-object-um2",
+        "--min-hole-um2",
+        "--tissue-saturation-only",
+        "--tissue-threshold",
+    } <= flags
+    assert {
+        "--format",
+        "--quality",
+        "--shard-size",
+        "--shard-samples",
+        "--group-slides",
+        "--seed",
+        "--jobs",
+        "--qc",
+        "--no-fast-path",
+        "--default-mpp",
+        "--mpp-csv",
+        "--labels",
+        "--require-labels",
+    } <= flags
     assert len(flags) == len(FLAGGED)  # no two fields share a flag
     unflagged = {"block_patches", "max_thumb_px", "min_threshold", "label_names"}
     assert unflagged.isdisjoint(f.name for _, _, f in FLAGGED)
@@ -137,8 +163,13 @@ def test_help_text_comes_from_the_field_metadata(
 
 def test_help_groups_and_shown_defaults(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     text = _build_help(monkeypatch, capsys)
-    titles = ["patches:", "resolution:", "tissue detection (Otsu on a low-resolution view; lengths in microns):",
-              "output:", "run:"]  # fmt: skip
+    titles = [
+        "patches:",
+        "resolution:",
+        "tissue detection (Otsu on a low-resolution view; lengths in microns):",
+        "output:",
+        "run:",
+    ]
     assert [text.index(f"\n{t}\n") for t in titles] == sorted(text.index(f"\n{t}\n") for t in titles)
     assert re.search(r"--mpp UM +target microns per pixel \(default: 0\.5\)\n", text)
     assert re.search(r"--shard-size BYTES +about this many bytes per shard: .* \(default: 256MB\)\n", text)
@@ -233,9 +264,16 @@ def test_each_flag_is_a_keyword_of_the_python_api_giving_the_same_options(
 
 
 def test_keywords_take_python_values_for_tables_sizes_and_names() -> None:
-    options = BuildOptions.from_keywords(mpp=1.0, patch_size=224, shard_size="1GiB", roi_exclude=["Tumor", "Stroma"],
-                                         labels={"a.svs": "tumour", "b.svs": "normal"}, mpp_csv={"a.svs": 0.25},
-                                         qc=False, jobs=3)  # fmt: skip
+    options = BuildOptions.from_keywords(
+        mpp=1.0,
+        patch_size=224,
+        shard_size="1GiB",
+        roi_exclude=["Tumor", "Stroma"],
+        labels={"a.svs": "tumour", "b.svs": "normal"},
+        mpp_csv={"a.svs": 0.25},
+        qc=False,
+        jobs=3,
+    )
     assert (options.patch.target_mpp, options.patch.patch_size_px, options.shard_size_bytes) == (1.0, 224, 2**30)
     assert options.roi.exclude == ("Tumor", "Stroma") and options.mpp_overrides == {"a.svs": 0.25}
     assert options.labels == {"a.svs": 1, "b.svs": 0} and options.label_names == ("normal", "tumour")
@@ -276,9 +314,9 @@ RENAMED = [
 
 
 @pytest.mark.parametrize(("old", "new", "words", "want"), RENAMED, ids=[r[0] for r in RENAMED])
-def test_old_dark_flags_still_work_with_a_one_line_warning(old: str, new: str, words: list[str],
-                                                          want: tuple[str, str, Any],
-                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_old_dark_flags_still_work_with_a_one_line_warning(
+    old: str, new: str, words: list[str], want: tuple[str, str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
     group, name, value = want
     via_new = build_options(parser().parse_args(["build", "S", "-o", "O", new, *words]))
     assert capsys.readouterr().err == ""

@@ -13,8 +13,12 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 def _batch(b: int = 16, h: int = 8, w: int = 8, seed: int = 0) -> dict:
     g = torch.Generator().manual_seed(seed)
     image = torch.randint(0, 256, (b, h, w, 3), generator=g, dtype=torch.uint8)  # (b, h, w, 3)
-    return {"image": image, "label": torch.arange(b), "meta": [{"i": i} for i in range(b)],
-            "key": [f"k{i}" for i in range(b)]}  # fmt: skip
+    return {
+        "image": image,
+        "label": torch.arange(b),
+        "meta": [{"i": i} for i in range(b)],
+        "key": [f"k{i}" for i in range(b)],
+    }
 
 
 def _reference(image: torch.Tensor) -> torch.Tensor:

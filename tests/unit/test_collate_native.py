@@ -81,9 +81,17 @@ def test_full_size_batches_give_the_same_bits() -> None:
 
 def _args(**change: Any) -> list[Any]:
     b, h, w = 2, 4, 4
-    args = {"src": np.zeros((b, h, w, 3), np.uint8), "dst": np.zeros((b, 3, h, w), np.float32),
-            "table": np.zeros((3, 256), np.float32), "codes": bytes(b), "b": b, "h": h, "w": w, "itemsize": 4,
-            "channels_last": False}  # fmt: skip
+    args = {
+        "src": np.zeros((b, h, w, 3), np.uint8),
+        "dst": np.zeros((b, 3, h, w), np.float32),
+        "table": np.zeros((3, 256), np.float32),
+        "codes": bytes(b),
+        "b": b,
+        "h": h,
+        "w": w,
+        "itemsize": 4,
+        "channels_last": False,
+    }
     return list({**args, **change}.values())
 
 

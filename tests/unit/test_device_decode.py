@@ -19,8 +19,14 @@ from wsishard.streaming.decode import EncodedBatches, decode_mode
 def _raw(i: int, size: int = 16, fmt: str = "jpg") -> dict:
     image = np.random.default_rng(i).integers(0, 255, (size, size, 3), dtype=np.uint8)
     meta = json.dumps({"slide_id": f"s{i % 2}", "label": i % 3}).encode()
-    return {"key": f"s_x{i}_y0", "shard": "shard-000000.tar", "image_ext": fmt, "image": encode(image, fmt),
-            "meta": meta, "label": None}  # fmt: skip
+    return {
+        "key": f"s_x{i}_y0",
+        "shard": "shard-000000.tar",
+        "image_ext": fmt,
+        "image": encode(image, fmt),
+        "meta": meta,
+        "label": None,
+    }
 
 
 def test_encoded_batches_carry_jpeg_bytes_labels_and_meta() -> None:

@@ -53,8 +53,15 @@ def test_the_cli_reference_lists_every_command_and_every_flag(hooks: ModuleType)
 
 def test_the_performance_page_renders_each_saved_result(hooks: ModuleType, tmp_path: Path) -> None:
     assert "No benchmark results saved yet" in hooks.results_markdown(tmp_path)
-    run = {"benchmark": "bench_x", "title": "X", "command": "python scripts/bench_x.py --quick", "when": "today",
-           "machine": "2 cores", "output_md": "| a | b |\n|---|---|\n| 1 | 2 |\n", "report": {"a": 1}}  # fmt: skip
+    run = {
+        "benchmark": "bench_x",
+        "title": "X",
+        "command": "python scripts/bench_x.py --quick",
+        "when": "today",
+        "machine": "2 cores",
+        "output_md": "| a | b |\n|---|---|\n| 1 | 2 |\n",
+        "report": {"a": 1},
+    }
     (tmp_path / "bench_x.json").write_text(json.dumps(run))
     text = hooks.results_markdown(tmp_path)
     assert text.startswith("## X\n") and "`python scripts/bench_x.py --quick`" in text and "| 1 | 2 |" in text
@@ -77,9 +84,11 @@ def test_the_sampling_guide_has_a_worked_example_of_each_feature() -> None:
     for split_scan once dropped the last two."""
     text = (ROOT / "docs" / "guide" / "sampling.md").read_text()
     sections = dict(re.findall(r"^## ([^\n]+)\n(.*?)(?=^## |\Z)", text, re.M | re.S))
-    for title, call in (("A stricter tissue threshold without a rebuild", "select=strict"),
-                        ("Tumor/normal balanced training", 'weights="class"'),
-                        ("Exact validation under torchrun", "pad_last=True")):  # fmt: skip
+    for title, call in (
+        ("A stricter tissue threshold without a rebuild", "select=strict"),
+        ("Tumor/normal balanced training", 'weights="class"'),
+        ("Exact validation under torchrun", "pad_last=True"),
+    ):
         code = "".join(re.findall(r"^```python\n(.*?)^```", sections.get(title, ""), re.M | re.S))
         assert call in code and "wsishard.stream(" in code, title
     assert 'batch["valid"]' in sections["Exact validation under torchrun"]

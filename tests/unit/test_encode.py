@@ -25,8 +25,9 @@ class _EveryTile:
     def read_level(self, level: int, x: int, y: int, w: int, h: int, needed: object = None) -> np.ndarray:
         return self._reader.read_level(level, x, y, w, h)
 
-    def read_level_reduced(self, level: int, x: int, y: int, w: int, h: int, factor: int,
-                           needed: object = None) -> np.ndarray | None:  # fmt: skip
+    def read_level_reduced(
+        self, level: int, x: int, y: int, w: int, h: int, factor: int, needed: object = None
+    ) -> np.ndarray | None:
         return self._reader.read_level_reduced(level, x, y, w, h, factor)
 
 
@@ -144,8 +145,19 @@ def test_scaled_decode_of_abbreviated_tiles_with_shared_tables() -> None:
     Image.fromarray(tile).save(buf, "JPEG", quality=90)
     full = buf.getvalue()
     tables, abbreviated = _split_tables(full)
-    level = _TiledLevel(page_index=0, width=256, height=256, tile_w=256, tile_h=256, tiles_across=1, offsets=(0,),
-                        bytecounts=(len(full),), jpegtables=None, jpegheader=None, compression=7)  # fmt: skip
+    level = _TiledLevel(
+        page_index=0,
+        width=256,
+        height=256,
+        tile_w=256,
+        tile_h=256,
+        tiles_across=1,
+        offsets=(0,),
+        bytecounts=(len(full),),
+        jpegtables=None,
+        jpegheader=None,
+        compression=7,
+    )
     expected = _decode_scaled(full, level, 2)
     spliced = _decode_scaled(abbreviated, dataclasses.replace(level, jpegtables=tables), 2)
     assert spliced.shape == (128, 128, 3) and np.array_equal(spliced, expected)

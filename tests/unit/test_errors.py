@@ -13,14 +13,17 @@ import pytest
 from wsishard.errors import OutputError, ResourceError, SlideError, SlideFailure
 
 
-@pytest.mark.parametrize(("exc", "words"), [
-    (OSError(errno.EMFILE, os.strerror(errno.EMFILE), "a.svs"), "too many open files in this process"),
-    (OSError(errno.ENFILE, os.strerror(errno.ENFILE)), "too many open files on this machine"),
-    (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/scratch/x.bin"), "no space left"),
-    (OSError(errno.ENOMEM, os.strerror(errno.ENOMEM)), "out of memory"),
-    (MemoryError(), "out of memory"),
-    (SlideError("a.svs", "OpenSlide cannot open it (Couldn't open a.svs: Too many open files)"), "too many open"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("exc", "words"),
+    [
+        (OSError(errno.EMFILE, os.strerror(errno.EMFILE), "a.svs"), "too many open files in this process"),
+        (OSError(errno.ENFILE, os.strerror(errno.ENFILE)), "too many open files on this machine"),
+        (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/scratch/x.bin"), "no space left"),
+        (OSError(errno.ENOMEM, os.strerror(errno.ENOMEM)), "out of memory"),
+        (MemoryError(), "out of memory"),
+        (SlideError("a.svs", "OpenSlide cannot open it (Couldn't open a.svs: Too many open files)"), "too many open"),
+    ],
+)
 def test_a_shortage_of_the_machine_stops_instead_of_failing_the_slide(exc: Exception, words: str) -> None:
     with pytest.raises(ResourceError) as info, SlideFailure("a.svs"):
         raise exc
@@ -36,8 +39,9 @@ def test_an_array_larger_than_the_machine_is_the_slides_failure() -> None:
     assert failure.reason is not None and "MemoryError" in failure.reason
 
 
-@pytest.mark.parametrize("exc", [OSError(errno.EIO, "Input/output error"), ValueError("bad tag"),
-                                 SlideError("a.svs", "no tissue found")])  # fmt: skip
+@pytest.mark.parametrize(
+    "exc", [OSError(errno.EIO, "Input/output error"), ValueError("bad tag"), SlideError("a.svs", "no tissue found")]
+)
 def test_a_slides_own_failure_is_recorded(exc: Exception) -> None:
     with SlideFailure("a.svs") as failure:
         raise exc

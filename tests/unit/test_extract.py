@@ -58,8 +58,15 @@ def _scan(path: Path, slide_id: str, label: int, index: int) -> SlideWork:
     scan = scan_slide(task)
     record = scan.record
     assert record.status == "ok" and scan.cands is not None, record.reason
-    return SlideWork(path=str(path), slide_id=slide_id, level=record.level or 0, patch_mpp=record.patch_mpp or 0,
-                     cands=scan.cands, blocks=scan.blocks, label=label)  # fmt: skip
+    return SlideWork(
+        path=str(path),
+        slide_id=slide_id,
+        level=record.level or 0,
+        patch_mpp=record.patch_mpp or 0,
+        cands=scan.cands,
+        blocks=scan.blocks,
+        label=label,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -82,12 +89,14 @@ def _fresh_readers() -> Iterator[None]:
 
 
 def _plan(index: int, works: list[SlideWork], blocks: Blocks) -> ShardPlan:
-    return ShardPlan(index=index, group=0, blocks=blocks,
-                     patches=sum(len(works[s].blocks[b].patches) for s, b in blocks))  # fmt: skip
+    return ShardPlan(
+        index=index, group=0, blocks=blocks, patches=sum(len(works[s].blocks[b].patches) for s, b in blocks)
+    )
 
 
-def _extract(out: Path, works: list[SlideWork], plans: list[ShardPlan],
-             excluded: frozenset[int] = frozenset()) -> tuple[list[ShardOutcome], list[int]]:  # fmt: skip
+def _extract(
+    out: Path, works: list[SlideWork], plans: list[ShardPlan], excluded: frozenset[int] = frozenset()
+) -> tuple[list[ShardOutcome], list[int]]:
     """Run the shards' segments in plan order; the shard outcomes and the ``written`` reports."""
     sources = {i: SlideSource(w) for i, w in enumerate(works)}
     tasks = [t for sp in plans for t in segment_tasks(sp, sources, excluded, ENCODE)]
@@ -119,7 +128,8 @@ def test_a_shard_holds_the_planned_samples_in_plan_order(
     monkeypatch.setattr(extract, "SEGMENT_PATCHES", segment_patches)
     sp = _plan(7, works, PLAN)
     assert len(segment_tasks(sp, {i: SlideSource(w) for i, w in enumerate(works)}, frozenset(), ENCODE)) == (
-        1 if segment_patches > sp.patches else len(PLAN))  # fmt: skip
+        1 if segment_patches > sp.patches else len(PLAN)
+    )
     (outcome,), written = _extract(tmp_path, works, [sp])
     expected = _expected(works, PLAN)
     assert isinstance(outcome, ShardDone) and outcome.record is not None
@@ -133,8 +143,9 @@ def test_a_shard_holds_the_planned_samples_in_plan_order(
     assert sorted(os.listdir(tmp_path)) == [index_name(shard_name(7)), shard_name(7)]  # no temporary file left
 
 
-def test_segmentation_never_changes_a_shards_bytes(tmp_path: Path, works: list[SlideWork],
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_segmentation_never_changes_a_shards_bytes(
+    tmp_path: Path, works: list[SlideWork], monkeypatch: pytest.MonkeyPatch
+) -> None:
     shas = []
     for segment_patches in (10_000, 1, 7):
         monkeypatch.setattr(extract, "SEGMENT_PATCHES", segment_patches)
@@ -187,13 +198,17 @@ def _zeroed_tiles(src: str, dst: Path) -> None:
             fh.write(b"\0" * nbytes)
 
 
-@pytest.mark.parametrize("damage", [_missing, _truncated, _garbage, _zeroed_tiles],
-                         ids=["missing", "truncated", "garbage", "zeroed-tiles"])  # fmt: skip
+@pytest.mark.parametrize(
+    "damage", [_missing, _truncated, _garbage, _zeroed_tiles], ids=["missing", "truncated", "garbage", "zeroed-tiles"]
+)
 @pytest.mark.parametrize("segment_patches", [10_000, 1], ids=["one-segment", "a-segment-per-block"])
 def test_a_failing_slide_drops_its_shard_names_the_slide_and_leaves_no_file(
-    tmp_path: Path, works: list[SlideWork], monkeypatch: pytest.MonkeyPatch, segment_patches: int,
+    tmp_path: Path,
+    works: list[SlideWork],
+    monkeypatch: pytest.MonkeyPatch,
+    segment_patches: int,
     damage: Callable[[str, Path], None],
-) -> None:  # fmt: skip
+) -> None:
     monkeypatch.setattr(extract, "SEGMENT_PATCHES", segment_patches)
     broken_path = tmp_path / "broken.tif"
     damage(works[1].path, broken_path)
@@ -210,8 +225,9 @@ def test_a_failing_slide_drops_its_shard_names_the_slide_and_leaves_no_file(
     assert sum(written) == after.patches  # what shard 7 had written was taken back
 
 
-def test_a_crashed_segment_drops_its_shard(tmp_path: Path, works: list[SlideWork],
-                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_crashed_segment_drops_its_shard(
+    tmp_path: Path, works: list[SlideWork], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(extract, "SEGMENT_PATCHES", 1)
     sources = {i: SlideSource(w) for i, w in enumerate(works)}
     tasks = segment_tasks(_plan(7, works, PLAN), sources, frozenset(), ENCODE)

@@ -35,7 +35,8 @@ def test_shard_names_are_zero_padded_and_recognised() -> None:
     assert all(is_shard_name(shard_name(i)) for i in indices)
     assert [shard_order(shard_name(i)) for i in indices] == [(i >> 20, i & 0xFFFFF) for i in indices]
     assert sorted(shard_name(shard_index(g, k)) for g, k in ((1, 0), (0, 10), (0, 2))) == [
-        shard_name(shard_index(g, k)) for g, k in ((0, 2), (0, 10), (1, 0))]  # fmt: skip
+        shard_name(shard_index(g, k)) for g, k in ((0, 2), (0, 10), (1, 0))
+    ]
     assert is_shard_name("shard-000042.tar") and is_shard_name("shard-1234567.tar")  # version 1
     with pytest.raises(ValueError):
         shard_index(0, 1 << 20)
@@ -50,10 +51,22 @@ def test_slide_records_file_names() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["shard-42.tar", "shard-000042.tar.gz", "shard-000042-12.tar", "shard-000042--0001.tar", "shard-000042-0001",
-     "shard-000042", "Shard-000042.tar", "shard-00004a.tar",
-     ".shard-000042.tar.tmp-7", "x/shard-000042.tar", "shard-000042.tar ", "manifest.json", ""],
-)  # fmt: skip
+    [
+        "shard-42.tar",
+        "shard-000042.tar.gz",
+        "shard-000042-12.tar",
+        "shard-000042--0001.tar",
+        "shard-000042-0001",
+        "shard-000042",
+        "Shard-000042.tar",
+        "shard-00004a.tar",
+        ".shard-000042.tar.tmp-7",
+        "x/shard-000042.tar",
+        "shard-000042.tar ",
+        "manifest.json",
+        "",
+    ],
+)
 def test_other_names_are_not_shard_names(name: str) -> None:
     assert not is_shard_name(name)
 
@@ -68,16 +81,29 @@ def test_temp_name_round_trips_through_temp_target(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["shard-000003.tar", ".shard-000003.tar", ".shard-000003.tar.tmp-", ".shard-000003.tar.tmp-12x",
-             "shard-000003.tar.tmp-12", ".tmp-12", ".shard-000003.tar.tmp-12/"],
-)  # fmt: skip
+    "name",
+    [
+        "shard-000003.tar",
+        ".shard-000003.tar",
+        ".shard-000003.tar.tmp-",
+        ".shard-000003.tar.tmp-12x",
+        "shard-000003.tar.tmp-12",
+        ".tmp-12",
+        ".shard-000003.tar.tmp-12/",
+    ],
+)
 def test_temp_target_rejects_names_that_are_not_temporary(name: str) -> None:
     assert temp_target(name) is None
 
 
-@pytest.mark.parametrize(("part", "name"), [((2, 8), "manifest.part-0002-of-0008.json"),
-                                            ((1, 1), "manifest.part-0001-of-0001.json"),
-                                            ((12, 10_000), "manifest.part-0012-of-10000.json")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("part", "name"),
+    [
+        ((2, 8), "manifest.part-0002-of-0008.json"),
+        ((1, 1), "manifest.part-0001-of-0001.json"),
+        ((12, 10_000), "manifest.part-0012-of-10000.json"),
+    ],
+)
 def test_part_manifest_names_round_trip(part: tuple[int, int], name: str) -> None:
     assert manifest_name(part) == name
     assert parse_part_manifest(name) == part
@@ -89,10 +115,18 @@ def test_the_whole_manifest_is_not_a_part_manifest() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["manifest.part-2-of-8.json", "manifest.part-0002-of-0008.json.tmp-1", "manifest.part-0002-0008.json",
-             ".manifest.part-0002-of-0008.json.tmp-1", "failed.part-0001-of-0002.json",
-             "manifest.part-000a-of-0008.json", "manifest.part-0002-of-0008.json/", ""],
-)  # fmt: skip
+    "name",
+    [
+        "manifest.part-2-of-8.json",
+        "manifest.part-0002-of-0008.json.tmp-1",
+        "manifest.part-0002-0008.json",
+        ".manifest.part-0002-of-0008.json.tmp-1",
+        "failed.part-0001-of-0002.json",
+        "manifest.part-000a-of-0008.json",
+        "manifest.part-0002-of-0008.json/",
+        "",
+    ],
+)
 def test_other_names_are_not_part_manifests(name: str) -> None:
     assert parse_part_manifest(name) is None
 
@@ -100,6 +134,19 @@ def test_other_names_are_not_part_manifests(name: str) -> None:
 def test_the_key_grammar() -> None:
     assert is_sample_key(sample_key(sanitize_slide_id("../../a b.svs"), 0, 1024))
     assert is_sample_key("TCGA-02-0001-01Z-00-DX1_x123_y456") and is_sample_key("s-1a2b3c4d_x0_y0")
-    for bad in ("../../evil", "a/b_x1_y2", "a_x1_y2/..", "evil", "a_x1", "a_x-1_y2", "_a_x1_y2", "-a_x1_y2",
-                "a_x1_y2 ", "a.b_x1_y2", "a_x1_y2\n", "", "a_x_y1"):  # fmt: skip
+    for bad in (
+        "../../evil",
+        "a/b_x1_y2",
+        "a_x1_y2/..",
+        "evil",
+        "a_x1",
+        "a_x-1_y2",
+        "_a_x1_y2",
+        "-a_x1_y2",
+        "a_x1_y2 ",
+        "a.b_x1_y2",
+        "a_x1_y2\n",
+        "",
+        "a_x_y1",
+    ):
         assert not is_sample_key(bad), bad

@@ -142,8 +142,9 @@ def test_output_scale_is_exact_by_default(mpp0: float) -> None:
         (0.2631, 4.0, 0.06, 4.0),  # target 1.0 from a 4x level at 1.0524 mpp: that level as it is
     ],
 )
-def test_output_scale_snaps_within_the_tolerance(mpp0: float, downsample: float, tolerance: float,
-                                                 expected: float) -> None:  # fmt: skip
+def test_output_scale_snaps_within_the_tolerance(
+    mpp0: float, downsample: float, tolerance: float, expected: float
+) -> None:
     target = 1.0 if downsample == 4.0 else 0.5
     opts = PatchOptions(target_mpp=target, mpp_tolerance=tolerance)
     assert output_scale(mpp0, downsample, opts) == pytest.approx(expected, rel=1e-12)
@@ -167,5 +168,7 @@ def test_an_upsample_over_max_upsample_is_refused_even_when_allowed(target: floa
     with pytest.raises(SlideError, match="more than --max-upsample 4"):  # not "use --allow-upsample"
         choose_level("s", 0.25, DOWNSAMPLES, PatchOptions(target_mpp=target))
     if target == 0.05:
-        assert choose_level("s", 0.25, DOWNSAMPLES, PatchOptions(target_mpp=target, allow_upsample=True,
-                                                                 max_upsample=5)) == 0  # fmt: skip
+        assert (
+            choose_level("s", 0.25, DOWNSAMPLES, PatchOptions(target_mpp=target, allow_upsample=True, max_upsample=5))
+            == 0
+        )

@@ -22,12 +22,23 @@ def _encoded(image: Image.Image, fmt: str, **kw: object) -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize(("fmt", "mode", "kw"), [
-    ("JPEG", "RGB", {"quality": 90}), ("JPEG", "RGB", {"progressive": True}), ("JPEG", "L", {}),
-    ("JPEG", "CMYK", {}), ("JPEG", "RGB", {"exif": b"Exif\x00\x00" + b"\x00" * 3000}),
-    ("PNG", "RGB", {}), ("PNG", "RGBA", {}), ("PNG", "P", {}), ("WEBP", "RGB", {"quality": 80}),
-    ("WEBP", "RGB", {"lossless": True}), ("WEBP", "RGBA", {"quality": 80}), ("WEBP", "RGBA", {"lossless": True}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fmt", "mode", "kw"),
+    [
+        ("JPEG", "RGB", {"quality": 90}),
+        ("JPEG", "RGB", {"progressive": True}),
+        ("JPEG", "L", {}),
+        ("JPEG", "CMYK", {}),
+        ("JPEG", "RGB", {"exif": b"Exif\x00\x00" + b"\x00" * 3000}),
+        ("PNG", "RGB", {}),
+        ("PNG", "RGBA", {}),
+        ("PNG", "P", {}),
+        ("WEBP", "RGB", {"quality": 80}),
+        ("WEBP", "RGB", {"lossless": True}),
+        ("WEBP", "RGBA", {"quality": 80}),
+        ("WEBP", "RGBA", {"lossless": True}),
+    ],
+)
 def test_image_header_matches_pil(fmt: str, mode: str, kw: dict) -> None:
     data = _encoded(_RNG_IMAGE.convert(mode), fmt, **kw)
     ext = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}[fmt]
@@ -46,9 +57,18 @@ def test_image_header_reads_a_bombs_declared_size_without_decoding() -> None:
     assert image_header(bytes(png)) == ("png", 50000, 60000)
 
 
-@pytest.mark.parametrize("data", [b"", b"not an image", b"\xff\xd8\xff", b"\xff\xd8\xff\xe0\x00\x10JFIF",
-                                  b"\x89PNG\r\n\x1a\n\x00\x00", b"RIFF\x00\x00\x00\x00WEBPVP8 ",
-                                  b"\xff\xd9" * 40])  # fmt: skip
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"not an image",
+        b"\xff\xd8\xff",
+        b"\xff\xd8\xff\xe0\x00\x10JFIF",
+        b"\x89PNG\r\n\x1a\n\x00\x00",
+        b"RIFF\x00\x00\x00\x00WEBPVP8 ",
+        b"\xff\xd9" * 40,
+    ],
+)
 def test_image_header_of_garbage_or_a_cut_header_is_none(data: bytes) -> None:
     assert image_header(data) is None
 

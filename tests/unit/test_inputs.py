@@ -35,8 +35,15 @@ def _touch(*paths: Path) -> None:
 def tree(tmp_path: Path) -> Path:
     """root/{b.svs, A.TIF, notes.txt, .c.svs, sub/{d.ndpi, deeper/e.tiff}, .hidden/f.svs, z-empty/}"""
     root = tmp_path / "root"
-    _touch(root / "b.svs", root / "A.TIF", root / "notes.txt", root / ".c.svs", root / "sub" / "d.ndpi",
-           root / "sub" / "deeper" / "e.tiff", root / ".hidden" / "f.svs")  # fmt: skip
+    _touch(
+        root / "b.svs",
+        root / "A.TIF",
+        root / "notes.txt",
+        root / ".c.svs",
+        root / "sub" / "d.ndpi",
+        root / "sub" / "deeper" / "e.tiff",
+        root / ".hidden" / "f.svs",
+    )
     (root / "z-empty").mkdir()
     return root
 
@@ -68,8 +75,9 @@ def test_list_files_skip_comments_and_blank_lines_and_resolve_relative_paths(tre
         "../A.TIF,3\n"  # a CSV-like line: only the first column is the path
         "#../not-this.svs\n"
     )
-    assert find_slides([str(listing)]) == sorted([str(tree / "sub" / "deeper" / "e.tiff"), str(tree / "b.svs"),
-                                                  str(tree / "A.TIF")])  # fmt: skip
+    assert find_slides([str(listing)]) == sorted(
+        [str(tree / "sub" / "deeper" / "e.tiff"), str(tree / "b.svs"), str(tree / "A.TIF")]
+    )
     csv_listing = tmp_path / "slides.csv"
     csv_listing.write_text("root/b.svs,tumour\n")
     assert find_slides([str(csv_listing), str(listing)]) == find_slides([str(listing)])  # merged, deduplicated
@@ -226,8 +234,10 @@ def test_check_tables_is_quiet_when_the_tables_match_and_without_tables() -> Non
 def test_long_lists_of_names_are_cut_short() -> None:
     many = [f"/d/s{i:02d}.svs" for i in range(12)]
     (warning,) = check_tables(many, BuildOptions(labels={"s00": 1}))
-    assert warning.endswith("11 of 12 slides have no label (no .cls; label -1 when streamed): "
-                            "s01.svs, s02.svs, s03.svs, s04.svs, s05.svs and 6 more")  # fmt: skip
+    assert warning.endswith(
+        "11 of 12 slides have no label (no .cls; label -1 when streamed): "
+        "s01.svs, s02.svs, s03.svs, s04.svs, s05.svs and 6 more"
+    )
 
 
 def test_require_labels_makes_a_missing_label_an_error_naming_the_slides() -> None:
@@ -286,8 +296,14 @@ def test_the_same_file_by_relative_and_absolute_path_symlink_or_hard_link_is_fou
     monkeypatch.chdir(tmp_path)
     with caplog.at_level(logging.WARNING, logger="wsishard"):
         found = find_slides(["root", str(tree), "aliases"])
-    assert len(found) == 4 and {os.path.basename(p) for p in found} <= {"A.TIF", "b.svs", "d.ndpi", "e.tiff",
-                                                                          "linked.svs", "hard.tif"}  # fmt: skip
+    assert len(found) == 4 and {os.path.basename(p) for p in found} <= {
+        "A.TIF",
+        "b.svs",
+        "d.ndpi",
+        "e.tiff",
+        "linked.svs",
+        "hard.tif",
+    }
     assert len({os.stat(p).st_ino for p in found}) == 4  # each file once, whichever name was kept
     assert caplog.text.count("is the same file as") == 6  # 4 relative, 2 aliases: each said
 

@@ -55,8 +55,9 @@ def test_the_build_side_never_names_torch_or_webdataset() -> None:
                     names = [a.name for a in node.names]
                 elif isinstance(node, ast.ImportFrom) and node.module:
                     names = [node.module]
-                offenders += [f"{path.relative_to(PACKAGE)}: {n}" for n in names
-                              if n.split(".")[0] in ("torch", "webdataset")]  # fmt: skip
+                offenders += [
+                    f"{path.relative_to(PACKAGE)}: {n}" for n in names if n.split(".")[0] in ("torch", "webdataset")
+                ]
     assert not offenders, offenders
 
 

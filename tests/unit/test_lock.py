@@ -28,8 +28,16 @@ def _lock(out: Path, digest: str = DIGEST, part: tuple[int, int] | None = None) 
 
 
 def _lock_file(out: Path, name: str = "lock.json", **fields: object) -> None:
-    lock = {"fingerprint": "another", "part": None, "host": socket.gethostname(), "pid": os.getpid(), "token": "t",
-            "started": "2020-01-01T00:00:00+00:00", "refreshed_s": time.time(), **fields}  # fmt: skip
+    lock = {
+        "fingerprint": "another",
+        "part": None,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "token": "t",
+        "started": "2020-01-01T00:00:00+00:00",
+        "refreshed_s": time.time(),
+        **fields,
+    }
     (out / ".wsishard").mkdir(parents=True, exist_ok=True)
     (out / ".wsishard" / name).write_text(json.dumps(lock))
 
@@ -56,8 +64,12 @@ def test_the_lock_names_its_holder_refuses_others_and_goes_away(tmp_path: Path) 
     out = tmp_path / "out"
     with _lock(out):
         lock = json.loads((out / ".wsishard" / "lock.json").read_text())
-        assert (lock["host"], lock["pid"], lock["fingerprint"], lock["part"]) == (socket.gethostname(), os.getpid(),
-                                                                                  DIGEST, None)  # fmt: skip
+        assert (lock["host"], lock["pid"], lock["fingerprint"], lock["part"]) == (
+            socket.gethostname(),
+            os.getpid(),
+            DIGEST,
+            None,
+        )
         assert lock["token"] and lock["started"].startswith(time.strftime("%Y-"))
         with pytest.raises(OptionError) as info, _lock(out, "another"):
             pass
@@ -81,9 +93,12 @@ def test_the_lock_is_released_when_the_block_raises(tmp_path: Path) -> None:
 def test_parts_of_one_build_share_the_output_and_nothing_else_does(tmp_path: Path) -> None:
     out = tmp_path / "out"
     with _lock(out, part=(1, 3)), _lock(out, part=(3, 3)):
-        for digest, part, holder in [(DIGEST, None, "part 1/3 of this build"), (DIGEST, (2, 4), "part 1/3 of this"),
-                                     ("another", (2, 3), "part 1/3 of another build"),
-                                     (DIGEST, (3, 3), "part 3/3 of this build")]:  # fmt: skip
+        for digest, part, holder in [
+            (DIGEST, None, "part 1/3 of this build"),
+            (DIGEST, (2, 4), "part 1/3 of this"),
+            ("another", (2, 3), "part 1/3 of another build"),
+            (DIGEST, (3, 3), "part 3/3 of this build"),
+        ]:
             with pytest.raises(OptionError, match=holder), _lock(out, digest, part):
                 pass
         with _lock(out, part=(2, 3)):

@@ -16,8 +16,16 @@ def _manifest(names: list[str], options: dict | None = None) -> dict:
 
 def test_shard_names_are_checked_when_a_manifest_is_read() -> None:
     assert len(Manifest.from_dict(_manifest(["shard-000000.tar", "shard-1234567.tar"])).shards) == 2
-    for bad in ("../../x.tar", "/etc/x.tar", "s3://other/x.tar", "sub/shard-000001.tar", "shard-000001.tar/..",
-                "shard-1.tar", "", "shard-000001.tar\n"):  # fmt: skip
+    for bad in (
+        "../../x.tar",
+        "/etc/x.tar",
+        "s3://other/x.tar",
+        "sub/shard-000001.tar",
+        "shard-000001.tar/..",
+        "shard-1.tar",
+        "",
+        "shard-000001.tar\n",
+    ):
         with pytest.raises(ManifestError) as info:
             Manifest.from_dict(_manifest(["shard-000000.tar", bad]), "out/manifest.json")
         assert info.value.location == "out/manifest.json" and "entry 1" in info.value.reason
@@ -43,8 +51,14 @@ def test_shard_counts_must_be_counts() -> None:
 def test_expected_patch_size_comes_from_the_options() -> None:
     manifest = Manifest.from_dict(_manifest(["shard-000000.tar"], {"patch": {"patch_size_px": 224}}))
     assert expected_patch_size(manifest, "m") == 224
-    for options in ({}, {"patch": {}}, {"patch": {"patch_size_px": "224"}}, {"patch": {"patch_size_px": 0}},
-                    {"patch": 224}, {"patch": {"patch_size_px": True}}):  # fmt: skip
+    for options in (
+        {},
+        {"patch": {}},
+        {"patch": {"patch_size_px": "224"}},
+        {"patch": {"patch_size_px": 0}},
+        {"patch": 224},
+        {"patch": {"patch_size_px": True}},
+    ):
         with pytest.raises(ManifestError, match="patch_size_px") as info:
             expected_patch_size(Manifest.from_dict(_manifest(["shard-000000.tar"], options)), "out/manifest.json")
         assert info.value.location == "out/manifest.json"

@@ -78,9 +78,13 @@ def test_context_manager_gives_the_slide_and_closes_it() -> None:
 
 @pytest.mark.parametrize(
     ("rgb", "kw", "message"),
-    [(RGB.astype(np.float32), {}, "float32"), (RGB[..., 0], {}, "(200, 300)"), (RGB[..., :2], {}, "(200, 300, 2)"),
-     (RGB, {"downsample": 1}, "downsample must be >= 2, got 1")],
-)  # fmt: skip
+    [
+        (RGB.astype(np.float32), {}, "float32"),
+        (RGB[..., 0], {}, "(200, 300)"),
+        (RGB[..., :2], {}, "(200, 300, 2)"),
+        (RGB, {"downsample": 1}, "downsample must be >= 2, got 1"),
+    ],
+)
 def test_bad_arrays_and_downsamples_are_value_errors(rgb: np.ndarray, kw: dict, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         MemorySlide(rgb, **kw)
@@ -106,5 +110,7 @@ def test_a_resolution_no_microscope_gives_counts_as_none(mpp: float, size: tuple
 def test_real_scanners_resolutions_are_kept() -> None:
     for mpp in (0.2520, 0.2631, 0.2265, 0.2425, 0.25, 0.5, 1.0, 2.0):  # up to a 75 mm slide at 40x
         properties = MemorySlide(RGB, mpp=mpp).properties
-        assert resolve_mpp("m", properties, None, None, (int(75_000 / mpp), int(50_000 / mpp))) == (pytest.approx(mpp),
-                                                                                             "openslide")  # fmt: skip
+        assert resolve_mpp("m", properties, None, None, (int(75_000 / mpp), int(50_000 / mpp))) == (
+            pytest.approx(mpp),
+            "openslide",
+        )

@@ -25,8 +25,11 @@ def _random_case(rng: np.random.Generator) -> tuple[np.ndarray, int, int, int]:
 
 
 def _all_worlds(world_size: int, num_workers: int) -> list[World]:
-    return [World(rank=r, world_size=world_size, worker=w, num_workers=num_workers)
-            for r in range(world_size) for w in range(num_workers)]  # fmt: skip
+    return [
+        World(rank=r, world_size=world_size, worker=w, num_workers=num_workers)
+        for r in range(world_size)
+        for w in range(num_workers)
+    ]
 
 
 # ---- World and topology -----------------------------------------------------------------------------------
@@ -165,8 +168,15 @@ def test_plan_gives_equal_batches_per_rank_and_bounded_drop() -> None:
     for epoch in range(300):
         counts, world_size, num_workers, b = _random_case(rng)
         drop_last = bool(epoch % 2)
-        plan = plan_epoch(counts, world_size=world_size, num_workers=num_workers, batch_size=b, seed=9,
-                          epoch=epoch, drop_last=drop_last)  # fmt: skip
+        plan = plan_epoch(
+            counts,
+            world_size=world_size,
+            num_workers=num_workers,
+            batch_size=b,
+            seed=9,
+            epoch=epoch,
+            drop_last=drop_last,
+        )
         assert set(plan.budgets.sum(axis=1).tolist()) == {plan.batches_per_rank}
         most = plan.samples // b + ((plan.samples % b > 0) & (not drop_last))
         assert (plan.budgets <= most).all() and (plan.budgets >= 0).all()
@@ -190,8 +200,7 @@ def test_smallest_rank_drops_only_short_batches() -> None:
 def test_single_process_without_drop_last_keeps_every_sample() -> None:
     counts = np.array([13, 7, 9, 22, 5])
     for workers in (1, 2, 3):
-        plan = plan_epoch(counts, world_size=1, num_workers=workers, batch_size=4, seed=0, epoch=0,
-                          drop_last=False)  # fmt: skip
+        plan = plan_epoch(counts, world_size=1, num_workers=workers, batch_size=4, seed=0, epoch=0, drop_last=False)
         assert plan.dropped_per_rank.tolist() == [0]
         assert plan.kept.sum() == counts.sum()
 

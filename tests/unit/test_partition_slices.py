@@ -21,8 +21,10 @@ from wsishard.streaming.world import World
 
 
 def _worlds(ranks: int, workers: int) -> list[World]:
-    return [World(rank=r, world_size=ranks, worker=w, num_workers=workers)
-            for r, w in itertools.product(range(ranks), range(workers))]  # fmt: skip
+    return [
+        World(rank=r, world_size=ranks, worker=w, num_workers=workers)
+        for r, w in itertools.product(range(ranks), range(workers))
+    ]
 
 
 def _kept(slices: list[Slice], counts: np.ndarray) -> set[tuple[int, int]]:
@@ -30,8 +32,9 @@ def _kept(slices: list[Slice], counts: np.ndarray) -> set[tuple[int, int]]:
 
 
 @pytest.mark.parametrize(("counts", "ranks", "workers"), [((599,), 2, 2), ((10, 7, 12), 2, 2), ((5, 9), 3, 4)])
-def test_every_sample_goes_to_exactly_one_reader_with_balanced_counts(counts: tuple[int, ...], ranks: int,
-                                                                      workers: int) -> None:  # fmt: skip
+def test_every_sample_goes_to_exactly_one_reader_with_balanced_counts(
+    counts: tuple[int, ...], ranks: int, workers: int
+) -> None:
     counts_a = np.asarray(counts)
     order = epoch_order(counts_a, world_size=ranks, num_workers=workers, seed=3, epoch=1)
     kept = [_kept(reader_slices(order, counts_a, w), counts_a) for w in _worlds(ranks, workers)]

@@ -35,8 +35,13 @@ SEEDS = (1, 2)
 @pytest.fixture(scope="module")
 def pigmented(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[SyntheticSlide]]:
     folder = tmp_path_factory.mktemp("pigment")
-    return {kind: [make_slide(folder / f"{kind}-{seed}.svs", width=3072, height=3072, mpp=1.0, seed=seed,
-                              pigments=(kind,)) for seed in SEEDS] for kind in PIGMENT_KINDS}  # fmt: skip
+    return {
+        kind: [
+            make_slide(folder / f"{kind}-{seed}.svs", width=3072, height=3072, mpp=1.0, seed=seed, pigments=(kind,))
+            for seed in SEEDS
+        ]
+        for kind in PIGMENT_KINDS
+    }
 
 
 def _kept_share(scores: list[SlideScore]) -> float:
@@ -81,9 +86,13 @@ def _swatch(color: tuple[int, int, int], size: int = 24) -> np.ndarray:
     return np.full((size, size, 3), color, dtype=np.uint8)
 
 
-PIGMENT_COLOURS = {"melanin over eosin": (60, 29, 25), "melanin over nuclei": (35, 15, 27),
-                   "haemosiderin": (60, 40, 15), "dense haematoxylin": (45, 25, 62),
-                   "dark purple nuclei": (36, 18, 50)}  # fmt: skip
+PIGMENT_COLOURS = {
+    "melanin over eosin": (60, 29, 25),
+    "melanin over nuclei": (35, 15, 27),
+    "haemosiderin": (60, 40, 15),
+    "dense haematoxylin": (45, 25, 62),
+    "dark purple nuclei": (36, 18, 50),
+}
 
 
 @pytest.mark.parametrize("name", sorted(PIGMENT_COLOURS))
@@ -136,9 +145,16 @@ def test_candidates_record_each_kept_cells_pigment_fraction() -> None:
 
 
 def test_the_pigment_fractions_survive_the_saved_scan_and_label_filtering() -> None:
-    cands = Candidates(col=np.array([0, 1, 2]), row=np.array([0, 0, 0]), tissue=np.ones(3, dtype=np.float32),
-                       l0_per_o=1.0, stride=16, patch=16, total=3,
-                       pigment=np.array([0.0, 0.25, 0.5], dtype=np.float32))  # fmt: skip
+    cands = Candidates(
+        col=np.array([0, 1, 2]),
+        row=np.array([0, 0, 0]),
+        tissue=np.ones(3, dtype=np.float32),
+        l0_per_o=1.0,
+        stride=16,
+        patch=16,
+        total=3,
+        pigment=np.array([0.0, 0.25, 0.5], dtype=np.float32),
+    )
     record = SlideRecord(slide_id="a", file="a.svs", status="ok", pigment_mm2=0.5)
     back = decode_scan(encode_scan(ScanResult(record, cands, blocks(cands, 4), None)), 4)
     assert back.cands is not None and back.cands.pigment is not None

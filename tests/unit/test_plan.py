@@ -157,8 +157,9 @@ def test_shard_patch_counts_balance_to_within_two_blocks() -> None:
     patch counts within two blocks of each other."""
     rng = np.random.default_rng(12)
     for trial in range(20):
-        sizes = {s: np.minimum(16, rng.integers(1, 30, size=int(rng.lognormal(4.5, 1.0)) + 1)).tolist()
-                 for s in range(32)}  # fmt: skip
+        sizes = {
+            s: np.minimum(16, rng.integers(1, 30, size=int(rng.lognormal(4.5, 1.0)) + 1)).tolist() for s in range(32)
+        }
         total = sum(map(sum, sizes.values()))
         cap = max(64, total // int(rng.integers(1, 12)) + 64)
         shards = plan_group(trial, sizes, samples_per_shard=cap, seed=trial)

@@ -40,11 +40,17 @@ def _blended(color: tuple[int, int, int], alpha: float) -> tuple[int, int, int]:
 
 @pytest.mark.parametrize(
     ("height", "width", "max_side", "size"),
-    [(300, 400, 2000, (400, 300)), (300, 400, 400, (400, 300)), (300, 400, 200, (200, 150)),
-     (1000, 250, 100, (25, 100)), (3, 2000, 100, (100, 1))],
-)  # fmt: skip
-def test_picture_is_capped_at_max_side_px_keeping_its_aspect(height: int, width: int, max_side: int,
-                                                               size: tuple[int, int]) -> None:  # fmt: skip
+    [
+        (300, 400, 2000, (400, 300)),
+        (300, 400, 400, (400, 300)),
+        (300, 400, 200, (200, 150)),
+        (1000, 250, 100, (25, 100)),
+        (3, 2000, 100, (100, 1)),
+    ],
+)
+def test_picture_is_capped_at_max_side_px_keeping_its_aspect(
+    height: int, width: int, max_side: int, size: tuple[int, int]
+) -> None:
     layers = QcLayers(np.zeros((height, width), dtype=bool), 4.0)
     picture = qc_picture(_view(height, width), 4.0, layers, *_none(), 64, max_side_px=max_side)
     assert picture.mode == "RGB" and picture.size == size  # (width, height)
@@ -102,13 +108,18 @@ def test_artefacts_and_annotations_in_their_own_colours() -> None:
 
 
 def test_legend_band_holds_the_counts() -> None:
-    lines = legend_lines(tissue_mm2=12.345, ink_mm2=1.5, artefact_mm2=0.25, kept=1234,
-                         filtered={"roi": 7, "artefact": 3}, roi="annotated: a.geojson")  # fmt: skip
+    lines = legend_lines(
+        tissue_mm2=12.345,
+        ink_mm2=1.5,
+        artefact_mm2=0.25,
+        kept=1234,
+        filtered={"roi": 7, "artefact": 3},
+        roi="annotated: a.geojson",
+    )
     assert "12.35 mm2" in lines[0] and "1,234" in lines[0] and "annotated: a.geojson" in lines[0]
     assert lines[1] == "left out: artefact 3, roi 7"
     plain = qc_picture(_view(), 4.0, QcLayers(np.zeros((300, 400), dtype=bool), 4.0), *_none(), 64)
-    with_legend = qc_picture(_view(), 4.0, QcLayers(np.zeros((300, 400), dtype=bool), 4.0), *_none(), 64,
-                             legend=lines)  # fmt: skip
+    with_legend = qc_picture(_view(), 4.0, QcLayers(np.zeros((300, 400), dtype=bool), 4.0), *_none(), 64, legend=lines)
     assert with_legend.width == plain.width and with_legend.height > plain.height
     band = np.asarray(with_legend)[plain.height :]
     assert (band < 100).any() and (band == 255).mean() > 0.8  # dark text on white

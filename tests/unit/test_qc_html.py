@@ -10,13 +10,30 @@ from wsishard.qc_html import qc_index
 
 def _manifest() -> Manifest:
     slides = [
-        SlideRecord(slide_id="b-ok", file="/s/b.svs", status="ok", width=4096, height=3072, slide_mpp=0.25,
-                    mpp_source="openslide", tissue_mm2=12.5, ink_mm2=1.25, artefact_mm2=0.5, candidates=900,
-                    patches=800, filtered={"artefact": 12, "roi": 3}, roi="annotated: b.geojson"),
+        SlideRecord(
+            slide_id="b-ok",
+            file="/s/b.svs",
+            status="ok",
+            width=4096,
+            height=3072,
+            slide_mpp=0.25,
+            mpp_source="openslide",
+            tissue_mm2=12.5,
+            ink_mm2=1.25,
+            artefact_mm2=0.5,
+            candidates=900,
+            patches=800,
+            filtered={"artefact": 12, "roi": 3},
+            roi="annotated: b.geojson",
+        ),
         SlideRecord(slide_id="a-ok", file="/s/a.svs", status="ok", patches=5),
-        SlideRecord(slide_id="z-bad", file="/s/<script>z.svs", status="failed",
-                    reason='malformed annotation GeoJSON (<img src=x onerror="alert(1)">)'),
-    ]  # fmt: skip
+        SlideRecord(
+            slide_id="z-bad",
+            file="/s/<script>z.svs",
+            status="failed",
+            reason='malformed annotation GeoJSON (<img src=x onerror="alert(1)">)',
+        ),
+    ]
     return Manifest(options={}, shards=[], slides=slides)
 
 
@@ -30,8 +47,14 @@ def test_failed_slides_come_first_then_the_rest_by_name() -> None:
 def test_numbers_of_each_slide_are_shown() -> None:
     page = qc_index(_manifest())
     card = page[page.index('id="b-ok"') :]
-    for text in ("12.50 mm2", "ink 1.25 mm2, dark artefacts 0.50 mm2", "800 kept of 900", "artefact 12, roi 3",
-                 "annotated: b.geojson", "4096 x 3072 px at 0.2500 mpp"):  # fmt: skip
+    for text in (
+        "12.50 mm2",
+        "ink 1.25 mm2, dark artefacts 0.50 mm2",
+        "800 kept of 900",
+        "artefact 12, roi 3",
+        "annotated: b.geojson",
+        "4096 x 3072 px at 0.2500 mpp",
+    ):
         assert text in card
 
 

@@ -30,8 +30,15 @@ def _record() -> tuple[QcRecord, np.ndarray]:
 
 
 def _cands() -> Candidates:
-    return Candidates(col=np.array([0, 1, 3]), row=np.array([0, 2, 1]), tissue=np.array([0.5, 0.6, 0.9]),
-                      l0_per_o=2.0, stride=64, patch=64, total=9)  # fmt: skip
+    return Candidates(
+        col=np.array([0, 1, 3]),
+        row=np.array([0, 2, 1]),
+        tissue=np.array([0.5, 0.6, 0.9]),
+        l0_per_o=2.0,
+        stride=64,
+        patch=64,
+        total=9,
+    )
 
 
 def test_the_qc_record_is_saved_with_the_scan_and_read_back_exactly() -> None:

@@ -55,8 +55,14 @@ def test_filters_name_the_reason() -> None:
     assert QualityOptions(min_sharpness=100).rejects(scores) == "sharpness"
 
 
-@pytest.mark.parametrize(("kw", "name"), [({"max_background": 1.5}, "max_background"), ({"max_dark": -0.1}, "max_dark"),
-                                          ({"min_sharpness": float("nan")}, "min_sharpness")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kw", "name"),
+    [
+        ({"max_background": 1.5}, "max_background"),
+        ({"max_dark": -0.1}, "max_dark"),
+        ({"min_sharpness": float("nan")}, "min_sharpness"),
+    ],
+)
 def test_options_validation(kw: dict[str, float], name: str) -> None:
     with pytest.raises(OptionError, match=name):
         QualityOptions(**kw)

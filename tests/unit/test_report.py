@@ -13,9 +13,20 @@ from wsishard.report import details, human_bytes, summary
 def _slide(i: int, *, failed: str = "") -> SlideRecord:
     if failed:
         return SlideRecord(slide_id=f"bad{i}", file=f"/data/in/bad{i}.svs", status="failed", reason=failed)
-    return SlideRecord(slide_id=f"s{i}", file=f"/data/in/s{i}.svs", status="ok", width=40_000, height=30_000,
-                       slide_mpp=0.2501, mpp_source="openslide", level=1, downsample=4.0, tissue_fraction=0.25,
-                       candidates=900 + i, patches=800 + i)  # fmt: skip
+    return SlideRecord(
+        slide_id=f"s{i}",
+        file=f"/data/in/s{i}.svs",
+        status="ok",
+        width=40_000,
+        height=30_000,
+        slide_mpp=0.2501,
+        mpp_source="openslide",
+        level=1,
+        downsample=4.0,
+        tissue_fraction=0.25,
+        candidates=900 + i,
+        patches=800 + i,
+    )
 
 
 def _shard(i: int, samples: int, slides: int, nbytes: int) -> ShardRecord:
@@ -23,17 +34,35 @@ def _shard(i: int, samples: int, slides: int, nbytes: int) -> ShardRecord:
 
 
 def _manifest(slides: list[SlideRecord], shards: list[ShardRecord]) -> Manifest:
-    options = {"patch": {"patch_size_px": 224, "target_mpp": 0.5, "stride_px": None, "min_tissue": 0.4},
-               "seed": 7, "quality": 85}  # fmt: skip
-    return Manifest(options=options, shards=shards, slides=slides, image_format="png",
-                    created="2024-01-02T03:04:05Z", wsishard_version="9.9.9")  # fmt: skip
+    options = {
+        "patch": {"patch_size_px": 224, "target_mpp": 0.5, "stride_px": None, "min_tissue": 0.4},
+        "seed": 7,
+        "quality": 85,
+    }
+    return Manifest(
+        options=options,
+        shards=shards,
+        slides=slides,
+        image_format="png",
+        created="2024-01-02T03:04:05Z",
+        wsishard_version="9.9.9",
+    )
 
 
 @pytest.mark.parametrize(
     ("n", "text"),
-    [(0, "0 B"), (999, "999 B"), (1000, "1.0 kB"), (1234, "1.2 kB"), (1_234_567, "1.2 MB"), (256 * 1000**2, "256.0 MB"),
-     (3.5e9, "3.5 GB"), (4.2e12, "4.2 TB"), (7e15, "7000.0 TB")],
-)  # fmt: skip
+    [
+        (0, "0 B"),
+        (999, "999 B"),
+        (1000, "1.0 kB"),
+        (1234, "1.2 kB"),
+        (1_234_567, "1.2 MB"),
+        (256 * 1000**2, "256.0 MB"),
+        (3.5e9, "3.5 GB"),
+        (4.2e12, "4.2 TB"),
+        (7e15, "7000.0 TB"),
+    ],
+)
 def test_human_bytes_uses_decimal_units_up_to_terabytes(n: float, text: str) -> None:
     assert human_bytes(n) == text
 
@@ -44,8 +73,10 @@ def test_summary_counts_slides_samples_shards_and_bytes() -> None:
     lines = summary(_manifest(slides, shards), "s3://bucket/out").splitlines()
     assert lines[0] == "4 slides (2 ok, 2 failed): 2,400 patches in 3 shards (4.0 MB, png) -> s3://bucket/out"
     assert lines[1] == "  samples per shard 400..1200, slides per shard 1..2"
-    assert lines[2] == ("  QC review: wsishard inspect s3://bucket/out --qc draws the pictures and "
-                        "s3://bucket/out/qc/index.html (no picture drawn yet)")  # fmt: skip
+    assert lines[2] == (
+        "  QC review: wsishard inspect s3://bucket/out --qc draws the pictures and "
+        "s3://bucket/out/qc/index.html (no picture drawn yet)"
+    )
     assert lines[3:] == ["  FAILED bad2.svs: no tissue found", "  FAILED bad3.svs: cannot open: bad header"]
     drawn = _manifest(slides, shards)
     drawn.options["qc"] = True  # built with --qc: the page is there
@@ -53,8 +84,10 @@ def test_summary_counts_slides_samples_shards_and_bytes() -> None:
 
 
 def test_summary_totals_the_bytes_read_of_slides_in_object_storage_only_when_there_are_some() -> None:
-    slides = [dataclasses.replace(_slide(i), file=f"s3://b/in/s{i}.svs", bytes_read=n)
-              for i, n in enumerate([3_000_000, 1_000_000, 0])]  # fmt: skip
+    slides = [
+        dataclasses.replace(_slide(i), file=f"s3://b/in/s{i}.svs", bytes_read=n)
+        for i, n in enumerate([3_000_000, 1_000_000, 0])
+    ]
     slides.append(_slide(3))  # a local file: not among them
     lines = summary(_manifest(slides, [_shard(0, 3206, 4, 9_000_000)])).splitlines()
     assert lines[2] == "  read from object storage: 4.0 MB of slide files, 1.3 MB per slide on average (3 slides)"
@@ -63,8 +96,10 @@ def test_summary_totals_the_bytes_read_of_slides_in_object_storage_only_when_the
 
 def test_summary_of_a_build_without_shards_has_no_shard_line() -> None:
     text = summary(_manifest([_slide(0, failed="no tissue found")], []))
-    assert text.splitlines() == ["1 slide (0 ok, 1 failed): 0 patches in 0 shards (0 B, png)",
-                                 "  FAILED bad0.svs: no tissue found"]  # fmt: skip
+    assert text.splitlines() == [
+        "1 slide (0 ok, 1 failed): 0 patches in 0 shards (0 B, png)",
+        "  FAILED bad0.svs: no tissue found",
+    ]
 
 
 def test_details_lists_options_slides_and_shards() -> None:

@@ -103,8 +103,9 @@ def _reference(ref: OpenSlideReader, l0_x: int, l0_y: int, size: int, scale: flo
     """``size`` px at ``scale`` level-0 px each from level-0 px (l0_x, l0_y): a level-0 read resized once by
     Lanczos at full resolution (its filter reads past the region's edges, as the build's does)."""
     pad = 16
-    region = Image.fromarray(ref.read_level(0, l0_x - pad, l0_y - pad, math.ceil(size * scale) + 2 * pad,
-                                            math.ceil(size * scale) + 2 * pad))  # fmt: skip
+    region = Image.fromarray(
+        ref.read_level(0, l0_x - pad, l0_y - pad, math.ceil(size * scale) + 2 * pad, math.ceil(size * scale) + 2 * pad)
+    )
     box = (pad, pad, pad + size * scale, pad + size * scale)
     return np.asarray(region.resize((size, size), Image.Resampling.LANCZOS, box=box))
 
@@ -116,8 +117,9 @@ def test_patches_on_a_block_border_equal_the_same_patch_read_alone(slide: str) -
         blk = max(blocks(cands, 4), key=lambda b: len(b.patches))
         in_block = patch_images(reader, blk, cands, 0)
         for k, i in enumerate(blk.patches.tolist()[:4]):
-            one = dataclasses.replace(cands, col=cands.col[i : i + 1], row=cands.row[i : i + 1],
-                                      tissue=cands.tissue[i : i + 1], total=1)  # fmt: skip
+            one = dataclasses.replace(
+                cands, col=cands.col[i : i + 1], row=cands.row[i : i + 1], tissue=cands.tissue[i : i + 1], total=1
+            )
             [(single, s_x, s_y)] = patch_images(reader, blocks(one, 4)[0], one, 0)
             image, l_x, l_y = in_block[k]
             assert (s_x, s_y) == (l_x, l_y)
@@ -138,8 +140,16 @@ def ihc_slide(tmp_path_factory: pytest.TempPathFactory) -> str:
     with tifffile.TiffWriter(path) as tw:
         for lvl, level in enumerate((image, np.ascontiguousarray(image[::4, ::4]))):
             res = 1e4 / (0.25 * 4**lvl)
-            tw.write(level, tile=(256, 256), compression="jpeg", compressionargs={"level": 95}, photometric="rgb",
-                     resolution=(res, res), resolutionunit="CENTIMETER", subfiletype=1 if lvl else 0)  # fmt: skip
+            tw.write(
+                level,
+                tile=(256, 256),
+                compression="jpeg",
+                compressionargs={"level": 95},
+                photometric="rgb",
+                resolution=(res, res),
+                resolutionunit="CENTIMETER",
+                subfiletype=1 if lvl else 0,
+            )
     return path
 
 

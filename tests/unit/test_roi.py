@@ -42,8 +42,13 @@ def _write(tmp_path: Path, data: Any, name: str = "slide.geojson") -> str:
     return str(path)
 
 
-def _mask(tmp_path: Path, data: Any, shape: tuple[int, int] = (100, 100), l0_per_m: float = 10.0,
-          exclude: tuple[str, ...] = ()) -> np.ndarray:  # fmt: skip
+def _mask(
+    tmp_path: Path,
+    data: Any,
+    shape: tuple[int, int] = (100, 100),
+    l0_per_m: float = 10.0,
+    exclude: tuple[str, ...] = (),
+) -> np.ndarray:
     return rasterize(load_regions(_write(tmp_path, data)), shape, l0_per_m, exclude).mask
 
 
@@ -65,8 +70,10 @@ def test_hole_is_left_out(tmp_path: Path) -> None:
 
 
 def test_multipolygon_with_a_hole_in_one_part(tmp_path: Path) -> None:
-    geometry = {"type": "MultiPolygon", "coordinates": [[_square(0, 0, 200)],
-                                                        [_square(500, 500, 400), _square(600, 600, 100)]]}  # fmt: skip
+    geometry = {
+        "type": "MultiPolygon",
+        "coordinates": [[_square(0, 0, 200)], [_square(500, 500, 400), _square(600, 600, 100)]],
+    }
     mask = _mask(tmp_path, {"type": "FeatureCollection", "features": [_feature(geometry)]})
     assert mask[0:20, 0:20].all()
     assert mask[50:90, 50:90].sum() == 40 * 40 - 10 * 10 and not mask[60:70, 60:70].any()
@@ -83,41 +90,51 @@ def test_polygon_wholly_outside_gives_an_empty_region(tmp_path: Path) -> None:
 
 
 def test_a_list_of_features_as_qupath_writes_without_a_collection(tmp_path: Path) -> None:
-    data = [_feature({"type": "Polygon", "coordinates": [_square(0, 0, 100)]}, "Tumor"),
-            {"type": "Feature", "geometry": {"type": "Point", "coordinates": [5, 5]}, "properties": {}},
-            _feature({"type": "LineString", "coordinates": [[0, 0], [50, 50]]})]  # fmt: skip
+    data = [
+        _feature({"type": "Polygon", "coordinates": [_square(0, 0, 100)]}, "Tumor"),
+        {"type": "Feature", "geometry": {"type": "Point", "coordinates": [5, 5]}, "properties": {}},
+        _feature({"type": "LineString", "coordinates": [[0, 0], [50, 50]]}),
+    ]
     regions = load_regions(_write(tmp_path, data))
     assert [r.name for r in regions] == ["Tumor"]  # points and lines are not regions
 
 
 def test_excluded_classes_remove_their_regions(tmp_path: Path) -> None:
-    data = {"type": "FeatureCollection", "features": [
-        _feature({"type": "Polygon", "coordinates": [_square(0, 0, 600)]}, "Tumor"),
-        _feature({"type": "Polygon", "coordinates": [_square(0, 0, 300)]}, "Necrosis")]}  # fmt: skip
+    data = {
+        "type": "FeatureCollection",
+        "features": [
+            _feature({"type": "Polygon", "coordinates": [_square(0, 0, 600)]}, "Tumor"),
+            _feature({"type": "Polygon", "coordinates": [_square(0, 0, 300)]}, "Necrosis"),
+        ],
+    }
     mask = _mask(tmp_path, data, exclude=("Necrosis",))
     assert mask.sum() == 60 * 60 - 30 * 30 and not mask[0:30, 0:30].any()
-    only_excluded = _mask(tmp_path, {"type": "FeatureCollection", "features": data["features"][1:]},
-                          exclude=("Necrosis",))  # fmt: skip
+    only_excluded = _mask(
+        tmp_path, {"type": "FeatureCollection", "features": data["features"][1:]}, exclude=("Necrosis",)
+    )
     assert only_excluded.sum() == 100 * 100 - 30 * 30  # the rest of the slide
 
 
 # ------------------------------------------------------------------------------------------- broken files
 
 
-@pytest.mark.parametrize(("content", "reason"), [
-    ("", "not JSON"),
-    ("{not json", "not JSON"),
-    ({"type": "FeatureCollection", "features": []}, "no Polygon"),
-    ([], "no Polygon"),
-    ({"type": "Polygon", "coordinates": [[[0, 0], [1, 1]]]}, "malformed"),
-    ({"type": "Polygon", "coordinates": [[[0, 0], [10, "a"], [5, 5]]]}, "malformed"),
-    ({"type": "Polygon", "coordinates": [[[0, 0], [10, 0], [5]]]}, "malformed"),
-    ({"type": "Polygon", "coordinates": [[[0, 0], [10, 0], [5, float("nan")]]]}, "malformed"),
-    ({"type": "Polygon"}, "malformed"),
-    ({"type": "Circle", "coordinates": [0, 0]}, "malformed"),
-    ({"type": "Feature", "geometry": {"type": "Point", "coordinates": [1, 2]}}, "no Polygon"),
-    ("42", "malformed"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ("", "not JSON"),
+        ("{not json", "not JSON"),
+        ({"type": "FeatureCollection", "features": []}, "no Polygon"),
+        ([], "no Polygon"),
+        ({"type": "Polygon", "coordinates": [[[0, 0], [1, 1]]]}, "malformed"),
+        ({"type": "Polygon", "coordinates": [[[0, 0], [10, "a"], [5, 5]]]}, "malformed"),
+        ({"type": "Polygon", "coordinates": [[[0, 0], [10, 0], [5]]]}, "malformed"),
+        ({"type": "Polygon", "coordinates": [[[0, 0], [10, 0], [5, float("nan")]]]}, "malformed"),
+        ({"type": "Polygon"}, "malformed"),
+        ({"type": "Circle", "coordinates": [0, 0]}, "malformed"),
+        ({"type": "Feature", "geometry": {"type": "Point", "coordinates": [1, 2]}}, "no Polygon"),
+        ("42", "malformed"),
+    ],
+)
 def test_broken_annotation_file_is_a_slide_error_with_its_reason(tmp_path: Path, content: Any, reason: str) -> None:
     path = _write(tmp_path, content)
     with pytest.raises(SlideError, match=reason) as info:
@@ -152,10 +169,14 @@ def test_annotations_are_matched_by_slide_name(tmp_path: Path) -> None:
 
 
 def test_patches_are_kept_by_coverage_and_labelled_by_their_main_class(tmp_path: Path) -> None:
-    data = {"type": "FeatureCollection", "features": [
-        _feature({"type": "Polygon", "coordinates": [_square(0, 0, 320)]}, "Tumor"),
-        _feature({"type": "Polygon", "coordinates": [_square(320, 0, 320)]}, "Stroma"),
-        _feature({"type": "Polygon", "coordinates": [_square(640, 0, 320)]}, "Other")]}  # fmt: skip
+    data = {
+        "type": "FeatureCollection",
+        "features": [
+            _feature({"type": "Polygon", "coordinates": [_square(0, 0, 320)]}, "Tumor"),
+            _feature({"type": "Polygon", "coordinates": [_square(320, 0, 320)]}, "Stroma"),
+            _feature({"type": "Polygon", "coordinates": [_square(640, 0, 320)]}, "Other"),
+        ],
+    }
     options = RoiOptions(path=str(tmp_path), labels=("Stroma", "Tumor"), min_roi_coverage=0.5)
     roi = slide_roi(options, _write(tmp_path, data), (64, 64), 16.0)  # a 1024 px slide, 16 px per mask px
     assert roi is not None
@@ -176,10 +197,15 @@ def test_no_annotation_file_gives_no_region() -> None:
     assert slide_roi(RoiOptions(path="/x"), None, (10, 10), 1.0) is None
 
 
-@pytest.mark.parametrize(("kw", "match"), [({"min_roi_coverage": 1.5}, "min_roi_coverage"),
-                                           ({"missing": "maybe"}, "missing"),
-                                           ({"labels": ("A", "A")}, "twice"),
-                                           ({"labels": ("A",), "exclude": ("A",)}, "excluded")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"min_roi_coverage": 1.5}, "min_roi_coverage"),
+        ({"missing": "maybe"}, "missing"),
+        ({"labels": ("A", "A")}, "twice"),
+        ({"labels": ("A",), "exclude": ("A",)}, "excluded"),
+    ],
+)
 def test_options_are_validated(kw: dict[str, Any], match: str) -> None:
     with pytest.raises(OptionError, match=match):
         RoiOptions(**kw)
@@ -194,14 +220,27 @@ def test_per_patch_labels_survive_the_resume_state(tmp_path: Path) -> None:
 
     from wsishard.builder.grid import Candidates
 
-    cands = Candidates(col=np.array([1, 2]), row=np.array([0, 0]), tissue=np.array([0.5, 1.0], dtype=np.float32),
-                       l0_per_o=2.0, stride=64, patch=64, total=3, label=np.array([1, 0]),
-                       label_names=("Stroma", "Tumor"))  # fmt: skip
+    cands = Candidates(
+        col=np.array([1, 2]),
+        row=np.array([0, 0]),
+        tissue=np.array([0.5, 1.0], dtype=np.float32),
+        l0_per_o=2.0,
+        stride=64,
+        patch=64,
+        total=3,
+        label=np.array([1, 0]),
+        label_names=("Stroma", "Tumor"),
+    )
     buf = io.BytesIO()
     np.savez(buf, **cands.arrays())  # type: ignore[arg-type]
     loaded = np.load(io.BytesIO(buf.getvalue()), allow_pickle=False)  # as the resume state reads them
     back = Candidates.from_arrays({k: loaded[k] for k in loaded.files}, l0_per_o=2.0, stride=64, patch=64, total=3)
     assert back.label is not None and back.label.tolist() == [1, 0] and back.label_names == ("Stroma", "Tumor")
-    plain = Candidates.from_arrays({k: v for k, v in cands.arrays().items() if not k.startswith("label")},
-                                   l0_per_o=2.0, stride=64, patch=64, total=3)  # fmt: skip
+    plain = Candidates.from_arrays(
+        {k: v for k, v in cands.arrays().items() if not k.startswith("label")},
+        l0_per_o=2.0,
+        stride=64,
+        patch=64,
+        total=3,
+    )
     assert plain.label is None and plain.label_names == ()

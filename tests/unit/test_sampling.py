@@ -9,12 +9,21 @@ from wsishard.streaming import sampling
 from wsishard.streaming.partition import plan_epoch
 
 
-@pytest.mark.parametrize(("counts", "world", "workers", "batch"), [
-    ((706,), 2, 2, 64), ((10, 7, 12, 5, 9), 2, 2, 4), ((3, 1, 1), 3, 1, 8), ((40, 1, 1, 1), 2, 2, 16),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("counts", "world", "workers", "batch"),
+    [
+        ((706,), 2, 2, 64),
+        ((10, 7, 12, 5, 9), 2, 2, 4),
+        ((3, 1, 1), 3, 1, 8),
+        ((40, 1, 1, 1), 2, 2, 16),
+    ],
+)
 def test_a_padded_plan_reads_every_sample_and_gives_every_rank_the_same_batches(counts, world, workers, batch) -> None:
-    plan = sampling.pad_plan(plan_epoch(np.array(counts), world_size=world, num_workers=workers, batch_size=batch,
-                                        seed=3, epoch=0, drop_last=False))  # fmt: skip
+    plan = sampling.pad_plan(
+        plan_epoch(
+            np.array(counts), world_size=world, num_workers=workers, batch_size=batch, seed=3, epoch=0, drop_last=False
+        )
+    )
     assert np.array_equal(plan.kept, plan.samples) and int(plan.kept.sum()) == sum(counts)
     assert np.all(plan.budgets * batch >= plan.samples)  # room for every sample of each worker
     assert set(plan.budgets.sum(axis=1).tolist()) == {plan.batches_per_rank}

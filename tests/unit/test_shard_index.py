@@ -16,8 +16,17 @@ from wsishard.shards.writer import sample_records
 
 
 def _sample(i: int, slide: str, label: int | None) -> tuple[str, dict[str, bytes]]:
-    meta = {"slide_id": slide, "x": 10 * i, "y": 20 * i, "patch_mpp": 0.5, "tissue": i / 10, "background": 0.1,
-            "dark": 0.0, "sharpness": 50.0 + i, "pigment": i / 20}  # fmt: skip
+    meta = {
+        "slide_id": slide,
+        "x": 10 * i,
+        "y": 20 * i,
+        "patch_mpp": 0.5,
+        "tissue": i / 10,
+        "background": 0.1,
+        "dark": 0.0,
+        "sharpness": 50.0 + i,
+        "pigment": i / 20,
+    }
     members = {"jpg": bytes(100 + 37 * i), "json": json.dumps(meta).encode()}
     if label is not None:
         members["cls"] = str(label).encode()
@@ -98,8 +107,10 @@ def test_the_pigment_score_is_a_column_and_an_index_written_before_it_reads_as_u
 
 
 def test_summaries_combine_and_split_back_per_shard() -> None:
-    items = [(np.array([0, 1]), np.array([8, 2]), np.array([b"a", b"b"]), np.array([6, 4])),
-             (np.array([1]), np.array([5]), np.array([b"c", b"a"]), np.array([1, 4]))]  # fmt: skip
+    items = [
+        (np.array([0, 1]), np.array([8, 2]), np.array([b"a", b"b"]), np.array([6, 4])),
+        (np.array([1]), np.array([5]), np.array([b"c", b"a"]), np.array([1, 4])),
+    ]
     summary = combine(["shard-000000-0000.tar", "shard-000000-0001.tar"], items)
     assert summary.label_counts.tolist() == [[8, 2], [0, 5]] and summary.samples.tolist() == [10, 5]
     assert summary.slides.tolist() == [b"a", b"b", b"c"]

@@ -124,8 +124,9 @@ def test_a_tile_whose_data_ends_early_is_a_slide_error_not_grey_pixels(tmp_path:
 
 
 @pytest.mark.parametrize("index", [0, 1])  # svs, generic tiff
-def test_lowres_view_decoded_at_a_dct_scale_matches_the_full_decode(synthetic_slides: list[SyntheticSlide],
-                                                                     index: int) -> None:  # fmt: skip
+def test_lowres_view_decoded_at_a_dct_scale_matches_the_full_decode(
+    synthetic_slides: list[SyntheticSlide], index: int
+) -> None:
     """``dct_scaled``: level 0 (4096x3072) viewed at 2.5 level-0 px per px decodes its tiles at 1/2 (never at full
     size), and the view is the full decode's within a couple of levels on average (the QC picture's view)."""
     reader = open_slide(synthetic_slides[index].path)

@@ -34,8 +34,14 @@ def _records(n: int = 4) -> list[SlideRecord]:
     for i in range(n):
         m = np.abs(REFERENCE + rng.normal(0, 0.05, REFERENCE.shape))
         m /= np.linalg.norm(m, axis=0)
-        stain = {"method": "macenko", "matrix": m.tolist(), "max_conc": rng.uniform(0.8, 2.2, 2).tolist(),
-                 "source": "fitted", "reason": "", "pixels": 1}  # fmt: skip
+        stain = {
+            "method": "macenko",
+            "matrix": m.tolist(),
+            "max_conc": rng.uniform(0.8, 2.2, 2).tolist(),
+            "source": "fitted",
+            "reason": "",
+            "pixels": 1,
+        }
         records.append(SlideRecord(slide_id=f"s{i}", file=f"s{i}.svs", status="ok", stain=stain))
     return records
 
@@ -102,8 +108,18 @@ def test_the_collate_runs_the_c_pass_where_it_covers_the_options(tissue: torch.T
         got = GpuCollate("cpu", mean=MEAN, std=STD, seed=5, stain=options)(batch)["image"]
         out = torch.empty(tissue.shape[0], 3, 64, 64)
         rows = TABLE.rows([f"s{i % 4}" for i in range(tissue.shape[0])])
-        stain_pass(tissue, out, options, seed=5, batch=0, slide_rows=rows, codes=[0] * tissue.shape[0], mean=MEAN,
-                   std=STD, channels_last=False)  # fmt: skip
+        stain_pass(
+            tissue,
+            out,
+            options,
+            seed=5,
+            batch=0,
+            slide_rows=rows,
+            codes=[0] * tissue.shape[0],
+            mean=MEAN,
+            std=STD,
+            channels_last=False,
+        )
         assert torch.equal(got, out)
     for options in (StainOptions(normalize="reinhard"), StainOptions(brightness=0.1, hue=0.02)):
         assert not fusable(options)  # CIELAB statistics and hue: the torch path
@@ -146,8 +162,18 @@ def _alone(tissue: torch.Tensor, options: StainOptions, rows: list[int] | None =
     b, h, w, _ = tissue.shape
     out = torch.empty(b, 3, h, w)
     slide_rows = torch.tensor(rows) if rows is not None else None
-    stain_pass(tissue, out, options, seed=0, batch=0, slide_rows=slide_rows, codes=[0] * b, mean=(0, 0, 0),
-               std=(1, 1, 1), channels_last=False)  # fmt: skip
+    stain_pass(
+        tissue,
+        out,
+        options,
+        seed=0,
+        batch=0,
+        slide_rows=slide_rows,
+        codes=[0] * b,
+        mean=(0, 0, 0),
+        std=(1, 1, 1),
+        channels_last=False,
+    )
     return out.permute(0, 2, 3, 1).double().numpy()
 
 
@@ -177,19 +203,35 @@ def test_hed_jitter_and_colour_are_scikit_image_and_torchvision(tissue: torch.Te
 
 def _args(**change: Any) -> list[Any]:
     b, h, w = 2, 4, 4
-    args = {"src": np.zeros((b, h, w, 3), np.uint8), "dst": np.zeros((b, 3, h, w), np.float32),
-            "table": np.zeros(256, np.float32), "params": np.zeros((b, 27), np.float32), "codes": bytes(b),
-            "norm": np.ones(6, np.float32), "b": b, "h": h, "w": w, "logs": True, "lo": -87.0,
-            "channels_last": False}  # fmt: skip
+    args = {
+        "src": np.zeros((b, h, w, 3), np.uint8),
+        "dst": np.zeros((b, 3, h, w), np.float32),
+        "table": np.zeros(256, np.float32),
+        "params": np.zeros((b, 27), np.float32),
+        "codes": bytes(b),
+        "norm": np.ones(6, np.float32),
+        "b": b,
+        "h": h,
+        "w": w,
+        "logs": True,
+        "lo": -87.0,
+        "channels_last": False,
+    }
     args.update(change)
     return list(args.values())
 
 
 @pytest.mark.parametrize(
     "change",
-    [{"h": 5}, {"dst": np.zeros((2, 3, 4, 4), np.float64)}, {"table": np.zeros(255, np.float32)},
-     {"params": np.zeros((2, 26), np.float32)}, {"codes": bytes(3)}, {"norm": np.ones(5, np.float32)}],
-)  # fmt: skip
+    [
+        {"h": 5},
+        {"dst": np.zeros((2, 3, 4, 4), np.float64)},
+        {"table": np.zeros(255, np.float32)},
+        {"params": np.zeros((2, 26), np.float32)},
+        {"codes": bytes(3)},
+        {"norm": np.ones(5, np.float32)},
+    ],
+)
 def test_bad_arguments_are_refused(change: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="stain_apply: buffers not of the sizes"):
         stain_apply(*_args(**change))

@@ -57,8 +57,9 @@ def test_macenko_with_the_tiles_own_fit_is_torchstain(tiles: np.ndarray) -> None
     tile = tiles[1]
     matrix, max_conc, _ = fit_macenko(optical_density(tile.reshape(-1, 3)))
     ref, _, _ = torchstain.NumpyMacenkoNormalizer().normalize(tile, stains=False)  # fits the tile itself, uint8
-    out = macenko(_float(tile[None]), torch.tensor(matrix[None]).float(), torch.tensor(max_conc[None]).float(),
-                  StainTarget())  # fmt: skip
+    out = macenko(
+        _float(tile[None]), torch.tensor(matrix[None]).float(), torch.tensor(max_conc[None]).float(), StainTarget()
+    )
     ours = (_hwc(out)[0] * 255).astype(np.uint8)  # torchstain truncates to uint8 the same way
     assert np.mean(np.abs(ours.astype(int) - ref.astype(int)) <= 1) > 0.999
 
@@ -109,6 +110,9 @@ def test_colour_jitter_is_torchvisions_per_sample(tiles: np.ndarray) -> None:
 def test_the_operations_run_on_float32_without_a_loop_over_samples(tiles: np.ndarray) -> None:
     x = _float(tiles)
     b = len(tiles)
-    for out in (reinhard(x), hed_jitter(x, torch.ones(b, 3), torch.zeros(b, 3)),
-                colour_jitter(x, torch.tensor([[1.0, 1.0, 1.0, 0.0]]).expand(b, 4))):  # fmt: skip
+    for out in (
+        reinhard(x),
+        hed_jitter(x, torch.ones(b, 3), torch.zeros(b, 3)),
+        colour_jitter(x, torch.tensor([[1.0, 1.0, 1.0, 0.0]]).expand(b, 4)),
+    ):
         assert out.shape == x.shape and out.dtype == torch.float32 and torch.isfinite(out).all()

@@ -35,8 +35,10 @@ def test_the_cli_starts_without_the_heavy_libraries(code: str) -> None:
 
 def test_a_slide_reader_still_loads_its_backend_on_first_use() -> None:
     """The slide package's backends are imported when named (``wsishard.slide.OpenSlideReader``) or opened."""
-    loaded = _loaded_after("import wsishard.slide as s\nassert s.TiffTileReader.backend == 'tifffile'\n"
-                           "assert s.OpenSlideReader.backend == 'openslide'")  # fmt: skip
+    loaded = _loaded_after(
+        "import wsishard.slide as s\nassert s.TiffTileReader.backend == 'tifffile'\n"
+        "assert s.OpenSlideReader.backend == 'openslide'"
+    )
     assert {"tifffile", "openslide"} <= loaded
 
 

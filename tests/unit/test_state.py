@@ -104,12 +104,29 @@ def test_overwrite_never_deletes_files_the_build_did_not_record(tmp_path: Path) 
 
 
 def _scans() -> list[ScanResult]:
-    cands = Candidates(col=np.array([0, 1, 5, 2], dtype=np.int64), row=np.array([0, 0, 0, 3], dtype=np.int64),
-                       tissue=np.array([0.5, 1.0, 0.75, 0.625], dtype=np.float32), l0_per_o=2.0, stride=64, patch=64,
-                       total=9)  # fmt: skip
-    ok = SlideRecord(slide_id="a", file="/slides/a.svs", status="ok", width=2048, height=1024, slide_mpp=0.25,
-                     mpp_source="openslide", level=0, downsample=1.0, tissue_fraction=0.3, candidates=9,
-                     label=2)  # fmt: skip
+    cands = Candidates(
+        col=np.array([0, 1, 5, 2], dtype=np.int64),
+        row=np.array([0, 0, 0, 3], dtype=np.int64),
+        tissue=np.array([0.5, 1.0, 0.75, 0.625], dtype=np.float32),
+        l0_per_o=2.0,
+        stride=64,
+        patch=64,
+        total=9,
+    )
+    ok = SlideRecord(
+        slide_id="a",
+        file="/slides/a.svs",
+        status="ok",
+        width=2048,
+        height=1024,
+        slide_mpp=0.25,
+        mpp_source="openslide",
+        level=0,
+        downsample=1.0,
+        tissue_fraction=0.3,
+        candidates=9,
+        label=2,
+    )
     failed = SlideRecord(slide_id="b", file="/slides/b.svs", status="failed", reason="no tissue found")
     return [ScanResult(ok, cands, blocks(cands, 4), 1234.5), ScanResult(failed)]
 
@@ -133,7 +150,8 @@ def test_scans_round_trip_one_slide_at_a_time_with_records_and_candidate_arrays(
     assert (a.l0_per_o, a.stride, a.patch, a.total) == (2.0, 64, 64, 9)
     assert loaded[7].bytes_per_patch == 1234.5
     assert [(blk.o_x, blk.o_y, blk.o_w, blk.o_h, blk.patches.tolist()) for blk in loaded[7].blocks] == [
-        (blk.o_x, blk.o_y, blk.o_w, blk.o_h, blk.patches.tolist()) for blk in saved[0].blocks]  # fmt: skip
+        (blk.o_x, blk.o_y, blk.o_w, blk.o_h, blk.patches.tolist()) for blk in saved[0].blocks
+    ]
     assert loaded[12].cands is None and loaded[12].blocks == [] and loaded[12].bytes_per_patch is None
 
 
@@ -201,8 +219,10 @@ def test_a_folder_of_other_files_is_refused_or_built_beside(tmp_path: Path) -> N
     assert files_under(out) == [".wsishard/build.json", "manifest_of_patients.xlsx", "notes.txt", "qc/notes.txt"]
 
 
-@pytest.mark.parametrize("theirs", ["shard-000000.tar", "manifest.json", "manifest.part-0001-of-0002.json", "qc/a.png",
-                                    ".shard-000003.tar.tmp-42"])  # fmt: skip
+@pytest.mark.parametrize(
+    "theirs",
+    ["shard-000000.tar", "manifest.json", "manifest.part-0001-of-0002.json", "qc/a.png", ".shard-000003.tar.tmp-42"],
+)
 def test_overwrite_never_builds_over_a_file_that_is_not_a_builds(tmp_path: Path, theirs: str) -> None:
     out = tmp_path / "out"
     put_files(out, theirs, "notes.txt")
@@ -218,8 +238,12 @@ def test_overwrite_removes_what_the_previous_build_recorded_and_nothing_else(
     old = _state(out, "old")
     old.claim(overwrite=False)
     shard = ShardRecord(name="shard-000001.tar", samples=1, bytes=1, sha256="0" * 64)
-    manifest = Manifest(options={}, shards=[shard], slides=[SlideRecord(slide_id="s", file="s.svs", status="ok")],
-                        extra={"fingerprint": "old", "part": [1, 2]})  # fmt: skip
+    manifest = Manifest(
+        options={},
+        shards=[shard],
+        slides=[SlideRecord(slide_id="s", file="s.svs", status="ok")],
+        extra={"fingerprint": "old", "part": [1, 2]},
+    )
     (out / "manifest.part-0001-of-0002.json").write_text(manifest.to_json())
     put_files(
         out,
@@ -240,8 +264,15 @@ def test_overwrite_removes_what_the_previous_build_recorded_and_nothing_else(
     (out / ".wsishard" / "scan.json").write_text("[]")
     caplog.set_level(logging.INFO, logger="wsishard")
     _state(out).claim(overwrite=True)
-    assert files_under(out) == [".wsishard/build.json", "manifest.json", "manifest_of_patients.xlsx", "notes.txt",
-                           "qc/annotated.png", "shard-000009.tar", "shard-plan.docx"]  # fmt: skip
+    assert files_under(out) == [
+        ".wsishard/build.json",
+        "manifest.json",
+        "manifest_of_patients.xlsx",
+        "notes.txt",
+        "qc/annotated.png",
+        "shard-000009.tar",
+        "shard-plan.docx",
+    ]
     messages = [r.getMessage() for r in caplog.records]
     assert any("removing 2 shards, 1 manifests, 1 QC pictures" in m for m in messages)
     assert any("keeping 1 files named like shards" in m and "shard-000009.tar" in m for m in messages)

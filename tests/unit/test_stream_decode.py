@@ -31,11 +31,20 @@ def _encoded(image: Image.Image, fmt: str, **kw: object) -> bytes:
 _RNG_IMAGE = Image.fromarray(np.random.default_rng(0).integers(0, 256, (24, 40, 3), dtype=np.uint8))
 
 
-@pytest.mark.parametrize(("fmt", "mode", "kw"), [
-    ("JPEG", "RGB", {"quality": 90}), ("JPEG", "RGB", {"quality": 75, "subsampling": 0}),
-    ("JPEG", "RGB", {"quality": 95, "progressive": True}), ("JPEG", "L", {}), ("JPEG", "CMYK", {}),
-    ("PNG", "RGB", {}), ("PNG", "RGBA", {}), ("PNG", "P", {}), ("WEBP", "RGB", {"quality": 80}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fmt", "mode", "kw"),
+    [
+        ("JPEG", "RGB", {"quality": 90}),
+        ("JPEG", "RGB", {"quality": 75, "subsampling": 0}),
+        ("JPEG", "RGB", {"quality": 95, "progressive": True}),
+        ("JPEG", "L", {}),
+        ("JPEG", "CMYK", {}),
+        ("PNG", "RGB", {}),
+        ("PNG", "RGBA", {}),
+        ("PNG", "P", {}),
+        ("WEBP", "RGB", {"quality": 80}),
+    ],
+)
 def test_decode_into_equals_pils_rgb_decode(fmt: str, mode: str, kw: dict) -> None:
     data = _encoded(_RNG_IMAGE.convert(mode), fmt, **kw)
     ext = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}[fmt]

@@ -16,9 +16,20 @@ from wsishard.errors import ShardError
 from wsishard.streaming.decode import DecodeIntoBatches, Metas
 from wsishard.streaming.stages import RawSample
 
-META = {"background": 0.4836, "dark": 0.0, "extent": 512, "file": "slide-001.tif", "level": 0, "patch_mpp": 0.5,
-        "patch_size": 256, "sharpness": 1163.2102, "slide_id": "slide-001", "tissue": 0.5039, "x": 10240,
-        "y": 4608}  # fmt: skip
+META = {
+    "background": 0.4836,
+    "dark": 0.0,
+    "extent": 512,
+    "file": "slide-001.tif",
+    "level": 0,
+    "patch_mpp": 0.5,
+    "patch_size": 256,
+    "sharpness": 1163.2102,
+    "slide_id": "slide-001",
+    "tissue": 0.5039,
+    "x": 10240,
+    "y": 4608,
+}
 
 
 def _jpeg(h: int = 24, w: int = 40, seed: int = 0, **kw: Any) -> bytes:
@@ -40,20 +51,29 @@ def _samples() -> list[RawSample]:
     Image.fromarray(np.random.default_rng(5).integers(0, 256, (24, 40, 3), dtype=np.uint8)).save(png, "PNG")
     plain = json.dumps(META).encode()
     return [
-        _raw("a", plain), _raw("b", json.dumps({**META, "label": 4}).encode()),  # the label in the JSON
-        _raw("c", plain, label=b"7"), _raw("d", json.dumps({**META, "label": 4}).encode(), label=b"2"),  # .cls wins
+        _raw("a", plain),
+        _raw("b", json.dumps({**META, "label": 4}).encode()),  # the label in the JSON
+        _raw("c", plain, label=b"7"),
+        _raw("d", json.dumps({**META, "label": 4}).encode(), label=b"2"),  # .cls wins
         _raw("e", plain, image=png.getvalue()),
         _raw("f", json.dumps({"file": "\u00e9.svs"}, ensure_ascii=False).encode()),  # raw UTF-8: Python reads it
-        _raw("g", b'{"\\u0061": 1e400}', image=_jpeg(seed=3)), _raw("h", plain, image=_jpeg(seed=4, progressive=True)),
-        _raw("i", b'{"a": '), _raw("j", plain, image=JPEG[:-100]), _raw("k", plain, label=b"x"),
-        _raw("l", b'{"label": "x"}'), _raw("m", b"[" * 50_000), _raw("n", plain, image=_jpeg(40, 24)),
-    ]  # fmt: skip
+        _raw("g", b'{"\\u0061": 1e400}', image=_jpeg(seed=3)),
+        _raw("h", plain, image=_jpeg(seed=4, progressive=True)),
+        _raw("i", b'{"a": '),
+        _raw("j", plain, image=JPEG[:-100]),
+        _raw("k", plain, label=b"x"),
+        _raw("l", b'{"label": "x"}'),
+        _raw("m", b"[" * 50_000),
+        _raw("n", plain, image=_jpeg(40, 24)),
+    ]
 
 
 def _run(on_error: str) -> list[dict[str, Any]]:
     stage = DecodeIntoBatches(3, (24, 40), drop_last=False, on_error=on_error)  # type: ignore[arg-type]
-    return [{"image": b["image"].clone(), "label": b["label"].tolist(), "meta": list(b["meta"]), "key": b["key"]}
-            for b in stage(iter(_samples()))]  # fmt: skip
+    return [
+        {"image": b["image"].clone(), "label": b["label"].tolist(), "meta": list(b["meta"]), "key": b["key"]}
+        for b in stage(iter(_samples()))
+    ]
 
 
 def test_batches_keep_the_good_samples_with_their_labels_and_metadata() -> None:
@@ -69,9 +89,16 @@ def test_batches_keep_the_good_samples_with_their_labels_and_metadata() -> None:
                 assert np.array_equal(image.numpy(), np.asarray(Image.open(io.BytesIO(want[key])).convert("RGB")))
 
 
-@pytest.mark.parametrize(("key", "message"), [("i", "does not decode"), ("j", "does not decode"),
-                                              ("k", "does not decode"), ("m", "does not decode"),
-                                              ("n", "is 24x40 px, not 40x24 px")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("i", "does not decode"),
+        ("j", "does not decode"),
+        ("k", "does not decode"),
+        ("m", "does not decode"),
+        ("n", "is 24x40 px, not 40x24 px"),
+    ],
+)
 def test_a_broken_sample_is_named(key: str, message: str) -> None:
     sample = next(s for s in _samples() if s["key"] == key)
     with pytest.raises(ShardError, match=f"sample {key} {message}"):

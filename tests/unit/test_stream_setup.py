@@ -14,9 +14,15 @@ from wsishard.streaming.partition import worker_shards
 from wsishard.streaming.world import World, detect_world
 
 
-@pytest.mark.parametrize(("kw", "bad"), [({"batch_size": 0}, "0"), ({"batch_size": 2, "shuffle": -5}, "-5"),
-                                         ({"batch_size": 2, "seed": -1}, "-1"),
-                                         ({"batch_size": 2, "on_error": "ignore"}, "ignore")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kw", "bad"),
+    [
+        ({"batch_size": 0}, "0"),
+        ({"batch_size": 2, "shuffle": -5}, "-5"),
+        ({"batch_size": 2, "seed": -1}, "-1"),
+        ({"batch_size": 2, "on_error": "ignore"}, "ignore"),
+    ],
+)
 def test_config_validation_names_the_bad_value(kw: dict, bad: str) -> None:
     with pytest.raises(ValueError, match=bad):
         StreamConfig(**kw)

@@ -72,11 +72,26 @@ def _tar(members: list[tarfile.TarInfo | tuple[str, bytes]], fmt: int = tarfile.
 def _odd_members() -> list[tarfile.TarInfo | tuple[str, bytes]]:
     folder, link = tarfile.TarInfo("a_dir"), tarfile.TarInfo("b.jpg")
     folder.type, link.type, link.linkname = tarfile.DIRTYPE, tarfile.SYMTYPE, "a.jpg"
-    return [("a.jpg", b"1" * 600), ("a.json", b"{}"), ("a.txt", b"not read"), folder, link, ("noext", b"x"),
-            ("dir.d/c.jpg", b"c"), ("dir.d/c.cls", b"3"), (".hidden.jpg", b"h"), (".jpg", b"j"), ("d/.json", b"{}"),
-            ("d/e.tar.jpg", b"e"),
-            ("d/e.json", b"{}"), ("f" * 96 + ".jpg", b"f"), ("p" * 90 + "/" + "q" * 90 + ".jpg", b"prefix"),
-            ("big.jpg", bytes(3 << 20)), ("big.json", b"{}"), ("z.jpg", b"z")]  # fmt: skip
+    return [
+        ("a.jpg", b"1" * 600),
+        ("a.json", b"{}"),
+        ("a.txt", b"not read"),
+        folder,
+        link,
+        ("noext", b"x"),
+        ("dir.d/c.jpg", b"c"),
+        ("dir.d/c.cls", b"3"),
+        (".hidden.jpg", b"h"),
+        (".jpg", b"j"),
+        ("d/.json", b"{}"),
+        ("d/e.tar.jpg", b"e"),
+        ("d/e.json", b"{}"),
+        ("f" * 96 + ".jpg", b"f"),
+        ("p" * 90 + "/" + "q" * 90 + ".jpg", b"prefix"),
+        ("big.jpg", bytes(3 << 20)),
+        ("big.json", b"{}"),
+        ("z.jpg", b"z"),
+    ]
 
 
 @pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
@@ -116,8 +131,10 @@ def test_a_duplicate_member_and_signed_checksums_read_the_same() -> None:
 def _ustar_shard(samples: int) -> bytes:
     """A shard as ``wsishard build`` writes it (USTAR headers only)."""
     rng = np.random.default_rng(5)
-    records = [sample_records(f"s_x{i}_y0", {"jpg": rng.bytes(int(rng.integers(200, 3000))), "json": b'{"x": 0}',
-                                             "cls": b"1"}) for i in range(samples)]  # fmt: skip
+    records = [
+        sample_records(f"s_x{i}_y0", {"jpg": rng.bytes(int(rng.integers(200, 3000))), "json": b'{"x": 0}', "cls": b"1"})
+        for i in range(samples)
+    ]
     return b"".join(records) + bytes(1024)
 
 
@@ -158,8 +175,18 @@ def _header(name: str, size: int, kind: bytes = b"0") -> bytes:
     return bytes(header)
 
 
-_PAX_RECORDS = [b"0 mtime=1\n", b"-3 mtime=1\n", b"99 mtime=1\n", b"5 mtime=1\n", b"9 mtime=1", b"10 mtime=1\n",
-                b"6  =x\n10 size=1\n", b"8 pathx\n", b"", b"3 \n"]  # fmt: skip
+_PAX_RECORDS = [
+    b"0 mtime=1\n",
+    b"-3 mtime=1\n",
+    b"99 mtime=1\n",
+    b"5 mtime=1\n",
+    b"9 mtime=1",
+    b"10 mtime=1\n",
+    b"6  =x\n10 size=1\n",
+    b"8 pathx\n",
+    b"",
+    b"3 \n",
+]
 
 
 def _pax_case(records: bytes) -> bytes:
@@ -186,8 +213,9 @@ def test_pax_records_read_the_same() -> None:
     the same error. Read with the C scan in a child process: a record whose length cannot advance must not loop (a
     loop in C holding the GIL would never reach pytest's timeout)."""
     blobs = [_pax_case(records) for records in _PAX_RECORDS]
-    child = subprocess.run([sys.executable, "-c", _CHILD], input=repr(blobs), capture_output=True, text=True,
-                           timeout=60, check=True)  # fmt: skip
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD], input=repr(blobs), capture_output=True, text=True, timeout=60, check=True
+    )
     for blob, line in zip(blobs, child.stdout.splitlines(), strict=True):
         got, seen, error, text = plain = _read(blob, False)
         assert ast.literal_eval(line) == (got if error is None else [], seen, error, text)
@@ -199,8 +227,9 @@ def test_pax_records_read_the_same() -> None:
 def test_a_sample_before_a_broken_member_is_kept(damage: str, trickle: int) -> None:
     """A shard cut inside (or claiming 256 MiB for) the next sample's first member still yields the sample before
     it, and counts the broken one, as the reader did before the C scan (found in review: for a while it did not)."""
-    blob = _tar([("s_x0_y0.jpg", b"1" * 100), ("s_x0_y0.json", b"{}"), ("s_x1_y0.jpg", b"2" * 3000),
-                 ("s_x1_y0.json", b"{}")])  # fmt: skip
+    blob = _tar(
+        [("s_x0_y0.jpg", b"1" * 100), ("s_x0_y0.json", b"{}"), ("s_x1_y0.jpg", b"2" * 3000), ("s_x1_y0.json", b"{}")]
+    )
     if damage == "cut":
         blob = blob[: 512 * 4 + 1000]  # the file ends inside s_x1_y0.jpg
     else:

@@ -16,8 +16,9 @@ from wsishard.storage.opener import StreamOpener
 from wsishard.streaming.stages import ShardRef, read_shard
 
 
-def _tar(tmp_path: Path, members: list[tuple[str, bytes]], fmt: int = tarfile.USTAR_FORMAT,
-         extra: list[tarfile.TarInfo] = ()) -> Path:  # fmt: skip
+def _tar(
+    tmp_path: Path, members: list[tuple[str, bytes]], fmt: int = tarfile.USTAR_FORMAT, extra: list[tarfile.TarInfo] = ()
+) -> Path:
     path = tmp_path / f"t{fmt}.tar"
     with tarfile.open(path, "w", format=fmt) as tar:
         for info in extra:
@@ -63,8 +64,11 @@ def test_tar_damage_is_a_shard_error(stream_out: sm.Output, tmp_path: Path) -> N
         offsets = [m.offset for m in tar]
     flipped = bytearray(data)
     flipped[offsets[4] + 10] ^= 0x01  # a name byte of the fifth header: its checksum no longer holds
-    cases = {"checksum": bytes(flipped), "cut short": bytes(data[: offsets[4] + 300]),
-             "cut short ": bytes(data[: offsets[4] + 512 + 7])}  # fmt: skip
+    cases = {
+        "checksum": bytes(flipped),
+        "cut short": bytes(data[: offsets[4] + 300]),
+        "cut short ": bytes(data[: offsets[4] + 512 + 7]),
+    }
     for reason, blob in cases.items():
         with pytest.raises(ShardError, match=reason.strip()) as info:
             list(read_shard(_shard_of(tmp_path, blob, n), StreamOpener()))
@@ -129,9 +133,13 @@ def test_a_size_that_is_not_octal_digits_is_refused_not_read_backwards(size: byt
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize(
     ("record", "bad"),
-    [(b"0 path=x\n", "bad length"), (b"-3 path=x\n", "bad length"), (b"99 path=x\n", "bad length"),
-     (b"14 size=-1536\n", "not a size")],
-)  # fmt: skip
+    [
+        (b"0 path=x\n", "bad length"),
+        (b"-3 path=x\n", "bad length"),
+        (b"99 path=x\n", "bad length"),
+        (b"14 size=-1536\n", "not a size"),
+    ],
+)
 def test_a_pax_record_that_cannot_advance_or_a_negative_pax_size_is_refused(record: bytes, bad: str) -> None:
     pax = _header_with("PaxHeader", b"%o" % len(record), b"x") + record.ljust(512, b"\0")
     blob = pax + _header_with("k_x1_y1.jpg", b"1") + b"1".ljust(512, b"\0") + bytes(1024)

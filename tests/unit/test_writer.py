@@ -80,8 +80,14 @@ def test_an_aborted_shard_leaves_nothing(tmp_path: Path) -> None:
 
 def _python(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter (cwd ``tmp_path``), stdout and stderr captured."""
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          cwd=tmp_path, env=dict(os.environ), timeout=150)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=dict(os.environ),
+        timeout=150,
+    )
 
 
 _WRITER = """
@@ -117,7 +123,9 @@ _WRITER = """
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("exc", ["OSError(errno.ENOSPC, 'No space left on device')", "KeyboardInterrupt()"])
 def test_an_aborted_shard_write_leaves_no_file_and_prints_nothing(tmp_path: Path, exc: str) -> None:
-    run = _python(_WRITER + f"""
+    run = _python(
+        _WRITER
+        + f"""
     dest = Destination("out")
     real = dest.open_atomic
     def failing(name):
@@ -131,14 +139,18 @@ def test_an_aborted_shard_write_leaves_no_file_and_prints_nothing(tmp_path: Path
         print(type(e).__name__)
     gc.collect()
     print(sorted(os.listdir("out")), len(unraisable))
-    """, tmp_path)  # fmt: skip
+    """,
+        tmp_path,
+    )
     want = "OSError" if exc.startswith("OSError") else "KeyboardInterrupt"
     assert (run.returncode, run.stdout.splitlines(), run.stderr) == (0, [want, "[] 0"], "")
 
 
 @pytest.mark.timeout(180)
 def test_a_full_disk_names_the_shard_file(tmp_path: Path) -> None:
-    run = _python(_WRITER + """
+    run = _python(
+        _WRITER
+        + """
     import resource, signal
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG from write() instead of a signal (as `ulimit -f` does)
     os.makedirs("out")
@@ -149,7 +161,9 @@ def test_a_full_disk_names_the_shard_file(tmp_path: Path) -> None:
         print(type(e).__name__, e.errno, e, sep="|")
     gc.collect()
     print(sorted(os.listdir("out")), len(unraisable))
-    """, tmp_path)  # fmt: skip
+    """,
+        tmp_path,
+    )
     assert run.returncode == 0 and run.stderr == "", run.stderr
     kind, code, message = run.stdout.splitlines()[0].split("|")
     assert (kind, int(code)) == ("OSError", 27) and "File too large" in message

@@ -87,9 +87,18 @@ def in_hue_band(hue: np.ndarray, start_deg: float, end_deg: float) -> np.ndarray
     return (hue >= start) | (hue <= end)
 
 
-def find_artefacts(rgb: np.ndarray, mpp: float, *, ink: bool = True, dark: bool = True, pigment: bool = True,
-                   ink_min_saturation: float = 0.15, he_hues_deg: tuple[float, float] = (235.0, 20.0),
-                   dark_max_value: float = 0.25, margin_um: float = 8.0) -> ArtefactMasks:  # fmt: skip
+def find_artefacts(
+    rgb: np.ndarray,
+    mpp: float,
+    *,
+    ink: bool = True,
+    dark: bool = True,
+    pigment: bool = True,
+    ink_min_saturation: float = 0.15,
+    he_hues_deg: tuple[float, float] = (235.0, 20.0),
+    dark_max_value: float = 0.25,
+    margin_um: float = 8.0,
+) -> ArtefactMasks:
     """Ink, dark-artefact and dark-pigment masks of a low-resolution view.
 
     Args:

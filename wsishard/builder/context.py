@@ -62,8 +62,9 @@ def context_field(l0_cx: float, l0_cy: float, mpp: float, size_px: int, slide_mp
     return l0_cx - side / 2, l0_cy - side / 2, side
 
 
-def context_footprints(cands: Candidates, options: ContextOptions | None,
-                       slide_mpp: float) -> list[tuple[float, float, float]]:  # fmt: skip
+def context_footprints(
+    cands: Candidates, options: ContextOptions | None, slide_mpp: float
+) -> list[tuple[float, float, float]]:
     """The level-0 squares ``(x, y, side)`` of one sample's context fields (the kept patch in the middle of the
     list), for the QC picture; empty without context or kept patches."""
     if options is None or len(cands) == 0:
@@ -91,8 +92,15 @@ class BlockContext:
     """The context patches of one block's samples. Each scale's region is read once, when the first sample that is
     kept needs it (a block whose patches are all filtered out reads nothing)."""
 
-    def __init__(self, reader: SlideReader, work: SlideWork, block: Block, options: ContextOptions,
-                 image_format: str, quality: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        reader: SlideReader,
+        work: SlideWork,
+        block: Block,
+        options: ContextOptions,
+        image_format: str,
+        quality: int,
+    ) -> None:
         self.reader, self.work, self.block, self.options = reader, work, block, options
         self.image_format, self.quality = image_format, quality
         self.slide_mpp = work.patch_mpp / work.cands.l0_per_o  # the slide's level-0 mpp
@@ -107,8 +115,9 @@ class BlockContext:
         for i, mpp in enumerate(self.options.mpps):
             x, y, side = context_field(l0_x + half, l0_y + half, mpp, self.options.size_px, self.slide_mpp)
             pixels = self._cut(i, x, y)  # (size, size, 3) uint8
-            members[context_ext(i, self.image_format)] = encode_image(Image.fromarray(pixels), self.image_format,
-                                                                      self.quality)  # fmt: skip
+            members[context_ext(i, self.image_format)] = encode_image(
+                Image.fromarray(pixels), self.image_format, self.quality
+            )
             padded = padded_fraction(x, y, side, self.reader.level_dimensions[0])
             metas.append({"mpp": mpp, "x": round(x), "y": round(y), "size": self.options.size_px, "padded": padded})
         return members, metas
@@ -130,8 +139,9 @@ class BlockContext:
     def _read(self, mpp: float) -> _Scale:
         """Stage 1 for context ``mpp``: the region every kept patch of the block reaches at that mpp, reduced."""
         work, cands, size = self.work, self.work.cands, self.options.size_px
-        upsample = PatchOptions(target_mpp=mpp, allow_upsample=self.options.allow_upsample,
-                                max_upsample=self.options.max_upsample)  # fmt: skip
+        upsample = PatchOptions(
+            target_mpp=mpp, allow_upsample=self.options.allow_upsample, max_upsample=self.options.max_upsample
+        )
         try:
             level = choose_level(work.path, self.slide_mpp, self.reader.level_downsamples, upsample)
         except SlideError as exc:  # a context mpp finer than level 0: name it, the target is not the patches'
@@ -144,8 +154,9 @@ class BlockContext:
         slack = 2 * cands.l0_per_o  # level-0 px the main patch's corner may have moved
         half, side = cands.patch * cands.l0_per_o / 2, size * l0_per_c
         rects = []
-        for col, row in zip(cands.col[self.block.patches].tolist(), cands.row[self.block.patches].tolist(),
-                            strict=True):  # fmt: skip
+        for col, row in zip(
+            cands.col[self.block.patches].tolist(), cands.row[self.block.patches].tolist(), strict=True
+        ):
             x = col * cands.stride * cands.l0_per_o + half - side / 2
             y = row * cands.stride * cands.l0_per_o + half - side / 2
             lo_x, lo_y = math.floor((x - slack) / down) - reach, math.floor((y - slack) / down) - reach

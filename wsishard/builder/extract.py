@@ -107,8 +107,14 @@ def segment_size(pending_patches: int, jobs: int) -> int:
     return max(SEGMENT_MIN_PATCHES, min(SEGMENT_PATCHES, pending_patches // (8 * max(jobs, 1))))
 
 
-def segment_tasks(sp: ShardPlan, sources: dict[int, SlideSource], excluded: frozenset[int], encode: EncodeOptions,
-                  patches: int | None = None, taper: int = 0) -> list[SegmentTask]:  # fmt: skip
+def segment_tasks(
+    sp: ShardPlan,
+    sources: dict[int, SlideSource],
+    excluded: frozenset[int],
+    encode: EncodeOptions,
+    patches: int | None = None,
+    taper: int = 0,
+) -> list[SegmentTask]:
     """The shard's blocks cut into segments of whole blocks, about ``patches`` (:data:`SEGMENT_PATCHES`) each, and
     the shard's last ``taper`` patches into segments a quarter that size (the work's end: the workers then finish
     nearly together instead of one waiting for another's last full segment).
@@ -127,10 +133,17 @@ def segment_tasks(sp: ShardPlan, sources: dict[int, SlideSource], excluded: froz
         n = len(sources[slide].work.blocks[block].patches)
         size, left = size + n, left - n
     return [
-        SegmentTask(shard=sp.index, segment=i, last=i == len(runs) - 1, blocks=tuple(run),
-                    slides={s: sources[s] for s in {s for s, _ in run}}, excluded=excluded, encode=encode)
+        SegmentTask(
+            shard=sp.index,
+            segment=i,
+            last=i == len(runs) - 1,
+            blocks=tuple(run),
+            slides={s: sources[s] for s in {s for s, _ in run}},
+            excluded=excluded,
+            encode=encode,
+        )
         for i, run in enumerate(runs)
-    ]  # fmt: skip
+    ]
 
 
 def extract_segment(task: SegmentTask) -> SegmentOutcome:
@@ -160,8 +173,9 @@ def crashed_segment(task: SegmentTask) -> SegmentOutcome:
     return SegmentOutcome(task.shard, task.segment, task.last, failure=died)
 
 
-def assemble_shards(segments: Iterator[SegmentOutcome], dest: Destination,
-                    written: Callable[[int], None]) -> Iterator[ShardOutcome]:  # fmt: skip
+def assemble_shards(
+    segments: Iterator[SegmentOutcome], dest: Destination, written: Callable[[int], None]
+) -> Iterator[ShardOutcome]:
     """Write shards from their segments, which arrive in plan order, and yield each shard's outcome.
 
     A segment's failure (:class:`SlideFailed`, :class:`WorkerDied`) drops its shard (nothing appears; the rest of its
@@ -211,15 +225,23 @@ def _read_block(source: SlideSource, block_index: int, encode: EncodeOptions) ->
     return block_samples(READERS.get(work.path, encode.fast_path), work, work.blocks[block_index], encode)
 
 
-def crash_culprits(pool: WorkerPool, sp: ShardPlan, sources: dict[int, SlideSource], excluded: frozenset[int],
-                   encode: EncodeOptions) -> dict[int, str]:  # fmt: skip
+def crash_culprits(
+    pool: WorkerPool, sp: ShardPlan, sources: dict[int, SlideSource], excluded: frozenset[int], encode: EncodeOptions
+) -> dict[int, str]:
     """The slides of a shard whose reading kills a worker process, found by reading each one's blocks alone."""
     slides = sorted({s for s, _ in sp.blocks} - excluded)
     probes = [
-        SegmentTask(shard=sp.index, segment=0, last=True, blocks=tuple(b for b in sp.blocks if b[0] == s),
-                    slides={s: sources[s]}, excluded=excluded, encode=encode)
+        SegmentTask(
+            shard=sp.index,
+            segment=0,
+            last=True,
+            blocks=tuple(b for b in sp.blocks if b[0] == s),
+            slides={s: sources[s]},
+            excluded=excluded,
+            encode=encode,
+        )
         for s in slides
-    ]  # fmt: skip
+    ]
     outcomes = pool.imap(extract_segment, probes, on_crash=crashed_segment, window=1)
     crashed = [s for s, outcome in zip(slides, outcomes, strict=True) if isinstance(outcome.failure, WorkerDied)]
     reason = "the worker process reading it died twice (killed: out of memory?)"

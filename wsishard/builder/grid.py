@@ -40,32 +40,61 @@ class PatchOptions:
     A field's ``metadata`` describes its ``wsishard build`` flag as plain data (read by :mod:`wsishard.cli`).
     """
 
-    target_mpp: float = field(default=0.5, metadata={
-        "flag": "--mpp", "metavar": "UM", "parse": "positive_float", "help": "target microns per pixel"})  # fmt: skip
-    patch_size_px: int = field(default=256, metadata={
-        "flag": "--patch-size", "metavar": "PX", "parse": "positive_int", "help": "patch width = height"})  # fmt: skip
-    stride_px: int | None = field(default=None, metadata={
-        "flag": "--stride", "metavar": "PX", "parse": "positive_int",
-        "help": "grid step at the target mpp (default: the patch size, no overlap)"})  # fmt: skip
-    min_tissue: float = field(default=0.5, metadata={
-        "metavar": "FRAC", "parse": "fraction",
-        "help": "keep patches with at least this fraction of tissue"})  # fmt: skip
-    max_patches_per_slide: int | None = field(default=None, metadata={
-        "metavar": "N", "parse": "positive_int", "help": "keep a seeded random subset"})  # fmt: skip
+    target_mpp: float = field(
+        default=0.5,
+        metadata={"flag": "--mpp", "metavar": "UM", "parse": "positive_float", "help": "target microns per pixel"},
+    )
+    patch_size_px: int = field(
+        default=256,
+        metadata={"flag": "--patch-size", "metavar": "PX", "parse": "positive_int", "help": "patch width = height"},
+    )
+    stride_px: int | None = field(
+        default=None,
+        metadata={
+            "flag": "--stride",
+            "metavar": "PX",
+            "parse": "positive_int",
+            "help": "grid step at the target mpp (default: the patch size, no overlap)",
+        },
+    )
+    min_tissue: float = field(
+        default=0.5,
+        metadata={"metavar": "FRAC", "parse": "fraction", "help": "keep patches with at least this fraction of tissue"},
+    )
+    max_patches_per_slide: int | None = field(
+        default=None, metadata={"metavar": "N", "parse": "positive_int", "help": "keep a seeded random subset"}
+    )
     allow_upsample: bool = field(default=False, metadata={"help": "allow a target finer than the slide's level 0"})
-    max_upsample: float = field(default=4.0, metadata={
-        "metavar": "X", "parse": "positive_float",
-        "help": "with --allow-upsample: fail a slide whose level 0 would be upsampled more than X times"})  # fmt: skip
-    mpp_tolerance: float = field(default=0.0, metadata={
-        "metavar": "FRAC", "parse": "non_negative",
-        "help": "0: patches at exactly --mpp; above 0: an integer reduction of a pyramid level within this "
-                "fraction of --mpp is used as it is (actual mpp recorded; 0.05 is hs2p's default)"})  # fmt: skip
+    max_upsample: float = field(
+        default=4.0,
+        metadata={
+            "metavar": "X",
+            "parse": "positive_float",
+            "help": "with --allow-upsample: fail a slide whose level 0 would be upsampled more than X times",
+        },
+    )
+    mpp_tolerance: float = field(
+        default=0.0,
+        metadata={
+            "metavar": "FRAC",
+            "parse": "non_negative",
+            "help": "0: patches at exactly --mpp; above 0: an integer reduction of a pyramid level within this "
+            "fraction of --mpp is used as it is (actual mpp recorded; 0.05 is hs2p's default)",
+        },
+    )
     block_patches: int = 4
-    max_artefact: float = field(default=0.2, metadata={
-        "flag": "--max-artefact-fraction", "old_flags": ("--max-artefact",), "metavar": "FRAC", "parse": "fraction",
-        "group": "artefacts",
-        "help": "leave out patches more than this fraction marker ink or dark artefact, as tissue detection found "
-                "them (1 keeps them all; pigment is not artefact)"})  # fmt: skip
+    max_artefact: float = field(
+        default=0.2,
+        metadata={
+            "flag": "--max-artefact-fraction",
+            "old_flags": ("--max-artefact",),
+            "metavar": "FRAC",
+            "parse": "fraction",
+            "group": "artefacts",
+            "help": "leave out patches more than this fraction marker ink or dark artefact, as tissue detection found "
+            "them (1 keeps them all; pigment is not artefact)",
+        },
+    )
 
     def __post_init__(self) -> None:
         """Validate every field; the message names the field, the bad value and what is needed."""
@@ -73,10 +102,18 @@ class PatchOptions:
         _check(8 <= self.patch_size_px <= 8192, "patch_size_px", self.patch_size_px, "8..8192")
         _check(self.stride_px is None or 1 <= self.stride_px <= 8192, "stride_px", self.stride_px, "1..8192")
         _check(0.0 <= self.min_tissue <= 1.0, "min_tissue", self.min_tissue, "0 <= FRAC <= 1")
-        _check(self.max_patches_per_slide is None or self.max_patches_per_slide >= 1, "max_patches_per_slide",
-               self.max_patches_per_slide, ">= 1")  # fmt: skip
-        _check(math.isfinite(self.max_upsample) and self.max_upsample >= 1.0, "max_upsample", self.max_upsample,
-               "a finite X >= 1")  # fmt: skip
+        _check(
+            self.max_patches_per_slide is None or self.max_patches_per_slide >= 1,
+            "max_patches_per_slide",
+            self.max_patches_per_slide,
+            ">= 1",
+        )
+        _check(
+            math.isfinite(self.max_upsample) and self.max_upsample >= 1.0,
+            "max_upsample",
+            self.max_upsample,
+            "a finite X >= 1",
+        )
         _check(0.0 <= self.mpp_tolerance < 0.5, "mpp_tolerance", self.mpp_tolerance, "0 <= FRAC < 0.5")
         _check(1 <= self.block_patches <= 64, "block_patches", self.block_patches, "1..64")
         _check(0.0 <= self.max_artefact <= 1.0, "max_artefact", self.max_artefact, "0 <= FRAC <= 1")
@@ -105,9 +142,12 @@ def choose_level(path: str, slide_mpp: float, level_downsamples: tuple[float, ..
     l0_per_o = options.target_mpp / slide_mpp  # level-0 px per output px
     slack = 1.0 + max(LEVEL_SLACK, options.mpp_tolerance)
     if l0_per_o * options.max_upsample < 1.0:
-        raise SlideError(path, f"target {options.target_mpp:g} mpp would upsample level 0 ({slide_mpp:.4g} mpp) "
-                               f"{1.0 / l0_per_o:.3g}x, more than --max-upsample {options.max_upsample:g} allows "
-                               "(is the slide's mpp right?)")  # fmt: skip
+        raise SlideError(
+            path,
+            f"target {options.target_mpp:g} mpp would upsample level 0 ({slide_mpp:.4g} mpp) "
+            f"{1.0 / l0_per_o:.3g}x, more than --max-upsample {options.max_upsample:g} allows "
+            "(is the slide's mpp right?)",
+        )
     if l0_per_o * slack < 1.0 and not options.allow_upsample:
         raise SlideError(
             path,
@@ -168,8 +208,15 @@ class Candidates:
         ``geometry``."""
         got = {name: arrays[name + suffix] for name in cls.ARRAYS if name + suffix in arrays}
         names = tuple(str(n) for n in got["label_names"]) if "label_names" in got else ()
-        return cls(col=got["col"], row=got["row"], tissue=got["tissue"], label=got.get("label"), label_names=names,
-                   pigment=got.get("pigment"), **geometry)  # fmt: skip
+        return cls(
+            col=got["col"],
+            row=got["row"],
+            tissue=got["tissue"],
+            label=got.get("label"),
+            label_names=names,
+            pigment=got.get("pigment"),
+            **geometry,
+        )
 
     @property
     def l0_x(self) -> np.ndarray:
@@ -219,10 +266,20 @@ def _capped(idx: np.ndarray, cap: int | None, seed: int) -> tuple[np.ndarray, in
     return idx, capped
 
 
-def candidates(l0_dims: tuple[int, int], slide_mpp: float, mask: np.ndarray, l0_per_m: float, options: PatchOptions,
-               seed: int = 0, *, level_downsample: float = 1.0, artefact: np.ndarray | None = None,
-               roi: np.ndarray | None = None, min_roi_coverage: float = 0.5,
-               pigment: np.ndarray | None = None) -> Candidates:  # fmt: skip
+def candidates(
+    l0_dims: tuple[int, int],
+    slide_mpp: float,
+    mask: np.ndarray,
+    l0_per_m: float,
+    options: PatchOptions,
+    seed: int = 0,
+    *,
+    level_downsample: float = 1.0,
+    artefact: np.ndarray | None = None,
+    roi: np.ndarray | None = None,
+    min_roi_coverage: float = 0.5,
+    pigment: np.ndarray | None = None,
+) -> Candidates:
     """The slide's patches with at least ``min_tissue`` tissue (and the seeded subset if capped).
 
     Args:
@@ -267,9 +324,20 @@ def candidates(l0_dims: tuple[int, int], slide_mpp: float, mask: np.ndarray, l0_
     if pigment is not None:  # only the kept cells are measured
         at = (col[idx] * stride * m_per_o, row[idx] * stride * m_per_o)
         pig = tissue_fractions(pigment, *at, patch * m_per_o) if pigment.any() else np.zeros(idx.size, np.float32)
-    return Candidates(col=col[idx], row=row[idx], tissue=frac[idx], l0_per_o=l0_per_o, stride=stride, patch=patch,
-                      total=total, dropped_artefact=dropped[0], dropped_roi=dropped[1], dropped_low=low,
-                      dropped_cap=capped, pigment=pig)  # fmt: skip
+    return Candidates(
+        col=col[idx],
+        row=row[idx],
+        tissue=frac[idx],
+        l0_per_o=l0_per_o,
+        stride=stride,
+        patch=patch,
+        total=total,
+        dropped_artefact=dropped[0],
+        dropped_roi=dropped[1],
+        dropped_low=low,
+        dropped_cap=capped,
+        pigment=pig,
+    )
 
 
 @dataclass(frozen=True)

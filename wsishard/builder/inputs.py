@@ -61,8 +61,11 @@ def _distinct(paths: list[str]) -> list[str]:
         kept.append((real or names)[0])
         for other in names:
             if other != kept[-1]:
-                logger.warning("%s is the same file as %s: built once, as the latter", public_location(other),
-                               public_location(kept[-1]))  # fmt: skip
+                logger.warning(
+                    "%s is the same file as %s: built once, as the latter",
+                    public_location(other),
+                    public_location(kept[-1]),
+                )
     return sorted(kept)
 
 
@@ -235,12 +238,15 @@ def label_table(path: str) -> tuple[dict[str, int], list[str]]:
         odd = names if len(names) <= len(integers) else integers
         shown = "; ".join(f"line {line}: {slide},{value}" for line, slide, value in odd[:_SHOWN])
         more = f" (and {len(odd) - _SHOWN} more)" if len(odd) > _SHOWN else ""
-        raise OptionError(f"--labels {path}: integer labels mixed with class names (use one or the other): "
-                          f"{shown}{more}")  # fmt: skip
+        raise OptionError(
+            f"--labels {path}: integer labels mixed with class names (use one or the other): {shown}{more}"
+        )
     for line, slide, value in integers:
         if not valid_label(int(value)):
-            raise OptionError(f"--labels {path}: label {value} of {slide!r} (line {line}) is not in 0..2**63-1 "
-                              "(int64; negative labels are kept for unlabelled samples)")  # fmt: skip
+            raise OptionError(
+                f"--labels {path}: label {value} of {slide!r} (line {line}) is not in 0..2**63-1 "
+                "(int64; negative labels are kept for unlabelled samples)"
+            )
     if integers:
         return {slide: int(value) for _, slide, value in rows}, []
     classes = sorted({value for _, _, value in rows})
@@ -271,12 +277,15 @@ def check_tables(paths: Sequence[str], options: BuildOptions) -> list[str]:
     if options.labels or options.require_labels:
         missing, unknown = _match(paths, options.labels, "--labels")
         if missing and options.require_labels:
-            raise OptionError(f"--require-labels: {len(missing)} of {len(paths)} slides have no label in --labels: "
-                              f"{_few(missing)}")  # fmt: skip
+            raise OptionError(
+                f"--require-labels: {len(missing)} of {len(paths)} slides have no label in --labels: {_few(missing)}"
+            )
         warnings += [_unknown("--labels", unknown)] if unknown else []
         if missing:
-            warnings.append(f"--labels: {len(missing)} of {len(paths)} slides have no label (no .cls; label -1 when "
-                            f"streamed): {_few(missing)}")  # fmt: skip
+            warnings.append(
+                f"--labels: {len(missing)} of {len(paths)} slides have no label (no .cls; label -1 when "
+                f"streamed): {_few(missing)}"
+            )
     if options.mpp_overrides:
         _, unknown = _match(paths, options.mpp_overrides, "--mpp-csv")
         warnings += [_unknown("--mpp-csv", unknown)] if unknown else []
@@ -299,9 +308,11 @@ def _match(paths: Sequence[str], table: Mapping[str, object], what: str) -> tupl
         if len(keys) > 1:
             raise OptionError(f"{what}: {os.path.basename(path)} is listed twice: as {keys[0]!r} and {keys[1]!r}")
         if keys and keys[0] in used:
-            raise OptionError(f"{what}: {keys[0]!r} matches two slides, {public_location(used[keys[0]])} and "
-                              f"{public_location(path)}: name each by its "
-                              "path (or by a file name that is unique)")  # fmt: skip
+            raise OptionError(
+                f"{what}: {keys[0]!r} matches two slides, {public_location(used[keys[0]])} and "
+                f"{public_location(path)}: name each by its "
+                "path (or by a file name that is unique)"
+            )
         used.update((key, path) for key in keys)
         if not keys:
             missing.append(os.path.basename(path))

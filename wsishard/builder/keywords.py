@@ -150,8 +150,9 @@ def _apply(obj: Any, changes: Mapping[str, Any]) -> Any:
 Inputs = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]  # a slide path, a folder, a list, ...
 
 
-def build_arguments(inputs: Inputs, output: str | os.PathLike[str], options: BuildOptions | None,
-                    keywords: Mapping[str, Any]) -> tuple[list[str], str, BuildOptions]:  # fmt: skip
+def build_arguments(
+    inputs: Inputs, output: str | os.PathLike[str], options: BuildOptions | None, keywords: Mapping[str, Any]
+) -> tuple[list[str], str, BuildOptions]:
     """``build``'s inputs as a list of paths (one path alone is one input), its output as a path, and its options
     with the flat keywords applied."""
     sources = [os.fspath(inputs)] if isinstance(inputs, str | os.PathLike) else [os.fspath(i) for i in inputs]

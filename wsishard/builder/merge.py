@@ -74,6 +74,9 @@ def _join(parts: list[Manifest], location: str) -> Manifest:
         raise ManifestError(location, "two parts list the same shard")
     extra = {k: v for k, v in first.extra.items() if k not in ("part", "slide_indices", "slides_total")}
     return dataclasses.replace(
-        first, shards=shards, slides=[s for _, s in indexed], extra=extra,
+        first,
+        shards=shards,
+        slides=[s for _, s in indexed],
+        extra=extra,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    )  # fmt: skip
+    )

@@ -13,8 +13,12 @@ import numpy as np
 
 def dilate(mask: np.ndarray, footprint: np.ndarray) -> np.ndarray:
     """(h, w) bool: ``mask`` (h, w) bool dilated by ``footprint`` (odd-sided, symmetric; bool or 0/1)."""
-    grown = cv2.dilate(np.ascontiguousarray(mask).view(np.uint8), footprint.astype(np.uint8),
-                       borderType=cv2.BORDER_CONSTANT, borderValue=0)  # fmt: skip
+    grown = cv2.dilate(
+        np.ascontiguousarray(mask).view(np.uint8),
+        footprint.astype(np.uint8),
+        borderType=cv2.BORDER_CONSTANT,
+        borderValue=0,
+    )
     return np.asarray(grown, dtype=bool)
 
 
@@ -22,7 +26,6 @@ def close(mask: np.ndarray, footprint: np.ndarray) -> np.ndarray:
     """(h, w) bool: ``mask`` (h, w) bool closed (dilated, then eroded) by ``footprint``, outside the mask counting
     as background in both steps (scipy's ``binary_closing``: pixels near the border may erode away)."""
     kernel = footprint.astype(np.uint8)
-    grown = cv2.dilate(np.ascontiguousarray(mask).view(np.uint8), kernel, borderType=cv2.BORDER_CONSTANT,
-                       borderValue=0)  # fmt: skip
+    grown = cv2.dilate(np.ascontiguousarray(mask).view(np.uint8), kernel, borderType=cv2.BORDER_CONSTANT, borderValue=0)
     closed = cv2.erode(grown, kernel, borderType=cv2.BORDER_CONSTANT, borderValue=0)
     return np.asarray(closed, dtype=bool)

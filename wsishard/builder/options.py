@@ -99,56 +99,136 @@ class BuildOptions:
     tissue: TissueOptions = field(default_factory=TissueOptions, metadata={"group": "tissue"})
     roi: RoiOptions = field(default_factory=RoiOptions, metadata={"group": "roi"})
     patch_quality: QualityOptions = field(default_factory=QualityOptions, metadata={"group": "patches"})
-    image_format: str = field(default="jpg", metadata={
-        "flag": "--format", "group": "output", "choices": IMAGE_FORMATS,
-        "help": "jpg (lossy) or png/webp (lossless)"})  # fmt: skip
-    quality: int = field(default=90, metadata={
-        "group": "output", "parse": "int", "metavar": "1..100",
-        "help": "JPEG quality"})  # fmt: skip
-    shard_size_bytes: int | None = field(default=256 * 1000**2, metadata={
-        "flag": "--shard-size", "group": "output", "parse": "size", "metavar": "BYTES",
-        "help": "about this many bytes per shard: 512MB, 1GiB, ..."})  # fmt: skip
-    shard_samples: int | None = field(default=None, metadata={
-        "group": "output", "parse": "positive_int", "metavar": "N", "help": "at most N samples per shard"})  # fmt: skip
-    group_slides: int = field(default=32, metadata={
-        "group": "output", "parse": "positive_int", "metavar": "N",
-        "help": "slides mixed together in each group of shards"})  # fmt: skip
-    seed: int = field(default=0, metadata={
-        "group": "run", "parse": "non_negative_int",
-        "help": "seeds every random choice: same inputs and seed, same shards"})  # fmt: skip
-    jobs: int | None = field(default=None, metadata={
-        "group": "run", "parse": "positive_int", "metavar": "N",
-        "help": "worker processes (default: all cores)"})  # fmt: skip
-    qc: bool = field(default=False, metadata={
-        "group": "output", "help": "draw the qc/<slide>.png pictures and qc/index.html while building (default: "
-                                   "recorded only; wsishard inspect OUT --qc draws them later)"})  # fmt: skip
-    qc_size_px: int = field(default=2000, metadata={
-        "flag": "--qc-size", "group": "output", "parse": "positive_int", "metavar": "PX",
-        "help": "longest side of the QC pictures"})  # fmt: skip
+    image_format: str = field(
+        default="jpg",
+        metadata={
+            "flag": "--format",
+            "group": "output",
+            "choices": IMAGE_FORMATS,
+            "help": "jpg (lossy) or png/webp (lossless)",
+        },
+    )
+    quality: int = field(
+        default=90, metadata={"group": "output", "parse": "int", "metavar": "1..100", "help": "JPEG quality"}
+    )
+    shard_size_bytes: int | None = field(
+        default=256 * 1000**2,
+        metadata={
+            "flag": "--shard-size",
+            "group": "output",
+            "parse": "size",
+            "metavar": "BYTES",
+            "help": "about this many bytes per shard: 512MB, 1GiB, ...",
+        },
+    )
+    shard_samples: int | None = field(
+        default=None,
+        metadata={"group": "output", "parse": "positive_int", "metavar": "N", "help": "at most N samples per shard"},
+    )
+    group_slides: int = field(
+        default=32,
+        metadata={
+            "group": "output",
+            "parse": "positive_int",
+            "metavar": "N",
+            "help": "slides mixed together in each group of shards",
+        },
+    )
+    seed: int = field(
+        default=0,
+        metadata={
+            "group": "run",
+            "parse": "non_negative_int",
+            "help": "seeds every random choice: same inputs and seed, same shards",
+        },
+    )
+    jobs: int | None = field(
+        default=None,
+        metadata={
+            "group": "run",
+            "parse": "positive_int",
+            "metavar": "N",
+            "help": "worker processes (default: all cores)",
+        },
+    )
+    qc: bool = field(
+        default=False,
+        metadata={
+            "group": "output",
+            "help": "draw the qc/<slide>.png pictures and qc/index.html while building (default: "
+            "recorded only; wsishard inspect OUT --qc draws them later)",
+        },
+    )
+    qc_size_px: int = field(
+        default=2000,
+        metadata={
+            "flag": "--qc-size",
+            "group": "output",
+            "parse": "positive_int",
+            "metavar": "PX",
+            "help": "longest side of the QC pictures",
+        },
+    )
     fast_path: bool = field(default=True, metadata={"group": "run", "help": "read every slide through OpenSlide"})
-    default_mpp: float | None = field(default=None, metadata={
-        "group": "resolution", "parse": "positive_float", "metavar": "UM",
-        "help": "level-0 mpp for slides that report none "
-                "(without it such a slide fails with a clear reason)"})  # fmt: skip
-    mpp_overrides: Mapping[str, float] = field(default_factory=dict, metadata={
-        "flag": "--mpp-csv", "group": "resolution", "parse": "mpp_table", "metavar": "CSV",
-        "help": "slide,mpp lines that override the slides' own level-0 mpp "
-                "(slide = path, file name or file name without extension)"})  # fmt: skip
-    labels: Mapping[str, int] = field(default_factory=dict, metadata={
-        "group": "output", "parse": "label_table", "fills": ("labels", "label_names"), "metavar": "CSV",
-        "help": "slide,label lines written as .cls: integers, or class names numbered in sorted order"})  # fmt: skip
+    default_mpp: float | None = field(
+        default=None,
+        metadata={
+            "group": "resolution",
+            "parse": "positive_float",
+            "metavar": "UM",
+            "help": "level-0 mpp for slides that report none (without it such a slide fails with a clear reason)",
+        },
+    )
+    mpp_overrides: Mapping[str, float] = field(
+        default_factory=dict,
+        metadata={
+            "flag": "--mpp-csv",
+            "group": "resolution",
+            "parse": "mpp_table",
+            "metavar": "CSV",
+            "help": "slide,mpp lines that override the slides' own level-0 mpp "
+            "(slide = path, file name or file name without extension)",
+        },
+    )
+    labels: Mapping[str, int] = field(
+        default_factory=dict,
+        metadata={
+            "group": "output",
+            "parse": "label_table",
+            "fills": ("labels", "label_names"),
+            "metavar": "CSV",
+            "help": "slide,label lines written as .cls: integers, or class names numbered in sorted order",
+        },
+    )
     label_names: tuple[str, ...] = ()
-    require_labels: bool = field(default=False, metadata={
-        "group": "output",
-        "help": "refuse to build when a slide has no label in --labels "
-                "(without it such a slide is unlabelled: no .cls, label -1 when streamed)"})  # fmt: skip
-    context_mpp: tuple[float, ...] = field(default=(), metadata={
-        "group": "patches", "parse": "mpps", "metavar": "UM[,UM...]", "with_others": True,
-        "help": "also write, with each sample, a patch centred on it at each of these mpp "
-                "(members ctx0, ctx1, ... in ascending mpp)"})  # fmt: skip
-    context_size: int | None = field(default=None, metadata={
-        "group": "patches", "parse": "positive_int", "metavar": "PX",
-        "help": "width = height of the context patches (default: --patch-size)"})  # fmt: skip
+    require_labels: bool = field(
+        default=False,
+        metadata={
+            "group": "output",
+            "help": "refuse to build when a slide has no label in --labels "
+            "(without it such a slide is unlabelled: no .cls, label -1 when streamed)",
+        },
+    )
+    context_mpp: tuple[float, ...] = field(
+        default=(),
+        metadata={
+            "group": "patches",
+            "parse": "mpps",
+            "metavar": "UM[,UM...]",
+            "with_others": True,
+            "help": "also write, with each sample, a patch centred on it at each of these mpp "
+            "(members ctx0, ctx1, ... in ascending mpp)",
+        },
+    )
+    context_size: int | None = field(
+        default=None,
+        metadata={
+            "group": "patches",
+            "parse": "positive_int",
+            "metavar": "PX",
+            "help": "width = height of the context patches (default: --patch-size)",
+        },
+    )
 
     def __post_init__(self) -> None:
         """Validate every field; the message names the field, the bad value and what is needed."""
@@ -173,15 +253,20 @@ class BuildOptions:
             if not valid_mpp(mpp):
                 raise OptionError(f"invalid mpp_overrides: mpp of {slide!r} is {mpp!r}: need {MPP_RULE}")
         if self.labels and self.roi.labels:
-            raise OptionError("invalid labels: give slide labels (--labels) or annotation-class labels "
-                              "(--roi-labels), not both")  # fmt: skip
+            raise OptionError(
+                "invalid labels: give slide labels (--labels) or annotation-class labels (--roi-labels), not both"
+            )
         if self.patch.target_mpp in self.context_mpp and self.context_size_px == self.patch.patch_size_px:
-            raise OptionError(f"invalid context_mpp: {self.patch.target_mpp!r} is the patch's own mpp at the same size "
-                              "(it would repeat the patch; give another mpp or a --context-size)")  # fmt: skip
+            raise OptionError(
+                f"invalid context_mpp: {self.patch.target_mpp!r} is the patch's own mpp at the same size "
+                "(it would repeat the patch; give another mpp or a --context-size)"
+            )
         for slide, label in self.labels.items():
             if not valid_label(label):
-                raise OptionError(f"invalid labels: label of {slide!r} is {label!r}: need an integer in 0..2**63-1 "
-                                  "(-1 marks unlabelled samples)")  # fmt: skip
+                raise OptionError(
+                    f"invalid labels: label of {slide!r} is {label!r}: need an integer in 0..2**63-1 "
+                    "(-1 marks unlabelled samples)"
+                )
 
     @classmethod
     def from_keywords(cls, **keywords: Any) -> BuildOptions:
@@ -218,8 +303,13 @@ class BuildOptions:
                 allow_upsample=self.patch.allow_upsample,
                 max_upsample=self.patch.max_upsample,
             )
-        return EncodeOptions(image_format=self.image_format, quality=self.quality,
-                             fast_path=self.fast_path, filters=self.patch_quality, context=context)  # fmt: skip
+        return EncodeOptions(
+            image_format=self.image_format,
+            quality=self.quality,
+            fast_path=self.fast_path,
+            filters=self.patch_quality,
+            context=context,
+        )
 
 
 @dataclass(frozen=True)

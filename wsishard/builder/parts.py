@@ -35,8 +35,13 @@ def slurm_part(environ: Mapping[str, str]) -> tuple[int, int] | None:
     """
     if "SLURM_ARRAY_TASK_ID" not in environ:
         return None
-    names = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX",
-             "SLURM_ARRAY_TASK_STEP")  # fmt: skip
+    names = (
+        "SLURM_ARRAY_TASK_ID",
+        "SLURM_ARRAY_TASK_COUNT",
+        "SLURM_ARRAY_TASK_MIN",
+        "SLURM_ARRAY_TASK_MAX",
+        "SLURM_ARRAY_TASK_STEP",
+    )
     values: dict[str, int] = {}
     for name in names:
         text = environ.get(name, "").strip()
@@ -51,10 +56,12 @@ def slurm_part(environ: Mapping[str, str]) -> tuple[int, int] | None:
     first, step = values.get("SLURM_ARRAY_TASK_MIN", 0), max(1, values.get("SLURM_ARRAY_TASK_STEP", 1))
     last = values.get("SLURM_ARRAY_TASK_MAX", first + (count - 1) * step)
     if last != first + (count - 1) * step:
-        raise OptionError(f"a Slurm array job of {count} tasks from {first} to {last} (SLURM_ARRAY_TASK_COUNT, _MIN, "
-                          "_MAX) is not an evenly spaced range "
-                          "(--array=0,5,7?): its task ids cannot be numbered as parts; use --array=0-N or "
-                          "--part I/N")  # fmt: skip
+        raise OptionError(
+            f"a Slurm array job of {count} tasks from {first} to {last} (SLURM_ARRAY_TASK_COUNT, _MIN, "
+            "_MAX) is not an evenly spaced range "
+            "(--array=0,5,7?): its task ids cannot be numbered as parts; use --array=0-N or "
+            "--part I/N"
+        )
     index, off = divmod(task - first, step)
     if off or not 0 <= index < count:
         ids = f"{first}..{last}" + (f" step {step}" if step > 1 else "")

@@ -91,8 +91,9 @@ def read_block_image(reader: SlideReader, block: Block, cands: Candidates, level
     return Image.fromarray(pixels)
 
 
-def patch_images(reader: SlideReader, block: Block, cands: Candidates,
-                 level: int) -> list[tuple[Image.Image, float, float]]:  # fmt: skip
+def patch_images(
+    reader: SlideReader, block: Block, cands: Candidates, level: int
+) -> list[tuple[Image.Image, float, float]]:
     """The block's kept patches at the output resolution, in the block's order, each with the level px of its
     top-left: one read for the block, stage 2 (:func:`read_block_image`) for each patch alone, so a block's empty
     cells cost nothing. A patch starts on the reduced pixel nearest its grid position (at most half a reduced
@@ -124,16 +125,24 @@ def _stage_one(reader: SlideReader, block: Block, cands: Candidates, level: int)
     return Reduced(image, x0, y0, k, scale, snap)
 
 
-def _needed_rects(block: Block, cands: Candidates, scale: float,
-                  margins: tuple[int, int]) -> list[tuple[int, int, int, int]]:  # fmt: skip
+def _needed_rects(
+    block: Block, cands: Candidates, scale: float, margins: tuple[int, int]
+) -> list[tuple[int, int, int, int]]:
     """Level-px rectangles the block's kept patches use: their level extent, ``margins`` (before, after) wider."""
     size, (lo, hi) = cands.patch, margins
     return [
-        (math.floor(ox * scale) - lo, math.floor(oy * scale) - lo,
-         math.ceil((ox + size) * scale) + hi, math.ceil((oy + size) * scale) + hi)
-        for ox, oy in zip((cands.col[block.patches] * cands.stride).tolist(),
-                          (cands.row[block.patches] * cands.stride).tolist(), strict=True)
-    ]  # fmt: skip
+        (
+            math.floor(ox * scale) - lo,
+            math.floor(oy * scale) - lo,
+            math.ceil((ox + size) * scale) + hi,
+            math.ceil((oy + size) * scale) + hi,
+        )
+        for ox, oy in zip(
+            (cands.col[block.patches] * cands.stride).tolist(),
+            (cands.row[block.patches] * cands.stride).tolist(),
+            strict=True,
+        )
+    ]
 
 
 def block_samples(reader: SlideReader, work: SlideWork, block: Block, encode: EncodeOptions) -> Samples:
@@ -142,18 +151,26 @@ def block_samples(reader: SlideReader, work: SlideWork, block: Block, encode: En
     size, extent, down = cands.patch, cands.l0_extent, reader.level_downsamples[work.level]
     context = _block_context(reader, work, block, encode)
     out = []
-    for i, (patch, l_x, l_y) in zip(block.patches.tolist(), patch_images(reader, block, cands, work.level),
-                                    strict=True):  # fmt: skip
+    for i, (patch, l_x, l_y) in zip(
+        block.patches.tolist(), patch_images(reader, block, cands, work.level), strict=True
+    ):
         scores = quality_scores(patch)  # the one place patch pixels are scored
         if encode.filters.rejects(scores) is not None:
             continue
         x, y = round(l_x * down), round(l_y * down)  # where the patch's pixels start, level 0
         meta: PatchMeta = {
-            "slide_id": work.slide_id, "file": work.name, "x": x, "y": y, "extent": extent,
-            "patch_mpp": work.patch_mpp, "level": work.level, "patch_size": size,
-            "tissue": round(float(cands.tissue[i]), 4), **scores,  # type: ignore[typeddict-item]
+            "slide_id": work.slide_id,
+            "file": work.name,
+            "x": x,
+            "y": y,
+            "extent": extent,
+            "patch_mpp": work.patch_mpp,
+            "level": work.level,
+            "patch_size": size,
+            "tissue": round(float(cands.tissue[i]), 4),
+            **scores,  # type: ignore[typeddict-item]
             "pigment": round(float(cands.pigment[i]), 4) if cands.pigment is not None else 0.0,
-        }  # fmt: skip
+        }
         members = {encode.image_format: encode_image(patch, encode.image_format, encode.quality)}
         if context is not None:
             context_members, meta["context"] = context.sample(l_x * down, l_y * down)

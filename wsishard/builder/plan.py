@@ -152,8 +152,9 @@ def interleave(blocks: list[tuple[int, int]], rng: np.random.Generator) -> list[
     return [blocks[i] for i in order.tolist()]
 
 
-def _interleave(shard: np.ndarray, col: np.ndarray, block: np.ndarray, n: int, n_slides: int,
-                rng: np.random.Generator) -> np.ndarray:  # fmt: skip
+def _interleave(
+    shard: np.ndarray, col: np.ndarray, block: np.ndarray, n: int, n_slides: int, rng: np.random.Generator
+) -> np.ndarray:
     """The write order of a group's blocks (a permutation, by shard), given each block's shard and slide position.
 
     In its shard, a slide with ``c`` blocks there takes the places ``(j + u) / c``, ``j = 0 .. c-1`` (its blocks
@@ -218,8 +219,9 @@ def _deal_within_cap(col: np.ndarray, sizes: np.ndarray, cap: int, seed: int, gr
         n_shards += 1
 
 
-def plan_group(group: int, block_sizes: Mapping[int, Sequence[int]], *, samples_per_shard: int,
-               seed: int) -> list[ShardPlan]:  # fmt: skip
+def plan_group(
+    group: int, block_sizes: Mapping[int, Sequence[int]], *, samples_per_shard: int, seed: int
+) -> list[ShardPlan]:
     """Plan one group's shards from its own slides alone (so any part plans it the same way).
 
     Blocks are dealt to shards by :func:`_deal` and ordered in each shard by :func:`_interleave`.
@@ -239,8 +241,10 @@ def plan_group(group: int, block_sizes: Mapping[int, Sequence[int]], *, samples_
     slides, block_ids = ids[col[order]], block[order]  # (n_blocks,) each, in write order
     ends = np.cumsum(np.bincount(shard, minlength=n)).tolist()
     totals = np.bincount(shard, weights=patches, minlength=n).astype(np.int64).tolist()
-    return [ShardPlan(shard_index(group, k), group, BlockList(slides[a:b], block_ids[a:b]), total)
-            for k, (a, b, total) in enumerate(zip([0, *ends[:-1]], ends, totals, strict=True))]  # fmt: skip
+    return [
+        ShardPlan(shard_index(group, k), group, BlockList(slides[a:b], block_ids[a:b]), total)
+        for k, (a, b, total) in enumerate(zip([0, *ends[:-1]], ends, totals, strict=True))
+    ]
 
 
 def make_plan(block_sizes: Sequence[Sequence[int]], *, samples_per_shard: int, group_slides: int, seed: int) -> Plan:
@@ -295,7 +299,9 @@ def part_groups(groups: Sequence[Sequence[int]], sizes: Sequence[int], part: tup
 def empty_part_reason(part: tuple[int, int], n_slides: int, n_groups: int, group_slides: int) -> str:
     """Why part ``part`` got no slides: a part builds whole groups, and there are fewer groups than parts."""
     fits = max(1, -(-n_slides // part[1]))  # ceil: the --group-slides that gives every part a group
-    return (f"part {part[0]}/{part[1]} got no group of slides, so it builds nothing: the {n_slides} slides make "
-            f"{n_groups} group{'s' if n_groups != 1 else ''} of at most --group-slides {group_slides} slides, a part "
-            f"builds whole groups, and the groups went to the other parts (--group-slides {fits} gives each of "
-            f"{part[1]} parts a group)")  # fmt: skip
+    return (
+        f"part {part[0]}/{part[1]} got no group of slides, so it builds nothing: the {n_slides} slides make "
+        f"{n_groups} group{'s' if n_groups != 1 else ''} of at most --group-slides {group_slides} slides, a part "
+        f"builds whole groups, and the groups went to the other parts (--group-slides {fits} gives each of "
+        f"{part[1]} parts a group)"
+    )

@@ -56,8 +56,14 @@ class WorkerPool:
         cv2.setNumThreads(1)
         self._executor: ProcessPoolExecutor | None = _executor(jobs) if jobs > 1 else None
 
-    def imap(self, fn: Callable[[T], R], items: Iterable[T], *, on_crash: Callable[[T], R] | None = None,
-             window: int | None = None) -> Iterator[R]:  # fmt: skip
+    def imap(
+        self,
+        fn: Callable[[T], R],
+        items: Iterable[T],
+        *,
+        on_crash: Callable[[T], R] | None = None,
+        window: int | None = None,
+    ) -> Iterator[R]:
         """``fn(item)`` for each item, in order, with at most ``window`` (default ``2 * jobs``) in flight.
 
         Args:
@@ -85,8 +91,9 @@ class WorkerPool:
             except BrokenProcessPool:
                 suspects = [item, *(it for it, _ in pending)]
                 pending.clear()
-                logger.warning("a worker process died; running its %d tasks in flight again, one at a time",
-                               len(suspects))  # fmt: skip
+                logger.warning(
+                    "a worker process died; running its %d tasks in flight again, one at a time", len(suspects)
+                )
                 self._restart()
                 for suspect in suspects:
                     yield self._alone(fn, suspect, on_crash)
@@ -130,12 +137,14 @@ class WorkerPool:
 
 def _executor(jobs: int) -> ProcessPoolExecutor:
     if _fork_is_safe():
-        return ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"), initializer=_start_worker,
-                                   initargs=(None, os.getpid()))  # fmt: skip
+        return ProcessPoolExecutor(
+            jobs, mp_context=mp.get_context("fork"), initializer=_start_worker, initargs=(None, os.getpid())
+        )
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["wsishard.builder.scan", "wsishard.builder.extract"])
-    return ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_start_worker,
-                               initargs=(dict(os.environ), os.getpid()))  # fmt: skip
+    return ProcessPoolExecutor(
+        jobs, mp_context=ctx, initializer=_start_worker, initargs=(dict(os.environ), os.getpid())
+    )
 
 
 def _fork_is_safe() -> bool:

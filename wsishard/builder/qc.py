@@ -42,9 +42,18 @@ class QcLayers:
     pigment: np.ndarray | None = None
 
 
-def qc_picture(view: np.ndarray, l0_per_v: float, layers: QcLayers, l0_x: np.ndarray, l0_y: np.ndarray,
-               l0_extent: int, *, legend: list[str] | None = None, max_side_px: int = DEFAULT_SIZE_PX,
-               footprints: Sequence[tuple[float, float, float]] = ()) -> Image.Image:  # fmt: skip
+def qc_picture(
+    view: np.ndarray,
+    l0_per_v: float,
+    layers: QcLayers,
+    l0_x: np.ndarray,
+    l0_y: np.ndarray,
+    l0_extent: int,
+    *,
+    legend: list[str] | None = None,
+    max_side_px: int = DEFAULT_SIZE_PX,
+    footprints: Sequence[tuple[float, float, float]] = (),
+) -> Image.Image:
     """Draw the picture.
 
     Args:
@@ -58,8 +67,9 @@ def qc_picture(view: np.ndarray, l0_per_v: float, layers: QcLayers, l0_x: np.nda
     image = Image.fromarray(view)
     scale = min(1.0, max_side_px / max(image.size))
     if scale < 1.0:
-        image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
-                             Image.Resampling.BOX)  # fmt: skip
+        image = image.resize(
+            (max(1, round(image.width * scale)), max(1, round(image.height * scale))), Image.Resampling.BOX
+        )
     size = (image.width, image.height)
     out = np.array(image)  # (H, W, 3) uint8, drawn on in place
     for layer, color in ((layers.ink, INK_RGB), (layers.dark, DARK_RGB), (layers.pigment, PIGMENT_RGB)):
@@ -97,8 +107,9 @@ def _blend(out: np.ndarray, where: np.ndarray, color: tuple[int, int, int], alph
     cv2.copyTo(cv2.LUT(out, table[:, None, :]), np.ascontiguousarray(where).view(np.uint8), out)  # into out
 
 
-def _patch_area(size: tuple[int, int], l0_x: np.ndarray, l0_y: np.ndarray, l0_extent: int,
-                t_per_l0: float) -> np.ndarray:  # fmt: skip
+def _patch_area(
+    size: tuple[int, int], l0_x: np.ndarray, l0_y: np.ndarray, l0_extent: int, t_per_l0: float
+) -> np.ndarray:
     """(H, W) bool: the picture px the kept patches cover (each at least one px)."""
     area = np.zeros((size[1], size[0]), dtype=bool)
     side = max(1, round(l0_extent * t_per_l0))
@@ -115,19 +126,30 @@ def _outline(mask: np.ndarray, width: int) -> np.ndarray:
     inner = np.asarray(cv2.erode(m, _CROSS, borderType=cv2.BORDER_REPLICATE), dtype=np.uint8)
     edge = m > inner  # in the mask, not in its erosion
     if width > 1:
-        grown = cv2.dilate(edge.view(np.uint8), _CROSS, iterations=width - 1, borderType=cv2.BORDER_CONSTANT,
-                           borderValue=0)  # fmt: skip
+        grown = cv2.dilate(
+            edge.view(np.uint8), _CROSS, iterations=width - 1, borderType=cv2.BORDER_CONSTANT, borderValue=0
+        )
         edge = np.asarray(grown, dtype=bool) & mask
     return edge
 
 
-def legend_lines(*, tissue_mm2: float, ink_mm2: float, artefact_mm2: float, kept: int,
-                 filtered: dict[str, int], roi: str = "", pigment_mm2: float = 0.0) -> list[str]:  # fmt: skip
+def legend_lines(
+    *,
+    tissue_mm2: float,
+    ink_mm2: float,
+    artefact_mm2: float,
+    kept: int,
+    filtered: dict[str, int],
+    roi: str = "",
+    pigment_mm2: float = 0.0,
+) -> list[str]:
     """The legend's lines: the colour key with each layer's figure, then the patches left out per reason."""
-    key = (f"tissue contour (green): {tissue_mm2:.2f} mm2 | kept patches (blue): {kept:,} | "
-           f"ink removed (magenta): {ink_mm2:.2f} mm2 | "
-           f"dark artefacts removed (orange): {artefact_mm2:.2f} mm2 | "
-           f"dark pigment kept as tissue (cyan): {pigment_mm2:.2f} mm2")  # fmt: skip
+    key = (
+        f"tissue contour (green): {tissue_mm2:.2f} mm2 | kept patches (blue): {kept:,} | "
+        f"ink removed (magenta): {ink_mm2:.2f} mm2 | "
+        f"dark artefacts removed (orange): {artefact_mm2:.2f} mm2 | "
+        f"dark pigment kept as tissue (cyan): {pigment_mm2:.2f} mm2"
+    )
     lines = [key + (f" | annotations (yellow): {roi}" if roi else "")]
     if filtered:
         lines.append("left out: " + ", ".join(f"{reason} {n:,}" for reason, n in sorted(filtered.items())))

@@ -59,8 +59,10 @@ class QcDrawn:
         parts = [f"{self.from_slides + len(self.from_records)} QC pictures drawn"]
         if self.from_records:
             more = " ..." if len(self.from_records) > 3 else ""
-            parts.append(f"{len(self.from_records)} of them on the scan's recorded view (slide not readable here: "
-                         f"{', '.join(self.from_records[:3])}{more})")  # fmt: skip
+            parts.append(
+                f"{len(self.from_records)} of them on the scan's recorded view (slide not readable here: "
+                f"{', '.join(self.from_records[:3])}{more})"
+            )
         if self.present:
             parts.append(f"{self.present} already there")
         if self.without:
@@ -68,8 +70,9 @@ class QcDrawn:
         return "; ".join(parts) + (f"; review page {self.page}" if self.page else "")
 
 
-def draw_pictures(manifest: Manifest, root: str, storage_options: StorageOptions | None = None, *,
-                  jobs: int | None = None) -> QcDrawn:  # fmt: skip
+def draw_pictures(
+    manifest: Manifest, root: str, storage_options: StorageOptions | None = None, *, jobs: int | None = None
+) -> QcDrawn:
     """Draw the QC pictures missing from the build at ``root`` (its ``manifest``: a whole, merged or part build's),
     then (not a part) write its ``qc/index.html``.
 
@@ -80,9 +83,18 @@ def draw_pictures(manifest: Manifest, root: str, storage_options: StorageOptions
     size = int(manifest.options.get("qc_size_px") or DEFAULT_SIZE_PX)
     indices = manifest.extra.get("slide_indices") or range(len(manifest.slides))
     present = set(dest.listdir("qc"))
-    tasks = [PictureTask(index=i, slide_id=s.slide_id, path=s.file, dest=dest, size_px=size,
-                         storage_options=dict(storage_options or {}))
-             for i, s in zip(indices, manifest.slides, strict=True) if f"{s.slide_id}.png" not in present]  # fmt: skip
+    tasks = [
+        PictureTask(
+            index=i,
+            slide_id=s.slide_id,
+            path=s.file,
+            dest=dest,
+            size_px=size,
+            storage_options=dict(storage_options or {}),
+        )
+        for i, s in zip(indices, manifest.slides, strict=True)
+        if f"{s.slide_id}.png" not in present
+    ]
     done = QcDrawn(present=len(manifest.slides) - len(tasks))
     try:
         dest.makedirs("qc")

@@ -59,8 +59,14 @@ def record_arrays(record: QcRecord) -> tuple[dict[str, Any], dict[str, np.ndarra
     shape = list(layers.tissue.shape)
     arrays = {_PREFIX + name: np.packbits(mask) for name in _LAYERS if (mask := getattr(layers, name)) is not None}
     arrays[_PREFIX + "view"] = np.frombuffer(record.view_jpeg, dtype=np.uint8)
-    meta = dict(shape=shape, l0_per_m=layers.l0_per_m, l0_per_t_asked=record.l0_per_t_asked, slide_mpp=record.slide_mpp,
-                legend=list(record.legend), footprints=[list(f) for f in record.footprints])  # fmt: skip
+    meta = dict(
+        shape=shape,
+        l0_per_m=layers.l0_per_m,
+        l0_per_t_asked=record.l0_per_t_asked,
+        slide_mpp=record.slide_mpp,
+        legend=list(record.legend),
+        footprints=[list(f) for f in record.footprints],
+    )
     return meta, arrays
 
 
@@ -71,16 +77,25 @@ def is_record_array(name: str) -> bool:
 def read_record(meta: dict[str, Any], arrays: Any) -> QcRecord:
     """The record :func:`record_arrays` gave as ``meta`` and ``arrays`` (an open ``.npz``)."""
     h, w = meta["shape"]
-    masks = {n: np.unpackbits(arrays[_PREFIX + n], count=h * w).reshape(h, w).astype(bool)
-             for n in _LAYERS if _PREFIX + n in arrays.files}  # fmt: skip
+    masks = {
+        n: np.unpackbits(arrays[_PREFIX + n], count=h * w).reshape(h, w).astype(bool)
+        for n in _LAYERS
+        if _PREFIX + n in arrays.files
+    }
     layers = QcLayers(l0_per_m=float(meta["l0_per_m"]), **masks)
-    return QcRecord(layers, float(meta["l0_per_t_asked"]), float(meta["slide_mpp"]), tuple(meta["legend"]),
-                    tuple((float(x), float(y), float(s)) for x, y, s in meta["footprints"]),
-                    arrays[_PREFIX + "view"].tobytes())  # fmt: skip
+    return QcRecord(
+        layers,
+        float(meta["l0_per_t_asked"]),
+        float(meta["slide_mpp"]),
+        tuple(meta["legend"]),
+        tuple((float(x), float(y), float(s)) for x, y, s in meta["footprints"]),
+        arrays[_PREFIX + "view"].tobytes(),
+    )
 
 
-def picture_png(record: QcRecord, cands: Candidates | None, size_px: int, reader: SlideReader | None,
-                view: np.ndarray | None = None) -> bytes:  # fmt: skip
+def picture_png(
+    record: QcRecord, cands: Candidates | None, size_px: int, reader: SlideReader | None, view: np.ndarray | None = None
+) -> bytes:
     """The slide's QC picture at about ``size_px`` as PNG bytes.
 
     Args:
@@ -97,8 +112,17 @@ def picture_png(record: QcRecord, cands: Candidates | None, size_px: int, reader
     l0_x = cands.l0_x if cands is not None else np.zeros(0)
     l0_y = cands.l0_y if cands is not None else np.zeros(0)
     extent = cands.l0_extent if cands is not None else 1
-    picture = qc_picture(view, l0_per_v, record.layers, l0_x, l0_y, extent, legend=list(record.legend),
-                         max_side_px=size_px, footprints=record.footprints)  # fmt: skip
+    picture = qc_picture(
+        view,
+        l0_per_v,
+        record.layers,
+        l0_x,
+        l0_y,
+        extent,
+        legend=list(record.legend),
+        max_side_px=size_px,
+        footprints=record.footprints,
+    )
     buf = io.BytesIO()
     # a 256-colour palette (1.2 MB instead of 3 at 2000 px); the octree is 4x as fast as median cut, and lighter;
     # zlib level 3: 2.5x as fast as the default 6, for a file about 15% larger

@@ -42,17 +42,34 @@ class QualityOptions:
         OptionError: (a ``ValueError``) naming the field and the bad value.
     """
 
-    max_background: float = field(default=1.0, metadata={
-        "metavar": "FRAC", "parse": "fraction",
-        "help": "leave out patches more than this fraction background (glass)"})  # fmt: skip
-    max_dark: float = field(default=1.0, metadata={
-        "flag": "--max-dark-pixels", "old_flags": ("--max-dark",), "metavar": "FRAC", "parse": "fraction",
-        "help": "leave out patches more than this fraction very dark pixels (HSV value below 0.25), pigment "
-                "included, counted on the patch itself (by default none is left out: the .json's dark and "
-                "pigment scores let training leave them out instead)"})  # fmt: skip
-    min_sharpness: float = field(default=0.0, metadata={
-        "metavar": "VAR", "parse": "non_negative",
-        "help": "leave out patches whose Laplacian variance (blur measure) is below this"})  # fmt: skip
+    max_background: float = field(
+        default=1.0,
+        metadata={
+            "metavar": "FRAC",
+            "parse": "fraction",
+            "help": "leave out patches more than this fraction background (glass)",
+        },
+    )
+    max_dark: float = field(
+        default=1.0,
+        metadata={
+            "flag": "--max-dark-pixels",
+            "old_flags": ("--max-dark",),
+            "metavar": "FRAC",
+            "parse": "fraction",
+            "help": "leave out patches more than this fraction very dark pixels (HSV value below 0.25), pigment "
+            "included, counted on the patch itself (by default none is left out: the .json's dark and "
+            "pigment scores let training leave them out instead)",
+        },
+    )
+    min_sharpness: float = field(
+        default=0.0,
+        metadata={
+            "metavar": "VAR",
+            "parse": "non_negative",
+            "help": "leave out patches whose Laplacian variance (blur measure) is below this",
+        },
+    )
 
     def __post_init__(self) -> None:
         for name in ("max_background", "max_dark"):

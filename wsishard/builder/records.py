@@ -18,9 +18,15 @@ from wsishard.storage.output import Destination
 from wsishard.storage.urls import public_location
 
 
-def make_manifest(inputs: Sequence[str], options: BuildOptions, slides: dict[int, SlideRecord],
-              shards: list[ShardRecord], digest: str, part: tuple[int, int] | None,
-              n_slides: int) -> Manifest:  # fmt: skip
+def make_manifest(
+    inputs: Sequence[str],
+    options: BuildOptions,
+    slides: dict[int, SlideRecord],
+    shards: list[ShardRecord],
+    digest: str,
+    part: tuple[int, int] | None,
+    n_slides: int,
+) -> Manifest:
     """The manifest of the build (or of a part: its slides' records, with their indices among all slides)."""
     extra: dict[str, Any] = {"fingerprint": digest}
     if options.class_names:
@@ -29,11 +35,15 @@ def make_manifest(inputs: Sequence[str], options: BuildOptions, slides: dict[int
     if part is not None:
         extra.update(part=list(part), slide_indices=indices, slides_total=n_slides)
     return Manifest(
-        options={"inputs": [public_location(i) for i in inputs], **options_dict(options)}, shards=shards,
+        options={"inputs": [public_location(i) for i in inputs], **options_dict(options)},
+        shards=shards,
         slides=[slides[i] for i in indices],
-        image_format=options.image_format, wsishard_version=__version__, extra=extra, slides_file=slides_name(part),
+        image_format=options.image_format,
+        wsishard_version=__version__,
+        extra=extra,
+        slides_file=slides_name(part),
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    )  # fmt: skip
+    )
 
 
 def options_dict(options: BuildOptions, *, for_fingerprint: bool = False) -> dict[str, Any]:

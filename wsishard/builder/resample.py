@@ -76,13 +76,15 @@ class Reduced:
         crop = self.image[c_y : c_y + math.ceil(height * rest) + 4, c_x : c_x + math.ceil(width * rest) + 4]
         shift = 0.5 * rest - 0.5  # output px j samples the source at corner + (j + 0.5) * rest - 0.5
         m = np.array([[rest, 0.0, f_x - c_x + shift], [0.0, rest, f_y - c_y + shift]])
-        pixels = cv2.warpAffine(crop, m, (width, height), flags=cv2.INTER_CUBIC | cv2.WARP_INVERSE_MAP,
-                                borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
+        pixels = cv2.warpAffine(
+            crop, m, (width, height), flags=cv2.INTER_CUBIC | cv2.WARP_INVERSE_MAP, borderMode=cv2.BORDER_REPLICATE
+        )
         return pixels, o_x * self.scale, o_y * self.scale
 
 
-def reduced_read(reader: SlideReader, level: int, rect: tuple[int, int, int, int], k: int,
-                  needed: list[tuple[int, int, int, int]]) -> np.ndarray:  # fmt: skip
+def reduced_read(
+    reader: SlideReader, level: int, rect: tuple[int, int, int, int], k: int, needed: list[tuple[int, int, int, int]]
+) -> np.ndarray:
     """The level-px ``rect`` (x, y, w, h; multiples of ``k``) reduced ``k`` times: DCT-scaled where possible."""
     reduced = getattr(reader, "read_level_reduced", None)
     if k > 1 and reduced is not None:

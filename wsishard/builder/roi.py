@@ -48,23 +48,45 @@ class RoiOptions:
         OptionError: (a ``ValueError``) naming the field and the bad value.
     """
 
-    path: str | None = field(default=None, metadata={
-        "flag": "--roi", "metavar": "PATH", "parse": "str",
-        "help": "GeoJSON annotations: a file, or a folder of <slide>.geojson files; "
-                "patches only inside them"})  # fmt: skip
-    min_roi_coverage: float = field(default=0.5, metadata={
-        "metavar": "FRAC", "parse": "fraction",
-        "help": "keep patches at least this much inside the regions"})  # fmt: skip
-    labels: tuple[str, ...] = field(default=(), metadata={
-        "flag": "--roi-labels", "metavar": "NAMES", "parse": "names",
-        "help": "comma-separated class names: a patch's label (.cls) is the index of the class "
-                "covering most of it"})  # fmt: skip
-    exclude: tuple[str, ...] = field(default=(), metadata={
-        "flag": "--roi-exclude", "metavar": "NAMES", "parse": "names",
-        "help": "comma-separated class names whose regions are removed"})  # fmt: skip
-    missing: str = field(default="skip", metadata={
-        "flag": "--roi-missing", "choices": MISSING_POLICIES,
-        "help": "a slide without an annotation file: skip it (recorded as such) or build it whole"})  # fmt: skip
+    path: str | None = field(
+        default=None,
+        metadata={
+            "flag": "--roi",
+            "metavar": "PATH",
+            "parse": "str",
+            "help": "GeoJSON annotations: a file, or a folder of <slide>.geojson files; patches only inside them",
+        },
+    )
+    min_roi_coverage: float = field(
+        default=0.5,
+        metadata={"metavar": "FRAC", "parse": "fraction", "help": "keep patches at least this much inside the regions"},
+    )
+    labels: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "flag": "--roi-labels",
+            "metavar": "NAMES",
+            "parse": "names",
+            "help": "comma-separated class names: a patch's label (.cls) is the index of the class covering most of it",
+        },
+    )
+    exclude: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "flag": "--roi-exclude",
+            "metavar": "NAMES",
+            "parse": "names",
+            "help": "comma-separated class names whose regions are removed",
+        },
+    )
+    missing: str = field(
+        default="skip",
+        metadata={
+            "flag": "--roi-missing",
+            "choices": MISSING_POLICIES,
+            "help": "a slide without an annotation file: skip it (recorded as such) or build it whole",
+        },
+    )
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_roi_coverage <= 1.0:
@@ -290,6 +312,13 @@ def label_patches(cands: Candidates, roi: SlideRoi, names: Sequence[str], l0_per
 
     labels = patch_labels(roi.classes, names, fractions)
     keep = labels >= 0
-    return replace(cands, col=cands.col[keep], row=cands.row[keep], tissue=cands.tissue[keep], label=labels[keep],
-                   label_names=tuple(names), dropped_class=int(np.count_nonzero(~keep)),
-                   pigment=None if cands.pigment is None else cands.pigment[keep])  # fmt: skip
+    return replace(
+        cands,
+        col=cands.col[keep],
+        row=cands.row[keep],
+        tissue=cands.tissue[keep],
+        label=labels[keep],
+        label_names=tuple(names),
+        dropped_class=int(np.count_nonzero(~keep)),
+        pigment=None if cands.pigment is None else cands.pigment[keep],
+    )

@@ -53,10 +53,18 @@ _TAR_BYTES_PER_MEMBER = 512 + 256  # header + mean padding
 Done = dict[int, tuple[ShardDone, frozenset[int]]]  # shards finished before: index -> (outcome, excluded slides)
 
 
-def build(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], output: str | os.PathLike[str],
-          options: BuildOptions | None = None, *, progress: ProgressCallback[BuildProgress] = ignore_progress,
-          storage_options: StorageOptions | None = None, part: tuple[int, int] | None = None,
-          overwrite: bool = False, scratch: str | None = None, **keywords: Any) -> Manifest:  # fmt: skip
+def build(
+    inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    output: str | os.PathLike[str],
+    options: BuildOptions | None = None,
+    *,
+    progress: ProgressCallback[BuildProgress] = ignore_progress,
+    storage_options: StorageOptions | None = None,
+    part: tuple[int, int] | None = None,
+    overwrite: bool = False,
+    scratch: str | None = None,
+    **keywords: Any,
+) -> Manifest:
     """Build mixed tissue-patch shards from slides into ``output`` and return the manifest it wrote.
 
     ``build("slides/", "out/", mpp=0.5, jobs=8)`` is ``wsishard build slides/ -o out/ --mpp 0.5 --jobs 8``.
@@ -296,8 +304,11 @@ def _extract_all(ctx: BuildContext, group: _Group, previous: Done, tally: _Tally
         excluded = ctx.failures.slides
         size = segment_size(sum(sp.patches for sp in pending), pool.jobs)
         taper = size * pool.jobs if pool.jobs > 1 else 0  # the end of the last shard: finer segments
-        tasks = [t for sp in pending for t in segment_tasks(sp, sources, excluded, encode, size,
-                                                            taper if sp is pending[-1] else 0)]  # fmt: skip
+        tasks = [
+            t
+            for sp in pending
+            for t in segment_tasks(sp, sources, excluded, encode, size, taper if sp is pending[-1] else 0)
+        ]
         segments = pool.imap(extract_segment, tasks, on_crash=crashed_segment, window=4 * pool.jobs)
         new_failed: dict[int, str] = {}
         for outcome in assemble_shards(segments, ctx.dest, tally.written):

@@ -127,9 +127,15 @@ class ScanResult:
 
 
 def _slide_work(record: SlideRecord, cands: Candidates, block_list: list[Block]) -> SlideWork:
-    return SlideWork(path=record.file, slide_id=record.slide_id, level=record.level or 0,
-                     patch_mpp=record.patch_mpp or 0,
-                     cands=cands, blocks=block_list, label=record.label)  # fmt: skip
+    return SlideWork(
+        path=record.file,
+        slide_id=record.slide_id,
+        level=record.level or 0,
+        patch_mpp=record.patch_mpp or 0,
+        cands=cands,
+        blocks=block_list,
+        label=record.label,
+    )
 
 
 def scan_slide(task: ScanTask) -> ScanResult:
@@ -160,8 +166,11 @@ def scan_slide(task: ScanTask) -> ScanResult:
 def crashed_scan(task: ScanTask) -> ScanResult:
     """The result for a slide whose scan killed its worker process twice (an out-of-memory kill, say)."""
     reason = "the worker process scanning it died twice (killed: out of memory?)"
-    return ScanResult(SlideRecord(slide_id=task.slide_id, file=public_location(task.path), status="failed",
-                                  label=task.label, reason=reason))  # fmt: skip
+    return ScanResult(
+        SlideRecord(
+            slide_id=task.slide_id, file=public_location(task.path), status="failed", label=task.label, reason=reason
+        )
+    )
 
 
 def _scan_url(task: ScanTask, record: SlideRecord) -> ScanResult:
@@ -200,17 +209,29 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
         return ScanResult(replace(record, reason=reason))
     record = replace(record, roi=roi_status(options.roi, task.roi_file))
     if options.roi.path is not None and task.roi_file is None and options.roi.missing == "skip":
-        return ScanResult(replace(record, status="skipped", reason="no annotation file in --roi (--roi-missing whole "
-                                                                   "builds it whole)"))  # fmt: skip
+        return ScanResult(
+            replace(
+                record, status="skipped", reason="no annotation file in --roi (--roi-missing whole builds it whole)"
+            )
+        )
     asked = max(options.tissue.thumb_mpp / mpp0, max(l0_w, l0_h) / options.tissue.max_thumb_px, 1.0)
     thumb, l0_per_t = read_lowres(reader, asked)
     found = find_tissue(thumb, l0_per_t * mpp0, options.tissue)
     mask = found.mask
     roi = slide_roi(options.roi, task.roi_file, mask.shape, l0_per_t)
-    cands = candidates((l0_w, l0_h), mpp0, mask, l0_per_t, patch,
-                       seed=_slide_seed(task), level_downsample=float(record.downsample or 1),
-                       artefact=found.ink | found.dark, roi=None if roi is None else roi.mask,
-                       min_roi_coverage=options.roi.min_roi_coverage, pigment=found.pigment)  # fmt: skip
+    cands = candidates(
+        (l0_w, l0_h),
+        mpp0,
+        mask,
+        l0_per_t,
+        patch,
+        seed=_slide_seed(task),
+        level_downsample=float(record.downsample or 1),
+        artefact=found.ink | found.dark,
+        roi=None if roi is None else roi.mask,
+        min_roi_coverage=options.roi.min_roi_coverage,
+        pigment=found.pigment,
+    )
     if roi is not None and options.roi.labels:
         cands = label_patches(cands, roi, options.roi.labels, l0_per_t)
     record = replace(record, **_tissue_report(found, l0_per_t * mpp0, cands))
@@ -242,18 +263,30 @@ def _tissue_report(found: TissueResult, t_mpp: float, cands: Candidates) -> dict
         "max_patches": cands.dropped_cap,
     }
     filtered = {reason: n for reason, n in counts.items() if n}
-    return dict(tissue_fraction=round(float(found.mask.mean()), 4), candidates=cands.total,
-                tissue_mm2=round(int(found.mask.sum()) * mm2, 4), ink_mm2=round(int(found.ink.sum()) * mm2, 4),
-                artefact_mm2=round(int((found.dark & ~found.ink).sum()) * mm2, 4),
-                pigment_mm2=round(int(found.pigment.sum()) * mm2, 4), filtered=filtered)  # fmt: skip
+    return dict(
+        tissue_fraction=round(float(found.mask.mean()), 4),
+        candidates=cands.total,
+        tissue_mm2=round(int(found.mask.sum()) * mm2, 4),
+        ink_mm2=round(int(found.ink.sum()) * mm2, 4),
+        artefact_mm2=round(int((found.dark & ~found.ink).sum()) * mm2, 4),
+        pigment_mm2=round(int(found.pigment.sum()) * mm2, 4),
+        filtered=filtered,
+    )
 
 
-def _qc_record(task: ScanTask, layers: QcLayers, asked: float, thumb: np.ndarray, cands: Candidates,
-               record: SlideRecord) -> QcRecord:  # fmt: skip
+def _qc_record(
+    task: ScanTask, layers: QcLayers, asked: float, thumb: np.ndarray, cands: Candidates, record: SlideRecord
+) -> QcRecord:
     """What the slide's QC picture needs (:mod:`wsishard.builder.qcrecord`), drawn now or later."""
-    legend = legend_lines(tissue_mm2=record.tissue_mm2, ink_mm2=record.ink_mm2, artefact_mm2=record.artefact_mm2,
-                          kept=len(cands), filtered=record.filtered, roi=record.roi,
-                          pigment_mm2=record.pigment_mm2)  # fmt: skip
+    legend = legend_lines(
+        tissue_mm2=record.tissue_mm2,
+        ink_mm2=record.ink_mm2,
+        artefact_mm2=record.artefact_mm2,
+        kept=len(cands),
+        filtered=record.filtered,
+        roi=record.roi,
+        pigment_mm2=record.pigment_mm2,
+    )
     context = task.options.encode.context
     footprints = context_footprints(cands, context, float(record.slide_mpp or 1))
     legend += context_legend(context) if footprints else []

@@ -66,8 +66,9 @@ def decode_scan(data: bytes, block_patches: int, *, qc: bool = False) -> ScanRes
         drawn = read_record(meta["qc"], arrays) if qc and meta.get("qc") is not None else None
         if meta["cands"] is None:
             return ScanResult(record, qc=drawn)
-        got = {k: arrays[k].astype(np.int64) if k in _GRID else arrays[k] for k in arrays.files
-               if not is_record_array(k)}  # fmt: skip
+        got = {
+            k: arrays[k].astype(np.int64) if k in _GRID else arrays[k] for k in arrays.files if not is_record_array(k)
+        }
         cands = Candidates.from_arrays(got, **meta["cands"])
     return ScanResult(record, cands, blocks(cands, block_patches), meta["bytes"], qc=drawn)
 

@@ -79,8 +79,9 @@ def optical_density(rgb: np.ndarray, io: float = IO) -> np.ndarray:
     return -np.log((rgb.astype(np.float64) + 1.0) / io)
 
 
-def macenko(od: np.ndarray, *, alpha: float = ALPHA, beta: float = BETA,
-            percentile: float = 99.0) -> tuple[np.ndarray, np.ndarray, int]:  # fmt: skip
+def macenko(
+    od: np.ndarray, *, alpha: float = ALPHA, beta: float = BETA, percentile: float = 99.0
+) -> tuple[np.ndarray, np.ndarray, int]:
     """The Macenko fit of (n, 3) optical densities: (3, 2) matrix (H, E), (2,) max concentrations (the
     ``percentile`` of each stain's concentrations: torchstain's 99) and the number of stained pixels it used.
 

@@ -25,8 +25,15 @@ Stamp = dict[str, Any]  # {"size", "mtime_ns"} of a file, {"size", "tag"} of an 
 def fingerprint(slides: Sequence[str], options: dict[str, Any]) -> str:
     """A digest of what determines the output: the slide list (URLs as stored: a presigned slide signed again is the
     same slide), every option, the format version and the build revision."""
-    text = json.dumps({"slides": [public_location(s) for s in slides], "options": options, "format": fmt.FORMAT_VERSION,
-                       "revision": fmt.BUILD_REVISION}, sort_keys=True)  # fmt: skip
+    text = json.dumps(
+        {
+            "slides": [public_location(s) for s in slides],
+            "options": options,
+            "format": fmt.FORMAT_VERSION,
+            "revision": fmt.BUILD_REVISION,
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

@@ -88,13 +88,17 @@ class BuildState:
         if not survey.found:
             self._beside(survey.foreign, overwrite, stamps)
         elif not same and not overwrite:
-            raise OptionError(f"{where} holds a build with other slides or options (or one begun by a wsishard that "
-                              "writes another format version, plans or resamples differently); re-run with the same "
-                              "ones to resume it, or pass --overwrite to replace it")  # fmt: skip
+            raise OptionError(
+                f"{where} holds a build with other slides or options (or one begun by a wsishard that "
+                "writes another format version, plans or resamples differently); re-run with the same "
+                "ones to resume it, or pass --overwrite to replace it"
+            )
         elif changed and (not overwrite or self.lock.siblings):
             running = f" wait for {who(self.lock.siblings[0], self.digest)} to end, then" if self.lock.siblings else ""
-            raise OptionError(f"{where}: slides changed since this build began ({_names(changed)}): "
-                              f"their scans and shards are stale;{running} pass --overwrite to build anew")  # fmt: skip
+            raise OptionError(
+                f"{where}: slides changed since this build began ({_names(changed)}): "
+                f"their scans and shards are stale;{running} pass --overwrite to build anew"
+            )
         if survey.found and (not same or changed or (overwrite and self.part is None)):
             self._clear(survey)
         inputs = stamps if stamps is not None else survey.stamps if same else None
@@ -104,26 +108,40 @@ class BuildState:
         """A folder holding no build: refuse its files, or (``overwrite``) build beside them unless in the way."""
         where = self.dest.location
         if foreign and not overwrite:
-            raise OptionError(f"{where} holds {len(foreign)} files that are not a wsishard build ({_names(foreign)}); "
-                              "choose an empty or new folder, or pass --overwrite to build beside them (they are "
-                              "kept)")  # fmt: skip
+            raise OptionError(
+                f"{where} holds {len(foreign)} files that are not a wsishard build ({_names(foreign)}); "
+                "choose an empty or new folder, or pass --overwrite to build beside them (they are "
+                "kept)"
+            )
         pictures = _pictures(fmt.unique_slide_ids(list(stamps or {})))
         clash = [n for n in foreign if _untemp(n) in pictures or _build_name(_untemp(n))]
         if clash:
-            raise OptionError(f"{where} holds files that are not a wsishard build's but bear names a build writes "
-                              f"({_names(clash)}); choose an empty or new folder")  # fmt: skip
+            raise OptionError(
+                f"{where} holds files that are not a wsishard build's but bear names a build writes "
+                f"({_names(clash)}); choose an empty or new folder"
+            )
 
     def _clear(self, survey: _Survey) -> None:
         """Remove the build found in the output: the files it wrote, nothing else."""
         files = [n for n in survey.owned if n != STATE_DIR]
         shards, unlisted = sum(map(fmt.is_shard_name, files)), [n for n in survey.foreign if fmt.is_shard_name(n)]
-        logger.info("replacing the build in %s: removing %d shards, %d manifests, %d QC pictures and its resume "
-                    "state; keeping %d other files", self.dest.location, shards, sum(map(_build_name, files)) - shards,
-                    sum(n.endswith(".png") and n == _untemp(n) for n in files), len(survey.foreign))  # fmt: skip
+        logger.info(
+            "replacing the build in %s: removing %d shards, %d manifests, %d QC pictures and its resume "
+            "state; keeping %d other files",
+            self.dest.location,
+            shards,
+            sum(map(_build_name, files)) - shards,
+            sum(n.endswith(".png") and n == _untemp(n) for n in files),
+            len(survey.foreign),
+        )
         if unlisted:
-            logger.warning("%s: keeping %d files named like shards that no manifest or done record lists (%s): "
-                           "remove them if they are leftovers", self.dest.location, len(unlisted),
-                           _names(unlisted))  # fmt: skip
+            logger.warning(
+                "%s: keeping %d files named like shards that no manifest or done record lists (%s): "
+                "remove them if they are leftovers",
+                self.dest.location,
+                len(unlisted),
+                _names(unlisted),
+            )
         for name in files + [self._name(n) for n in self.dest.listdir(STATE_DIR) if not n.startswith("lock.")]:
             self.dest.remove(name)
         if not self.dest.listdir("qc"):
@@ -146,13 +164,25 @@ class BuildState:
         def owned(name: str) -> bool:
             if (target := _untemp(name)) != name:  # being written, or left by a killed build, under a temporary name
                 return target in pictures or _build_name(target)
-            return (name in manifests or name in pictures or fmt.is_slides_name(name) or is_summary_name(name)
-                    or (fmt.is_shard_name(name) and name in listed) or index_shard(name) in listed)  # fmt: skip
+            return (
+                name in manifests
+                or name in pictures
+                or fmt.is_slides_name(name)
+                or is_summary_name(name)
+                or (fmt.is_shard_name(name) and name in listed)
+                or index_shard(name) in listed
+            )
 
-        digest = build.get("fingerprint") or next((m.get("extra", {}).get("fingerprint") for m in manifests.values()),
-                                                  None)  # fmt: skip
-        return _Survey(True, digest, build.get("inputs"), [STATE_DIR, *filter(owned, entries)],
-                       [n for n in entries if not owned(n)])  # fmt: skip
+        digest = build.get("fingerprint") or next(
+            (m.get("extra", {}).get("fingerprint") for m in manifests.values()), None
+        )
+        return _Survey(
+            True,
+            digest,
+            build.get("inputs"),
+            [STATE_DIR, *filter(owned, entries)],
+            [n for n in entries if not owned(n)],
+        )
 
     def _slide_ids(self, names: list[str]) -> set[str]:
         """The slide ids in the slide records files among ``names`` (a finished build whose state was removed)."""
@@ -204,8 +234,9 @@ class BuildState:
             record = manifest_records.ShardRecord(**entry["record"]) if entry["record"] else None
             damage = record and recorded_shard_damage(self.dest, record, shards.get(record.name), records[name][1])
             if record and damage:
-                logger.warning("%s: %s, recorded as written, %s: writing it again", self.dest.location, record.name,
-                               damage)  # fmt: skip
+                logger.warning(
+                    "%s: %s, recorded as written, %s: writing it again", self.dest.location, record.name, damage
+                )
                 continue
             by_slide = {int(k): v for k, v in entry["patches_by_slide"].items()}
             done[entry["index"]] = (ShardDone(entry["index"], record, by_slide), frozenset(entry["excluded"]))
@@ -232,5 +263,11 @@ def _pictures(slide_ids: Iterable[str]) -> set[str]:
 
 
 def _build_name(name: str) -> bool:
-    return (fmt.is_shard_name(name) or name == fmt.MANIFEST_NAME or fmt.parse_part_manifest(name) is not None
-            or fmt.is_slides_name(name) or is_summary_name(name) or index_shard(name) is not None)  # fmt: skip
+    return (
+        fmt.is_shard_name(name)
+        or name == fmt.MANIFEST_NAME
+        or fmt.parse_part_manifest(name) is not None
+        or fmt.is_slides_name(name)
+        or is_summary_name(name)
+        or index_shard(name) is not None
+    )

@@ -69,54 +69,121 @@ class TissueOptions:
         OptionError: (a ``ValueError``) naming the field and the bad value.
     """
 
-    thumb_mpp: float = field(default=8.0, metadata={
-        "metavar": "UM", "parse": "positive_float", "help": "resolution detection runs at"})  # fmt: skip
+    thumb_mpp: float = field(
+        default=8.0, metadata={"metavar": "UM", "parse": "positive_float", "help": "resolution detection runs at"}
+    )
     max_thumb_px: int = 4096
-    use_darkness: bool = field(default=True, metadata={
-        "flag": "--tissue-saturation-only", "old_flags": ("--no-darkness",),
-        "help": "find tissue by HSV saturation alone (by default darkness against the glass counts too; "
-                "dark artefacts are removed either way)"})  # fmt: skip
-    median_um: float = field(default=24.0, metadata={
-        "flag": "--tissue-median-um", "metavar": "UM", "parse": "non_negative",
-        "help": "median blur radius"})  # fmt: skip
-    close_um: float = field(default=16.0, metadata={
-        "flag": "--tissue-close-um", "metavar": "UM", "parse": "non_negative", "help": "closing radius"})  # fmt: skip
-    min_object_um2: float = field(default=20_000.0, metadata={
-        "metavar": "UM2", "parse": "non_negative", "help": "drop objects this small or smaller (dust)"})  # fmt: skip
-    min_hole_um2: float = field(default=10_000.0, metadata={
-        "metavar": "UM2", "parse": "non_negative", "help": "fill holes this small or smaller"})  # fmt: skip
+    use_darkness: bool = field(
+        default=True,
+        metadata={
+            "flag": "--tissue-saturation-only",
+            "old_flags": ("--no-darkness",),
+            "help": "find tissue by HSV saturation alone (by default darkness against the glass counts too; "
+            "dark artefacts are removed either way)",
+        },
+    )
+    median_um: float = field(
+        default=24.0,
+        metadata={"flag": "--tissue-median-um", "metavar": "UM", "parse": "non_negative", "help": "median blur radius"},
+    )
+    close_um: float = field(
+        default=16.0,
+        metadata={"flag": "--tissue-close-um", "metavar": "UM", "parse": "non_negative", "help": "closing radius"},
+    )
+    min_object_um2: float = field(
+        default=20_000.0,
+        metadata={"metavar": "UM2", "parse": "non_negative", "help": "drop objects this small or smaller (dust)"},
+    )
+    min_hole_um2: float = field(
+        default=10_000.0,
+        metadata={"metavar": "UM2", "parse": "non_negative", "help": "fill holes this small or smaller"},
+    )
     min_threshold: float = 0.05
-    fixed_threshold: float | None = field(default=None, metadata={
-        "flag": "--tissue-threshold", "metavar": "T", "parse": "fraction",
-        "help": "fixed threshold (0..1) on the stain feature instead of Otsu's"})  # fmt: skip
-    ink_filter: bool = field(default=True, metadata={
-        "group": "artefacts",
-        "help": "keep marker ink (by default blue, green and other non-H&E colours are removed)"})  # fmt: skip
-    ink_min_saturation: float = field(default=0.15, metadata={
-        "metavar": "S", "parse": "fraction", "group": "artefacts",
-        "help": "saturation (0..1) from which a non-H&E colour is ink"})  # fmt: skip
-    he_hue_from_deg: float = field(default=235.0, metadata={
-        "flag": "--he-hue-from", "metavar": "DEG", "parse": "degrees", "group": "artefacts",
-        "help": "H&E hue band start, degrees (the band goes up from here, through 360)"})  # fmt: skip
-    he_hue_to_deg: float = field(default=20.0, metadata={
-        "flag": "--he-hue-to", "metavar": "DEG", "parse": "degrees", "group": "artefacts",
-        "help": "H&E hue band end, degrees"})  # fmt: skip
-    dark_filter: bool = field(default=True, metadata={
-        "flag": "--keep-dark-artefacts", "old_flags": ("--no-dark-filter",), "group": "artefacts",
-        "help": "keep dark artefacts too (by default scanner edges, black ink and dots and bubble rims are "
-                "removed, and dark pigment is kept)"})  # fmt: skip
-    keep_pigment: bool = field(default=True, metadata={
-        "flag": "--dark-pigment-as-artefact", "group": "artefacts",
-        "help": "remove dark pigment with the dark artefacts (by default brown, deeply stained or speckled dark "
-                "regions, as melanin, haemosiderin, carbon and dense tissue are, stay tissue)"})  # fmt: skip
-    dark_max_value: float = field(default=0.25, metadata={
-        "flag": "--dark-threshold", "old_flags": ("--dark-max-value",), "metavar": "V", "parse": "fraction",
-        "group": "artefacts",
-        "help": "brightness (HSV value, 0..1) below which a pixel is dark: removed as an artefact unless its "
-                "region looks like pigment"})  # fmt: skip
-    artefact_margin_um: float = field(default=8.0, metadata={
-        "metavar": "UM", "parse": "non_negative", "group": "artefacts",
-        "help": "ink and dark artefacts are grown by this much (microns) before they are removed"})  # fmt: skip
+    fixed_threshold: float | None = field(
+        default=None,
+        metadata={
+            "flag": "--tissue-threshold",
+            "metavar": "T",
+            "parse": "fraction",
+            "help": "fixed threshold (0..1) on the stain feature instead of Otsu's",
+        },
+    )
+    ink_filter: bool = field(
+        default=True,
+        metadata={
+            "group": "artefacts",
+            "help": "keep marker ink (by default blue, green and other non-H&E colours are removed)",
+        },
+    )
+    ink_min_saturation: float = field(
+        default=0.15,
+        metadata={
+            "metavar": "S",
+            "parse": "fraction",
+            "group": "artefacts",
+            "help": "saturation (0..1) from which a non-H&E colour is ink",
+        },
+    )
+    he_hue_from_deg: float = field(
+        default=235.0,
+        metadata={
+            "flag": "--he-hue-from",
+            "metavar": "DEG",
+            "parse": "degrees",
+            "group": "artefacts",
+            "help": "H&E hue band start, degrees (the band goes up from here, through 360)",
+        },
+    )
+    he_hue_to_deg: float = field(
+        default=20.0,
+        metadata={
+            "flag": "--he-hue-to",
+            "metavar": "DEG",
+            "parse": "degrees",
+            "group": "artefacts",
+            "help": "H&E hue band end, degrees",
+        },
+    )
+    dark_filter: bool = field(
+        default=True,
+        metadata={
+            "flag": "--keep-dark-artefacts",
+            "old_flags": ("--no-dark-filter",),
+            "group": "artefacts",
+            "help": "keep dark artefacts too (by default scanner edges, black ink and dots and bubble rims are "
+            "removed, and dark pigment is kept)",
+        },
+    )
+    keep_pigment: bool = field(
+        default=True,
+        metadata={
+            "flag": "--dark-pigment-as-artefact",
+            "group": "artefacts",
+            "help": "remove dark pigment with the dark artefacts (by default brown, deeply stained or speckled dark "
+            "regions, as melanin, haemosiderin, carbon and dense tissue are, stay tissue)",
+        },
+    )
+    dark_max_value: float = field(
+        default=0.25,
+        metadata={
+            "flag": "--dark-threshold",
+            "old_flags": ("--dark-max-value",),
+            "metavar": "V",
+            "parse": "fraction",
+            "group": "artefacts",
+            "help": "brightness (HSV value, 0..1) below which a pixel is dark: removed as an artefact unless its "
+            "region looks like pigment",
+        },
+    )
+    artefact_margin_um: float = field(
+        default=8.0,
+        metadata={
+            "metavar": "UM",
+            "parse": "non_negative",
+            "group": "artefacts",
+            "help": "ink and dark artefacts are grown by this much (microns) before they are removed",
+        },
+    )
 
     def __post_init__(self) -> None:
         """Validate every field; the message names the field, the bad value and what is needed."""
@@ -194,10 +261,17 @@ def find_tissue(rgb: np.ndarray, mpp: float, options: TissueOptions | None = Non
     # never below one px: a view claimed far finer than it is (a wrong mpp) must not pad to terabytes
     factor = min(max(1, int(opts.thumb_mpp / mpp + 1e-6), math.ceil(max(h, w) / opts.max_thumb_px)), max(h, w))
     small = _block_mean(rgb, factor) if factor > 1 else rgb
-    found = find_artefacts(small, mpp * factor, ink=opts.ink_filter, dark=opts.dark_filter,
-                           pigment=opts.keep_pigment, ink_min_saturation=opts.ink_min_saturation,
-                           he_hues_deg=(opts.he_hue_from_deg, opts.he_hue_to_deg),
-                           dark_max_value=opts.dark_max_value, margin_um=opts.artefact_margin_um)  # fmt: skip
+    found = find_artefacts(
+        small,
+        mpp * factor,
+        ink=opts.ink_filter,
+        dark=opts.dark_filter,
+        pigment=opts.keep_pigment,
+        ink_min_saturation=opts.ink_min_saturation,
+        he_hues_deg=(opts.he_hue_from_deg, opts.he_hue_to_deg),
+        dark_max_value=opts.dark_max_value,
+        margin_um=opts.artefact_margin_um,
+    )
     mask = _detect(small, mpp * factor, opts, found.any)
     planes = [mask, found.ink, found.dark, found.pigment & mask]
     if factor > 1:

@@ -28,10 +28,19 @@ from wsishard.format import LABEL_EXT, LABEL_RANGE, META_EXT, SHARD_SUFFIX, is_s
 from wsishard.shards.reader import tar_spans
 
 COLUMNS: dict[str, str] = {
-    "offset": "int64", "size": "int64", "slide": "int32", "label": "int64", "x": "int64", "y": "int64",
-    "patch_mpp": "float32", "tissue": "float32", "background": "float32", "dark": "float32", "sharpness": "float32",
+    "offset": "int64",
+    "size": "int64",
+    "slide": "int32",
+    "label": "int64",
+    "x": "int64",
+    "y": "int64",
+    "patch_mpp": "float32",
+    "tissue": "float32",
+    "background": "float32",
+    "dark": "float32",
+    "sharpness": "float32",
     "pigment": "float32",
-}  # fmt: skip
+}
 _LATER = {"pigment"}  # columns an index written before them lacks: read as NaN (unknown)
 INDEX_SUFFIX = ".idx.npz"  # a shard's per-sample index: ``shard-000012-0003.idx.npz`` beside its ``.tar``
 # (index file names live here, not in format.py: that module is at the house limit of 400 lines)
@@ -124,10 +133,16 @@ class IndexWriter:
         slide_names = np.array([n.encode() for n in names], dtype=f"S{max((len(n) for n in names), default=1)}")
         labels, label_counts = np.unique(columns["label"], return_counts=True)
         out = io.BytesIO()
-        np.savez_compressed(out, version=np.int64(INDEX_VERSION), key=keys, slide_names=slide_names,
-                            slide_counts=np.bincount(columns["slide"], minlength=len(names)).astype(np.int64),
-                            labels=labels.astype(np.int64), label_counts=label_counts.astype(np.int64),
-                            **columns)  # type: ignore[arg-type]  # fmt: skip
+        np.savez_compressed(
+            out,
+            version=np.int64(INDEX_VERSION),
+            key=keys,
+            slide_names=slide_names,
+            slide_counts=np.bincount(columns["slide"], minlength=len(names)).astype(np.int64),
+            labels=labels.astype(np.int64),
+            label_counts=label_counts.astype(np.int64),
+            **columns,
+        )  # type: ignore[arg-type]
         return out.getvalue()
 
 
@@ -195,10 +210,15 @@ class Table(Mapping[str, np.ndarray]):
             raise KeyError(name)
         if name not in self._made:
             index, n = self._index, len(self._index)
-            self._made[name] = (index.key.astype(str) if name == "key" else
-                                index.slide_names.astype(str)[index.columns["slide"]] if name == "slide_id" else
-                                np.arange(n, dtype=np.int64) if name == "position" else
-                                np.full(n, self._shard))  # fmt: skip
+            self._made[name] = (
+                index.key.astype(str)
+                if name == "key"
+                else index.slide_names.astype(str)[index.columns["slide"]]
+                if name == "slide_id"
+                else np.arange(n, dtype=np.int64)
+                if name == "position"
+                else np.full(n, self._shard)
+            )
         return self._made[name]
 
     def __iter__(self) -> Iterator[str]:

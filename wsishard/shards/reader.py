@@ -63,8 +63,9 @@ class TarSamples:
     Raises (while iterated): as :func:`tar_members`, and ``ValueError`` for a sample that holds an extension twice.
     """
 
-    def __init__(self, stream: IO[bytes], exts: Iterable[str], phase: int = 0, step: int = 1,
-                 native: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self, stream: IO[bytes], exts: Iterable[str], phase: int = 0, step: int = 1, native: bool = True
+    ) -> None:
         if step < 1 or not 0 <= phase < step:
             raise ValueError(f"a reader keeps samples k % step == phase: needs 0 <= phase < step, got {phase}, {step}")
         self.stream, self.exts, self.phase, self.step = stream, frozenset(exts), phase, step

@@ -60,12 +60,17 @@ class SampleRules:
         patch = options.get("patch")
         patch = patch if isinstance(patch, dict) else {}
         target = _number(patch.get("target_mpp"))
-        return cls(patch_size_px=expected_patch_size(manifest, location), image_format=manifest.image_format,
-                   target_mpp=target if target is not None and target > 0 else None,
-                   mpp_tolerance=_number(patch.get("mpp_tolerance")) or 0.0, mpp_name=patch_mpp_name(manifest.version),
-                   labels={s.slide_id: s.label for s in manifest.slides},
-                   labelled=bool(options.get("labels")), context_scales=len(_list(options.get("context_mpp"))),
-                   context_size_px=int(_number(options.get("context_size")) or 0))  # fmt: skip
+        return cls(
+            patch_size_px=expected_patch_size(manifest, location),
+            image_format=manifest.image_format,
+            target_mpp=target if target is not None and target > 0 else None,
+            mpp_tolerance=_number(patch.get("mpp_tolerance")) or 0.0,
+            mpp_name=patch_mpp_name(manifest.version),
+            labels={s.slide_id: s.label for s in manifest.slides},
+            labelled=bool(options.get("labels")),
+            context_scales=len(_list(options.get("context_mpp"))),
+            context_size_px=int(_number(options.get("context_size")) or 0),
+        )
 
 
 def _list(value: object) -> list[object]:
@@ -87,9 +92,12 @@ def sample_problems(key: str, members: dict[str, bytes], rules: SampleRules | No
         return [(f"samples lack an image or .{META_EXT}", "")]
     if rules is None:
         return []
-    return [*_image_problems(members[image_ext], image_ext, rules), *_meta_problems(members[META_EXT], rules),
-            *_label_problems(key, members.get(LABEL_EXT), rules),
-            *context_problems(members, rules.image_format, rules.context_scales, rules.context_size_px)]  # fmt: skip
+    return [
+        *_image_problems(members[image_ext], image_ext, rules),
+        *_meta_problems(members[META_EXT], rules),
+        *_label_problems(key, members.get(LABEL_EXT), rules),
+        *context_problems(members, rules.image_format, rules.context_scales, rules.context_size_px),
+    ]
 
 
 def _image_problems(data: bytes, ext: str, rules: SampleRules) -> list[tuple[str, str]]:
@@ -123,8 +131,13 @@ def _meta_problems(data: bytes, rules: SampleRules) -> list[tuple[str, str]]:
     target, tolerance = rules.target_mpp, rules.mpp_tolerance
     if target is not None and (mpp is None or abs(mpp / target - 1) > tolerance + _MPP_ROUNDING):
         name = rules.mpp_name
-        problems.append((f"samples' .{META_EXT} {name} is off the manifest's target_mpp {target:g} by more than its "
-                         f"mpp_tolerance {tolerance:g}", f"{name} {meta.get(name)!r}"))  # fmt: skip
+        problems.append(
+            (
+                f"samples' .{META_EXT} {name} is off the manifest's target_mpp {target:g} by more than its "
+                f"mpp_tolerance {tolerance:g}",
+                f"{name} {meta.get(name)!r}",
+            )
+        )
     return problems
 
 

@@ -78,9 +78,13 @@ class Summary:
             raise ManifestError(location, f"not an index summary ({type(exc).__name__}: {exc})") from exc
         out = cls(**arrays)
         n = len(out.shards)
-        if (out.label_counts.shape != (n, len(out.labels)) or out.slide_ptr.shape != (n + 1,)
-                or out.slide_index.shape != out.slide_count.shape or int(out.slide_ptr[-1]) != len(out.slide_index)
-                or (len(out.slide_index) and int(out.slide_index.max()) >= len(out.slides))):  # fmt: skip
+        if (
+            out.label_counts.shape != (n, len(out.labels))
+            or out.slide_ptr.shape != (n + 1,)
+            or out.slide_index.shape != out.slide_count.shape
+            or int(out.slide_ptr[-1]) != len(out.slide_index)
+            or (len(out.slide_index) and int(out.slide_index.max()) >= len(out.slides))
+        ):
             raise ManifestError(location, "index summary arrays do not agree with each other")
         return out
 
@@ -118,9 +122,15 @@ def combine(shards: Sequence[str], per_shard: Iterable[tuple[np.ndarray, ...]]) 
     slides, inverse = np.unique(every, return_inverse=True)
     ptr = np.concatenate([[0], np.cumsum([len(n) for n in names])]).astype(np.int64)
     counts = np.concatenate([it[3] for it in items]) if items else np.zeros(0, np.int64)
-    return Summary(shards=np.array(list(shards), dtype="S"), labels=labels, label_counts=label_counts, slides=slides,
-                   slide_ptr=ptr, slide_index=inverse.astype(np.int32).reshape(-1),
-                   slide_count=counts.astype(np.int64))  # fmt: skip
+    return Summary(
+        shards=np.array(list(shards), dtype="S"),
+        labels=labels,
+        label_counts=label_counts,
+        slides=slides,
+        slide_ptr=ptr,
+        slide_index=inverse.astype(np.int32).reshape(-1),
+        slide_count=counts.astype(np.int64),
+    )
 
 
 def per_shard(summary: Summary) -> dict[str, tuple[np.ndarray, ...]]:
@@ -129,13 +139,16 @@ def per_shard(summary: Summary) -> dict[str, tuple[np.ndarray, ...]]:
     for s, name in enumerate(summary.shards.astype(str).tolist()):
         present = summary.label_counts[s] > 0
         lo, hi = int(summary.slide_ptr[s]), int(summary.slide_ptr[s + 1])
-        out[name] = (summary.labels[present], summary.label_counts[s][present],
-                     summary.slides[summary.slide_index[lo:hi]], summary.slide_count[lo:hi])  # fmt: skip
+        out[name] = (
+            summary.labels[present],
+            summary.label_counts[s][present],
+            summary.slides[summary.slide_index[lo:hi]],
+            summary.slide_count[lo:hi],
+        )
     return out
 
 
-def write_summary(dest: Destination, shards: Sequence[str], name: str,
-                  parts: Sequence[Summary] = ()) -> Summary | None:  # fmt: skip
+def write_summary(dest: Destination, shards: Sequence[str], name: str, parts: Sequence[Summary] = ()) -> Summary | None:
     """Write the summary of the shards named ``shards`` (manifest order) as ``name`` in ``dest``: from the ``parts``'
     summaries (``wsishard merge``) where they cover every shard, else from each shard index's summary arrays.
 

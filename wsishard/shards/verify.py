@@ -88,9 +88,13 @@ class ShardCheck:
     reasons: list[str]
 
 
-def verify(output: str, storage_options: StorageOptions | None = None,
-           progress: ProgressCallback[VerifyProgress] = ignore_progress,
-           *, jobs: int = 4) -> VerifyReport:  # fmt: skip
+def verify(
+    output: str,
+    storage_options: StorageOptions | None = None,
+    progress: ProgressCallback[VerifyProgress] = ignore_progress,
+    *,
+    jobs: int = 4,
+) -> VerifyReport:
     """Re-read every shard of a build output and compare it with the manifest.
 
     Args:
@@ -125,14 +129,19 @@ def verify(output: str, storage_options: StorageOptions | None = None,
             progress(VerifyProgress(done, len(futures), done_bytes, total_bytes))
     listed = dict.fromkeys(rec.name for rec in manifest.shards)  # manifest order, each name once
     problems += [(name, "; ".join(results[name].reasons)) for name in listed if results[name].reasons]
-    return VerifyReport(output=redact(output, storage_options), shards_checked=len(manifest.shards),
-                        samples_checked=sum(r.samples for r in results.values()),
-                        bytes_checked=sum(r.nbytes for r in results.values()),
-                        problems=problems, warnings=_stray_files(root, listed, storage_options))  # fmt: skip
+    return VerifyReport(
+        output=redact(output, storage_options),
+        shards_checked=len(manifest.shards),
+        samples_checked=sum(r.samples for r in results.values()),
+        bytes_checked=sum(r.nbytes for r in results.values()),
+        problems=problems,
+        warnings=_stray_files(root, listed, storage_options),
+    )
 
 
-def check_shard(location: str, record: ShardRecord, opener: Callable[[str], IO[bytes]],
-                rules: SampleRules | None = None) -> ShardCheck:  # fmt: skip
+def check_shard(
+    location: str, record: ShardRecord, opener: Callable[[str], IO[bytes]], rules: SampleRules | None = None
+) -> ShardCheck:
     """Read one shard and list how it differs from its manifest record and, with ``rules``, how its samples
     differ from the manifest's options (nothing when it matches)."""
     try:
@@ -155,8 +164,12 @@ def check_shard(location: str, record: ShardRecord, opener: Callable[[str], IO[b
             reasons.append(f"not a valid tar after {samples} samples ({describe(exc)})")
         hashing.drain()
     except OSError as exc:  # the stream itself broke: sizes and hashes would mean nothing
-        return ShardCheck(record.name, samples, hashing.nbytes,
-                          [*reasons, f"cannot be read past byte {hashing.nbytes} ({describe(exc)})"])  # fmt: skip
+        return ShardCheck(
+            record.name,
+            samples,
+            hashing.nbytes,
+            [*reasons, f"cannot be read past byte {hashing.nbytes} ({describe(exc)})"],
+        )
     finally:
         stream.close()
     reasons += _compare(record, samples, hashing.nbytes, hashing.hexdigest())
@@ -165,8 +178,9 @@ def check_shard(location: str, record: ShardRecord, opener: Callable[[str], IO[b
     return ShardCheck(record.name, samples, hashing.nbytes, reasons)
 
 
-def recorded_shard_damage(dest: Destination, record: ShardRecord, stat: tuple[int, int | None] | None,
-                          recorded_ns: int | None) -> str:  # fmt: skip
+def recorded_shard_damage(
+    dest: Destination, record: ShardRecord, stat: tuple[int, int | None] | None, recorded_ns: int | None
+) -> str:
     """What is wrong with a shard a build recorded as written, in a few words ("": nothing seen), without reading an
     intact shard: ``stat`` is its ``(bytes, modification time in ns)`` from :meth:`Destination.file_stats` (None:
     missing), ``recorded_ns`` the record's time. The size is checked always; the sha256 only where the shard

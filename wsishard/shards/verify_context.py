@@ -7,8 +7,7 @@ from __future__ import annotations
 from wsishard.format import context_ext, context_scale, image_header
 
 
-def context_problems(members: dict[str, bytes], image_format: str, scales: int,
-                     size_px: int) -> list[tuple[str, str]]:  # fmt: skip
+def context_problems(members: dict[str, bytes], image_format: str, scales: int, size_px: int) -> list[tuple[str, str]]:
     """``(problem, detail)`` for each way the sample's context members break the manifest's ``context_mpp``
     (``scales`` of them) and ``context_size`` (``size_px``); empty: they match."""
     problems = []

@@ -26,8 +26,15 @@ class MemorySlide(SlideReader):
 
     backend = "memory"
 
-    def __init__(self, rgb: np.ndarray, *, mpp: float | None = 0.25, downsample: int = 4, min_level_px: int = 64,
-                 path: str = "<memory>") -> None:  # fmt: skip
+    def __init__(
+        self,
+        rgb: np.ndarray,
+        *,
+        mpp: float | None = 0.25,
+        downsample: int = 4,
+        min_level_px: int = 64,
+        path: str = "<memory>",
+    ) -> None:
         if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3:
             raise ValueError(f"expected an (h, w, 3) uint8 array, got {rgb.dtype} {rgb.shape}")
         if downsample < 2:
@@ -43,8 +50,9 @@ class MemorySlide(SlideReader):
         props = {} if mpp is None else {"openslide.mpp-x": str(mpp), "openslide.mpp-y": str(mpp)}
         self.properties: Mapping[str, str] = props
 
-    def read_level(self, level: int, l_x: int, l_y: int, width: int, height: int,
-                   needed: Sequence[Rect] | None = None) -> np.ndarray:  # fmt: skip
+    def read_level(
+        self, level: int, l_x: int, l_y: int, width: int, height: int, needed: Sequence[Rect] | None = None
+    ) -> np.ndarray:
         src = self._levels[level]  # (h, w, 3)
         out = np.full((height, width, 3), BACKGROUND, dtype=np.uint8)  # (height, width, 3)
         x0, y0 = max(l_x, 0), max(l_y, 0)

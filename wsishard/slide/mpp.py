@@ -35,18 +35,27 @@ def implausible_mpp(mpp: float, size_px: tuple[int, int]) -> str | None:
     finer than a light microscope resolves."""
     dpi, long_mm = 25400.0 / mpp, max(size_px) * mpp / 1000.0
     if mpp >= _SCREEN_MPP_UM and abs(dpi - round(dpi)) < 0.01:
-        return (f"this slide's resolution metadata looks wrong ({round(dpi)} dpi: {mpp:.1f} um/px, an image "
-                "program's default, not a microscope's)")  # fmt: skip
+        return (
+            f"this slide's resolution metadata looks wrong ({round(dpi)} dpi: {mpp:.1f} um/px, an image "
+            "program's default, not a microscope's)"
+        )
     if mpp < MIN_MPP:
         return f"this slide's resolution metadata looks wrong ({mpp:.3g} um/px is finer than a microscope resolves)"
     if long_mm > MAX_SLIDE_MM:
-        return (f"this slide's resolution metadata looks wrong ({mpp:.4g} um/px makes its {max(size_px)} px "
-                f"{long_mm:,.0f} mm long; a glass slide is at most 75 mm)")  # fmt: skip
+        return (
+            f"this slide's resolution metadata looks wrong ({mpp:.4g} um/px makes its {max(size_px)} px "
+            f"{long_mm:,.0f} mm long; a glass slide is at most 75 mm)"
+        )
     return None
 
 
-def resolve_mpp(path: str, properties: Mapping[str, str], override: float | None,
-                default: float | None, size_px: tuple[int, int] | None = None) -> tuple[float, str]:  # fmt: skip
+def resolve_mpp(
+    path: str,
+    properties: Mapping[str, str],
+    override: float | None,
+    default: float | None,
+    size_px: tuple[int, int] | None = None,
+) -> tuple[float, str]:
     """The slide's level-0 mpp and where it came from: ``csv`` override, ``openslide``, or ``default``.
 
     With ``size_px`` (level-0 width, height), an mpp the slide claims that :func:`implausible_mpp` refuses counts

@@ -29,8 +29,9 @@ class OpenSlideReader(SlideReader):
         self.level_downsamples = tuple(float(d) for d in self._slide.level_downsamples)
         self.properties: Mapping[str, str] = dict(self._slide.properties)
 
-    def read_level(self, level: int, l_x: int, l_y: int, width: int, height: int,
-                   needed: Sequence[Rect] | None = None) -> np.ndarray:  # fmt: skip
+    def read_level(
+        self, level: int, l_x: int, l_y: int, width: int, height: int, needed: Sequence[Rect] | None = None
+    ) -> np.ndarray:
         ds = self.level_downsamples[level]
         l0_xy = (round(l_x * ds), round(l_y * ds))
         try:

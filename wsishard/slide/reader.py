@@ -16,8 +16,19 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 SLIDE_SUFFIXES: tuple[str, ...] = (
-    ".svs", ".tif", ".tiff", ".ndpi", ".vms", ".vmu", ".scn", ".mrxs", ".svslide", ".bif", ".dcm", ".czi",
-)  # fmt: skip
+    ".svs",
+    ".tif",
+    ".tiff",
+    ".ndpi",
+    ".vms",
+    ".vmu",
+    ".scn",
+    ".mrxs",
+    ".svslide",
+    ".bif",
+    ".dcm",
+    ".czi",
+)
 Rect = tuple[int, int, int, int]  # (x0, y0, x1, y1), half-open
 BACKGROUND = 255  # what lies outside the image or under transparent pixels: white glass
 
@@ -35,8 +46,9 @@ class SlideReader(Protocol):
     level_downsamples: tuple[float, ...]
     properties: Mapping[str, str]
 
-    def read_level(self, level: int, l_x: int, l_y: int, width: int, height: int,
-                   needed: Sequence[Rect] | None = None) -> np.ndarray:  # fmt: skip
+    def read_level(
+        self, level: int, l_x: int, l_y: int, width: int, height: int, needed: Sequence[Rect] | None = None
+    ) -> np.ndarray:
         """Pixels ``[l_y, l_y+height) x [l_x, l_x+width)`` of ``level``, in that level's own pixels.
 
         ``needed``: level-pixel rectangles ``(x0, y0, x1, y1)`` the caller will use; a reader may leave pixels
@@ -53,8 +65,9 @@ class SlideReader(Protocol):
         self.close()
 
 
-def read_lowres(reader: SlideReader, l0_per_px: float, *, chunk_px: int = 512,
-                dct_scaled: bool = False) -> tuple[np.ndarray, float]:  # fmt: skip
+def read_lowres(
+    reader: SlideReader, l0_per_px: float, *, chunk_px: int = 512, dct_scaled: bool = False
+) -> tuple[np.ndarray, float]:
     """A low-resolution RGB view of the whole slide with bounded memory.
 
     Reads the coarsest level that is still at least as fine as the requested view, in chunks of ``chunk_px``

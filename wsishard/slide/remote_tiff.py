@@ -139,8 +139,9 @@ def _properties(tif: tifffile.TiffFile) -> Mapping[str, str]:
     }
 
 
-def open_in_place(url: str, scratch: str, storage_options: StorageOptions | None, *,
-                  fast: bool) -> RemoteTiffReader | None:  # fmt: skip
+def open_in_place(
+    url: str, scratch: str, storage_options: StorageOptions | None, *, fast: bool
+) -> RemoteTiffReader | None:
     """A URL slide read by range (SVS, pyramidal TIFF), or None when it needs a local copy: the direct-tile path
     is off (``fast`` False), its suffix is another format's, or :class:`RemoteTiffReader` cannot read it."""
     if not (fast and public_location(url).lower().endswith(REMOTE_SUFFIXES)):  # a presigned URL's query aside

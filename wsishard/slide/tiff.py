@@ -166,8 +166,13 @@ class TiffTileReader(SlideReader):
 
     backend = "tifffile"
 
-    def __init__(self, path: str, level_dimensions: tuple[tuple[int, int], ...],
-                 level_downsamples: tuple[float, ...], properties: Mapping[str, str]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        path: str,
+        level_dimensions: tuple[tuple[int, int], ...],
+        level_downsamples: tuple[float, ...],
+        properties: Mapping[str, str],
+    ) -> None:
         self.path = path
         self.level_dimensions = level_dimensions
         self.level_downsamples = level_downsamples
@@ -196,11 +201,19 @@ class TiffTileReader(SlideReader):
             if int(page.compression) in _OPENSLIDE_ONLY:
                 raise SlideError(self.path, f"compression {int(page.compression)} is read through OpenSlide")
             return _TiledLevel(
-                page_index=index, width=width, height=height, tile_w=page.tilewidth, tile_h=page.tilelength,
-                tiles_across=math.ceil(width / page.tilewidth), offsets=tuple(page.dataoffsets),
-                bytecounts=tuple(page.databytecounts), jpegtables=page.jpegtables, jpegheader=page.jpegheader,
-                compression=int(page.compression), rgb_jpeg=page.photometric == 2 and not page.is_jfif,
-            )  # fmt: skip
+                page_index=index,
+                width=width,
+                height=height,
+                tile_w=page.tilewidth,
+                tile_h=page.tilelength,
+                tiles_across=math.ceil(width / page.tilewidth),
+                offsets=tuple(page.dataoffsets),
+                bytecounts=tuple(page.databytecounts),
+                jpegtables=page.jpegtables,
+                jpegheader=page.jpegheader,
+                compression=int(page.compression),
+                rgb_jpeg=page.photometric == 2 and not page.is_jfif,
+            )
         raise SlideError(self.path, f"no tiled 8-bit RGB page of {width}x{height} for the fast path")
 
     def _tile(self, level: _TiledLevel, index: int, factor: int = 1, keep: bool = False) -> np.ndarray | None:
@@ -223,8 +236,11 @@ class TiffTileReader(SlideReader):
         if len(data) != count:
             raise SlideError(self.path, f"truncated: tile {index} of page {level.page_index} runs past the end")
         if level.compression == _JPEG and not _jpeg_complete(data):
-            raise SlideError(self.path, f"tile {index} of page {level.page_index} is corrupt: its JPEG data ends "
-                                        "before its end marker (a truncated or overwritten tile)")  # fmt: skip
+            raise SlideError(
+                self.path,
+                f"tile {index} of page {level.page_index} is corrupt: its JPEG data ends "
+                "before its end marker (a truncated or overwritten tile)",
+            )
         try:
             if factor > 1:
                 return _decode_scaled(data, level, factor)
@@ -239,12 +255,14 @@ class TiffTileReader(SlideReader):
             ) from exc
         return np.asarray(tile).reshape(level.tile_h, level.tile_w, 3)
 
-    def read_level(self, level: int, l_x: int, l_y: int, width: int, height: int,
-                   needed: Sequence[Rect] | None = None) -> np.ndarray:  # fmt: skip
+    def read_level(
+        self, level: int, l_x: int, l_y: int, width: int, height: int, needed: Sequence[Rect] | None = None
+    ) -> np.ndarray:
         return self._read(self._levels[level], l_x, l_y, width, height, needed, 1)
 
-    def read_level_reduced(self, level: int, l_x: int, l_y: int, width: int, height: int, factor: int,
-                           needed: Sequence[Rect] | None = None) -> np.ndarray | None:  # fmt: skip
+    def read_level_reduced(
+        self, level: int, l_x: int, l_y: int, width: int, height: int, factor: int, needed: Sequence[Rect] | None = None
+    ) -> np.ndarray | None:
         """The region reduced ``factor`` times (2, 4 or 8) by decoding tiles at that scale.
 
         JPEG: libjpeg's scaled decode averages each ``factor`` x ``factor`` pixels on the fly, matching full decoding
@@ -258,8 +276,9 @@ class TiffTileReader(SlideReader):
             return None
         return self._read(lv, l_x, l_y, width, height, needed, factor)
 
-    def _read(self, lv: _TiledLevel, l_x: int, l_y: int, width: int, height: int, needed: Sequence[Rect] | None,
-              f: int) -> np.ndarray:  # fmt: skip
+    def _read(
+        self, lv: _TiledLevel, l_x: int, l_y: int, width: int, height: int, needed: Sequence[Rect] | None, f: int
+    ) -> np.ndarray:
         """Region of ``lv`` (level px), reduced by ``f`` (1: as stored); tiles outside ``needed`` stay white."""
         out = np.full((-(-height // f), -(-width // f), 3), BACKGROUND, dtype=np.uint8)  # (h/f, w/f, 3)
         x_lo, y_lo = max(l_x, 0), max(l_y, 0)

@@ -67,14 +67,17 @@ class StreamOpener:
             raise ValueError(f"block_size must be >= 1 and prefetch >= 0, got {self.block_size}, {self.prefetch}")
 
     def __repr__(self) -> str:
-        return (f"StreamOpener(storage_options={redacted_options(self.storage_options)!r}, "
-                f"block_size={self.block_size}, prefetch={self.prefetch}, retry={self.retry!r})")  # fmt: skip
+        return (
+            f"StreamOpener(storage_options={redacted_options(self.storage_options)!r}, "
+            f"block_size={self.block_size}, prefetch={self.prefetch}, retry={self.retry!r})"
+        )
 
     def __call__(self, location: str) -> IO[bytes]:
         if not is_url(location):
             return open(local_path(location), "rb")  # the caller closes it
-        reader = open_remote(location, self.storage_options, block_size=self.block_size, prefetch=self.prefetch,
-                             retry=self.retry)  # fmt: skip
+        reader = open_remote(
+            location, self.storage_options, block_size=self.block_size, prefetch=self.prefetch, retry=self.retry
+        )
         return cast(IO[bytes], reader)
 
 
@@ -115,8 +118,9 @@ def list_names(folder: str, storage_options: StorageOptions | None = None, *, fi
     return call_with_retries(listing, f"{folder} (listing)", policy=RetryPolicy(), storage_options=options)
 
 
-def load_manifest(source: str, storage_options: StorageOptions | None = None, *,
-                  slides: bool = True) -> tuple[Manifest, str]:  # fmt: skip
+def load_manifest(
+    source: str, storage_options: StorageOptions | None = None, *, slides: bool = True
+) -> tuple[Manifest, str]:
     """Read the manifest of a build output.
 
     Args:
@@ -170,8 +174,9 @@ class _RemoteObject:
         self.size: int | None = self._retrying(self._info_size, 0)
 
     def _retrying(self, call: Callable[[], T], offset: int) -> T:
-        return call_with_retries(call, f"{self.url} at byte {offset}", policy=self.policy,
-                                 storage_options=self.options, stop=self.stop)  # fmt: skip
+        return call_with_retries(
+            call, f"{self.url} at byte {offset}", policy=self.policy, storage_options=self.options, stop=self.stop
+        )
 
     def _info_size(self) -> int | None:
         self.fs.invalidate_cache(self.path)  # ask the server, not a listing cached before a change

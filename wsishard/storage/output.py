@@ -202,8 +202,7 @@ class Destination:
         if not self.remote:
             try:
                 with os.scandir(self.path(name) if name else self.path("")) as entries:
-                    return {e.name: (st.st_size, st.st_mtime_ns) for e in entries if e.is_file()
-                            for st in (e.stat(),)}  # fmt: skip
+                    return {e.name: (st.st_size, st.st_mtime_ns) for e in entries if e.is_file() for st in (e.stat(),)}
             except FileNotFoundError:
                 return {}
         folder = self.path(name) if name else self.location
@@ -215,12 +214,16 @@ class Destination:
             return found
 
         try:
-            listed = call_with_retries(listing, f"{folder} (listing)", policy=RetryPolicy(),
-                                       storage_options=self.storage_options)  # fmt: skip
+            listed = call_with_retries(
+                listing, f"{folder} (listing)", policy=RetryPolicy(), storage_options=self.storage_options
+            )
         except FileNotFoundError:
             return {}
-        return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: (int(e.get("size") or 0), None)
-                for e in listed if e.get("type") != "directory"}  # fmt: skip
+        return {
+            str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: (int(e.get("size") or 0), None)
+            for e in listed
+            if e.get("type") != "directory"
+        }
 
     def open_atomic(self, name: str) -> AtomicFile:
         """Open ``name`` for writing; it appears only on :meth:`AtomicFile.commit`."""
@@ -238,8 +241,9 @@ class Destination:
             return AtomicFile(fh, fh.close, lambda: _discard(fh), shown)
         tmp = f"{os.path.dirname(final)}/{temp_name(os.path.basename(final), os.getpid())}"
         fh = self.fs.open(tmp, "wb")
-        return AtomicFile(fh, lambda: (fh.close(), self.fs.mv(tmp, final)), lambda: _abort_remote(self.fs, fh, tmp),
-                          shown)  # fmt: skip
+        return AtomicFile(
+            fh, lambda: (fh.close(), self.fs.mv(tmp, final)), lambda: _abort_remote(self.fs, fh, tmp), shown
+        )
 
 
 def _commit_local(fh: IO[bytes], tmp: str, final: str) -> None:

@@ -26,12 +26,37 @@ from wsishard.storage.urls import StorageOptions
 logger = logging.getLogger(__name__)
 
 _TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
-_TRANSIENT_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
-                              "ServiceUnavailable", "RequestLimitExceeded", "TooManyRequestsException",
-                              "BandwidthLimitExceeded", "PriorRequestNotComplete"})  # fmt: skip
-_TRANSIENT_ERRNO = frozenset(getattr(errno, name) for name in (
-    "ECONNRESET", "ECONNABORTED", "ECONNREFUSED", "ENETRESET", "ENETUNREACH", "EHOSTUNREACH", "ETIMEDOUT", "EPIPE",
-    "EAGAIN", "EBUSY", "EREMOTEIO") if hasattr(errno, name))  # fmt: skip
+_TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestTimeout",
+        "InternalError",
+        "ServiceUnavailable",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+        "BandwidthLimitExceeded",
+        "PriorRequestNotComplete",
+    }
+)
+_TRANSIENT_ERRNO = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ECONNRESET",
+        "ECONNABORTED",
+        "ECONNREFUSED",
+        "ENETRESET",
+        "ENETUNREACH",
+        "EHOSTUNREACH",
+        "ETIMEDOUT",
+        "EPIPE",
+        "EAGAIN",
+        "EBUSY",
+        "EREMOTEIO",
+    )
+    if hasattr(errno, name)
+)
 
 T = TypeVar("T")
 
@@ -142,16 +167,16 @@ def call_with_retries(
                 raise error from clean_cause(exc, storage_options)
             delay = policy.delay_s(tries)
             text = describe(_deciding(exc)[0], storage_options)
-            logger.info("%s: %s; retrying in %.2f s (attempt %d of %d)", what, text, delay, tries + 1,
-                        policy.attempts)  # fmt: skip
+            logger.info("%s: %s; retrying in %.2f s (attempt %d of %d)", what, text, delay, tries + 1, policy.attempts)
             if stop is not None and stop.wait(delay):
                 raise ConnectionError(f"{what}: closed while retrying ({text})") from None
             if stop is None:
                 time.sleep(delay)
 
 
-def _give_up(exc: Exception, what: str, tries: int, policy: RetryPolicy,
-             storage_options: StorageOptions | None) -> OSError | None:  # fmt: skip
+def _give_up(
+    exc: Exception, what: str, tries: int, policy: RetryPolicy, storage_options: StorageOptions | None
+) -> OSError | None:
     """The error to raise for ``exc`` after ``tries`` tries, or None to try again."""
     link, transient = _deciding(exc)
     text = describe(link, storage_options)

@@ -89,6 +89,8 @@ def refuse_url_credentials(location: str) -> None:
     if not is_url(location) or location.lower().startswith(("http://", "https://")):
         return
     if _USERINFO.match(location, location.index("://") + 3):
-        raise OptionError(f"{redact(location)}: credentials in an {location.split(':', 1)[0]}:// URL are not read "
-                          "(nor shown): give them as --storage-option key=... secret=... (storage_options in Python) "
-                          "or through the standard AWS sources")  # fmt: skip
+        raise OptionError(
+            f"{redact(location)}: credentials in an {location.split(':', 1)[0]}:// URL are not read "
+            "(nor shown): give them as --storage-option key=... secret=... (storage_options in Python) "
+            "or through the standard AWS sources"
+        )

@@ -166,8 +166,9 @@ class GpuCollate:
         finally:
             self.batches += 1
 
-    def _images(self, image: torch.Tensor, slide_ids: Sequence[str] | None,
-                codes: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def _images(
+        self, image: torch.Tensor, slide_ids: Sequence[str] | None, codes: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``codes``: each sample's dihedral code, where not the batch's own draw (:meth:`codes`)."""
         if self.stain is not None:
             return self._stained(image, self.stain, slide_ids, codes)
@@ -185,14 +186,21 @@ class GpuCollate:
         x = x.float().div_(255).sub_(self.mean).div_(self.std)  # (b, 3, h, w) float32
         return x.to(dtype=self.dtype, memory_format=fmt)
 
-    def _stained(self, image: torch.Tensor, options: StainOptions, slide_ids: Sequence[str] | None,
-                 codes: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def _stained(
+        self,
+        image: torch.Tensor,
+        options: StainOptions,
+        slide_ids: Sequence[str] | None,
+        codes: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The float path with the stain operations (:mod:`wsishard.streaming.stain`) before mean and std."""
         rows = None
         if options.normalize == "macenko":
             if slide_ids is None or len(slide_ids) != image.shape[0]:
-                raise ValueError("normalize='macenko' needs each sample's slide id: call the collate on the batch "
-                                 "(its meta names them) or pass images(..., slide_ids=...)")  # fmt: skip
+                raise ValueError(
+                    "normalize='macenko' needs each sample's slide id: call the collate on the batch "
+                    "(its meta names them) or pass images(..., slide_ids=...)"
+                )
             rows = options.slides.rows(slide_ids)  # type: ignore[union-attr]  # checked by StainOptions
         if self.device.type == "cpu" and image.device.type == "cpu" and stain_cpu.fusable(options):
             return self._cpu_stained(image, options, rows, codes)
@@ -207,17 +215,31 @@ class GpuCollate:
         x = x.sub_(self.mean).div_(self.std)
         return x.to(dtype=self.dtype, memory_format=fmt)
 
-    def _cpu_stained(self, image: torch.Tensor, options: StainOptions, rows: torch.Tensor | None,
-                     codes_of: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def _cpu_stained(
+        self,
+        image: torch.Tensor,
+        options: StainOptions,
+        rows: torch.Tensor | None,
+        codes_of: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The stained path on a CPU device in one C pass (:mod:`wsishard.streaming.stain_cpu`), into the buffers
         used in turn (through a float32 one for another ``dtype``)."""
         b, h, w, _ = image.shape
         codes = (self.codes(b) if codes_of is None else codes_of).tolist() if self.augment else [0] * b
         out = self._output((b, 3, h, w))
         f32 = out if self.dtype == torch.float32 else torch.empty_like(out, dtype=torch.float32)
-        stain_cpu.stain_pass(image, f32, options, seed=self.seed, batch=self.batches, slide_rows=rows, codes=codes,
-                             mean=self.mean.flatten().tolist(), std=self.std.flatten().tolist(),
-                             channels_last=self.channels_last)  # fmt: skip
+        stain_cpu.stain_pass(
+            image,
+            f32,
+            options,
+            seed=self.seed,
+            batch=self.batches,
+            slide_rows=rows,
+            codes=codes,
+            mean=self.mean.flatten().tolist(),
+            std=self.std.flatten().tolist(),
+            channels_last=self.channels_last,
+        )
         return out if f32 is out else out.copy_(f32)
 
     def _cpu_images(self, image: torch.Tensor, codes_of: torch.Tensor | None = None) -> torch.Tensor:

@@ -51,8 +51,9 @@ def read_context(manifest: Manifest, location: str, patch_size_px: int) -> Conte
     mpp, size = options.get("context_mpp") or [], options.get("context_size")
     if not isinstance(mpp, list) or len(mpp) > MAX_SCALES or not all(_positive(v) for v in mpp):
         shown = repr(mpp) if len(repr(mpp)) <= 80 else repr(mpp)[:80] + "..."
-        raise ManifestError(location, f"options.context_mpp is {shown}, not a list of at most {MAX_SCALES} mpp "
-                                      "values > 0")  # fmt: skip
+        raise ManifestError(
+            location, f"options.context_mpp is {shown}, not a list of at most {MAX_SCALES} mpp values > 0"
+        )
     if not mpp:
         return ContextSpec()
     if size is None:
@@ -76,9 +77,12 @@ def one_context(specs: Mapping[str, ContextSpec]) -> ContextSpec:
     first_where, first = items[0]
     for where, spec in items[1:]:
         if spec != first:
-            raise ManifestError(f"{first_where}, {where}", f"the outputs have different context ({first_where}: "
-                                f"{first.describe()}; {where}: {spec.describe()}): stream them apart, or pass "
-                                "context=False to stream their main patches only")  # fmt: skip
+            raise ManifestError(
+                f"{first_where}, {where}",
+                f"the outputs have different context ({first_where}: "
+                f"{first.describe()}; {where}: {spec.describe()}): stream them apart, or pass "
+                "context=False to stream their main patches only",
+            )
     return first
 
 
@@ -110,8 +114,11 @@ def decode_context_into(raw: RawSample, slots: np.ndarray, decode_into: Decoder)
     for k, data in enumerate(raw["context"]):
         header = image_header(data)
         if header is not None and (header[2], header[1]) != slots.shape[1:3]:
-            raise ShardError(raw["shard"], f"sample {raw['key']}: its context member {context_ext(k, header[0])} "
-                                           f"is {header[1]}x{header[2]} px, not {slots.shape[2]}x{slots.shape[1]} px "
-                                           "(the manifest's context_size)")  # fmt: skip
+            raise ShardError(
+                raw["shard"],
+                f"sample {raw['key']}: its context member {context_ext(k, header[0])} "
+                f"is {header[1]}x{header[2]} px, not {slots.shape[2]}x{slots.shape[1]} px "
+                "(the manifest's context_size)",
+            )
         member: RawSample = {**raw, "key": f"{raw['key']} (context member ctx{k})", "image": data}
         decode_into(member, slots[k])

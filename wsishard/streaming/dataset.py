@@ -90,8 +90,9 @@ class _Refill:
     def __call__(self, pass_index: int) -> Iterator[Batch]:
         order = np.random.default_rng((*self.seed, pass_index)).permutation(len(self.tasks))
         source = ShardList(tuple(self.tasks[i] for i in order.tolist()))
-        stages = self.dataset.sample_stages((*self.seed, pass_index), max_failures=len(self.tasks),
-                                            lending=self.lending)  # fmt: skip
+        stages = self.dataset.sample_stages(
+            (*self.seed, pass_index), max_failures=len(self.tasks), lending=self.lending
+        )
         return iter(wds.DataPipeline(source, *stages))
 
 
@@ -115,12 +116,21 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
             selected counts (:func:`~wsishard.streaming.selection.choose`).
     """
 
-    def __init__(self, shards: Sequence[ShardRef], config: StreamConfig, *, world: World | None = None,
-                 opener: Opener | None = None, sampling: selection.SamplingPlan | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        shards: Sequence[ShardRef],
+        config: StreamConfig,
+        *,
+        world: World | None = None,
+        opener: Opener | None = None,
+        sampling: selection.SamplingPlan | None = None,
+    ) -> None:
         super().__init__()
         if config.patch_size_px is None:
-            raise ValueError("config.patch_size_px is None: a stream needs the build's patch size (stream() reads it "
-                             "from the manifests)")  # fmt: skip
+            raise ValueError(
+                "config.patch_size_px is None: a stream needs the build's patch size (stream() reads it "
+                "from the manifests)"
+            )
         self.shards = tuple(shards)
         self.config = config
         self.image_hw = (config.patch_size_px, config.patch_size_px)  # (h, w) of every image
@@ -157,9 +167,15 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
 
     def plan(self, epoch: int, num_workers: int) -> EpochPlan:
         """The epoch's plan for this job's ranks with ``num_workers`` workers each (epoch mode)."""
-        plan = plan_epoch(self.counts, world_size=self.world.world_size, num_workers=max(num_workers, 1),
-                          batch_size=self.config.batch_size, seed=self.plan_seed, epoch=epoch,
-                          drop_last=self.config.drop_last and not self.config.pad_last)  # fmt: skip
+        plan = plan_epoch(
+            self.counts,
+            world_size=self.world.world_size,
+            num_workers=max(num_workers, 1),
+            batch_size=self.config.batch_size,
+            seed=self.plan_seed,
+            epoch=epoch,
+            drop_last=self.config.drop_last and not self.config.pad_last,
+        )
         return pad_plan(plan) if self.config.pad_last else plan
 
     def batches_per_rank(self, num_workers: int, epoch: int = 0) -> int:
@@ -181,8 +197,14 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         if not self.config.resampled and not self._warned and self.world.rank == 0:
             self._warned = log_dropped(self.plan(0, max(num_workers, 1)))
 
-    def sample_stages(self, seed: tuple[int, ...], max_failures: int = 1, skip: int = 0,
-                      read: dict[str, Any] | None = None, lending: Lending = UNLENT) -> list[Any]:  # fmt: skip
+    def sample_stages(
+        self,
+        seed: tuple[int, ...],
+        max_failures: int = 1,
+        skip: int = 0,
+        read: dict[str, Any] | None = None,
+        lending: Lending = UNLENT,
+    ) -> list[Any]:
         """The stages from shards to batches: read and shuffle (by ``seed`` and each shard's position, passing over
         ``skip`` samples first; by the index where the stream has a sampling plan, with ``read``'s extra arguments of
         :class:`~wsishard.streaming.indexed.ReadIndexed`), decode, batch (into buffers lent as ``lending`` says)."""
@@ -192,8 +214,9 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         reader: indexed.ReadIndexed | ReadShuffled | None
         reader = indexed.read_stage(self.sampling, self.opener, cfg, shuffle_seed, max_failures, skip, read)
         if reader is None:
-            reader = ReadShuffled(self.opener, cfg.shuffle, shuffle_seed, cfg.on_error, max_failures, skip,
-                                  cfg.context_scales)  # fmt: skip
+            reader = ReadShuffled(
+                self.opener, cfg.shuffle, shuffle_seed, cfg.on_error, max_failures, skip, cfg.context_scales
+            )
         return [reader, self._batches(drop_last, lending)]
 
     def _batches(self, drop_last: bool, lending: Lending) -> DecodeIntoBatches | EncodedBatches:
@@ -201,8 +224,14 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         cfg = self.config
         if lending.encoded:
             return EncodedBatches(cfg.batch_size, self.image_hw, drop_last=drop_last, on_error=cfg.on_error)
-        return DecodeIntoBatches(cfg.batch_size, self.image_hw, drop_last=drop_last, on_error=cfg.on_error,
-                                 lending=lending, context=context_shape(cfg))  # fmt: skip
+        return DecodeIntoBatches(
+            cfg.batch_size,
+            self.image_hw,
+            drop_last=drop_last,
+            on_error=cfg.on_error,
+            lending=lending,
+            context=context_shape(cfg),
+        )
 
     def pipeline(self, world: World, epoch: int, done: int = 0, lending: Lending = UNLENT) -> wds.DataPipeline:
         """The webdataset pipeline that ``world``'s (rank, worker) runs in ``epoch`` (or for ever), after the
@@ -214,13 +243,15 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         cfg = self.config
         read: dict[str, Any] | None = None  # the extra arguments of an indexed read (weighted draws)
         if cfg.resampled:
-            order = epoch_order(self.counts, world_size=world.world_size, num_workers=world.num_workers,
-                                seed=self.plan_seed, epoch=0)  # fmt: skip
+            order = epoch_order(
+                self.counts, world_size=world.world_size, num_workers=world.num_workers, seed=self.plan_seed, epoch=0
+            )
             mine = slice_refs(self.shards, reader_slices(order, self.counts, world))
             if not any(ref.kept for ref in mine):
                 raise TopologyError(f"rank {world.rank} worker {world.worker} owns only empty shards")
-            start, skip = resume_position([r.kept for r in mine], done * cfg.batch_size, seed=self.base_seed,
-                                          rank=world.rank, worker=world.worker)  # fmt: skip
+            start, skip = resume_position(
+                [r.kept for r in mine], done * cfg.batch_size, seed=self.base_seed, rank=world.rank, worker=world.worker
+            )
             start, skip, read = selection.weighted_start(
                 self.sampling, mine, done * cfg.batch_size, (self.base_seed, world.rank, world.worker), (start, skip)
             )
@@ -237,8 +268,15 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
             source, budget = (ShardList(mine, start),), Budget(max(plan.budget_of(world) - done, 0), refill)
             if cfg.pad_last:
                 return indexed.padded_pipeline(self, world, seed, plan, mine, done, lending)
-        logger.debug("rank %d worker %d epoch %d: %d shards, from %d (+%d)", world.rank, world.worker, epoch,
-                     len(mine), start, skip)  # fmt: skip
+        logger.debug(
+            "rank %d worker %d epoch %d: %d shards, from %d (+%d)",
+            world.rank,
+            world.worker,
+            epoch,
+            len(mine),
+            start,
+            skip,
+        )
         stages = self.sample_stages(seed, max_failures=len(mine), skip=skip, read=read, lending=lending)
         return wds.DataPipeline(*source, *stages, budget)
 
@@ -248,12 +286,15 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         if self.sampling is not None:
             raise TopologyError("an epoch with select= resumes on the topology it began on only (same ranks, workers)")
         cfg, pieces = self.config, self.redealt[1]
-        caps = redeal.budgets(pieces, world.world_size, world.num_workers, batch_size=cfg.batch_size,
-                              drop_last=cfg.drop_last)  # fmt: skip
-        return wds.DataPipeline(redeal.PieceList(tuple(redeal.share(pieces, world))),
-                                redeal.ReadPieces(self.opener, cfg.shuffle, cfg.on_error, cfg.context_scales),
-                                self._batches(cfg.drop_last, lending),
-                                Budget(int(caps[world.rank, world.worker])))  # fmt: skip
+        caps = redeal.budgets(
+            pieces, world.world_size, world.num_workers, batch_size=cfg.batch_size, drop_last=cfg.drop_last
+        )
+        return wds.DataPipeline(
+            redeal.PieceList(tuple(redeal.share(pieces, world))),
+            redeal.ReadPieces(self.opener, cfg.shuffle, cfg.on_error, cfg.context_scales),
+            self._batches(cfg.drop_last, lending),
+            Budget(int(caps[world.rank, world.worker])),
+        )
 
     def __iter__(self) -> Iterator[Batch]:
         """One pass (:meth:`next_pass`): every batch is a fresh buffer of its own."""

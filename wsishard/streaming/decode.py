@@ -153,8 +153,10 @@ def _undecodable(raw: RawSample, exc: BaseException) -> ShardError:
 
 
 def _other_size(raw: RawSample, width: int, height: int, shape: tuple[int, ...]) -> ShardError:
-    return ShardError(raw["shard"], f"sample {raw['key']} is {width}x{height} px, not {shape[1]}x{shape[0]} px "
-                                    "(the manifest's patch size)")  # fmt: skip
+    return ShardError(
+        raw["shard"],
+        f"sample {raw['key']} is {width}x{height} px, not {shape[1]}x{shape[0]} px (the manifest's patch size)",
+    )
 
 
 def decode_into(raw: RawSample, slot: np.ndarray) -> None:
@@ -224,8 +226,9 @@ class DecodeIntoBatches:
     def __call__(self, src: Iterator[RawSample]) -> Iterator[Batch]:
         shared = torch.utils.data.get_worker_info() is not None
         ctx_shape = None if self.context is None else (self.size, self.context[0], self.context[1], self.context[1], 3)
-        buffers = BatchBuffers((self.size, *self.image_hw, 3), shared=shared, lending=self.lending,
-                               context_shape=ctx_shape)  # fmt: skip
+        buffers = BatchBuffers(
+            (self.size, *self.image_hw, 3), shared=shared, lending=self.lending, context_shape=ctx_shape
+        )
         image: torch.Tensor | None = None  # (size, h, w, 3) uint8 being filled; None between batches
         lent: Lent | None = None
         slots = np.empty((0, *self.image_hw, 3), dtype=np.uint8)  # image's numpy view
@@ -277,8 +280,15 @@ def _jpeg_into(raw: RawSample, slot: np.ndarray) -> None:
         _pil_into(raw, slot)
 
 
-def _batch(buffers: BatchBuffers, full: torch.Tensor, labels: list[int], metas: list[bytes], keys: list[str],
-           lent: Lent | None, n: int | None = None) -> Batch:  # fmt: skip
+def _batch(
+    buffers: BatchBuffers,
+    full: torch.Tensor,
+    labels: list[int],
+    metas: list[bytes],
+    keys: list[str],
+    lent: Lent | None,
+    n: int | None = None,
+) -> Batch:
     """The batch of the first ``n`` (all) samples of the buffer whose images are ``full``, and their context."""
     image = full if n is None else full[:n]
     context = None if buffers.context_shape is None else buffers.context_of(full)[: len(keys)]
@@ -322,8 +332,10 @@ class EncodedBatches:
                 label = checked_label(raw)
                 header = image_header(raw["image"])
                 if header is None or header[0] != "jpg" or (header[2], header[1]) != (height, width):
-                    raise ShardError(raw["shard"], f"sample {raw['key']} is no {width}x{height} JPEG: decode='device' "
-                                                   "decodes JPEG only")  # fmt: skip
+                    raise ShardError(
+                        raw["shard"],
+                        f"sample {raw['key']} is no {width}x{height} JPEG: decode='device' decodes JPEG only",
+                    )
             except ShardError as exc:
                 if self.on_error == "raise":
                     raise
@@ -351,13 +363,16 @@ def device_decoder() -> Callable[[list[bytes], torch.device], torch.Tensor]:
         ValueError: no CUDA device, or no torchvision (imported here, on first use: it is no dependency).
     """
     if not torch.cuda.is_available():
-        raise ValueError("decode='device' decodes JPEGs on a CUDA GPU, and torch sees none here: use "
-                         "decode='worker' (the default)")  # fmt: skip
+        raise ValueError(
+            "decode='device' decodes JPEGs on a CUDA GPU, and torch sees none here: use decode='worker' (the default)"
+        )
     try:
         from torchvision.io import ImageReadMode, decode_jpeg
     except ImportError as exc:
-        raise ValueError(f"decode='device' needs torchvision (the build matching torch {torch.__version__}): "
-                         f"pip install torchvision ({exc})") from exc  # fmt: skip
+        raise ValueError(
+            f"decode='device' needs torchvision (the build matching torch {torch.__version__}): "
+            f"pip install torchvision ({exc})"
+        ) from exc
 
     def decode(jpegs: list[bytes], device: torch.device) -> torch.Tensor:
         data = [torch.frombuffer(bytearray(j), dtype=torch.uint8) for j in jpegs]

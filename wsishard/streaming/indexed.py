@@ -114,8 +114,11 @@ class ReadIndexed:
         table = index.table(shard_of(plan.index_urls[s])) if plan.select or callable(plan.weights) else None
         chosen = np.flatnonzero(plan.mask(s, index, table))
         if len(chosen) != int(plan.selected[s]):
-            raise ShardError(redact(ref.url), f"select= keeps {len(chosen)} samples now, {int(plan.selected[s])} "
-                                              "when the stream was planned (select must be deterministic)")  # fmt: skip
+            raise ShardError(
+                redact(ref.url),
+                f"select= keeps {len(chosen)} samples now, {int(plan.selected[s])} "
+                "when the stream was planned (select must be deterministic)",
+            )
         mine = chosen[ref.phase :: ref.step]
         weights = plan.sample_weights(s, index, table)[mine] if self.expected is not None else None
         visit = kept[ref.url] = _Visit(index.key[mine].astype(str).tolist(), weights)
@@ -210,18 +213,33 @@ class MarkValid:
             yield batch
 
 
-def read_stage(plan: SamplingPlan | None, opener: Opener, cfg: Any, seed: tuple[int, ...], max_failures: int,
-               skip: int, read: dict[str, Any] | None) -> ReadIndexed | None:  # fmt: skip
+def read_stage(
+    plan: SamplingPlan | None,
+    opener: Opener,
+    cfg: Any,
+    seed: tuple[int, ...],
+    max_failures: int,
+    skip: int,
+    read: dict[str, Any] | None,
+) -> ReadIndexed | None:
     """The reading stage of a stream with a sampling plan (None without one): ``cfg`` its StreamConfig, ``read`` the
     weighted draws' extra arguments."""
     if plan is None:
         return None
-    return ReadIndexed(plan, opener, cfg.shuffle, seed, cfg.on_error, max_failures, skip, **(read or {}),
-                       context=cfg.context_scales)  # fmt: skip
+    return ReadIndexed(
+        plan, opener, cfg.shuffle, seed, cfg.on_error, max_failures, skip, **(read or {}), context=cfg.context_scales
+    )
 
 
-def padded_pipeline(ds: Any, world: World, seed: tuple[int, ...], plan: EpochPlan, mine: tuple[ShardRef, ...],
-                    done: int, lending: Lending) -> wds.DataPipeline:  # fmt: skip
+def padded_pipeline(
+    ds: Any,
+    world: World,
+    seed: tuple[int, ...],
+    plan: EpochPlan,
+    mine: tuple[ShardRef, ...],
+    done: int,
+    lending: Lending,
+) -> wds.DataPipeline:
     """The epoch of ``world``'s reader of ``ds`` (a :class:`~wsishard.streaming.dataset.ShardStream`) with ``pad_last``:
     its samples, then repeats up to its (padded) budget, after the ``done`` batches it had yielded (a resumed
     loader)."""

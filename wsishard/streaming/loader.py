@@ -134,8 +134,16 @@ class ShardLoader:
             ``collate_fn``, ``multiprocessing_context``, ``timeout``...).
     """
 
-    def __init__(self, dataset: ShardStream, *, num_workers: int = 0, pin_memory: bool = False,
-                 reuse_buffers: bool = True, decode: str = "worker", **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        dataset: ShardStream,
+        *,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        reuse_buffers: bool = True,
+        decode: str = "worker",
+        **kwargs: Any,
+    ) -> None:
         if "batch_size" in kwargs:
             raise ValueError(f"batch_size={kwargs['batch_size']!r}: batch in stream(), the loader gets None")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
@@ -145,8 +153,10 @@ class ShardLoader:
         self.persistent = bool(kwargs.get("persistent_workers", False))
         collate_fn = kwargs.pop("collate_fn", None)
         if decode == "device" and dataset.config.context_scales:
-            raise ValueError("decode='device' decodes the main patches only, and this build has context: use "
-                             "decode='worker', or stream(..., context=False)")  # fmt: skip
+            raise ValueError(
+                "decode='device' decodes the main patches only, and this build has context: use "
+                "decode='worker', or stream(..., context=False)"
+            )
         encoded = decode_mode(decode) == "device"  # batches of JPEG bytes: no pixel buffer to lend
         own = (collate_fn is None or collate_fn is as_is) and not encoded  # a user's collate_fn: nothing is reused
         lend = num_workers > 0 and own and reuse_buffers
@@ -156,8 +166,11 @@ class ShardLoader:
         self._lending = Lending(
             reuse=own and reuse_buffers, by_reference=lend and not self._pin, prefill=prefill, encoded=encoded
         )
-        self._kwargs = {**kwargs, "collate_fn": collate_fn or as_is,
-                        "worker_init_fn": _WorkerInit(kwargs.get("worker_init_fn"))}  # fmt: skip
+        self._kwargs = {
+            **kwargs,
+            "collate_fn": collate_fn or as_is,
+            "worker_init_fn": _WorkerInit(kwargs.get("worker_init_fn")),
+        }
         self._loader: DataLoader[Batch] | None = None  # persistent workers: one DataLoader for every pass
         self._resume: Resume | None = None  # from load_state_dict, for the pass of its epoch
         self._epoch = dataset.next_epoch
@@ -172,8 +185,13 @@ class ShardLoader:
         self._taken = list(resume.batches) if resume else [0] * max(self.num_workers, 1)
         self._last = resume.last if resume else None
         if self._loader is None or not self.persistent:
-            self._loader = DataLoader(_Pass(self.dataset, epoch, resume, self._lending), batch_size=None,
-                                      num_workers=self.num_workers, pin_memory=self._pin, **self._kwargs)  # fmt: skip
+            self._loader = DataLoader(
+                _Pass(self.dataset, epoch, resume, self._lending),
+                batch_size=None,
+                num_workers=self.num_workers,
+                pin_memory=self._pin,
+                **self._kwargs,
+            )
         pins: HostPins[Any] | None = HostPins(self._cuda) if self._cuda is not None else None
         return self._count(_raise_handed_over(_start(self._loader)), pins)
 
@@ -199,12 +217,22 @@ class ShardLoader:
     def state_dict(self) -> dict[str, Any]:
         """Where the training loop stands: plain JSON-able data to save with a checkpoint (never pickled)."""
         ds, cfg = self.dataset, self.dataset.config
-        return {"format": _STATE_FORMAT, "version": _STATE_VERSION, "epoch": self._epoch, "batches": list(self._taken),
-                "last_worker": self._last, "resampled": cfg.resampled, "seed": ds.base_seed,
-                "batch_size": cfg.batch_size, "rank": ds.world.rank, "world_size": ds.world.world_size,
-                "num_workers": self.num_workers, "samples": [len(ds.shards), int(ds.counts.sum())],
-                "shuffle": cfg.shuffle,
-                "redealt": ds.redealt is not None and ds.redealt[0] == self._epoch}  # fmt: skip
+        return {
+            "format": _STATE_FORMAT,
+            "version": _STATE_VERSION,
+            "epoch": self._epoch,
+            "batches": list(self._taken),
+            "last_worker": self._last,
+            "resampled": cfg.resampled,
+            "seed": ds.base_seed,
+            "batch_size": cfg.batch_size,
+            "rank": ds.world.rank,
+            "world_size": ds.world.world_size,
+            "num_workers": self.num_workers,
+            "samples": [len(ds.shards), int(ds.counts.sum())],
+            "shuffle": cfg.shuffle,
+            "redealt": ds.redealt is not None and ds.redealt[0] == self._epoch,
+        }
 
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Go on from ``state`` (from :meth:`state_dict` of a loader over the same build, options and topology).
@@ -253,8 +281,14 @@ class ShardLoader:
                 "resuming on another topology needs epoch mode and the states of every rank of the old "
                 f"job, of the same stream{': ' + ', '.join(other) if other else ''}"
             )
-        pieces = redeal.remainders(ds.counts, ds.shards, states, batch_size=ds.config.batch_size,
-                                   plan_seed=ds.plan_seed, drop_last=ds.config.drop_last)  # fmt: skip
+        pieces = redeal.remainders(
+            ds.counts,
+            ds.shards,
+            states,
+            batch_size=ds.config.batch_size,
+            plan_seed=ds.plan_seed,
+            drop_last=ds.config.drop_last,
+        )
         epoch = int(first["epoch"])
         ds.set_epoch(epoch if pieces else epoch + 1)  # nothing left: the next epoch, from its start
         ds.redealt = (epoch, tuple(pieces)) if pieces else None
@@ -314,8 +348,15 @@ def _resume(dataset: ShardStream, state: dict[str, Any], workers: int) -> Resume
     return Resume(epoch, taken, rotation, last)
 
 
-def loader(dataset: ShardStream, *, num_workers: int = 4, pin_memory: bool | None = None,
-           reuse_buffers: bool = True, decode: str = "worker", **kwargs: Any) -> ShardLoader:  # fmt: skip
+def loader(
+    dataset: ShardStream,
+    *,
+    num_workers: int = 4,
+    pin_memory: bool | None = None,
+    reuse_buffers: bool = True,
+    decode: str = "worker",
+    **kwargs: Any,
+) -> ShardLoader:
     """A :class:`ShardLoader` over ``dataset``, pinned on CUDA.
 
     Args:

@@ -60,8 +60,14 @@ class MonitoredLoader:
         ValueError: ``every`` below 1.
     """
 
-    def __init__(self, loader: Iterable[Any], *, every: int = 100, rank: int | None = None,
-                 on_report: Callable[[LoaderReport], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        loader: Iterable[Any],
+        *,
+        every: int = 100,
+        rank: int | None = None,
+        on_report: Callable[[LoaderReport], None] | None = None,
+    ) -> None:
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
         if rank is None:
@@ -107,15 +113,24 @@ class MonitoredLoader:
         if self.rank == 0:
             logger.info(
                 "step %d: %.1f samples/s, %.2f batches/s, data wait %.0f%%",
-                self.step, self.last["samples_per_s"], self.last["batches_per_s"],
+                self.step,
+                self.last["samples_per_s"],
+                self.last["batches_per_s"],
                 100 * self.last["data_wait_fraction"],
-            )  # fmt: skip
+            )
 
     def _make(self, wall: float, wait: float, batches: float, samples: float) -> LoaderReport:
         wall = max(wall, 1e-9)
-        return LoaderReport(rank=self.rank, step=self.step, steps=int(batches), samples_per_s=samples / wall,
-                            batches_per_s=batches / wall, data_wait_fraction=min(wait / wall, 1.0),
-                            window_s=wall, startup_s=self.startup_s)  # fmt: skip
+        return LoaderReport(
+            rank=self.rank,
+            step=self.step,
+            steps=int(batches),
+            samples_per_s=samples / wall,
+            batches_per_s=batches / wall,
+            data_wait_fraction=min(wait / wall, 1.0),
+            window_s=wall,
+            startup_s=self.startup_s,
+        )
 
     def summary(self) -> LoaderReport:
         """Totals over every batch so far (start-up excluded)."""

@@ -75,8 +75,10 @@ def reader_slices(order: np.ndarray, counts: np.ndarray, world: World) -> list[S
         return [Slice(int(s)) for s in worker_shards(order, world)]
     reader = world.rank + world.world_size * world.worker  # j % readers == reader: rank j % W, worker (j // W) % K
     offsets = np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64)[order])[:-1]])
-    return [Slice(int(s), int((reader - o) % readers), readers) for s, o in zip(order.tolist(), offsets.tolist(),
-                                                                                 strict=True)]  # fmt: skip
+    return [
+        Slice(int(s), int((reader - o) % readers), readers)
+        for s, o in zip(order.tolist(), offsets.tolist(), strict=True)
+    ]
 
 
 def slice_sizes(slices: list[Slice], counts: np.ndarray) -> np.ndarray:
@@ -168,8 +170,9 @@ def resample_order(num_shards: int, *, seed: int, rank: int, worker: int, pass_i
     return np.random.default_rng((seed, rank, worker, pass_index)).permutation(num_shards)
 
 
-def resume_position(kept: list[int], samples: int, *, seed: int | None = None, rank: int = 0,
-                    worker: int = 0) -> tuple[int, int]:  # fmt: skip
+def resume_position(
+    kept: list[int], samples: int, *, seed: int | None = None, rank: int = 0, worker: int = 0
+) -> tuple[int, int]:
     """Where a reader's stream is after ``samples`` samples: ``(position, offset)``, the shard at ``position`` in
     its stream and the samples of that shard already yielded.
 

@@ -48,9 +48,12 @@ def cuda_runtime() -> Cuda | None:
     (a loader made before the process forks others that use CUDA must not have started it)."""
     if not torch.cuda.is_available():
         return None
-    return Cuda(register=lambda ptr, n: int(torch.cuda.cudart().cudaHostRegister(ptr, n, 0)),
-                unregister=lambda ptr: int(torch.cuda.cudart().cudaHostUnregister(ptr)),
-                event=torch.cuda.Event, synchronize=torch.cuda.synchronize)  # fmt: skip
+    return Cuda(
+        register=lambda ptr, n: int(torch.cuda.cudart().cudaHostRegister(ptr, n, 0)),
+        unregister=lambda ptr: int(torch.cuda.cudart().cudaHostUnregister(ptr)),
+        event=torch.cuda.Event,
+        synchronize=torch.cuda.synchronize,
+    )
 
 
 class HostPins(Generic[K]):

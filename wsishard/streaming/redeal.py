@@ -49,8 +49,15 @@ class Piece:
         return len(range(self.phase, self.take, self.step))
 
 
-def remainders(counts: np.ndarray, refs: Sequence[ShardRef], states: Sequence[dict[str, Any]], *, batch_size: int,
-               plan_seed: int, drop_last: bool) -> list[Piece]:  # fmt: skip
+def remainders(
+    counts: np.ndarray,
+    refs: Sequence[ShardRef],
+    states: Sequence[dict[str, Any]],
+    *,
+    batch_size: int,
+    plan_seed: int,
+    drop_last: bool,
+) -> list[Piece]:
     """What every old reader had left of the states' epoch, in (rank, worker, shard) order.
 
     Args:
@@ -59,8 +66,15 @@ def remainders(counts: np.ndarray, refs: Sequence[ShardRef], states: Sequence[di
     """
     first = states[0]
     world_size, workers, epoch = int(first["world_size"]), max(int(first["num_workers"]), 1), int(first["epoch"])
-    plan = plan_epoch(counts, world_size=world_size, num_workers=workers, batch_size=batch_size, seed=plan_seed,
-                      epoch=epoch, drop_last=drop_last)  # fmt: skip
+    plan = plan_epoch(
+        counts,
+        world_size=world_size,
+        num_workers=workers,
+        batch_size=batch_size,
+        seed=plan_seed,
+        epoch=epoch,
+        drop_last=drop_last,
+    )
     pieces = []
     for state in sorted(states, key=lambda s: int(s["rank"])):
         rank = int(state["rank"])
@@ -94,8 +108,7 @@ def share(pieces: Sequence[Piece], world: World) -> list[Piece]:
     return out
 
 
-def budgets(pieces: Sequence[Piece], world_size: int, workers: int, *, batch_size: int,
-            drop_last: bool) -> np.ndarray:  # fmt: skip
+def budgets(pieces: Sequence[Piece], world_size: int, workers: int, *, batch_size: int, drop_last: bool) -> np.ndarray:
     """(W', K') batches each new reader yields: every new rank the same number."""
     samples = np.zeros((world_size, workers), dtype=np.int64)
     for rank in range(world_size):

@@ -131,8 +131,14 @@ class BatchBuffers:
         context_shape: each batch's context, or None.
     """
 
-    def __init__(self, shape: tuple[int, ...], shared: bool, slots: int = RING_SLOTS,
-                 lending: Lending = UNLENT, context_shape: tuple[int, ...] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        shared: bool,
+        slots: int = RING_SLOTS,
+        lending: Lending = UNLENT,
+        context_shape: tuple[int, ...] | None = None,
+    ) -> None:
         self.shape = shape
         self.context_shape = context_shape
         self.image_bytes = -(-math.prod(shape) // 32) * 32  # the context starts as the images do, past a boundary
@@ -182,8 +188,9 @@ class BatchBuffers:
         assert self.context_shape is not None, "a ring without context"
         return _at(image.untyped_storage(), int(image.storage_offset()) + self.image_bytes, self.context_shape)
 
-    def hand_over(self, image: torch.Tensor, ticket: Lent,
-                  context: torch.Tensor | None = None) -> tuple[torch.Tensor | None, Lent]:  # fmt: skip
+    def hand_over(
+        self, image: torch.Tensor, ticket: Lent, context: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor | None, Lent]:
         """What a batch of ``image`` (the buffer of ``ticket``, or its first rows) and ``context`` (its context, in
         the same buffer) sends the main process: its image tensor and ticket, or by reference no image and a ticket
         naming the buffer (and where the image and the context lie in it)."""
@@ -193,8 +200,15 @@ class BatchBuffers:
         self._sent.add(ticket.slot)
         flags = self.flags if first_of_ring else None
         placed = () if context is None else (tuple(context.shape), int(context.storage_offset()))
-        return None, Lent(self.ring, ticket.slot, flags, image if first else None, tuple(image.shape),
-                          int(image.storage_offset()), *placed)  # fmt: skip
+        return None, Lent(
+            self.ring,
+            ticket.slot,
+            flags,
+            image if first else None,
+            tuple(image.shape),
+            int(image.storage_offset()),
+            *placed,
+        )
 
 
 class Returns:

@@ -42,8 +42,10 @@ def checked_mask(mask: object, n: int, where: str) -> np.ndarray:
     """
     arr = np.asarray(mask)
     if arr.shape != (n,) or arr.dtype != np.bool_:
-        raise ValueError(f"select= must return a bool array of {n} values (one per sample) for {where}, got "
-                         f"{arr.dtype} of shape {arr.shape}")  # fmt: skip
+        raise ValueError(
+            f"select= must return a bool array of {n} values (one per sample) for {where}, got "
+            f"{arr.dtype} of shape {arr.shape}"
+        )
     return arr
 
 
@@ -58,8 +60,10 @@ def checked_weights(weights: object, n: int, where: str) -> np.ndarray:
     except (TypeError, ValueError) as exc:
         raise ValueError(f"weights= must return {n} numbers for {where} ({exc})") from exc
     if arr.shape != (n,) or not np.all(np.isfinite(arr)) or (n and arr.min() < 0):
-        raise ValueError(f"weights= must return {n} finite weights >= 0 for {where}, got shape {arr.shape}"
-                         f"{'' if arr.shape != (n,) else ' with negative or non-finite values'}")  # fmt: skip
+        raise ValueError(
+            f"weights= must return {n} finite weights >= 0 for {where}, got shape {arr.shape}"
+            f"{'' if arr.shape != (n,) else ' with negative or non-finite values'}"
+        )
     return arr
 
 
@@ -105,8 +109,9 @@ def proportion_scales(totals: Sequence[float] | np.ndarray, proportions: Sequenc
         return np.ones_like(totals_a)
     props = np.asarray(proportions, dtype=np.float64)
     if props.shape != totals_a.shape or not np.all(np.isfinite(props)) or props.min() < 0 or props.sum() <= 0:
-        raise ValueError(f"proportions= needs one finite value >= 0 per source ({len(totals_a)}), one > 0, got "
-                         f"{list(proportions)!r}")  # fmt: skip
+        raise ValueError(
+            f"proportions= needs one finite value >= 0 per source ({len(totals_a)}), one > 0, got {list(proportions)!r}"
+        )
     if np.any((props > 0) & (totals_a <= 0)):
         raise ValueError("proportions=: a source given a share has no sample with a weight (all selected out?)")
     return np.divide(props / props.sum(), totals_a, out=np.zeros_like(props), where=totals_a > 0)
@@ -182,9 +187,11 @@ def dropped_message(plan: EpochPlan) -> str | None:
     if kept >= total:
         return None
     world_size, workers = plan.samples.shape
-    return (f"epoch mode reads {kept} of {total} samples each epoch ({total - kept} dropped, "
-            f"{100 * (total - kept) / total:.1f}%): every rank yields the same number of batches "
-            f"({plan.batches_per_rank} of {plan.batch_size}) with {world_size} rank(s) x {workers} worker(s)"
-            f"{', and each worker drops its last incomplete batch (drop_last)' if plan.drop_last else ''}; "
-            "stream(..., pad_last=True) reads every sample exactly once, padding with repeats marked "
-            "batch['valid'] == False")  # fmt: skip
+    return (
+        f"epoch mode reads {kept} of {total} samples each epoch ({total - kept} dropped, "
+        f"{100 * (total - kept) / total:.1f}%): every rank yields the same number of batches "
+        f"({plan.batches_per_rank} of {plan.batch_size}) with {world_size} rank(s) x {workers} worker(s)"
+        f"{', and each worker drops its last incomplete batch (drop_last)' if plan.drop_last else ''}; "
+        "stream(..., pad_last=True) reads every sample exactly once, padding with repeats marked "
+        "batch['valid'] == False"
+    )

@@ -112,8 +112,14 @@ def _check_weights(weights: Weights | None) -> None:
         sampling.check_mapping(weights)
 
 
-def _weighted_totals(plan: SamplingPlan, weights: Weights, label_counts: np.ndarray, slide_count: np.ndarray,
-                     slides: int, totals: np.ndarray) -> np.ndarray:  # fmt: skip
+def _weighted_totals(
+    plan: SamplingPlan,
+    weights: Weights,
+    label_counts: np.ndarray,
+    slide_count: np.ndarray,
+    slides: int,
+    totals: np.ndarray,
+) -> np.ndarray:
     """Each shard's weight in all under ``weights`` (a weight function's ``totals`` come from the scan); the
     per-slide or per-label weights are set on ``plan``."""
     if callable(weights):
@@ -127,9 +133,16 @@ def _weighted_totals(plan: SamplingPlan, weights: Weights, label_counts: np.ndar
     return label_counts @ label_weight
 
 
-def plan_sampling(sources: Sequence[Source], *, select: Select | None, weights: Weights | None,
-                  proportions: Sequence[float] | None, storage_options: StorageOptions | None,
-                  opener: Opener, share: Share | None = None) -> SamplingPlan:  # fmt: skip
+def plan_sampling(
+    sources: Sequence[Source],
+    *,
+    select: Select | None,
+    weights: Weights | None,
+    proportions: Sequence[float] | None,
+    storage_options: StorageOptions | None,
+    opener: Opener,
+    share: Share | None = None,
+) -> SamplingPlan:
     """The :class:`SamplingPlan` of ``sources`` (main process): summaries read, and every shard index read once
     only where ``select`` or a weight function needs the samples: by this process alone, or with ``share`` (in a
     DDP job, :func:`~wsishard.streaming.world.rank_share`) each rank reads its share and the counts are summed.
@@ -151,9 +164,19 @@ def plan_sampling(sources: Sequence[Source], *, select: Select | None, weights: 
     slide_global = np.concatenate([s.slide_index.astype(np.int64) + offsets[i] for i, s in enumerate(summaries)])
     slide_ptr = np.concatenate([[0], np.cumsum(np.concatenate([np.diff(s.slide_ptr) for s in summaries]))])
     slide_count = np.concatenate([s.slide_count for s in summaries]).astype(np.int64)
-    plan = SamplingPlan(select=select, weights=weights, urls={u: i for i, u in enumerate(urls)}, index_urls=index_urls,
-                        rows=rows, selected=rows.copy(), totals=np.zeros(len(rows)), scales=np.ones(len(rows)),
-                        labels=labels, slide_ptr=slide_ptr.astype(np.int64), slide_global=slide_global)  # fmt: skip
+    plan = SamplingPlan(
+        select=select,
+        weights=weights,
+        urls={u: i for i, u in enumerate(urls)},
+        index_urls=index_urls,
+        rows=rows,
+        selected=rows.copy(),
+        totals=np.zeros(len(rows)),
+        scales=np.ones(len(rows)),
+        labels=labels,
+        slide_ptr=slide_ptr.astype(np.int64),
+        slide_global=slide_global,
+    )
     totals = np.zeros(len(rows))
     if select is not None or callable(weights):
         label_counts, slide_count, totals = scan_shared(plan, opener, len(labels), share)
@@ -175,9 +198,12 @@ def _summary(src: Source, storage_options: StorageOptions | None) -> Summary:
     try:
         data = read_bytes(location, storage_options)
     except FileNotFoundError as exc:
-        raise ManifestError(src.where, f"has no per-sample index ({SUMMARY_NAME}): it was built by a wsishard "
-                                       "without one; select= and weights= need it (rebuild it, or stream it without "
-                                       "them)") from exc  # fmt: skip
+        raise ManifestError(
+            src.where,
+            f"has no per-sample index ({SUMMARY_NAME}): it was built by a wsishard "
+            "without one; select= and weights= need it (rebuild it, or stream it without "
+            "them)",
+        ) from exc
     summary = Summary.from_bytes(data, redact(location, storage_options))
     names = [rec.name for rec in src.manifest.shards]
     if summary.shards.astype(str).tolist() != names:
@@ -192,8 +218,9 @@ def _dense(have: np.ndarray, counts: np.ndarray, labels: np.ndarray) -> np.ndarr
     return out
 
 
-def scan_shared(plan: SamplingPlan, opener: Opener, n_labels: int, share: Share | None = None
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+def scan_shared(
+    plan: SamplingPlan, opener: Opener, n_labels: int, share: Share | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per shard its selected samples per label (n, L), per slide (in CSR order) and its total weight under a
     weight function, from every shard index. With ``share`` (``(rank, size, sum)``: ``sum`` adds an array over the
     ``size`` processes, each calling it with the same shape) this process reads shards ``rank::size`` only."""
@@ -202,12 +229,14 @@ def scan_shared(plan: SamplingPlan, opener: Opener, n_labels: int, share: Share 
     slide_count = np.zeros(len(plan.slide_global), dtype=np.int64)
     totals = np.zeros(len(plan.rows))
     with ThreadPoolExecutor(_READERS) as pool:  # reads overlap (object stores: latency); masks in order, here
-        for s, index in zip(range(rank, len(plan.rows), size), _read_ahead(pool, plan, opener, rank, size),
-                            strict=True):  # fmt: skip
+        for s, index in zip(
+            range(rank, len(plan.rows), size), _read_ahead(pool, plan, opener, rank, size), strict=True
+        ):
             table = index.table(shard_of(plan.index_urls[s]))
             mask = plan.mask(s, index, table)
-            label_counts[s] = np.bincount(np.searchsorted(plan.labels, index.columns["label"][mask]),
-                                          minlength=n_labels)  # fmt: skip
+            label_counts[s] = np.bincount(
+                np.searchsorted(plan.labels, index.columns["label"][mask]), minlength=n_labels
+            )
             lo, hi = int(plan.slide_ptr[s]), int(plan.slide_ptr[s + 1])
             slide_count[lo:hi] = np.bincount(index.columns["slide"][mask], minlength=hi - lo)[: hi - lo]
             if callable(plan.weights):
@@ -217,12 +246,16 @@ def scan_shared(plan: SamplingPlan, opener: Opener, n_labels: int, share: Share 
     # each entry is non-zero on exactly one process: the sums are exact and the same everywhere
     flat = total(np.concatenate([label_counts.ravel(), slide_count, totals]).astype(np.float64))
     cut = label_counts.size + slide_count.size
-    return (flat[: label_counts.size].astype(np.int64).reshape(label_counts.shape),
-            flat[label_counts.size : cut].astype(np.int64), flat[cut:])  # fmt: skip
+    return (
+        flat[: label_counts.size].astype(np.int64).reshape(label_counts.shape),
+        flat[label_counts.size : cut].astype(np.int64),
+        flat[cut:],
+    )
 
 
-def _read_ahead(pool: ThreadPoolExecutor, plan: SamplingPlan, opener: Opener, rank: int, size: int
-                ) -> Iterator[ShardIndex]:  # fmt: skip
+def _read_ahead(
+    pool: ThreadPoolExecutor, plan: SamplingPlan, opener: Opener, rank: int, size: int
+) -> Iterator[ShardIndex]:
     """The indexes of shards ``rank::size`` in order, up to ``2 * _READERS`` read ahead."""
     pending: deque[Future[ShardIndex]] = deque()
     for s in range(rank, len(plan.rows), size):
@@ -282,8 +315,13 @@ def checked(plan: SamplingPlan | None, resampled: bool) -> SamplingPlan | None:
     return plan
 
 
-def weighted_start(plan: SamplingPlan | None, mine: Sequence[ShardRef], samples: int, reader: tuple[int, int, int],
-                   unweighted: tuple[int, int]) -> tuple[int, int, dict[str, Any] | None]:  # fmt: skip
+def weighted_start(
+    plan: SamplingPlan | None,
+    mine: Sequence[ShardRef],
+    samples: int,
+    reader: tuple[int, int, int],
+    unweighted: tuple[int, int],
+) -> tuple[int, int, dict[str, Any] | None]:
     """Where a resampled reader ``(seed, rank, worker)`` with shards ``mine`` starts after ``samples`` samples, and the
     extra arguments of its :class:`~wsishard.streaming.indexed.ReadIndexed`: ``unweighted`` and None without
     weights."""
@@ -291,8 +329,9 @@ def weighted_start(plan: SamplingPlan | None, mine: Sequence[ShardRef], samples:
         return (*unweighted, None)
     expected = weights_of_reader(plan, mine)
     seed, rank, worker = reader
-    start, skip = sampling.weighted_resume(np.array([expected[r.url] for r in mine]), samples, seed=seed, rank=rank,
-                                           worker=worker)  # fmt: skip
+    start, skip = sampling.weighted_resume(
+        np.array([expected[r.url] for r in mine]), samples, seed=seed, rank=rank, worker=worker
+    )
     return start, skip, {"reader": reader, "expected": expected}
 
 
@@ -303,9 +342,17 @@ def check_redeal(plan: SamplingPlan | None) -> None:
         raise TopologyError("an epoch with select= resumes on the topology it began on only (same ranks, workers)")
 
 
-def choose(sources: Sequence[Source], tasks: list[ShardRef], *, select: Select | None, weights: Weights | None,
-           proportions: Sequence[float] | None, storage_options: StorageOptions | None,
-           opener: Opener, share: Share | None = None) -> tuple[list[ShardRef], SamplingPlan | None]:  # fmt: skip
+def choose(
+    sources: Sequence[Source],
+    tasks: list[ShardRef],
+    *,
+    select: Select | None,
+    weights: Weights | None,
+    proportions: Sequence[float] | None,
+    storage_options: StorageOptions | None,
+    opener: Opener,
+    share: Share | None = None,
+) -> tuple[list[ShardRef], SamplingPlan | None]:
     """The stream's shards and sampling plan: ``tasks`` and None without ``select``/``weights``.
 
     Raises:
@@ -315,8 +362,15 @@ def choose(sources: Sequence[Source], tasks: list[ShardRef], *, select: Select |
         raise ValueError("proportions= weighs sources against each other: it needs weights= too")
     if select is None and weights is None:
         return tasks, None
-    plan = plan_sampling(sources, select=select, weights=weights, proportions=proportions,
-                         storage_options=storage_options, opener=opener, share=share)  # fmt: skip
+    plan = plan_sampling(
+        sources,
+        select=select,
+        weights=weights,
+        proportions=proportions,
+        storage_options=storage_options,
+        opener=opener,
+        share=share,
+    )
     chosen = refs_of(plan, [t.url for t in tasks])
     if not chosen:
         raise ValueError(f"select= keeps no sample of {', '.join(s.where for s in sources)}")

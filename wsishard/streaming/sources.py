@@ -73,14 +73,29 @@ def stream(
     tasks, sizes, read = _read_manifests(sources, storage_options)
     patch_size_px = _one_patch_size(sizes)
     scales = one_context({s.where: read_context(s.manifest, s.where, patch_size_px) for s in read}) if context else None
-    config = StreamConfig(batch_size=batch_size, resampled=resampled, shuffle=shuffle, seed=seed,
-                          drop_last=drop_last, on_error=on_error, patch_size_px=patch_size_px, pad_last=pad_last,
-                          context_scales=len(scales.mpp) if scales else 0,
-                          context_size_px=scales.size_px if scales else None)  # fmt: skip
+    config = StreamConfig(
+        batch_size=batch_size,
+        resampled=resampled,
+        shuffle=shuffle,
+        seed=seed,
+        drop_last=drop_last,
+        on_error=on_error,
+        patch_size_px=patch_size_px,
+        pad_last=pad_last,
+        context_scales=len(scales.mpp) if scales else 0,
+        context_size_px=scales.size_px if scales else None,
+    )
     opener = opener or StreamOpener(dict(storage_options or {}))
-    tasks, plan = selection.choose(read, tasks, select=select, weights=weights, proportions=proportions,
-                                   storage_options=storage_options, opener=opener,
-                                   share=rank_share(world) if split_scan else None)  # fmt: skip
+    tasks, plan = selection.choose(
+        read,
+        tasks,
+        select=select,
+        weights=weights,
+        proportions=proportions,
+        storage_options=storage_options,
+        opener=opener,
+        share=rank_share(world) if split_scan else None,
+    )
     return ShardStream(tasks, config, world=world, opener=opener, sampling=plan)
 
 
@@ -96,8 +111,9 @@ def _one_patch_size(sizes: dict[str, int]) -> int:
     return next(iter(sizes.values()))
 
 
-def _read_manifests(sources: Sequence[str | os.PathLike[str]], storage_options: StorageOptions | None
-                    ) -> tuple[list[ShardRef], dict[str, int], list[selection.Source]]:  # fmt: skip
+def _read_manifests(
+    sources: Sequence[str | os.PathLike[str]], storage_options: StorageOptions | None
+) -> tuple[list[ShardRef], dict[str, int], list[selection.Source]]:
     """Every source's shards (in manifest order), patch size (by its redacted location) and manifest.
 
     Raises:

@@ -122,8 +122,10 @@ class Budget(Generic[B]):
                 return
         while count < self.batches and self.refill is not None:
             pass_index += 1
-            logger.warning("%d batches short of the epoch budget after skipping; re-reading this worker's "
-                           "shards", self.batches - count)  # fmt: skip
+            logger.warning(
+                "%d batches short of the epoch budget after skipping; re-reading this worker's shards",
+                self.batches - count,
+            )
             got = 0
             for batch in self.refill(pass_index):
                 yield batch
@@ -131,8 +133,10 @@ class Budget(Generic[B]):
                 if count == self.batches:
                     return
             if got == 0:
-                raise ShardError("(every shard of this worker)", f"re-reading gave no batch; {count} of "
-                                 f"{self.batches} planned batches")  # fmt: skip
+                raise ShardError(
+                    "(every shard of this worker)",
+                    f"re-reading gave no batch; {count} of {self.batches} planned batches",
+                )
 
 
 @dataclass
@@ -210,8 +214,9 @@ def read_shard(task: ShardRef, opener: Opener, on_error: ErrorMode = "raise", co
             if is_sample_key(key):
                 yield _raw_sample(name, key, members, context)
                 continue
-            bad = ShardError(name, f"sample {key[:120]!r} is not named <slide>_x<X>_y<Y>.<ext> (a path, or not a "
-                                   "wsishard sample)")  # fmt: skip
+            bad = ShardError(
+                name, f"sample {key[:120]!r} is not named <slide>_x<X>_y<Y>.<ext> (a path, or not a wsishard sample)"
+            )
             if on_error == "raise":
                 raise bad
             logger.warning("skipping %s", bad)
@@ -230,9 +235,15 @@ def _raw_sample(shard: str, key: str, members: dict[str, bytes], context: int = 
     if image_ext is None or META_EXT not in members:
         missing = "an image" if image_ext is None else f".{META_EXT}"
         raise ShardError(shard, f"sample {key} lacks {missing} (truncated, or not a wsishard shard)")
-    return RawSample(key=key, shard=shard, image_ext=image_ext, image=members[image_ext], meta=members[META_EXT],
-                     label=members.get(LABEL_EXT), context=_context_members(shard, key, members, context) if context
-                     else ())  # fmt: skip
+    return RawSample(
+        key=key,
+        shard=shard,
+        image_ext=image_ext,
+        image=members[image_ext],
+        meta=members[META_EXT],
+        label=members.get(LABEL_EXT),
+        context=_context_members(shard, key, members, context) if context else (),
+    )
 
 
 def _context_members(shard: str, key: str, members: dict[str, bytes], scales: int) -> tuple[bytes, ...]:
@@ -245,8 +256,11 @@ def _context_members(shard: str, key: str, members: dict[str, bytes], scales: in
     for k in range(scales):
         ext = next((e for e in IMAGE_FORMATS if context_ext(k, e) in members), None)
         if ext is None:
-            raise ShardError(shard, f"sample {key} lacks its context member {context_ext(k, 'jpg')} (or .png/.webp): "
-                                    f"the manifest promises {scales} context scale(s)")  # fmt: skip
+            raise ShardError(
+                shard,
+                f"sample {key} lacks its context member {context_ext(k, 'jpg')} (or .png/.webp): "
+                f"the manifest promises {scales} context scale(s)",
+            )
         found.append(members[context_ext(k, ext)])
     return tuple(found)
 

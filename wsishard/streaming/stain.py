@@ -29,8 +29,16 @@ import torch
 
 from wsishard.manifest import SlideRecord
 
-__all__ = ["REINHARD_REFERENCE", "StainOptions", "StainTable", "StainTarget", "colour_jitter", "hed_jitter",
-           "macenko", "reinhard"]  # fmt: skip
+__all__ = [
+    "REINHARD_REFERENCE",
+    "StainOptions",
+    "StainTable",
+    "StainTarget",
+    "colour_jitter",
+    "hed_jitter",
+    "macenko",
+    "reinhard",
+]
 
 # torchstain's reference H&E (the original Macenko code's): columns H, E; rows R, G, B (builder/stain.py's copy is
 # the build's; the streaming side does not import the build side's numpy code for two constants)
@@ -62,8 +70,10 @@ class StainTarget:
     def __post_init__(self) -> None:
         m, c = np.asarray(self.matrix, dtype=np.float64), np.asarray(self.max_conc, dtype=np.float64)
         if m.shape != (3, 2) or c.shape != (2,) or not (np.all(np.isfinite(m)) and np.all(c > 0)):
-            raise ValueError(f"a stain target needs a finite (3, 2) matrix and 2 positive maxima, got matrix="
-                             f"{self.matrix!r} max_conc={self.max_conc!r}")  # fmt: skip
+            raise ValueError(
+                f"a stain target needs a finite (3, 2) matrix and 2 positive maxima, got matrix="
+                f"{self.matrix!r} max_conc={self.max_conc!r}"
+            )
 
     @classmethod
     def of_record(cls, record: SlideRecord) -> StainTarget:
@@ -111,10 +121,12 @@ class StainTable:
     def __init__(self, records: Sequence[SlideRecord], device: torch.device | str = "cpu") -> None:
         stained = [r for r in records if r.stain]
         self.index = {r.slide_id: i for i, r in enumerate(stained)}
-        self.matrix = torch.tensor([r.stain["matrix"] for r in stained], dtype=torch.float32,
-                                   device=device).view(-1, 3, 2)  # fmt: skip
-        self.max_conc = torch.tensor([r.stain["max_conc"] for r in stained], dtype=torch.float32,
-                                     device=device).view(-1, 2)  # fmt: skip
+        self.matrix = torch.tensor([r.stain["matrix"] for r in stained], dtype=torch.float32, device=device).view(
+            -1, 3, 2
+        )
+        self.max_conc = torch.tensor([r.stain["max_conc"] for r in stained], dtype=torch.float32, device=device).view(
+            -1, 2
+        )
         self.pinv = torch.linalg.pinv(self.matrix.double()).float() if stained else self.matrix.transpose(1, 2)
 
     @classmethod
@@ -143,8 +155,10 @@ class StainTable:
         try:
             rows = [self.index[s] for s in slide_ids]
         except KeyError as exc:
-            raise KeyError(f"slide {exc.args[0]!r} has no stain matrix in the table: a sample of another build, "
-                           "or of a build made before wsishard recorded stains") from None  # fmt: skip
+            raise KeyError(
+                f"slide {exc.args[0]!r} has no stain matrix in the table: a sample of another build, "
+                "or of a build made before wsishard recorded stains"
+            ) from None
         return torch.tensor(rows, dtype=torch.int64).to(self.matrix.device, non_blocking=True)
 
 
@@ -200,8 +214,9 @@ class StainOptions:
         return any((self.hed_scale, self.hed_shift, self.brightness, self.contrast, self.saturation, self.hue))
 
 
-def macenko(x: torch.Tensor, matrix: torch.Tensor, max_conc: torch.Tensor, target: StainTarget,
-            pinv: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def macenko(
+    x: torch.Tensor, matrix: torch.Tensor, max_conc: torch.Tensor, target: StainTarget, pinv: torch.Tensor | None = None
+) -> torch.Tensor:
     """Macenko normalisation with given per-sample stains: (b, 3, h, w) float RGB in [0, 1] -> the same, normalised.
 
     As torchstain's ``MacenkoNormalizer.normalize`` with its fit replaced by ``matrix`` / ``max_conc``: pixel OD
@@ -222,8 +237,9 @@ def macenko(x: torch.Tensor, matrix: torch.Tensor, max_conc: torch.Tensor, targe
     return out.view_as(x)
 
 
-def macenko_map(matrix: torch.Tensor, max_conc: torch.Tensor, target: StainTarget,
-                pinv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def macenko_map(
+    matrix: torch.Tensor, max_conc: torch.Tensor, target: StainTarget, pinv: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`macenko`'s per-sample map in log space: ``(a, k)``, (b, 3, 3) and (b, 3, 1) float32, such that the
     normalised intensity is ``exp(a @ ln(255 x + 1) + k)`` (capped at 1). Arguments as :func:`macenko`'s."""
     dev = matrix.device
@@ -336,8 +352,9 @@ def colour_jitter(x: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
     return _hue(x, factors[:, 3])
 
 
-def apply(x: torch.Tensor, options: StainOptions, *, seed: int, batch: int,
-          slide_rows: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+def apply(
+    x: torch.Tensor, options: StainOptions, *, seed: int, batch: int, slide_rows: torch.Tensor | None
+) -> torch.Tensor:
     """``options`` on a (b, 3, h, w) float RGB batch in [0, 1], batch number ``batch`` of a collate seeded ``seed``.
 
     Args:

@@ -72,9 +72,19 @@ def _parameters(options: StainOptions, seed: int, batch: int, b: int, slide_rows
     return p.astype(np.float32)
 
 
-def stain_pass(image: torch.Tensor, out: torch.Tensor, options: StainOptions, *, seed: int, batch: int,
-               slide_rows: torch.Tensor | None, codes: Sequence[int], mean: Sequence[float],
-               std: Sequence[float], channels_last: bool) -> None:  # fmt: skip
+def stain_pass(
+    image: torch.Tensor,
+    out: torch.Tensor,
+    options: StainOptions,
+    *,
+    seed: int,
+    batch: int,
+    slide_rows: torch.Tensor | None,
+    codes: Sequence[int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    channels_last: bool,
+) -> None:
     """``options`` (:func:`fusable`) on a CPU uint8 batch into ``out``, as ``GpuCollate``'s torch path computes it.
 
     Args:
@@ -93,5 +103,4 @@ def stain_pass(image: torch.Tensor, out: torch.Tensor, options: StainOptions, *,
     dst = (out.permute(0, 2, 3, 1) if channels_last else out).numpy()  # (b, h, w, 3) / (b, 3, h, w), C order
     src = image if image.is_contiguous() else image.contiguous()
     norm = np.array([*mean, *std], dtype=np.float32)
-    _stain_apply(src.numpy(), dst, _table(options, logs), params, bytes(codes), norm, b, h, w, logs, lo,
-                 channels_last)  # fmt: skip
+    _stain_apply(src.numpy(), dst, _table(options, logs), params, bytes(codes), norm, b, h, w, logs, lo, channels_last)

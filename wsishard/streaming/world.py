@@ -85,8 +85,9 @@ def rank_share(world: World | None = None) -> tuple[int, int, Callable[[np.ndarr
         return None
     rank, size = dist.get_rank(), dist.get_world_size()
     if world is not None and (world.rank, world.world_size) != (rank, size):
-        raise TopologyError(f"world= says rank {world.rank} of {world.world_size} but torch.distributed says "
-                            f"{rank} of {size}")  # fmt: skip
+        raise TopologyError(
+            f"world= says rank {world.rank} of {world.world_size} but torch.distributed says {rank} of {size}"
+        )
 
     def total(a: np.ndarray) -> np.ndarray:
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None

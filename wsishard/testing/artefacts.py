@@ -138,8 +138,9 @@ def _marker_circle(rng: np.random.Generator, layers: _Layers, tissue: np.ndarray
     layers.paint(_soft(_line_distance(tissue.shape, pts) - width / 2, rng.uniform(0.85, 0.95)), BLUE_INK, 1)
 
 
-def _crossing_stroke(rng: np.random.Generator, layers: _Layers, tissue: np.ndarray, px_um: float,
-                     color: tuple[float, float, float]) -> None:  # fmt: skip
+def _crossing_stroke(
+    rng: np.random.Generator, layers: _Layers, tissue: np.ndarray, px_um: float, color: tuple[float, float, float]
+) -> None:
     """A gently curved stroke through a tissue point, from glass to glass (over the tissue on its way)."""
     rows, cols = tissue.shape
     found = np.argwhere(tissue)
@@ -185,8 +186,9 @@ def _bubbles(rng: np.random.Generator, layers: _Layers, px_um: float) -> None:
         layers.paint(_soft(np.abs(np.hypot(yy - cy, xx - cx) - r) - rim / 2, 0.9), BUBBLE_RIM, 2)
 
 
-def patch_fractions(mask: np.ndarray, mask_downsample: float, l0_x: np.ndarray, l0_y: np.ndarray,
-                    l0_extent: int) -> np.ndarray:  # fmt: skip
+def patch_fractions(
+    mask: np.ndarray, mask_downsample: float, l0_x: np.ndarray, l0_y: np.ndarray, l0_extent: int
+) -> np.ndarray:
     """(n,) float: the fraction of each level-0 square ``[x, x + extent) x [y, y + extent)`` that is True in a
     true mask at ``mask_downsample`` level-0 px per mask px (outside the mask counts as False)."""
     out = np.zeros(len(l0_x), dtype=np.float64)

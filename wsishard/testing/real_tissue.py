@@ -82,8 +82,15 @@ def _upsampled(factor: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 def _write(path: str | os.PathLike[str], rgb: np.ndarray, mpp: float) -> None:
     res = 1e4 / mpp  # px per cm
     with tifffile.TiffWriter(str(path)) as tw:
-        tw.write(rgb, tile=(256, 256), compression="jpeg", compressionargs={"level": 95}, photometric="rgb",
-                 resolution=(res, res), resolutionunit="CENTIMETER")  # fmt: skip
+        tw.write(
+            rgb,
+            tile=(256, 256),
+            compression="jpeg",
+            compressionargs={"level": 95},
+            photometric="rgb",
+            resolution=(res, res),
+            resolutionunit="CENTIMETER",
+        )
 
 
 def pigmented_region(path: str | os.PathLike[str], seed: int = 0, radius_um: float = 250.0) -> RealSlide:

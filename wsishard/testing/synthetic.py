@@ -133,8 +133,9 @@ def make_slide(
 Paint = tuple[np.ndarray | None, np.ndarray | None]  # the scene's pixel factor and carbon-speck weight
 
 
-def _pigmented(seed: int, field: np.ndarray, px_um: float, pigments: Sequence[str],
-               arts: Artefacts | None) -> tuple[Pigments | None, Paint]:  # fmt: skip
+def _pigmented(
+    seed: int, field: np.ndarray, px_um: float, pigments: Sequence[str], arts: Artefacts | None
+) -> tuple[Pigments | None, Paint]:
     """The pigment layers (None without pigment), and the scene's pixel factor (artefacts and smooth pigment) and
     carbon-speck weight, each None when there is none."""
     pigs = make_pigments(np.random.default_rng((seed, 4)), field, px_um, pigments) if pigments else None
@@ -267,8 +268,9 @@ def _jp2k_args(quality: int) -> dict[str, Any]:
     return {"compression": 33005, "compressionargs": {"level": max(20, quality // 2)}, "photometric": "rgb"}
 
 
-def _write_svs(path: str, sc: Scene, shape: tuple[int, int], mpp: float, include_mpp: bool, quality: int,
-               codec: Codec = "jpeg") -> None:  # fmt: skip
+def _write_svs(
+    path: str, sc: Scene, shape: tuple[int, int], mpp: float, include_mpp: bool, quality: int, codec: Codec = "jpeg"
+) -> None:
     """Write an Aperio-style svs: level 0, thumbnail, lower levels."""
     h, w = shape
     t = sc.tile_px

@@ -51,8 +51,9 @@ def scan_cells(path: str, mpp: float, tissue: TissueOptions, patch: PatchOptions
         l0_per_t = max(tissue.thumb_mpp / mpp, max(l0_w, l0_h) / tissue.max_thumb_px, 1.0)
         thumb, l0_per_t = read_lowres(reader, l0_per_t)
     found = find_tissue(thumb, l0_per_t * mpp, tissue)
-    return candidates((l0_w, l0_h), mpp, found.mask, l0_per_t, patch, artefact=found.ink | found.dark,
-                      pigment=found.pigment)  # fmt: skip
+    return candidates(
+        (l0_w, l0_h), mpp, found.mask, l0_per_t, patch, artefact=found.ink | found.dark, pigment=found.pigment
+    )
 
 
 def score_slide(slide: SyntheticSlide, tissue: TissueOptions, patch: PatchOptions) -> SlideScore:
@@ -82,5 +83,11 @@ def score_slide(slide: SyntheticSlide, tissue: TissueOptions, patch: PatchOption
     if slide.pigment is not None:
         pig = patch_fractions(slide.pigment, d, ideal.l0_x, ideal.l0_y, ideal.l0_extent) >= PIGMENT_FRACTION
         pigmented = set(zip(ideal.col[ok & pig].tolist(), ideal.row[ok & pig].tolist(), strict=True))
-    return SlideScore(len(cands), int(dirty.sum()), len(wanted & kept) / max(len(wanted), 1), area,
-                      len(pigmented), len(pigmented & kept))  # fmt: skip
+    return SlideScore(
+        len(cands),
+        int(dirty.sum()),
+        len(wanted & kept) / max(len(wanted), 1),
+        area,
+        len(pigmented),
+        len(pigmented & kept),
+    )
