@@ -141,8 +141,8 @@ class IndexWriter:
             slide_counts=np.bincount(columns["slide"], minlength=len(names)).astype(np.int64),
             labels=labels.astype(np.int64),
             label_counts=label_counts.astype(np.int64),
-            **columns,
-        )  # type: ignore[arg-type]
+            **columns,  # type: ignore[arg-type]
+        )
         return out.getvalue()
 
 
