@@ -148,8 +148,8 @@ class IndexWriter:
 
 def _plain_spans(records: bytes) -> list[tuple[str, int, int, bytes | None]] | None:
     """The members of tar records as :func:`~wsishard.shards.writer.sample_records` writes them (plain USTAR regular
-    files, names of under 100 bytes), read without checksums (~10x sooner than the checked reader: this is the
-    build's own output, just made); None for anything else, which the checked reader then reads."""
+    files, names of under 100 bytes), read without checksums (this is the build's own output, just made); None for
+    anything else, which the checked reader then reads."""
     out: list[tuple[str, int, int, bytes | None]] = []
     pos, n = 0, len(records)
     while pos + 512 <= n:

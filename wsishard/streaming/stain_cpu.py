@@ -11,8 +11,8 @@ torch path between them, ``exp``, then the blends (contrast towards the sample's
 sample while it is in cache) and ``(x - mean) / std``, in float32, writing the output in its layout. The per-sample
 parameters are the torch path's (the same draws of :func:`~wsishard.streaming.stain.hed_draws` and
 :func:`~wsishard.streaming.stain.colour_draws`, the same :func:`~wsishard.streaming.stain.macenko_map`), so a
-resumed run augments as before. It differs from the torch path by float32 rounding only (measured: tests/unit/
-test_stain_native.py). Reinhard (CIELAB statistics) and hue stay on the torch path.
+resumed run augments as before. It differs from the torch path by float32 rounding only
+(``tests/unit/test_stain_native.py`` holds it to that). Reinhard (CIELAB statistics) and hue stay on the torch path.
 """
 
 from __future__ import annotations
