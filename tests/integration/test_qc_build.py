@@ -119,3 +119,17 @@ def test_inspect_html_never_writes_over_a_file_of_the_build(built: Path, capsys:
     assert main(["inspect", str(built), "--html", str(built / "qc" / "index.html")]) == 0  # its own page: rewritten
     assert main(["inspect", str(built), "--html", str(built / "qc")]) == 2
     assert "is a folder" in capsys.readouterr().err
+
+
+def test_inspect_qc_names_slides_whose_scan_records_are_gone(
+    slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An output copied without its hidden state folder: its slides were fine, and the line says so and what to do."""
+    out = tmp_path / "out"
+    assert main(["build", str(slides), "-o", str(out), *ARGS]) == 1
+    shutil.rmtree(out / ".wsishard" / "scan")
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--qc"]) == 0
+    said = capsys.readouterr().out
+    assert "0 QC pictures drawn; 2 slides without a scan record (.wsishard/scan removed or not copied" in said
+    assert "failed before tissue detection" not in said

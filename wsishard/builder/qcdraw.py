@@ -46,11 +46,13 @@ class PictureTask:
 class QcDrawn:
     """What :func:`draw_pictures` did: pictures drawn from the slides, slides whose picture was drawn on the view
     their scan recorded (not readable here), slides with no picture (their scan recorded none: failed before tissue
-    detection, or scanned by a wsishard before 0.3), pictures already there."""
+    detection), slides with no scan record at all (its ``.wsishard/scan`` folder removed or not copied, or scanned
+    by a wsishard before 0.3), pictures already there."""
 
     from_slides: int = 0
     from_records: list[str] = field(default_factory=list)
     without: list[str] = field(default_factory=list)
+    unrecorded: list[str] = field(default_factory=list)
     present: int = 0
     page: str | None = None  # the review page written (None: a part's pictures, no page)
 
@@ -67,6 +69,11 @@ class QcDrawn:
             parts.append(f"{self.present} already there")
         if self.without:
             parts.append(f"{len(self.without)} slides without one (failed before tissue detection)")
+        if self.unrecorded:
+            parts.append(
+                f"{len(self.unrecorded)} slides without a scan record ({STATE_DIR}/scan removed or not copied, or "
+                "built by a wsishard before 0.3): build with --qc to draw theirs"
+            )
         return "; ".join(parts) + (f"; review page {self.page}" if self.page else "")
 
 
@@ -103,7 +110,8 @@ def draw_pictures(
                 if how == "slide":
                     done.from_slides += 1
                 else:
-                    (done.from_records if how == "record" else done.without).append(task.slide_id)
+                    lists = {"record": done.from_records, "unrecorded": done.unrecorded}
+                    lists.get(how, done.without).append(task.slide_id)
         if "part" not in manifest.extra:
             dest.write_bytes(QC_INDEX_NAME, qc_index(manifest).encode())
             done.page = dest.path(QC_INDEX_NAME)
@@ -114,12 +122,15 @@ def draw_pictures(
 
 def draw_picture(task: PictureTask) -> str:
     """Draw one slide's picture into the output; how: ``"slide"``, ``"record"`` (on the recorded view: the slide
-    could not be read) or ``"none"`` (its scan recorded no picture, or the manifest's slide id is no name a build
-    gives: a picture is only ever written as ``qc/<id>.png``, never elsewhere)."""
+    could not be read), ``"unrecorded"`` (no scan record of it) or ``"none"`` (its scan recorded no picture, or the
+    manifest's slide id is no name a build gives: a picture is only ever written as ``qc/<id>.png``, never
+    elsewhere)."""
     if sanitize_slide_id(task.slide_id) != task.slide_id:
         return "none"
     scan = ScanStore(task.dest, STATE_DIR).load(task.index, 1, qc=True)
-    if scan is None or scan.qc is None or scan.record.slide_id != task.slide_id:
+    if scan is None:
+        return "unrecorded"
+    if scan.qc is None or scan.record.slide_id != task.slide_id:
         return "none"
     data, how = None, "record"
     with tempfile.TemporaryDirectory(prefix="wsishard-qc-") as scratch:
