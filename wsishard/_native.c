@@ -61,6 +61,20 @@
  * x = clip(s x + (1 - s) grey(x), 0, 1), out = (x - mean) / std (as x / std - mean / std, by reciprocals). The GIL
  * is released while it runs.
  */
+/* 4. rank_median: the tissue scan's median blur, exactly scikit-image's ``filters.rank.median`` on a uint8 image
+ * (so that the build does not import scikit-image and SciPy, 0.5 s of a build's start-up).
+ *
+ * rank_median(src, dst, h, w, halfwidths) -> None
+ *
+ *   src         C-contiguous (h, w) uint8 image
+ *   dst         writable C-contiguous (h, w) uint8 output (not src)
+ *   halfwidths  int32 per footprint row, top to bottom (an odd count 2r + 1, centred): that row holds the pixels
+ *               dx in [-halfwidth, halfwidth] (a disk, a square); a negative halfwidth: the row is empty
+ *
+ * Each output pixel is the smallest value v at which more than half of the footprint's pixels that lie inside the
+ * image are <= v (scikit-image's rule: pixels outside the image are not counted). A histogram slides along each
+ * row; the median is found through 16 coarse bins.
+ */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -733,16 +747,80 @@ done:
     return result;
 }
 
+static void median_row(const uint8_t *src, uint8_t *dst, Py_ssize_t h, Py_ssize_t w, const int32_t *hw, Py_ssize_t r,
+                       Py_ssize_t y) {
+    uint32_t fine[256] = {0}, coarse[16] = {0}, pop = 0;
+    for (Py_ssize_t dy = -r; dy <= r; dy++) { /* the footprint at x = 0 */
+        Py_ssize_t yy = y + dy, half = hw[dy + r];
+        if (yy < 0 || yy >= h || half < 0) continue;
+        const uint8_t *row = src + yy * w;
+        for (Py_ssize_t xx = 0; xx <= half && xx < w; xx++) {
+            fine[row[xx]]++;
+            coarse[row[xx] >> 4]++;
+            pop++;
+        }
+    }
+    for (Py_ssize_t x = 0; x < w; x++) {
+        uint32_t cum = 0, c = 0;
+        while (2 * (cum + coarse[c]) <= pop) cum += coarse[c++]; /* pop > 0: the centre is always inside */
+        uint32_t v = c << 4;
+        while (2 * (cum + fine[v]) <= pop) cum += fine[v++];
+        dst[y * w + x] = (uint8_t)v;
+        for (Py_ssize_t dy = -r; dy <= r; dy++) { /* slide to x + 1 */
+            Py_ssize_t yy = y + dy, half = hw[dy + r];
+            if (yy < 0 || yy >= h || half < 0) continue;
+            const uint8_t *row = src + yy * w;
+            Py_ssize_t out = x - half, in = x + 1 + half;
+            if (out >= 0) {
+                fine[row[out]]--;
+                coarse[row[out] >> 4]--;
+                pop--;
+            }
+            if (in < w) {
+                fine[row[in]]++;
+                coarse[row[in] >> 4]++;
+                pop++;
+            }
+        }
+    }
+}
+
+static PyObject *rank_median(PyObject *self, PyObject *args) {
+    Py_buffer src, dst, halfwidths;
+    Py_ssize_t h, w;
+    if (!PyArg_ParseTuple(args, "y*w*nny*", &src, &dst, &h, &w, &halfwidths)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t rows = halfwidths.len / (Py_ssize_t)sizeof(int32_t), r = rows / 2;
+    if (h <= 0 || w <= 0 || src.len != h * w || dst.len != h * w || src.buf == dst.buf) {
+        PyErr_SetString(PyExc_ValueError, "rank_median: src and dst must be distinct buffers of h * w bytes");
+        goto done;
+    }
+    if (rows % 2 != 1 || halfwidths.len % (Py_ssize_t)sizeof(int32_t) != 0 || ((int32_t *)halfwidths.buf)[r] < 0) {
+        PyErr_SetString(PyExc_ValueError, "rank_median: halfwidths must be an odd number of int32 holding the centre");
+        goto done;
+    }
+    const int32_t *hw = (const int32_t *)halfwidths.buf;
+    Py_BEGIN_ALLOW_THREADS for (Py_ssize_t y = 0; y < h; y++) median_row(src.buf, dst.buf, h, w, hw, r, y);
+    Py_END_ALLOW_THREADS result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&halfwidths);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "scan(buf, pos, end, exts, phase, step, state) -> (pos, samples)"},
     {"lut_apply", lut_apply, METH_VARARGS, "lut_apply(src, dst, table, codes, b, h, w, itemsize, channels_last) -> None"},
     {"stain_apply", stain_apply, METH_VARARGS,
      "stain_apply(src, dst, table, params, codes, norm, b, h, w, logs, lo, channels_last) -> None"},
+    {"rank_median", rank_median, METH_VARARGS, "rank_median(src, dst, h, w, halfwidths) -> None"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_native", "wsishard's native helpers: tar scan, GpuCollate's CPU pass.", -1, methods,
+    PyModuleDef_HEAD_INIT, "_native", "wsishard's native helpers: tar scan, GpuCollate's CPU pass, the tissue scan's median.", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

@@ -30,10 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import ndimage as ndi
-from skimage.morphology import disk
 
-from wsishard.builder.morphology import dilate
+from wsishard.builder.morphology import dilate, disk, label
 
 GREY_MAX_VALUE = 0.55  # dark-grey artefacts (bubble rims, out-of-focus dirt): value below this...
 GREY_MAX_SATURATION = 0.12  # ...and saturation below this
@@ -152,7 +150,7 @@ def pigment_regions(candidate: np.ndarray, hue: np.ndarray, sat: np.ndarray, val
     """(h, w) bool: the 8-connected regions of ``candidate`` (dark pixels) in which at least
     :data:`PIGMENT_MIN_SHARE` of the pixels are :func:`pigment_like`, and less than :data:`PIGMENT_MAX_GLASS` of the
     pixels around which are glass (pigment lies inside tissue; a dot or a stroke on the glass does not)."""
-    labels, n = ndi.label(candidate, structure=np.ones((3, 3), dtype=bool))
+    labels, n = label(candidate, eight=True)
     if n == 0:
         return np.zeros(candidate.shape, dtype=bool)
     sizes = np.bincount(labels.ravel(), minlength=n + 1)
@@ -176,7 +174,7 @@ def pigment_regions(candidate: np.ndarray, hue: np.ndarray, sat: np.ndarray, val
 
 def _joined(core: np.ndarray, extra: np.ndarray) -> np.ndarray:
     """(h, w) bool: ``core`` and the 8-connected regions of ``core | extra`` that hold some of ``core``."""
-    labels, n = ndi.label(core | extra, structure=np.ones((3, 3), dtype=bool))
+    labels, n = label(core | extra, eight=True)
     keep = np.zeros(n + 1, dtype=bool)
     keep[np.unique(labels[core])] = True
     keep[0] = False

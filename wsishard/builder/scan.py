@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-import skimage.filters.rank
 
 from wsishard.builder.context import context_footprints, context_legend
 from wsishard.builder.grid import (
@@ -49,7 +48,7 @@ logger = logging.getLogger(__name__)
 # What the workers' scans use, though the modules that need it import it lazily (so that the CLI starts without
 # it): imported with this module, so before a build's pool forks its workers, which inherit it (a forkserver
 # preloads this module) instead of each importing it again.
-_PRELOADED = (skimage.filters.rank, _openslide_backend)
+_PRELOADED = (_openslide_backend,)
 
 _MEASURED_PATCHES = 6  # patches per slide encoded while scanning to size shards in bytes
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # writing failed for want of room or rights: not the slide's

@@ -255,7 +255,7 @@ def find_tissue(rgb: np.ndarray, mpp: float, options: TissueOptions | None = Non
     if h == 0 or w == 0:
         empty = np.zeros((h, w), dtype=bool)
         return TissueResult(empty, empty, empty, empty)
-    from wsishard.builder.artefacts import find_artefacts  # scipy and scikit-image: not at import (CLI start-up)
+    from wsishard.builder.artefacts import find_artefacts  # OpenCV: not at import (CLI start-up)
 
     rgb = composite_on_white(rgb)
     # never below one px: a view claimed far finer than it is (a wrong mpp) must not pad to terabytes
@@ -292,10 +292,9 @@ def _detect(rgb: np.ndarray, mpp: float, opts: TissueOptions, removed: np.ndarra
         feature[removed] = 0
     radius = round(opts.median_um / mpp)
     if radius >= 1 and min(feature.shape) > 1:
-        from skimage.filters.rank import median as rank_median
-        from skimage.morphology import disk
+        from wsishard.builder.morphology import disk, median
 
-        feature = rank_median(feature, disk(radius))
+        feature = median(feature, disk(radius))
     threshold = _threshold(feature[~removed] if cut else feature, opts)
     if threshold is None:
         return np.zeros(feature.shape, dtype=bool)
@@ -337,9 +336,9 @@ def _threshold(feature: np.ndarray, opts: TissueOptions) -> float | None:
     hist = np.bincount(feature.ravel(), minlength=256)
     if np.count_nonzero(hist) < 2:
         return None
-    from skimage.filters import threshold_otsu
+    from wsishard.builder.morphology import otsu_threshold
 
-    otsu = float(threshold_otsu(hist=hist))
+    otsu = otsu_threshold(hist)
     logger.debug("otsu threshold %.3f (floor %.3f)", otsu / 255, opts.min_threshold)
     return max(otsu, opts.min_threshold * 255)
 
@@ -348,9 +347,7 @@ def _close(mask: np.ndarray, radius: int) -> np.ndarray:
     """Binary closing with a disk; the border is padded by replication so edge tissue is not eroded."""
     if radius < 1 or not mask.any():
         return mask
-    from skimage.morphology import disk
-
-    from wsishard.builder.morphology import close
+    from wsishard.builder.morphology import close, disk
 
     padded = np.pad(mask, radius, mode="edge")
     closed = close(padded, disk(radius))
@@ -361,9 +358,9 @@ def _drop_small_objects(mask: np.ndarray, max_px: float) -> np.ndarray:
     """Drop 8-connected objects of at most ``max_px`` pixels."""
     if max_px < 1 or not mask.any():
         return mask
-    from scipy import ndimage as ndi
+    from wsishard.builder.morphology import label
 
-    labels, _ = ndi.label(mask, structure=np.ones((3, 3), dtype=bool))
+    labels, _ = label(mask, eight=True)
     sizes = np.bincount(labels.ravel())
     keep = sizes > max_px
     keep[0] = False
@@ -374,9 +371,9 @@ def _fill_small_holes(mask: np.ndarray, max_px: float) -> np.ndarray:
     """Fill 4-connected background regions of at most ``max_px`` pixels that do not touch the border."""
     if max_px < 1 or mask.all() or not mask.any():
         return mask
-    from scipy import ndimage as ndi
+    from wsishard.builder.morphology import label
 
-    labels, _ = ndi.label(~mask)
+    labels, _ = label(~mask)
     sizes = np.bincount(labels.ravel())
     fill = sizes <= max_px
     fill[0] = False
