@@ -74,6 +74,47 @@ def _collate(batch: torch.Tensor, native: bool, collate: GpuCollate) -> float:
     return time.process_time() - t
 
 
+def _scores_numpy(patch: np.ndarray) -> None:
+    """The quality scores as 0.2 computed them without the C pass: Pillow's nearest resize, then numpy."""
+    from PIL import Image
+
+    small = np.asarray(Image.fromarray(patch).resize((64, 64), Image.Resampling.NEAREST))
+    hi = small.max(axis=2).astype(np.int16)
+    lo = small.min(axis=2).astype(np.int16)
+    glass = ((hi - lo) * 100 < 8.0 * hi) & (hi > 204)
+    lap = (hi[1:-1, :-2] + hi[1:-1, 2:] + hi[:-2, 1:-1] + hi[2:, 1:-1] - 4 * hi[1:-1, 1:-1]).ravel().astype(np.int64)
+    np.count_nonzero(glass), np.count_nonzero(hi < 64), np.dot(lap, lap), lap.sum()
+
+
+def _build_side(patches: list[np.ndarray], view: np.ndarray) -> dict[str, float]:
+    """CPU seconds: the scores of each patch with and without the C pass; the scan's median of one detection view
+    with the C pass and with scikit-image's; importing SciPy and scikit-image's rank filters (what the build's
+    process loaded before the C median) in a fresh interpreter that has loaded the build."""
+    from skimage.filters.rank import median as rank_median
+
+    from wsishard.builder.morphology import disk, median
+    from wsishard.builder.quality import quality_scores
+
+    out = {}
+    for name, fn in (("scores_c", quality_scores), ("scores_numpy", _scores_numpy)):
+        t = time.process_time()
+        for patch in patches:
+            fn(patch)
+        out[name] = (time.process_time() - t) / len(patches)
+    for name, fn in (("median_c", median), ("median_skimage", rank_median)):
+        t = time.process_time()
+        fn(view, disk(3))
+        out[name] = time.process_time() - t
+    probe = (
+        "import time, wsishard.builder.run\nt = time.process_time()\n"
+        "import skimage.filters.rank, scipy.ndimage\nprint(time.process_time() - t)"
+    )
+    out["import_scipy_skimage"] = float(
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()[-1]
+    )
+    return out
+
+
 def measure(root: str, rounds: int) -> dict[str, Any]:
     blobs = _blobs(root)
     _, raws = _read(blobs, True)
@@ -88,7 +129,18 @@ def measure(root: str, rounds: int) -> dict[str, Any]:
         runs["label_decode"].append(_work(raws, hw) / len(raws))
         runs["lut_c"].append(_collate(batch, True, collate) / len(batch))
         runs["lut_torch"].append(_collate(batch, False, collate) / len(batch))
+    slot = np.empty((*hw, 3), np.uint8)
+    patches = []
+    for raw in raws[:300]:
+        decode_into(raw, slot)
+        patches.append(slot.copy())
+    view = np.random.default_rng(1).integers(0, 256, (384, 512), dtype=np.uint8)  # a 16384x12288 slide at 8 um/px
+    build_runs: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for k, v in _build_side(patches, view).items():
+            build_runs.setdefault(k, []).append(v)
     med = {k: median_range(v)[0] * 1e6 for k, v in runs.items()}
+    build_med = {k: median_range(v)[0] * 1e6 for k, v in build_runs.items()}
     worker = med["scan_c"] + med["label_decode"]
     return {
         "samples": len(raws),
@@ -99,7 +151,19 @@ def measure(root: str, rounds: int) -> dict[str, Any]:
         "worker_us": worker,
         "scan_removed_pct": (med["scan_python"] - med["scan_c"]) / worker * 100,
         "lut_removed_pct": (med["lut_torch"] - med["lut_c"]) / worker * 100,
+        "build_median_us": build_med,
+        "build_range_us": {k: [x * 1e6 for x in median_range(v)[1:]] for k, v in build_runs.items()},
     }
+
+
+def _build_ms_per_patch() -> float | None:
+    """A default ``--jobs 1`` build's CPU per patch at 0.2520 mpp, from the latest saved ``bench_build`` run."""
+    saved = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "bench_build.json"
+    try:
+        rate = json.loads(saved.read_text())["report"]["rates"]["0.2520"]["j1"]
+    except (OSError, KeyError, ValueError):
+        return None
+    return float(rate["cpu_s"]) / rate["patches"] * 1e3
 
 
 def main() -> int:
@@ -123,6 +187,27 @@ def main() -> int:
         for name, key in (("scan", "scan_removed_pct"), ("lut_apply", "lut_removed_pct"))
     ]
     print(markdown(("C function", "cost without it", "rule (keep at >= 5%)"), rows, caption))
+    bmed, brng = res["build_median_us"], res["build_range_us"]
+    caption = (
+        "Build side, CPU us: the scores per patch, the scan's median per 512x384 view (radius 3), and importing "
+        "SciPy and scikit-image's rank filters in a process that has loaded the build (paid before the C median)"
+    )
+    rows = [(k, f"{v:.1f}", f"{brng[k][0]:.1f}-{brng[k][1]:.1f}") for k, v in bmed.items()]
+    print(markdown(("step", "median (us)", "range (us)"), rows, caption))
+    per_patch = _build_ms_per_patch()
+    if per_patch is not None:
+        caption = f"What removing each build-side C function costs, against a build's {per_patch:.2f} ms of CPU a patch"
+        res["build_ms_per_patch"] = per_patch
+        res["quality_counts_removed_pct"] = (bmed["scores_numpy"] - bmed["scores_c"]) / (per_patch * 1e3) * 100
+        rows = [
+            (
+                "quality_counts",
+                f"+{res['quality_counts_removed_pct']:.1f}%",
+                "keep" if res["quality_counts_removed_pct"] >= 5 else "remove",
+            ),
+            ("rank_median", f"+{bmed['import_scipy_skimage'] / 1e3:.0f} ms a build's start-up", "keep (start-up)"),
+        ]
+        print(markdown(("C function", "cost without it", "rule"), rows, caption))
     print("JSON: " + json.dumps(res))
     return 0
 

@@ -75,6 +75,20 @@
  * image are <= v (scikit-image's rule: pixels outside the image are not counted). A histogram slides along each
  * row; the median is found through 16 coarse bins.
  */
+/* 5. quality_counts: the counts behind a patch's quality scores (wsishard.builder.quality), in one pass over its
+ * sampled pixels instead of a dozen numpy passes.
+ *
+ * quality_counts(patch, ys, xs, glass_saturation, glass_value, dark_value) -> (glass, dark, lap_sum, lap_squares)
+ *
+ *   patch             an (H, W, 3) uint8 array, any strides (a view of a larger image)
+ *   ys, xs            int32 each: the rows and the columns sampled (h and w of them, each within the patch)
+ *   glass_saturation  a sampled pixel is glass when (hi - lo) * 100 < glass_saturation * hi and hi > glass_value,
+ *                     hi and lo its largest and smallest channel (the doubles compared as numpy compares them)
+ *   dark_value        a sampled pixel is dark when hi < dark_value
+ *
+ * lap_sum and lap_squares: the sum and the sum of squares of the 4-neighbour Laplacian of hi over the inner
+ * (h - 2) x (w - 2) sampled pixels (exact integers).
+ */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -810,17 +824,81 @@ done:
     return result;
 }
 
+static PyObject *quality_counts(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    Py_buffer patch = {0}, ys = {0}, xs = {0};
+    double glass_saturation, glass_value, dark_value;
+    if (!PyArg_ParseTuple(args, "Oy*y*ddd", &obj, &ys, &xs, &glass_saturation, &glass_value, &dark_value))
+        return NULL;
+    PyObject *result = NULL;
+    int16_t *hi = NULL;
+    if (PyObject_GetBuffer(obj, &patch, PyBUF_RECORDS_RO) < 0) goto done;
+    Py_ssize_t h = ys.len / (Py_ssize_t)sizeof(int32_t), w = xs.len / (Py_ssize_t)sizeof(int32_t);
+    if (patch.ndim != 3 || patch.itemsize != 1 || patch.shape[2] != 3 || h <= 0 || w <= 0) {
+        PyErr_SetString(PyExc_ValueError, "quality_counts: patch must be (H, W, 3) uint8, ys and xs non-empty");
+        goto done;
+    }
+    const int32_t *yi = ys.buf, *xi = xs.buf;
+    for (Py_ssize_t i = 0; i < h; i++)
+        if (yi[i] < 0 || yi[i] >= patch.shape[0]) {
+            PyErr_SetString(PyExc_ValueError, "quality_counts: a sampled row lies outside the patch");
+            goto done;
+        }
+    for (Py_ssize_t i = 0; i < w; i++)
+        if (xi[i] < 0 || xi[i] >= patch.shape[1]) {
+            PyErr_SetString(PyExc_ValueError, "quality_counts: a sampled column lies outside the patch");
+            goto done;
+        }
+    hi = PyMem_Malloc((size_t)(h * w) * sizeof(int16_t));
+    if (hi == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    long long glass = 0, dark = 0, lap_sum = 0, lap_squares = 0;
+    const Py_ssize_t sy = patch.strides[0], sx = patch.strides[1], sc = patch.strides[2];
+    for (Py_ssize_t y = 0; y < h; y++) {
+        const uint8_t *row = (const uint8_t *)patch.buf + yi[y] * sy;
+        for (Py_ssize_t x = 0; x < w; x++) {
+            const uint8_t *p = row + xi[x] * sx;
+            int r = p[0], g = p[sc], b = p[2 * sc];
+            int mx = r > g ? r : g, mn = r < g ? r : g;
+            mx = mx > b ? mx : b;
+            mn = mn < b ? mn : b;
+            hi[y * w + x] = (int16_t)mx;
+            glass += ((double)((mx - mn) * 100) < glass_saturation * (double)mx) && ((double)mx > glass_value);
+            dark += (double)mx < dark_value;
+        }
+    }
+    for (Py_ssize_t y = 1; y + 1 < h; y++) {
+        for (Py_ssize_t x = 1; x + 1 < w; x++) {
+            const int16_t *c = hi + y * w + x;
+            long long lap = (long long)c[-1] + c[1] + c[-w] + c[w] - 4 * (long long)c[0];
+            lap_sum += lap;
+            lap_squares += lap * lap;
+        }
+    }
+    result = Py_BuildValue("LLLL", glass, dark, lap_sum, lap_squares);
+done:
+    PyMem_Free(hi);
+    if (patch.obj != NULL) PyBuffer_Release(&patch);
+    PyBuffer_Release(&ys);
+    PyBuffer_Release(&xs);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "scan(buf, pos, end, exts, phase, step, state) -> (pos, samples)"},
     {"lut_apply", lut_apply, METH_VARARGS, "lut_apply(src, dst, table, codes, b, h, w, itemsize, channels_last) -> None"},
     {"stain_apply", stain_apply, METH_VARARGS,
      "stain_apply(src, dst, table, params, codes, norm, b, h, w, logs, lo, channels_last) -> None"},
     {"rank_median", rank_median, METH_VARARGS, "rank_median(src, dst, h, w, halfwidths) -> None"},
+    {"quality_counts", quality_counts, METH_VARARGS,
+     "quality_counts(patch, ys, xs, glass_saturation, glass_value, dark_value) -> (glass, dark, lap_sum, lap_squares)"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_native", "wsishard's native helpers: tar scan, GpuCollate's CPU pass, the tissue scan's median.", -1, methods,
+    PyModuleDef_HEAD_INIT, "_native", "wsishard's native helpers: tar scan, GpuCollate's CPU pass, the scan's median, patch scores.", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

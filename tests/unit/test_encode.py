@@ -243,3 +243,26 @@ def test_the_tile_cache_keeps_to_its_bytes_and_forgets_a_closed_reader() -> None
     assert cache.get((b, 0, 1, 1)) is None
     cache.drop_reader(a)
     assert cache.get((a, 0, 2, 1)) is None and cache.get((b, 0, 0, 1)) is not None
+
+
+@pytest.mark.parametrize("quality", [60, 90, 100])
+def test_jpeg_patches_are_pillows_bytes(quality: int) -> None:
+    """``encode_image`` encodes JPEG through OpenCV; the bytes are those Pillow's ``save`` wrote before, on real
+    tissue (CMU-1), noise and flat patches, so shards do not change."""
+    import io
+
+    from cmu import cmu_rgb
+    from PIL import Image
+
+    from wsishard.builder.resample import encode_image
+
+    rng = np.random.default_rng(quality)
+    tissue = cmu_rgb()
+    patches = [tissue[y : y + 256, x : x + 256] for y, x in rng.integers(0, (2700, 1960), (12, 2)).tolist()]
+    patches += [rng.integers(0, 256, (256, 256, 3), dtype=np.uint8), np.full((224, 224, 3), 240, np.uint8)]
+    patches += [rng.integers(0, 256, (37, 50, 3), dtype=np.uint8)]  # not a multiple of the 16 px MCU
+    for patch in patches:
+        buf = io.BytesIO()
+        Image.fromarray(np.ascontiguousarray(patch)).save(buf, "JPEG", quality=quality)
+        assert encode_image(patch, "jpg", quality) == buf.getvalue()
+        assert encode_image(Image.fromarray(np.ascontiguousarray(patch)), "jpg", quality) == buf.getvalue()

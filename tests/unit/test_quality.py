@@ -66,3 +66,46 @@ def test_filters_name_the_reason() -> None:
 def test_options_validation(kw: dict[str, float], name: str) -> None:
     with pytest.raises(OptionError, match=name):
         QualityOptions(**kw)
+
+
+def _scores_as_before(patch: Image.Image) -> dict[str, float]:
+    """The scores as 0.2 computed them (Pillow's nearest resize, then numpy): the definition the C pass keeps."""
+    from wsishard.builder.quality import DARK_MAX_VALUE, GLASS_MAX_SATURATION, GLASS_MIN_VALUE, SCORE_PX
+
+    w, h = patch.size
+    small = (
+        patch.resize((min(w, SCORE_PX), min(h, SCORE_PX)), Image.Resampling.NEAREST) if max(w, h) > SCORE_PX else patch
+    )
+    rgb = np.asarray(small)
+    hi = np.maximum(np.maximum(rgb[..., 0], rgb[..., 1]), rgb[..., 2]).astype(np.int16)
+    lo = np.minimum(np.minimum(rgb[..., 0], rgb[..., 1]), rgb[..., 2]).astype(np.int16)
+    glass = ((hi - lo) * 100 < GLASS_MAX_SATURATION * 100 * hi) & (hi > GLASS_MIN_VALUE * 255)
+    lap = (hi[1:-1, :-2] + hi[1:-1, 2:] + hi[:-2, 1:-1] + hi[2:, 1:-1] - 4 * hi[1:-1, 1:-1]).ravel().astype(np.int64)
+    mean = lap.sum() / max(lap.size, 1)
+    return {
+        "background": round(np.count_nonzero(glass) / glass.size, 4),
+        "dark": round(np.count_nonzero(hi < DARK_MAX_VALUE * 255) / hi.size, 4),
+        "sharpness": round(float(np.dot(lap, lap) / lap.size - mean * mean) if lap.size else 0.0, 4),
+    }
+
+
+def _patches() -> list[np.ndarray]:
+    from cmu import cmu_rgb
+
+    rng = np.random.default_rng(0)
+    tissue = cmu_rgb()
+    out = [tissue[y : y + 256, x : x + 256] for y, x in rng.integers(0, (2700, 1960), (40, 2)).tolist()]  # views
+    for h, w in [(224, 224), (300, 300), (512, 512), (255, 257), (65, 64), (64, 64), (10, 20), (2, 5), (1, 1)]:
+        out.append(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        out.append((rng.integers(0, 3, (h, w, 3)) * 100 + (rng.random((h, w, 1)) < 0.5) * 55).astype(np.uint8))
+    out += [np.full((256, 256, 3), v, np.uint8) for v in ([204, 204, 204], [205, 190, 205], [63, 10, 10], [64, 0, 0])]
+    return out
+
+
+def test_scores_are_the_definitions_pixel_for_pixel() -> None:
+    """Real tissue (CMU-1, as views of a larger image), noise, few-valued images at thresholds' edges, and sizes
+    above, at and below the sampled 64 px: the scores an array gets, and an image gets, are 0.2's."""
+    for patch in _patches():
+        want = _scores_as_before(Image.fromarray(np.ascontiguousarray(patch)))
+        assert quality_scores(patch) == want, patch.shape
+        assert quality_scores(Image.fromarray(np.ascontiguousarray(patch))) == want

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-from PIL import Image
 
 from wsishard.builder.grid import Block, Candidates, PatchOptions, choose_level
 from wsishard.builder.resample import REST_SLACK, Reduced, ceil_to, encode_image, floor_to, reduced_read
@@ -115,9 +114,7 @@ class BlockContext:
         for i, mpp in enumerate(self.options.mpps):
             x, y, side = context_field(l0_x + half, l0_y + half, mpp, self.options.size_px, self.slide_mpp)
             pixels = self._cut(i, x, y)  # (size, size, 3) uint8
-            members[context_ext(i, self.image_format)] = encode_image(
-                Image.fromarray(pixels), self.image_format, self.quality
-            )
+            members[context_ext(i, self.image_format)] = encode_image(pixels, self.image_format, self.quality)
             padded = padded_fraction(x, y, side, self.reader.level_dimensions[0])
             metas.append({"mpp": mpp, "x": round(x), "y": round(y), "size": self.options.size_px, "padded": padded})
         return members, metas

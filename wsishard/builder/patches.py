@@ -11,6 +11,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
 from PIL import Image
 
 from wsishard.builder.context import BlockContext, ContextOptions
@@ -94,17 +95,23 @@ def read_block_image(reader: SlideReader, block: Block, cands: Candidates, level
 def patch_images(
     reader: SlideReader, block: Block, cands: Candidates, level: int
 ) -> list[tuple[Image.Image, float, float]]:
-    """The block's kept patches at the output resolution, in the block's order, each with the level px of its
-    top-left: one read for the block, stage 2 (:func:`read_block_image`) for each patch alone, so a block's empty
-    cells cost nothing. A patch starts on the reduced pixel nearest its grid position (at most half a reduced
-    pixel away; where grid steps are shorter than that, at its grid position: :meth:`Reduced.cut`), so its
-    level-0 corner is exact; patches keep exactly the target resolution."""
+    """:func:`patch_pixels` as Pillow images."""
+    return [(Image.fromarray(pixels), l_x, l_y) for pixels, l_x, l_y in patch_pixels(reader, block, cands, level)]
+
+
+def patch_pixels(
+    reader: SlideReader, block: Block, cands: Candidates, level: int
+) -> list[tuple[np.ndarray, float, float]]:
+    """The block's kept patches at the output resolution, (size, size, 3) uint8, in the block's order, each with
+    the level px of its top-left: one read for the block, stage 2 (:func:`read_block_image`) for each patch alone,
+    so a block's empty cells cost nothing. A patch starts on the reduced pixel nearest its grid position (at most
+    half a reduced pixel away; where grid steps are shorter than that, at its grid position: :meth:`Reduced.cut`),
+    so its level-0 corner is exact; patches keep exactly the target resolution."""
     reduced = _stage_one(reader, block, cands, level)
     size, stride = cands.patch, cands.stride
     out = []
     for col, row in zip(cands.col[block.patches].tolist(), cands.row[block.patches].tolist(), strict=True):
-        pixels, l_x, l_y = reduced.cut(col * stride, row * stride, size, size)
-        out.append((Image.fromarray(pixels), l_x, l_y))
+        out.append(reduced.cut(col * stride, row * stride, size, size))
     return out
 
 
@@ -152,7 +159,7 @@ def block_samples(reader: SlideReader, work: SlideWork, block: Block, encode: En
     context = _block_context(reader, work, block, encode)
     out = []
     for i, (patch, l_x, l_y) in zip(
-        block.patches.tolist(), patch_images(reader, block, cands, work.level), strict=True
+        block.patches.tolist(), patch_pixels(reader, block, cands, work.level), strict=True
     ):
         scores = quality_scores(patch)  # the one place patch pixels are scored
         if encode.filters.rejects(scores) is not None:

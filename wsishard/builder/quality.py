@@ -1,9 +1,10 @@
 """Per-patch quality scores, computed while a patch's pixels are in memory, written into its ``.json``, and
 optionally used to leave patches out at build time (``--max-background``, ``--max-dark-pixels``, ``--min-sharpness``).
 
-The scores are taken on :data:`SCORE_PX` x :data:`SCORE_PX` pixels sampled evenly from the patch (nearest: a box
-filter would read every pixel and cost three times as much), which keeps their cost a small fraction of reading,
-resampling and encoding the patch (``scripts/bench_quality.py`` measures it):
+The scores are taken on :data:`SCORE_PX` x :data:`SCORE_PX` pixels sampled evenly from the patch (the pixels
+Pillow's nearest-neighbour resize picks: a box filter would read every pixel and cost three times as much), counted
+in one C pass (:mod:`wsishard._native`), which keeps their cost a small fraction of reading, resampling and encoding
+the patch (``scripts/bench_tissue.py --quality`` measures it):
 
 - ``background``: fraction of pixels that look like glass (HSV saturation below :data:`GLASS_MAX_SATURATION` and
   value above :data:`GLASS_MIN_VALUE`);
@@ -14,12 +15,14 @@ resampling and encoding the patch (``scripts/bench_quality.py`` measures it):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 from PIL import Image
 
+from wsishard._native import quality_counts
 from wsishard.errors import OptionError
 
 SCORE_PX = 64  # scores are computed on this many pixels a side, sampled evenly from the patch
@@ -89,20 +92,31 @@ class QualityOptions:
         return None
 
 
-def quality_scores(patch: Image.Image) -> Scores:
-    """The quality scores of an RGB patch (rounded to 4 decimals, as they are written)."""
-    w, h = patch.size
-    small = (
-        patch.resize((min(w, SCORE_PX), min(h, SCORE_PX)), Image.Resampling.NEAREST) if max(w, h) > SCORE_PX else patch
+def quality_scores(patch: Image.Image | np.ndarray) -> Scores:
+    """The quality scores of an RGB patch, a Pillow image or (h, w, 3) uint8 (rounded to 4 decimals, as they are
+    written), on the pixels Pillow's nearest-neighbour resize to :data:`SCORE_PX` picks."""
+    rgb = np.asarray(patch)  # (h, w, 3) uint8
+    h, w = rgb.shape[:2]
+    if h == 0 or w == 0:
+        raise ValueError(f"an empty patch: {rgb.shape}")
+    ys, xs = _nearest(h, min(h, SCORE_PX)), _nearest(w, min(w, SCORE_PX))
+    glass, dark, lap_sum, lap_squares = quality_counts(
+        rgb, ys, xs, GLASS_MAX_SATURATION * 100, GLASS_MIN_VALUE * 255, DARK_MAX_VALUE * 255
     )
-    rgb = np.asarray(small)  # (h, w, 3) uint8
-    hi = np.maximum(np.maximum(rgb[..., 0], rgb[..., 1]), rgb[..., 2]).astype(np.int16)  # HSV value, 0..255
-    lo = np.minimum(np.minimum(rgb[..., 0], rgb[..., 1]), rgb[..., 2]).astype(np.int16)
-    glass = ((hi - lo) * 100 < GLASS_MAX_SATURATION * 100 * hi) & (hi > GLASS_MIN_VALUE * 255)  # S = (hi - lo) / hi
-    lap = (hi[1:-1, :-2] + hi[1:-1, 2:] + hi[:-2, 1:-1] + hi[2:, 1:-1] - 4 * hi[1:-1, 1:-1]).ravel().astype(np.int64)
-    mean = lap.sum() / max(lap.size, 1)
+    oh, ow = len(ys) // 4, len(xs) // 4  # int32 each
+    pixels, laps = oh * ow, max(oh - 2, 0) * max(ow - 2, 0)
+    mean = lap_sum / max(laps, 1)
     return {
-        "background": round(np.count_nonzero(glass) / glass.size, 4),
-        "dark": round(np.count_nonzero(hi < DARK_MAX_VALUE * 255) / hi.size, 4),
-        "sharpness": round(float(np.dot(lap, lap) / lap.size - mean * mean) if lap.size else 0.0, 4),
+        "background": round(glass / pixels, 4),
+        "dark": round(dark / pixels, 4),
+        "sharpness": round(float(lap_squares / laps - mean * mean) if laps else 0.0, 4),
     }
+
+
+@functools.cache
+def _nearest(size: int, out: int) -> bytes:
+    """The source indices (int32) Pillow's ``NEAREST`` resize from ``size`` to ``out`` px takes along one axis (all
+    of them when ``out == size``), asked of Pillow itself, on an image of the indices."""
+    ramp = Image.fromarray(np.arange(size, dtype=np.int32)[None, :])  # mode "I"
+    picked = np.asarray(ramp.resize((out, 1), Image.Resampling.NEAREST))[0] if out < size else np.arange(size)
+    return picked.astype(np.int32).tobytes()
