@@ -158,7 +158,9 @@ def measure(root: str, rounds: int) -> dict[str, Any]:
 
 def _build_ms_per_patch() -> float | None:
     """A default ``--jobs 1`` build's CPU per patch at 0.2520 mpp, from the latest saved ``bench_build`` run."""
-    saved = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "bench_build.json"
+    from benchresults import RESULTS
+
+    saved = RESULTS / "bench_build.json"
     try:
         rate = json.loads(saved.read_text())["report"]["rates"]["0.2520"]["j1"]
     except (OSError, KeyError, ValueError):

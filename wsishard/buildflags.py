@@ -16,7 +16,7 @@ from wsishard import cliargs
 from wsishard.builder.inputs import mpp_table
 from wsishard.builder.keywords import option_fields, option_flag
 from wsishard.builder.options import BuildOptions, context_mpps
-from wsishard.builder.roi import parse_names
+from wsishard.builder.tissueopts import parse_names
 from wsishard.cliargs import format_size, parse_size
 from wsishard.deprecation import OldFlag, add_old_flag
 from wsishard.errors import OptionError

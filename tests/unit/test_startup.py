@@ -1,7 +1,7 @@
 """Start-up: the ``wsishard`` command parses its flags before it loads the libraries that do the work.
 
-``wsishard --help`` and ``import wsishard.cli`` load numpy and Pillow (the option dataclasses' modules use them) but
-none of the heavy imaging, storage or progress libraries: those load when a command runs. Checked in a fresh
+``wsishard --help`` and ``import wsishard.cli`` load none of the imaging, array, storage or progress libraries (the
+option dataclasses live in modules of plain Python): those load when a command runs. Checked in a fresh
 interpreter, by the modules loaded, never by a clock.
 """
 
@@ -14,7 +14,20 @@ from pathlib import Path
 
 import pytest
 
-HEAVY = ("scipy", "skimage", "cv2", "openslide", "tifffile", "imagecodecs", "fsspec", "tqdm", "torch", "webdataset")
+HEAVY = (
+    "numpy",
+    "PIL",
+    "scipy",
+    "skimage",
+    "cv2",
+    "openslide",
+    "tifffile",
+    "imagecodecs",
+    "fsspec",
+    "tqdm",
+    "torch",
+    "webdataset",
+)
 
 
 def _loaded_after(code: str) -> set[str]:

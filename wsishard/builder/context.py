@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from wsishard.builder.grid import Block, Candidates, PatchOptions, choose_level
+from wsishard.builder.patchopts import ContextOptions as ContextOptions
 from wsishard.builder.resample import REST_SLACK, Reduced, ceil_to, encode_image, floor_to, reduced_read
 from wsishard.errors import SlideError
 from wsishard.format import ContextMeta, context_ext
@@ -27,23 +28,6 @@ from wsishard.slide.reader import BACKGROUND
 
 if TYPE_CHECKING:  # patches.py builds on this module
     from wsishard.builder.patches import SlideWork
-
-
-@dataclass(frozen=True, kw_only=True)
-class ContextOptions:
-    """The context patches written with every sample.
-
-    Attributes:
-        mpps: microns per pixel of each context patch, ascending (member ``ctx<i>`` is ``mpps[i]``).
-        size_px: width = height of a context patch, px.
-        allow_upsample: a context mpp finer than level 0 may upsample it (as ``--allow-upsample`` for patches).
-        max_upsample: with ``allow_upsample``, the largest factor level 0 is upsampled by.
-    """
-
-    mpps: tuple[float, ...]
-    size_px: int
-    allow_upsample: bool = False
-    max_upsample: float = 4.0
 
 
 def padded_fraction(l0_x: float, l0_y: float, l0_side: float, l0_dims: tuple[int, int]) -> float:

@@ -8,125 +8,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-from wsishard.errors import OptionError, SlideError
-
-
-@dataclass(frozen=True, kw_only=True)
-class PatchOptions:
-    """What a patch is and which ones are kept.
-
-    Attributes:
-        target_mpp: microns per pixel of the written patches.
-        patch_size_px: width = height of a written patch, px.
-        stride_px: grid step in output px (None: ``patch_size_px``, no overlap).
-        min_tissue: keep patches with at least this fraction of tissue (0..1).
-        max_patches_per_slide: keep a seeded random subset of at most this many (None: all).
-        allow_upsample: allow a target finer than level 0 (patches are then upsampled).
-        max_upsample: with ``allow_upsample``, the largest factor level 0 is upsampled by; a slide needing more
-            is failed (its mpp metadata is likely wrong, and its patches would be blur).
-        mpp_tolerance: 0 (default): patches at exactly ``target_mpp``, resampled from whatever the scanner gives.
-            Above 0: where an integer reduction of a pyramid level lands within this fraction of the target, it is
-            used as it is (the nominal-magnification convention; hs2p's default is 0.05), and the patches' actual
-            mpp is recorded.
-        block_patches: patches per side of a read block (a block is one region read).
-        max_artefact: drop patches more than this fraction ink or dark artefact (as tissue detection found them;
-            1 keeps them all).
-
-    A field's ``metadata`` describes its ``wsishard build`` flag as plain data (read by :mod:`wsishard.cli`).
-    """
-
-    target_mpp: float = field(
-        default=0.5,
-        metadata={"flag": "--mpp", "metavar": "UM", "parse": "positive_float", "help": "target microns per pixel"},
-    )
-    patch_size_px: int = field(
-        default=256,
-        metadata={"flag": "--patch-size", "metavar": "PX", "parse": "positive_int", "help": "patch width = height"},
-    )
-    stride_px: int | None = field(
-        default=None,
-        metadata={
-            "flag": "--stride",
-            "metavar": "PX",
-            "parse": "positive_int",
-            "help": "grid step at the target mpp (default: the patch size, no overlap)",
-        },
-    )
-    min_tissue: float = field(
-        default=0.5,
-        metadata={"metavar": "FRAC", "parse": "fraction", "help": "keep patches with at least this fraction of tissue"},
-    )
-    max_patches_per_slide: int | None = field(
-        default=None, metadata={"metavar": "N", "parse": "positive_int", "help": "keep a seeded random subset"}
-    )
-    allow_upsample: bool = field(default=False, metadata={"help": "allow a target finer than the slide's level 0"})
-    max_upsample: float = field(
-        default=4.0,
-        metadata={
-            "metavar": "X",
-            "parse": "positive_float",
-            "help": "with --allow-upsample: fail a slide whose level 0 would be upsampled more than X times",
-        },
-    )
-    mpp_tolerance: float = field(
-        default=0.0,
-        metadata={
-            "metavar": "FRAC",
-            "parse": "non_negative",
-            "help": "0: patches at exactly --mpp; above 0: an integer reduction of a pyramid level within this "
-            "fraction of --mpp is used as it is (actual mpp recorded; 0.05 is hs2p's default)",
-        },
-    )
-    block_patches: int = 4
-    max_artefact: float = field(
-        default=0.2,
-        metadata={
-            "flag": "--max-artefact-fraction",
-            "old_flags": ("--max-artefact",),
-            "metavar": "FRAC",
-            "parse": "fraction",
-            "group": "artefacts",
-            "help": "leave out patches more than this fraction marker ink or dark artefact, as tissue detection found "
-            "them (1 keeps them all; pigment is not artefact)",
-        },
-    )
-
-    def __post_init__(self) -> None:
-        """Validate every field; the message names the field, the bad value and what is needed."""
-        _check(self.target_mpp > 0 and math.isfinite(self.target_mpp), "target_mpp", self.target_mpp, "a finite UM > 0")
-        _check(8 <= self.patch_size_px <= 8192, "patch_size_px", self.patch_size_px, "8..8192")
-        _check(self.stride_px is None or 1 <= self.stride_px <= 8192, "stride_px", self.stride_px, "1..8192")
-        _check(0.0 <= self.min_tissue <= 1.0, "min_tissue", self.min_tissue, "0 <= FRAC <= 1")
-        _check(
-            self.max_patches_per_slide is None or self.max_patches_per_slide >= 1,
-            "max_patches_per_slide",
-            self.max_patches_per_slide,
-            ">= 1",
-        )
-        _check(
-            math.isfinite(self.max_upsample) and self.max_upsample >= 1.0,
-            "max_upsample",
-            self.max_upsample,
-            "a finite X >= 1",
-        )
-        _check(0.0 <= self.mpp_tolerance < 0.5, "mpp_tolerance", self.mpp_tolerance, "0 <= FRAC < 0.5")
-        _check(1 <= self.block_patches <= 64, "block_patches", self.block_patches, "1..64")
-        _check(0.0 <= self.max_artefact <= 1.0, "max_artefact", self.max_artefact, "0 <= FRAC <= 1")
-
-    @property
-    def stride(self) -> int:
-        return self.stride_px or self.patch_size_px
-
-
-def _check(ok: bool, name: str, value: Any, rule: str) -> None:
-    if not ok:
-        raise OptionError(f"invalid {name}: {value!r} (need {rule})")
-
+from wsishard.builder.patchopts import PatchOptions as PatchOptions
+from wsishard.errors import SlideError
 
 LEVEL_SLACK = 0.01  # a level up to 1% coarser than the target still serves it (upsampled by at most 1%)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from wsishard.builder.inputs import label_table, mpp_table
 from wsishard.builder.options import BuildOptions, context_mpps
-from wsishard.builder.roi import parse_names
+from wsishard.builder.tissueopts import parse_names
 from wsishard.errors import OptionError
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)

@@ -9,12 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from wsishard.builder.context import ContextOptions
-from wsishard.builder.grid import PatchOptions
-from wsishard.builder.patches import EncodeOptions
-from wsishard.builder.quality import QualityOptions
-from wsishard.builder.roi import RoiOptions
-from wsishard.builder.tissue import TissueOptions
+from wsishard.builder.patchopts import ContextOptions, EncodeOptions, PatchOptions, QualityOptions
+from wsishard.builder.tissueopts import RoiOptions, TissueOptions
 from wsishard.errors import OptionError
 from wsishard.format import IMAGE_FORMATS
 

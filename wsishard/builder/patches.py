@@ -9,49 +9,21 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 
-from wsishard.builder.context import BlockContext, ContextOptions
+from wsishard.builder.context import BlockContext
 from wsishard.builder.grid import Block, Candidates
-from wsishard.builder.quality import QualityOptions, quality_scores
+from wsishard.builder.patchopts import EncodeOptions as EncodeOptions
+from wsishard.builder.quality import quality_scores
 from wsishard.builder.resample import REST_SLACK, Reduced, ceil_to, encode_image, floor_to, reduced_read
-from wsishard.errors import OptionError
-from wsishard.format import IMAGE_FORMATS, PatchMeta, sample_key
+from wsishard.format import PatchMeta, sample_key
 from wsishard.slide.reader import SlideReader
 from wsishard.storage.urls import public_location
 
 Samples = list[tuple[str, dict[str, bytes]]]  # (key, {ext: encoded bytes}) per sample, in write order
-
-
-@dataclass(frozen=True, kw_only=True)
-class EncodeOptions:
-    """How patches are made from a slide's pixels.
-
-    Attributes:
-        image_format: ``jpg`` (lossy, ``quality``), ``png`` or ``webp`` (lossless).
-        quality: JPEG quality 1..100.
-        fast_path: decode TIFF-family tiles directly instead of through OpenSlide.
-        filters: per-patch quality filters (the scores are written into every ``.json`` either way).
-        context: the context patches written with each sample (None: none).
-
-    Raises:
-        OptionError: (a ``ValueError``) naming the field and the bad value.
-    """
-
-    image_format: str = "jpg"
-    quality: int = 90
-    fast_path: bool = True
-    filters: QualityOptions = field(default_factory=QualityOptions)
-    context: ContextOptions | None = None
-
-    def __post_init__(self) -> None:
-        if self.image_format not in IMAGE_FORMATS:
-            raise OptionError(f"invalid image_format: {self.image_format!r}")
-        if not 1 <= self.quality <= 100:
-            raise OptionError(f"invalid quality: {self.quality!r}")
 
 
 @dataclass(frozen=True)

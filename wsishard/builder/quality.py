@@ -16,80 +16,18 @@ the patch (``scripts/bench_tissue.py --quality`` measures it):
 from __future__ import annotations
 
 import functools
-import math
-from dataclasses import dataclass, field
 
 import numpy as np
 from PIL import Image
 
 from wsishard._native import quality_counts
-from wsishard.errors import OptionError
+from wsishard.builder.patchopts import QualityOptions as QualityOptions
+from wsishard.builder.patchopts import Scores as Scores
 
 SCORE_PX = 64  # scores are computed on this many pixels a side, sampled evenly from the patch
 GLASS_MAX_SATURATION = 0.08
 GLASS_MIN_VALUE = 0.8
 DARK_MAX_VALUE = 0.25
-Scores = dict[str, float]  # background, dark, sharpness
-
-
-@dataclass(frozen=True, kw_only=True)
-class QualityOptions:
-    """Build-time patch filters on the quality scores; the defaults keep every patch (scores are still recorded).
-
-    Attributes:
-        max_background: leave out patches more than this fraction glass (1: keep all).
-        max_dark: leave out patches more than this fraction very dark (1: keep all).
-        min_sharpness: leave out patches whose Laplacian variance is below this (0: keep all).
-
-    Raises:
-        OptionError: (a ``ValueError``) naming the field and the bad value.
-    """
-
-    max_background: float = field(
-        default=1.0,
-        metadata={
-            "metavar": "FRAC",
-            "parse": "fraction",
-            "help": "leave out patches more than this fraction background (glass)",
-        },
-    )
-    max_dark: float = field(
-        default=1.0,
-        metadata={
-            "flag": "--max-dark-pixels",
-            "old_flags": ("--max-dark",),
-            "metavar": "FRAC",
-            "parse": "fraction",
-            "help": "leave out patches more than this fraction very dark pixels (HSV value below 0.25), pigment "
-            "included, counted on the patch itself (by default none is left out: the .json's dark and "
-            "pigment scores let training leave them out instead)",
-        },
-    )
-    min_sharpness: float = field(
-        default=0.0,
-        metadata={
-            "metavar": "VAR",
-            "parse": "non_negative",
-            "help": "leave out patches whose Laplacian variance (blur measure) is below this",
-        },
-    )
-
-    def __post_init__(self) -> None:
-        for name in ("max_background", "max_dark"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise OptionError(f"invalid {name}: {getattr(self, name)!r} (need 0 <= FRAC <= 1)")
-        if not (math.isfinite(self.min_sharpness) and self.min_sharpness >= 0):
-            raise OptionError(f"invalid min_sharpness: {self.min_sharpness!r} (need a finite number >= 0)")
-
-    def rejects(self, scores: Scores) -> str | None:
-        """The reason a patch with ``scores`` is left out (``background``, ``dark``, ``sharpness``), or None."""
-        if scores["background"] > self.max_background:
-            return "background"
-        if scores["dark"] > self.max_dark:
-            return "dark"
-        if scores["sharpness"] < self.min_sharpness:
-            return "sharpness"
-        return None
 
 
 def quality_scores(patch: Image.Image | np.ndarray) -> Scores:

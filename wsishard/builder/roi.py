@@ -20,92 +20,19 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from wsishard.builder.grid import Candidates, tissue_fractions
+from wsishard.builder.tissueopts import MISSING_POLICIES as MISSING_POLICIES
+from wsishard.builder.tissueopts import RoiOptions as RoiOptions
+from wsishard.builder.tissueopts import parse_names as parse_names
 from wsishard.errors import OptionError, SlideError
 
 ROI_SUFFIXES = (".geojson", ".json")
-MISSING_POLICIES = ("skip", "whole")
 Ring = np.ndarray  # (n, 2) float64 level-0 (x, y)
-
-
-@dataclass(frozen=True, kw_only=True)
-class RoiOptions:
-    """Annotation regions; see the module docstring.
-
-    Attributes:
-        path: a GeoJSON file or a folder of them, one per slide (None: no regions, every slide whole).
-        min_roi_coverage: keep patches with at least this fraction inside the regions.
-        labels: class names; a patch's label is the index of the listed class covering most of it.
-        exclude: class names whose regions are removed from the others.
-        missing: ``skip`` a slide with no annotation file (a failed record saying so), or build it ``whole``.
-
-    Raises:
-        OptionError: (a ``ValueError``) naming the field and the bad value.
-    """
-
-    path: str | None = field(
-        default=None,
-        metadata={
-            "flag": "--roi",
-            "metavar": "PATH",
-            "parse": "str",
-            "help": "GeoJSON annotations: a file, or a folder of <slide>.geojson files; patches only inside them",
-        },
-    )
-    min_roi_coverage: float = field(
-        default=0.5,
-        metadata={"metavar": "FRAC", "parse": "fraction", "help": "keep patches at least this much inside the regions"},
-    )
-    labels: tuple[str, ...] = field(
-        default=(),
-        metadata={
-            "flag": "--roi-labels",
-            "metavar": "NAMES",
-            "parse": "names",
-            "help": "comma-separated class names: a patch's label (.cls) is the index of the class covering most of it",
-        },
-    )
-    exclude: tuple[str, ...] = field(
-        default=(),
-        metadata={
-            "flag": "--roi-exclude",
-            "metavar": "NAMES",
-            "parse": "names",
-            "help": "comma-separated class names whose regions are removed",
-        },
-    )
-    missing: str = field(
-        default="skip",
-        metadata={
-            "flag": "--roi-missing",
-            "choices": MISSING_POLICIES,
-            "help": "a slide without an annotation file: skip it (recorded as such) or build it whole",
-        },
-    )
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.min_roi_coverage <= 1.0:
-            raise OptionError(f"invalid min_roi_coverage: {self.min_roi_coverage!r} (need 0 <= FRAC <= 1)")
-        if self.missing not in MISSING_POLICIES:
-            raise OptionError(f"invalid missing: {self.missing!r} (need one of {', '.join(MISSING_POLICIES)})")
-        for name in ("labels", "exclude"):
-            names = getattr(self, name)
-            if not isinstance(names, tuple) or not all(isinstance(n, str) and n for n in names):
-                raise OptionError(f"invalid {name}: {names!r} (need a tuple of class names)")
-            if len(set(names)) != len(names):
-                raise OptionError(f"invalid {name}: {names!r} (a class is named twice)")
-        if set(self.labels) & set(self.exclude):
-            raise OptionError(f"invalid labels: {sorted(set(self.labels) & set(self.exclude))!r} also excluded")
-
-
-def parse_names(text: str) -> tuple[str, ...]:
-    """``"Tumor, Stroma"`` -> ``("Tumor", "Stroma")`` (the ``--roi-labels`` / ``--roi-exclude`` values)."""
-    return tuple(n.strip() for n in text.split(",") if n.strip())
 
 
 def match_annotations(roi_path: str | None, slides: Sequence[str]) -> list[str | None]:

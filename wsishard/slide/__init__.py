@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 from wsishard.errors import SlideError
 from wsishard.slide.mpp import resolve_mpp, slide_mpp
-from wsishard.slide.reader import SLIDE_SUFFIXES, SlideReader, read_lowres
+from wsishard.slide.suffixes import SLIDE_SUFFIXES
 
 if TYPE_CHECKING:
     import openslide
 
     from wsishard.slide.memory import MemorySlide
     from wsishard.slide.openslide_backend import OpenSlideReader
+    from wsishard.slide.reader import SlideReader, read_lowres
     from wsishard.slide.tiff import TiffTileReader
 
 __all__ = [
@@ -37,8 +38,14 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _FAST_SUFFIXES = (".svs", ".tif", ".tiff")
-# the backends, imported on first use: OpenSlide and tifffile are not loaded by ``wsishard --help``
-_BACKENDS = {"MemorySlide": "memory", "OpenSlideReader": "openslide_backend", "TiffTileReader": "tiff"}
+# imported on first use: ``wsishard --help`` loads neither the backends (OpenSlide, tifffile) nor numpy and Pillow
+_BACKENDS = {
+    "MemorySlide": "memory",
+    "OpenSlideReader": "openslide_backend",
+    "TiffTileReader": "tiff",
+    "SlideReader": "reader",
+    "read_lowres": "reader",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -15,20 +15,8 @@ from PIL import Image
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-SLIDE_SUFFIXES: tuple[str, ...] = (
-    ".svs",
-    ".tif",
-    ".tiff",
-    ".ndpi",
-    ".vms",
-    ".vmu",
-    ".scn",
-    ".mrxs",
-    ".svslide",
-    ".bif",
-    ".dcm",
-    ".czi",
-)
+from wsishard.slide.suffixes import SLIDE_SUFFIXES as SLIDE_SUFFIXES
+
 Rect = tuple[int, int, int, int]  # (x0, y0, x1, y1), half-open
 BACKGROUND = 255  # what lies outside the image or under transparent pixels: white glass
 
