@@ -23,7 +23,7 @@ import tifffile
 
 from wsishard.errors import SlideError
 from wsishard.slide.reader import one_line
-from wsishard.slide.tiff import TILES, TiffTileReader, _TiledLevel
+from wsishard.slide.tiff import TILES, Into, TiffTileReader, _TiledLevel
 from wsishard.storage.urls import StorageOptions, public_location
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,9 @@ class RemoteTiffReader(TiffTileReader):
         cache = getattr(self._file, "cache", None)
         return int(getattr(cache, "total_requested_bytes", 0))
 
-    def _tile(self, level: _TiledLevel, index: int, factor: int = 1, keep: bool = False) -> Any:
+    def _tile(
+        self, level: _TiledLevel, index: int, factor: int = 1, keep: bool = False, into: Into | None = None
+    ) -> Any:
         offset, count = level.offsets[index], level.bytecounts[index]
         if count and offset not in self._fetched:
             try:
@@ -92,7 +94,7 @@ class RemoteTiffReader(TiffTileReader):
             self._tile_bytes += len(data)
             os.pwrite(self._fd, data, offset)
             self._fetched.add(offset)
-        return super()._tile(level, index, factor, keep)
+        return super()._tile(level, index, factor, keep, into)
 
     def _close_remote(self) -> None:
         if self._closed_bytes is None:

@@ -11,6 +11,7 @@ import io
 import itertools
 import math
 import os
+import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -61,13 +62,16 @@ def _jpeg_complete(data: bytes) -> bool:
     return scan >= 0 and data.rfind(b"\xff\xd9") > scan
 
 
-def _decode_scaled(data: bytes, level: _TiledLevel, factor: int) -> np.ndarray:
+Into = tuple[np.ndarray, tuple[int, int, int, int]]  # (where, (y0, y1, x0, x1)): a part of a tile, written there
+
+
+def _decode_scaled(data: bytes, level: _TiledLevel, factor: int, into: Into | None = None) -> np.ndarray:
     """A tile decoded at 1/``factor`` scale: JPEG by libjpeg's DCT scaling, JPEG 2000 by OpenJPEG's resolution
-    reduction (PIL's ``reduce``)."""
+    reduction (PIL's ``reduce``). ``into``: a JPEG tile's part is written there, and that array returned."""
     if level.compression == _JPEG:
         if level.jpegtables:  # abbreviated stream: splice the shared tables in
             data = level.jpegtables[:-2] + data[2:]  # (drop their EOI and the tile's SOI)
-        return _jpeg_scaled(data, level.tile_w // factor, level.tile_h // factor, factor, level.rgb_jpeg)
+        return _jpeg_scaled(data, level.tile_w // factor, level.tile_h // factor, factor, level.rgb_jpeg, into)
     with Image.open(io.BytesIO(data), formats=["JPEG2000"]) as image:
         image.reduce = factor.bit_length() - 1  # type: ignore[assignment,method-assign]  # 2**n: n levels
         tile = np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
@@ -76,18 +80,21 @@ def _decode_scaled(data: bytes, level: _TiledLevel, factor: int) -> np.ndarray:
     return tile
 
 
-def _jpeg_scaled(data: bytes, width: int, height: int, factor: int, rgb: bool = False) -> np.ndarray:
+def _jpeg_scaled(
+    data: bytes, width: int, height: int, factor: int, rgb: bool = False, into: Into | None = None
+) -> np.ndarray:
     """A 3-component JPEG decoded to RGB at 1/``factor`` through Pillow's libjpeg-turbo decoder, driven directly.
 
     It is what ``Image.open`` + ``draft`` + ``load`` run (the same decoder and arguments, the same pixels), without
     parsing the markers in Python first. libjpeg reads the colour transform from the stream's own markers, as it does
     through ``Image.open``, except with ``rgb``: the stream holds RGB whatever its markers say (an Aperio tile;
     libjpeg would take it for YCbCr and turn its colours). It decodes into an RGBX image mapped on a numpy buffer
-    (Pillow's own 4-byte layout of an RGB pixel: no blank image filled first) and OpenCV packs that into contiguous
-    RGB (SIMD, where ``np.asarray`` of a Pillow image copies through ``tobytes``).
+    (Pillow's own 4-byte layout of an RGB pixel: no blank image filled first; one per size and thread, reused) and
+    OpenCV packs that into contiguous RGB (SIMD, where ``np.asarray`` of a Pillow image copies through ``tobytes``),
+    or, with ``into`` (``(where, (y0, y1, x0, x1))``), packs the tile's rows y0:y1 and columns x0:x1 straight into
+    ``where`` (a view of the caller's region: no tile-sized copy in between) and returns ``where``.
     """
-    buf = np.empty((height, width, 4), dtype=np.uint8)  # (h, w, RGBX)
-    image = Image.frombuffer("RGBX", (width, height), buf, "raw", "RGBX", 0, 1)  # mapped on buf, not copied
+    buf, image = _rgbx_target(width, height)
     decoder = Image.core.jpeg_decoder("RGBX", "RGB", "RGB" if rgb else "", factor, 0)  # mode, rawmode, jpegmode, ...
     decoder.setimage(image.im, (0, 0, width, height))
     try:
@@ -98,7 +105,27 @@ def _jpeg_scaled(data: bytes, width: int, height: int, factor: int, rgb: bool = 
         raise ValueError(f"JPEG decoder error {err}")
     if consumed >= 0:
         raise ValueError("truncated JPEG")
+    if into is not None:
+        where, (y0, y1, x0, x1) = into
+        cv2.cvtColor(buf[y0:y1, x0:x1], cv2.COLOR_RGBA2RGB, dst=where)  # in place: where has the part's shape
+        return where
     return np.asarray(cv2.cvtColor(buf, cv2.COLOR_RGBA2RGB))  # (h, w, 3), contiguous
+
+
+_TARGETS = threading.local()  # per thread: {(width, height): (buf, image)}, the decoder's reusable RGBX targets
+
+
+def _rgbx_target(width: int, height: int) -> tuple[np.ndarray, Image.Image]:
+    """This thread's (h, w, 4) uint8 buffer and the Pillow RGBX image mapped on it, for tiles of that size."""
+    targets = getattr(_TARGETS, "by_size", None)
+    if targets is None:
+        targets = _TARGETS.by_size = {}
+    found = targets.get((width, height))
+    if found is None:
+        buf = np.empty((height, width, 4), dtype=np.uint8)  # (h, w, RGBX)
+        image = Image.frombuffer("RGBX", (width, height), buf, "raw", "RGBX", 0, 1)  # mapped on buf, not copied
+        found = targets[(width, height)] = (buf, image)
+    return found
 
 
 class TileCache:
@@ -216,19 +243,22 @@ class TiffTileReader(SlideReader):
             )
         raise SlideError(self.path, f"no tiled 8-bit RGB page of {width}x{height} for the fast path")
 
-    def _tile(self, level: _TiledLevel, index: int, factor: int = 1, keep: bool = False) -> np.ndarray | None:
+    def _tile(
+        self, level: _TiledLevel, index: int, factor: int = 1, keep: bool = False, into: Into | None = None
+    ) -> np.ndarray | None:
         """Decoded tile ``index`` of ``level``, (tile_h / factor, tile_w / factor, 3) uint8, None if empty; from
-        :data:`TILES` if it is there, and put there if ``keep`` (read-only then)."""
+        :data:`TILES` if it is there, and put there if ``keep`` (read-only then). ``into``: a tile neither cached
+        nor kept may be written there instead (its part ``(y0, y1, x0, x1)``), and ``into``'s array returned."""
         key = (self._number, level.page_index, index, factor)
         tile = TILES.get(key)
         if tile is None:
-            tile = self._decode_tile(level, index, factor)
+            tile = self._decode_tile(level, index, factor, None if keep else into)
             if tile is not None and keep:
                 tile.flags.writeable = False
                 TILES.put(key, tile)
         return tile
 
-    def _decode_tile(self, level: _TiledLevel, index: int, factor: int) -> np.ndarray | None:
+    def _decode_tile(self, level: _TiledLevel, index: int, factor: int, into: Into | None = None) -> np.ndarray | None:
         offset, count = level.offsets[index], level.bytecounts[index]
         if count == 0:
             return None
@@ -243,7 +273,7 @@ class TiffTileReader(SlideReader):
             )
         try:
             if factor > 1:
-                return _decode_scaled(data, level, factor)
+                return _decode_scaled(data, level, factor, into)
             decode = self._decoders.get(level.page_index)
             if decode is None:
                 decode = self._tif.pages[level.page_index].decode
@@ -293,13 +323,14 @@ class TiffTileReader(SlideReader):
                 if needed is not None and not touches(needed, t_x0, t_y0, t_x0 + lv.tile_w, t_y0 + lv.tile_h):
                     continue  # no pixel of this tile is used: leave it white
                 edge = ty in (ty0, ty1) or tx in (tx0, tx1)  # what a neighbouring region may read too
-                tile = self._tile(lv, ty * lv.tiles_across + tx, f, keep=edge)
-                if tile is None:
-                    continue
                 sx0, sy0 = max(x_lo, t_x0) // f, max(y_lo, t_y0) // f
                 sx1, sy1 = -(-min(x_hi, t_x0 + lv.tile_w) // f), -(-min(y_hi, t_y0 + lv.tile_h) // f)
                 ox, oy, rx, ry = l_x // f, l_y // f, t_x0 // f, t_y0 // f
-                out[sy0 - oy : sy1 - oy, sx0 - ox : sx1 - ox] = tile[sy0 - ry : sy1 - ry, sx0 - rx : sx1 - rx]
+                where = out[sy0 - oy : sy1 - oy, sx0 - ox : sx1 - ox]
+                part = (sy0 - ry, sy1 - ry, sx0 - rx, sx1 - rx)
+                tile = self._tile(lv, ty * lv.tiles_across + tx, f, keep=edge, into=(where, part))
+                if tile is not None and tile is not where:  # (a tile decoded into `where` is there already)
+                    where[...] = tile[part[0] : part[1], part[2] : part[3]]
         return out
 
     def close(self) -> None:
