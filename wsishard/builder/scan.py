@@ -50,7 +50,8 @@ logger = logging.getLogger(__name__)
 # preloads this module) instead of each importing it again.
 _PRELOADED = (_openslide_backend,)
 
-_MEASURED_PATCHES = 6  # patches per slide encoded while scanning to size shards in bytes
+_MEASURED_PATCHES = 6  # patches per slide encoded while scanning to size shards in bytes...
+_CALIBRATED = 2  # ...or this many, scaled by the slide's compressed tile sizes, where the reader knows them
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # writing failed for want of room or rights: not the slide's
 
 
@@ -325,15 +326,46 @@ def _slide_seed(task: ScanTask) -> int:
 
 
 def _bytes_per_patch(task: ScanTask, reader: SlideReader, work: SlideWork) -> float | None:
-    """Mean encoded bytes of a sample, measured on a few seeded patches of the slide (read one by one)."""
+    """Mean encoded bytes of a sample, estimated on a few seeded patches of the slide (read one by one).
+
+    Where the reader knows its tiles' compressed sizes (:meth:`TiffTileReader.tile_bytes`), :data:`_CALIBRATED`
+    patches are encoded and their image bytes scaled by the compressed bytes of the slide's tiles under every
+    candidate against those under the patches measured: the estimate covers the whole grid, and costs a third of
+    :data:`_MEASURED_PATCHES` patches. Otherwise the mean of that many patches."""
     cands = work.cands
     rng = np.random.default_rng((task.options.seed, task.index, 0x5CA9))
+    tiles = getattr(reader, "tile_bytes", None)
+    source = _source_bytes(cands, reader, work.level, tiles(work.level)) if tiles is not None else None
+    picks = rng.choice(len(cands), size=min(_MEASURED_PATCHES, len(cands)), replace=False).tolist()
     encode = task.options.encode
-    picks = rng.choice(len(cands), size=min(_MEASURED_PATCHES, len(cands)), replace=False)
-    sizes: list[int] = []
-    for i in picks.tolist():
+    images: list[int] = []
+    others: list[int] = []
+    under: list[float] = []
+    for i in picks[:_CALIBRATED] if source is not None else picks:
         ox, oy = int(cands.col[i]) * cands.stride, int(cands.row[i]) * cands.stride
         one = Block(patches=np.array([i]), o_x=ox, o_y=oy, o_w=cands.patch, o_h=cands.patch)
-        samples = block_samples(reader, work, one, encode)
-        sizes.extend(sum(len(v) for v in members.values()) for _, members in samples)
-    return float(np.mean(sizes)) if sizes else None  # None: every patch measured was left out by a quality filter
+        for _, members in block_samples(reader, work, one, encode):
+            images.append(len(members[encode.image_format]))
+            others.append(sum(len(v) for v in members.values()) - images[-1])
+            under.append(float(source[i]) if source is not None else 0.0)
+    if not images:
+        return None  # every patch measured was left out by a quality filter
+    if source is None or sum(under) <= 0:
+        return float(np.mean(images) + np.mean(others))
+    return float(sum(images) / sum(under) * source.mean() + np.mean(others))
+
+
+def _source_bytes(cands: Candidates, reader: SlideReader, level: int, tiles: tuple[int, int, np.ndarray]) -> np.ndarray:
+    """Per candidate: the mean compressed size of the level's tiles it covers (float64)."""
+    tile_w, tile_h, counts = tiles
+    down = reader.level_downsamples[level]
+    summed = np.zeros((counts.shape[0] + 1, counts.shape[1] + 1), dtype=np.int64)  # summed[r, c]: tiles above, left
+    summed[1:, 1:] = counts.cumsum(axis=0).cumsum(axis=1)
+    side = cands.l0_extent / down
+    x0, y0 = cands.l0_x / down, cands.l0_y / down
+    c0 = np.clip((x0 // tile_w).astype(np.int64), 0, counts.shape[1] - 1)
+    r0 = np.clip((y0 // tile_h).astype(np.int64), 0, counts.shape[0] - 1)
+    c1 = np.clip(((x0 + side - 1) // tile_w).astype(np.int64), c0, counts.shape[1] - 1) + 1
+    r1 = np.clip(((y0 + side - 1) // tile_h).astype(np.int64), r0, counts.shape[0] - 1) + 1
+    total = summed[r1, c1] - summed[r0, c1] - summed[r1, c0] + summed[r0, c0]
+    return total / ((r1 - r0) * (c1 - c0))

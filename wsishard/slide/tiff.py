@@ -285,6 +285,14 @@ class TiffTileReader(SlideReader):
             ) from exc
         return np.asarray(tile).reshape(level.tile_h, level.tile_w, 3)
 
+    def tile_bytes(self, level: int) -> tuple[int, int, np.ndarray]:
+        """``(tile_w, tile_h, bytes)``: the compressed size of each tile of ``level``, (rows, cols) int64, read from
+        the file's directory (nothing decoded): how much detail each part of the slide holds."""
+        lv = self._levels[level]
+        rows = len(lv.bytecounts) // lv.tiles_across
+        counts = np.asarray(lv.bytecounts[: rows * lv.tiles_across], dtype=np.int64)
+        return lv.tile_w, lv.tile_h, counts.reshape(rows, lv.tiles_across)
+
     def read_level(
         self, level: int, l_x: int, l_y: int, width: int, height: int, needed: Sequence[Rect] | None = None
     ) -> np.ndarray:
