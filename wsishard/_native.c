@@ -89,8 +89,19 @@
  * lap_sum and lap_squares: the sum and the sum of squares of the 4-neighbour Laplacian of hi over the inner
  * (h - 2) x (w - 2) sampled pixels (exact integers).
  */
+/* 6. hsv_planes: the HSV planes the tissue scan's artefact and stain steps read (wsishard.builder.artefacts), in one
+ * pass, bit for bit what the numpy expressions there gave (float32 throughout: the same operations in the same
+ * order, numpy's remainder for the hue's modulo).
+ *
+ * hsv_planes(rgb, hue, sat, val, n) -> None
+ *
+ *   rgb             C-contiguous n x 3 uint8
+ *   hue, sat, val   writable C-contiguous n float32 each: hue in degrees [0, 360) (0 for grey), saturation
+ *                   delta / max(hi, 1) (0 at black), value hi / 255
+ */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #if defined(__SSE2__)
@@ -886,6 +897,54 @@ done:
     return result;
 }
 
+static PyObject *hsv_planes(PyObject *self, PyObject *args) {
+    Py_buffer rgb, hue, sat, val;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "y*w*w*w*n", &rgb, &hue, &sat, &val, &n)) return NULL;
+    PyObject *result = NULL;
+    if (n < 0 || rgb.len != 3 * n || hue.len != 4 * n || sat.len != 4 * n || val.len != 4 * n) {
+        PyErr_SetString(PyExc_ValueError, "hsv_planes: rgb must hold 3 * n bytes, the planes n float32 each");
+        goto done;
+    }
+    const uint8_t *p = rgb.buf;
+    float *h_out = hue.buf, *s_out = sat.buf, *v_out = val.buf;
+    Py_BEGIN_ALLOW_THREADS for (Py_ssize_t i = 0; i < n; i++, p += 3) {
+        float r = p[0], g = p[1], b = p[2];
+        float hi = r > g ? r : g, lo = r < g ? r : g;
+        hi = hi > b ? hi : b;
+        lo = lo < b ? lo : b;
+        float delta = hi - lo;
+        float h = 0.0f;
+        if (delta > 0) {
+            float x; /* as numpy: (g - b) / delta, else 2 + (b - r) / delta, else 4 + (r - g) / delta */
+            if (hi == r)
+                x = (g - b) / delta;
+            else if (hi == g)
+                x = 2.0f + (b - r) / delta;
+            else
+                x = 4.0f + (r - g) / delta;
+            x = x * 60.0f;
+            h = fmodf(x, 360.0f); /* numpy's remainder: the sign of the divisor, +0 for an exact multiple */
+            if (h != 0.0f) {
+                if (h < 0.0f) h += 360.0f;
+            } else {
+                h = 0.0f;
+            }
+        }
+        h_out[i] = h;
+        s_out[i] = hi > 0 ? delta / (hi > 1.0f ? hi : 1.0f) : 0.0f;
+        v_out[i] = hi / 255.0f;
+    }
+    Py_END_ALLOW_THREADS result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&rgb);
+    PyBuffer_Release(&hue);
+    PyBuffer_Release(&sat);
+    PyBuffer_Release(&val);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "scan(buf, pos, end, exts, phase, step, state) -> (pos, samples)"},
     {"lut_apply", lut_apply, METH_VARARGS, "lut_apply(src, dst, table, codes, b, h, w, itemsize, channels_last) -> None"},
@@ -894,6 +953,7 @@ static PyMethodDef methods[] = {
     {"rank_median", rank_median, METH_VARARGS, "rank_median(src, dst, h, w, halfwidths) -> None"},
     {"quality_counts", quality_counts, METH_VARARGS,
      "quality_counts(patch, ys, xs, glass_saturation, glass_value, dark_value) -> (glass, dark, lap_sum, lap_squares)"},
+    {"hsv_planes", hsv_planes, METH_VARARGS, "hsv_planes(rgb, hue, sat, val, n) -> None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -135,3 +135,57 @@ def test_otsu_is_scikit_images() -> None:
         hist[lo : hi + 1] = rng.integers(0, scale, hi - lo + 1)
         hist[lo] = hist[hi] = max(1, scale // 7)
         assert otsu_threshold(hist) == float(threshold_otsu(hist=hist)), (lo, hi, scale)
+
+
+def _hsv_as_numpy(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The HSV planes as 0.2 computed them in numpy (float32): the definition the C pass keeps bit for bit."""
+    rgbf = rgb.astype(np.float32)
+    r, g, b = rgbf[..., 0], rgbf[..., 1], rgbf[..., 2]
+    hi = np.maximum(np.maximum(r, g), b)
+    lo = np.minimum(np.minimum(r, g), b)
+    delta = hi - lo
+    safe = np.where(delta > 0, delta, 1.0)
+    hue = np.where(hi == r, (g - b) / safe, np.where(hi == g, 2.0 + (b - r) / safe, 4.0 + (r - g) / safe))
+    hue = np.where(delta > 0, (hue * 60.0) % 360.0, 0.0).astype(np.float32)
+    sat = np.where(hi > 0, delta / np.maximum(hi, 1.0), 0.0).astype(np.float32)
+    return hue, sat, (hi / 255.0).astype(np.float32)
+
+
+def test_hsv_planes_are_numpys_bit_for_bit_for_every_colour() -> None:
+    """All 2^24 colours, in chunks: hue, saturation and value have numpy's float32 bits (the artefact masks, the
+    pigment regions and the stain fit compare them with thresholds)."""
+    from wsishard.builder.artefacts import hsv_planes
+
+    colours = np.arange(1 << 24, dtype=np.uint32)
+    for start in range(0, 1 << 24, 1 << 21):
+        c = colours[start : start + (1 << 21)]
+        rgb = np.stack([(c >> 16) & 255, (c >> 8) & 255, c & 255], axis=1).astype(np.uint8).reshape(512, -1, 3)
+        for got, want in zip(hsv_planes(rgb), _hsv_as_numpy(rgb), strict=True):
+            assert got.shape == want.shape and got.dtype == np.float32
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), start
+    view = np.random.default_rng(5).integers(0, 256, (40, 60, 3), dtype=np.uint8)[::2, 1::3]  # not contiguous
+    for got, want in zip(hsv_planes(view), _hsv_as_numpy(view), strict=True):
+        assert np.array_equal(got, want)
+
+
+def test_tissue_fractions_are_the_exact_integral_images() -> None:
+    """Through OpenCV's int32 integral image, the fractions numpy's int64 cumsums gave, on masks and views."""
+    from wsishard.builder.grid import tissue_fractions
+
+    rng = np.random.default_rng(6)
+    for trial in range(200):
+        h, w = (int(v) for v in rng.integers(1, 300, 2))
+        mask = rng.random((h, w)) < rng.random()
+        if trial % 3 == 0:
+            mask = mask[::2, ::3]
+        x, y = rng.uniform(-5, mask.shape[1] + 5, 50), rng.uniform(-5, mask.shape[0] + 5, 50)
+        size = float(rng.uniform(0.5, 40))
+        mh, mw = mask.shape
+        integral = np.zeros((mh + 1, mw + 1), dtype=np.int64)
+        integral[1:, 1:] = np.cumsum(np.cumsum(mask, axis=0, dtype=np.int64), axis=1)
+        x0, y0 = np.clip(np.rint(x), 0, mw).astype(np.int64), np.clip(np.rint(y), 0, mh).astype(np.int64)
+        x1 = np.clip(np.maximum(np.rint(x + size), x0 + 1), 0, mw).astype(np.int64)
+        y1 = np.clip(np.maximum(np.rint(y + size), y0 + 1), 0, mh).astype(np.int64)
+        inside = integral[y1, x1] - integral[y0, x1] - integral[y1, x0] + integral[y0, x0]
+        want = (inside / np.maximum((x1 - x0) * (y1 - y0), 1)).astype(np.float32)
+        assert np.array_equal(tissue_fractions(mask, x, y, size), want)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from wsishard._native import hsv_planes as native_hsv
 from wsishard.builder.morphology import dilate, disk, label
 
 GREY_MAX_VALUE = 0.55  # dark-grey artefacts (bubble rims, out-of-focus dirt): value below this...
@@ -61,20 +62,18 @@ class ArtefactMasks:
 
 
 def hsv_planes(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """HSV hue (degrees, 0..360), saturation (0..1) and value (0..1) of (h, w, 3) uint8, as (h, w) float32 each.
+    """HSV hue (degrees, 0..360), saturation (0..1) and value (0..1) of (..., 3) uint8, as float32 planes of the
+    leading shape each, in one C pass (:mod:`wsishard._native`).
 
-    Grey pixels (no saturation) get hue 0.
+    In float32, as numpy computes it: hue ``(g - b) / delta``, ``2 + (b - r) / delta`` or ``4 + (r - g) / delta``
+    (the first channel holding the maximum decides), times 60, modulo 360 (0 for grey pixels); saturation
+    ``delta / max(hi, 1)`` (0 at black); value ``hi / 255``.
     """
-    rgbf = rgb.astype(np.float32)
-    r, g, b = rgbf[..., 0], rgbf[..., 1], rgbf[..., 2]
-    hi = np.maximum(np.maximum(r, g), b)
-    lo = np.minimum(np.minimum(r, g), b)
-    delta = hi - lo
-    safe = np.where(delta > 0, delta, 1.0)
-    hue = np.where(hi == r, (g - b) / safe, np.where(hi == g, 2.0 + (b - r) / safe, 4.0 + (r - g) / safe))
-    hue = np.where(delta > 0, (hue * 60.0) % 360.0, 0.0).astype(np.float32)
-    sat = np.where(hi > 0, delta / np.maximum(hi, 1.0), 0.0).astype(np.float32)
-    return hue, sat, (hi / 255.0).astype(np.float32)
+    flat = np.ascontiguousarray(rgb, dtype=np.uint8).reshape(-1, 3)
+    planes = tuple(np.empty(flat.shape[0], dtype=np.float32) for _ in range(3))
+    native_hsv(flat, *planes, flat.shape[0])
+    hue, sat, val = (plane.reshape(rgb.shape[:-1]) for plane in planes)
+    return hue, sat, val
 
 
 def in_hue_band(hue: np.ndarray, start_deg: float, end_deg: float) -> np.ndarray:
