@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -266,3 +267,25 @@ def test_jpeg_patches_are_pillows_bytes(quality: int) -> None:
         Image.fromarray(np.ascontiguousarray(patch)).save(buf, "JPEG", quality=quality)
         assert encode_image(patch, "jpg", quality) == buf.getvalue()
         assert encode_image(Image.fromarray(np.ascontiguousarray(patch)), "jpg", quality) == buf.getvalue()
+
+
+def test_a_tile_decoded_into_its_place_fills_it_or_refuses(slide: str) -> None:
+    """A tile's part is packed straight into the region (no tile-sized copy): the pixels are those of the tile
+    decoded alone, and a place of another shape is refused (OpenCV would otherwise write a new array and leave the
+    place white)."""
+    from wsishard.slide.tiff import _jpeg_scaled
+
+    with open_slide(slide) as reader:
+        assert isinstance(reader, TiffTileReader)
+        level = reader._levels[0]
+        index = len(level.offsets) // 2
+        data = os.pread(reader._fd, level.bytecounts[index], level.offsets[index])
+    w, h = level.tile_w // 2, level.tile_h // 2
+    whole = _jpeg_scaled(data, w, h, 2, level.rgb_jpeg)
+    region = np.full((h + 10, w + 10, 3), 255, np.uint8)
+    place = region[3 : 3 + h - 5, 7 : 7 + w - 9]
+    assert _jpeg_scaled(data, w, h, 2, level.rgb_jpeg, (place, (5, h, 9, w))) is place
+    assert np.array_equal(region[3 : 3 + h - 5, 7 : 7 + w - 9], whole[5:, 9:])
+    assert (region[:3] == 255).all() and (region[:, :7] == 255).all()
+    with pytest.raises(ValueError, match="does not fit"):
+        _jpeg_scaled(data, w, h, 2, level.rgb_jpeg, (region[:4, :4], (0, h, 0, w)))

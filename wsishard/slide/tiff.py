@@ -107,7 +107,12 @@ def _jpeg_scaled(
         raise ValueError("truncated JPEG")
     if into is not None:
         where, (y0, y1, x0, x1) = into
-        cv2.cvtColor(buf[y0:y1, x0:x1], cv2.COLOR_RGBA2RGB, dst=where)  # in place: where has the part's shape
+        # in place; OpenCV would write a new array instead of a `where` of another shape, leaving `where` white
+        if (
+            where.shape != (y1 - y0, x1 - x0, 3)
+            or cv2.cvtColor(buf[y0:y1, x0:x1], cv2.COLOR_RGBA2RGB, dst=where) is not where
+        ):
+            raise ValueError(f"a tile's part {(y1 - y0, x1 - x0)} does not fit its place {where.shape}")
         return where
     return np.asarray(cv2.cvtColor(buf, cv2.COLOR_RGBA2RGB))  # (h, w, 3), contiguous
 
