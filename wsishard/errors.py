@@ -28,6 +28,12 @@ class OptionError(WsiShardError, ValueError):
     """A bad option value (the message names the option and the value)."""
 
 
+def check_option(ok: bool, name: str, value: object, rule: str) -> None:
+    """Raise :class:`OptionError` ``invalid NAME: VALUE (need RULE)`` unless ``ok``: the options' validation."""
+    if not ok:
+        raise OptionError(f"invalid {name}: {value!r} (need {rule})")
+
+
 class _Located(WsiShardError):
     """An error about one named thing: where it is and a one-line reason a person can act on.
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from wsishard.builder.patchopts import ContextOptions, EncodeOptions, PatchOptions, QualityOptions
 from wsishard.builder.tissueopts import RoiOptions, TissueOptions
-from wsishard.errors import OptionError
+from wsishard.errors import OptionError, check_option
 from wsishard.format import IMAGE_FORMATS
 
 MAX_MPP = 1000.0  # microns per pixel; a level-0 mpp is above 0 and below this
@@ -243,8 +243,7 @@ class BuildOptions:
             "context_size": (self.context_size is None or 8 <= self.context_size <= 8192, "8..8192"),
         }
         for name, (ok, rule) in checks.items():
-            if not ok:
-                raise OptionError(f"invalid {name}: {getattr(self, name)!r} (need {rule})")
+            check_option(ok, name, getattr(self, name), rule)
         for slide, mpp in self.mpp_overrides.items():
             if not valid_mpp(mpp):
                 raise OptionError(f"invalid mpp_overrides: mpp of {slide!r} is {mpp!r}: need {MPP_RULE}")

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
-from wsishard.errors import OptionError
+from wsishard.errors import OptionError, check_option
 from wsishard.format import IMAGE_FORMATS
 
 
@@ -96,34 +95,31 @@ class PatchOptions:
 
     def __post_init__(self) -> None:
         """Validate every field; the message names the field, the bad value and what is needed."""
-        _check(self.target_mpp > 0 and math.isfinite(self.target_mpp), "target_mpp", self.target_mpp, "a finite UM > 0")
-        _check(8 <= self.patch_size_px <= 8192, "patch_size_px", self.patch_size_px, "8..8192")
-        _check(self.stride_px is None or 1 <= self.stride_px <= 8192, "stride_px", self.stride_px, "1..8192")
-        _check(0.0 <= self.min_tissue <= 1.0, "min_tissue", self.min_tissue, "0 <= FRAC <= 1")
-        _check(
+        check_option(
+            self.target_mpp > 0 and math.isfinite(self.target_mpp), "target_mpp", self.target_mpp, "a finite UM > 0"
+        )
+        check_option(8 <= self.patch_size_px <= 8192, "patch_size_px", self.patch_size_px, "8..8192")
+        check_option(self.stride_px is None or 1 <= self.stride_px <= 8192, "stride_px", self.stride_px, "1..8192")
+        check_option(0.0 <= self.min_tissue <= 1.0, "min_tissue", self.min_tissue, "0 <= FRAC <= 1")
+        check_option(
             self.max_patches_per_slide is None or self.max_patches_per_slide >= 1,
             "max_patches_per_slide",
             self.max_patches_per_slide,
             ">= 1",
         )
-        _check(
+        check_option(
             math.isfinite(self.max_upsample) and self.max_upsample >= 1.0,
             "max_upsample",
             self.max_upsample,
             "a finite X >= 1",
         )
-        _check(0.0 <= self.mpp_tolerance < 0.5, "mpp_tolerance", self.mpp_tolerance, "0 <= FRAC < 0.5")
-        _check(1 <= self.block_patches <= 64, "block_patches", self.block_patches, "1..64")
-        _check(0.0 <= self.max_artefact <= 1.0, "max_artefact", self.max_artefact, "0 <= FRAC <= 1")
+        check_option(0.0 <= self.mpp_tolerance < 0.5, "mpp_tolerance", self.mpp_tolerance, "0 <= FRAC < 0.5")
+        check_option(1 <= self.block_patches <= 64, "block_patches", self.block_patches, "1..64")
+        check_option(0.0 <= self.max_artefact <= 1.0, "max_artefact", self.max_artefact, "0 <= FRAC <= 1")
 
     @property
     def stride(self) -> int:
         return self.stride_px or self.patch_size_px
-
-
-def _check(ok: bool, name: str, value: Any, rule: str) -> None:
-    if not ok:
-        raise OptionError(f"invalid {name}: {value!r} (need {rule})")
 
 
 @dataclass(frozen=True, kw_only=True)

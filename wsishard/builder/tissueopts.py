@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from wsishard.errors import OptionError
+from wsishard.errors import OptionError, check_option
 
 MAX_THUMB_MPP = 1000.0  # a view of 1 mm per px: a glass slide is 75 px long; coarser sees no tissue
 
@@ -162,29 +162,24 @@ class TissueOptions:
 
     def __post_init__(self) -> None:
         """Validate every field; the message names the field, the bad value and what is needed."""
-        _check(0 < self.thumb_mpp <= MAX_THUMB_MPP, "thumb_mpp", self.thumb_mpp, f"0 < UM <= {MAX_THUMB_MPP:g}")
+        check_option(0 < self.thumb_mpp <= MAX_THUMB_MPP, "thumb_mpp", self.thumb_mpp, f"0 < UM <= {MAX_THUMB_MPP:g}")
         ok_px = isinstance(self.max_thumb_px, int) and not isinstance(self.max_thumb_px, bool)
-        _check(ok_px and self.max_thumb_px >= 16, "max_thumb_px", self.max_thumb_px, "an integer >= 16")
-        _check(isinstance(self.use_darkness, bool), "use_darkness", self.use_darkness, "True or False")
+        check_option(ok_px and self.max_thumb_px >= 16, "max_thumb_px", self.max_thumb_px, "an integer >= 16")
+        check_option(isinstance(self.use_darkness, bool), "use_darkness", self.use_darkness, "True or False")
         for name in ("median_um", "close_um", "min_object_um2", "min_hole_um2"):
             value = getattr(self, name)
-            _check(math.isfinite(value) and value >= 0, name, value, "a finite number >= 0")
-        _check(0.0 <= self.min_threshold < 1.0, "min_threshold", self.min_threshold, "0 <= T < 1")
+            check_option(math.isfinite(value) and value >= 0, name, value, "a finite number >= 0")
+        check_option(0.0 <= self.min_threshold < 1.0, "min_threshold", self.min_threshold, "0 <= T < 1")
         fixed = self.fixed_threshold
-        _check(fixed is None or 0.0 <= fixed < 1.0, "fixed_threshold", fixed, "0 <= T < 1")
+        check_option(fixed is None or 0.0 <= fixed < 1.0, "fixed_threshold", fixed, "0 <= T < 1")
         for name in ("ink_filter", "dark_filter", "keep_pigment"):
-            _check(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
+            check_option(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
         for name in ("ink_min_saturation", "dark_max_value"):
-            _check(0.0 <= getattr(self, name) <= 1.0, name, getattr(self, name), "0..1")
+            check_option(0.0 <= getattr(self, name) <= 1.0, name, getattr(self, name), "0..1")
         for name in ("he_hue_from_deg", "he_hue_to_deg"):
-            _check(0.0 <= getattr(self, name) < 360.0, name, getattr(self, name), "0 <= DEG < 360")
+            check_option(0.0 <= getattr(self, name) < 360.0, name, getattr(self, name), "0 <= DEG < 360")
         margin = self.artefact_margin_um
-        _check(math.isfinite(margin) and margin >= 0, "artefact_margin_um", margin, "a finite number >= 0")
-
-
-def _check(ok: bool, name: str, value: object, rule: str) -> None:
-    if not ok:
-        raise OptionError(f"invalid {name}: {value!r} (need {rule})")
+        check_option(math.isfinite(margin) and margin >= 0, "artefact_margin_um", margin, "a finite number >= 0")
 
 
 MISSING_POLICIES = ("skip", "whole")
