@@ -13,10 +13,12 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from wsishard.shards import writer
 from wsishard.shards.writer import ShardWriter, sample_records
 from wsishard.storage.output import Destination
 
@@ -65,6 +67,38 @@ def test_shards_are_byte_identical_to_tarfile_and_segments_concatenate(tmp_path:
     assert one.record.bytes == len(reference) and one.record.samples == parts.record.samples == len(samples)
     with tarfile.open(tmp_path / "parts.tar") as tar:  # and it reads back as a tar
         assert len(tar.getnames()) == sum(len(m) for _, m in samples)
+
+
+_NAMES = ["a", "x" * 96, "x" * 97, "dir/" + "y" * 120, "é" * 48, "é" * 49, "\udcff\udcfe-s", "s_x0_y0"]
+
+
+def _outcome(make: Callable[[], bytes]) -> bytes | type[Exception]:
+    try:
+        return make()
+    except ValueError:  # tarfile's refusal of a name or size USTAR cannot hold
+        return ValueError
+
+
+@pytest.mark.parametrize("key", _NAMES)
+def test_headers_are_tarfiles_for_every_name_and_size(key: str) -> None:
+    """The header is written without ``TarInfo`` (a tenth of its time): the same bytes for names up to USTAR's 100
+    bytes (non-ASCII and undecodable file-name bytes included), longer ones (a prefix field, or tarfile's refusal)
+    and sizes at the size field's edges."""
+    for size in (0, 1, 511, 512, 513, 70_000):
+        samples = [(key, {"jpg": bytes(range(256)) * (size // 256) + bytes(size % 256), "json": b"{}"})]
+        mine, reference = _outcome(lambda: sample_records(*samples[0])), _outcome(lambda: _tarfile_stream(samples))
+        if isinstance(mine, bytes) and isinstance(reference, bytes):
+            # the stream is the records, then two zero blocks, padded with zeros to a multiple of 10240
+            assert len(mine) % 512 == 0 and len(reference) == -(-(len(mine) + 1024) // 10240) * 10240
+            assert reference[: len(mine)] == mine and not any(reference[len(mine) :])
+        else:
+            assert mine == reference == ValueError, (size, mine, reference)
+    for size in (8**11 - 1, 8**11):  # the largest a USTAR size field holds, and one past it (not written out)
+        info = tarfile.TarInfo(f"{key}.jpg")
+        info.size, info.mtime, info.mode = size, 0, 0o444
+        info.uname = info.gname = "wsishard"
+        header = _outcome(lambda: info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape"))
+        assert _outcome(lambda: writer._header(f"{key}.jpg", size)) == header
 
 
 def test_an_aborted_shard_leaves_nothing(tmp_path: Path) -> None:
