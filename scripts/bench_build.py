@@ -49,6 +49,8 @@ VS_NAIVE_J1, VS_NAIVE_J2 = "jobs 1 / naive (1 core each)", "jobs 2 / 2x naive (2
 SPEEDUP, VS_REF = "jobs 2 / jobs 1, one shard", f"jobs 1 / jobs 1 at {REFERENCE_MPP:.4f}"
 RSS_FLAT = "peak RSS per worker, large / small slide"
 VS_FLOOR, SCAN_QC = "jobs 1 / floor (1 core each; median of side-by-side pairs)", "scan + QC, share of jobs 1 CPU"
+VS_HS2P = "jobs 2 / hs2p (2 processes each)"
+HS2P_CHILD = Path(__file__).with_name("hs2p_child.py")  # run by --hs2p's interpreter
 CONTENDED_CORES = 0.25  # a run during which other processes kept more cores busy is marked '*'
 
 
@@ -500,6 +502,18 @@ def phase_idle(watcher: TreeWatcher, result: dict[str, Any]) -> dict[str, float]
     }
 
 
+def run_hs2p(python: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """hs2p over the same slides at the same level-0 mpp with 2 workers (``scripts/hs2p_child.py`` under ``python``,
+    an interpreter with hs2p installed), its process tree polled as the children's are."""
+    shutil.rmtree(spec["output"], ignore_errors=True)
+    cmd = [python, str(HS2P_CHILD), "--mpp", str(spec["mpp"]), "--out", spec["output"], "--workers", "2"]
+    returncode, out, _, polled = run_watched(cmd + spec["slides"])
+    found = [line for line in out.splitlines() if line.startswith("JSON: ")]
+    if returncode != 0 or not found:
+        raise SystemExit(f"hs2p child failed (exit {returncode}): {out[-500:]}")
+    return {**json.loads(found[-1][len("JSON: ") :]), **polled}
+
+
 def run_child(method: str, spec: dict[str, Any], stem: Path) -> dict[str, Any]:
     """Run one method in a child process (spec in ``stem``.json), polling its process tree."""
     spec_path = stem.parent / f"{stem.name}.json"  # not with_suffix: names hold an mpp (a dot)
@@ -555,8 +569,9 @@ def versions() -> dict[str, str]:
     }
 
 
-def measure(mode: Mode, workdir: Path, log: Any) -> dict[str, dict[str, Any]]:
-    """Every run, keyed ``build_j1@0.2520``, ``naive@0.2520``, ..., ``many_j2``, ``rss_big``."""
+def measure(mode: Mode, workdir: Path, log: Any, hs2p: str | None = None) -> dict[str, dict[str, Any]]:
+    """Every run, keyed ``build_j1@0.2520``, ``naive@0.2520``, ..., ``many_j2``, ``rss_big``; ``hs2p@0.2520``, ...
+    with ``hs2p`` (an interpreter that has it)."""
     slides = ensure_slides(workdir / "slides", mode.size, mode.n_slides, log)
     small = ensure_slides(workdir / "slides", mode.small, 1, log)
     raw: dict[str, dict[str, Any]] = {}
@@ -565,13 +580,16 @@ def measure(mode: Mode, workdir: Path, log: Any) -> dict[str, dict[str, Any]]:
     def run(name: str, method: str, spec: dict[str, Any], keep: bool = False) -> None:
         log(f"running {name} ...")
         output = workdir / f"out-{name}"
-        raw[name] = run_child(method, {"slides": slides, "output": str(output), **spec}, workdir / name)
+        spec = {"slides": slides, "output": str(output), **spec}
+        raw[name] = run_hs2p(hs2p, spec) if method == "hs2p" and hs2p else run_child(method, spec, workdir / name)
         if not keep:
             shutil.rmtree(output, ignore_errors=True)
 
     for mpp in SCANNERS:
         run(f"build_j1@{mpp:.4f}", "build", {"jobs": 1, "mpp": mpp}, keep=True)
         run(f"build_j2@{mpp:.4f}", "build", {"jobs": 2, "mpp": mpp})
+        if hs2p:
+            run(f"hs2p@{mpp:.4f}", "hs2p", {"mpp": mpp})
         j1_output = workdir / f"out-build_j1@{mpp:.4f}"
         patches = shard_patches(str(j1_output), slides)  # the baselines process exactly what the build wrote
         shutil.rmtree(j1_output, ignore_errors=True)
@@ -614,12 +632,14 @@ def rate(run: dict[str, Any], pool: bool = False) -> Rate:
 
 
 def per_mpp(raw: dict[str, dict[str, Any]]) -> dict[float, dict[str, Rate]]:
+    """Per mpp: ``j1``, ``j2``, ``naive``, ``floor`` and, where it ran, ``hs2p``."""
     return {
         mpp: {
             "j1": rate(raw[f"build_j1@{mpp:.4f}"]),
             "j2": rate(raw[f"build_j2@{mpp:.4f}"], pool=True),
             "naive": rate(raw[f"naive@{mpp:.4f}"]),
             "floor": rate(raw[f"floor@{mpp:.4f}"]),
+            **({"hs2p": rate(raw[f"hs2p@{mpp:.4f}"])} if f"hs2p@{mpp:.4f}" in raw else {}),
         }
         for mpp in SCANNERS
     }
@@ -652,6 +672,11 @@ def verdicts(raw: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             (VS_NAIVE_J2, mpp, j2.per_s / (2 * naive.per_s), j2.per_cpu_s / naive.per_cpu_s, ">=", 3.0, (k2, kn)),
             (SPEEDUP, mpp, j2.per_s / j1.per_s, 2 * j2.per_cpu_s / j1.per_cpu_s, ">=", 1.7, (k1, k2)),
         ]
+        if "hs2p" in r:
+            h = r["hs2p"]
+            items.append(
+                (VS_HS2P, mpp, j2.per_s / h.per_s, j2.per_cpu_s / h.per_cpu_s, ">=", 3.0, (k2, f"hs2p@{mpp:.4f}"))
+            )
         share = raw[k1]["stages"]["share"]
         items += [
             (VS_FLOOR, mpp, *floor_ratios(raw, mpp)[:2], ">=", 0.85, (k1,)),
@@ -692,7 +717,7 @@ def _verdict_of(checks: list[dict[str, Any]], mpp: float, *names: str) -> str:
 
 def mpp_table(raw: dict[str, dict[str, Any]], checks: list[dict[str, Any]]) -> list[str]:
     """One row per mpp, for the performance page."""
-    head = (
+    head: tuple[str, ...] = (
         "level-0 mpp (scanner)",
         "patches",
         "jobs 1 patch/s",
@@ -708,9 +733,18 @@ def mpp_table(raw: dict[str, dict[str, Any]], checks: list[dict[str, Any]]) -> l
     )
     rows = []
     rates = per_mpp(raw)
+    hs2p = all("hs2p" in r for r in rates.values())
+    if hs2p:
+        head += ("hs2p patch/s (2 processes)", "j2 / hs2p", ">= 3x hs2p")
     for mpp, r in rates.items():
         j1, j2, naive, floor = r["j1"], r["j2"], r["naive"], r["floor"]
         verdicts = [_verdict_of(checks, mpp, *names) for names in ((VS_NAIVE_J1, VS_NAIVE_J2), (VS_REF,), (SPEEDUP,))]
+        if hs2p:
+            verdicts += [
+                f"{r['hs2p'].per_s:.0f}",
+                f"{j2.per_s / r['hs2p'].per_s:.2f}x",
+                _verdict_of(checks, mpp, VS_HS2P),
+            ]
         cells = [
             f"{mpp:.4f} ({SCANNERS[mpp]})",
             str(j1.patches),
@@ -797,6 +831,7 @@ def details(mode: Mode, raw: dict[str, dict[str, Any]], env: dict[str, Any]) -> 
         f"({1000 * fl['encode_s'] / max(fl['patches'], 1):.2f} ms/patch)",
         "jobs 1 tile decodes at 1/2 scale per patch (tile cache hits; tiles the floor needs per patch): "
         + ", ".join(_tile_line(m, raw) for m in sorted(SCANNERS)),
+        *_hs2p_lines(raw),
         "",
     ]
     return lines
@@ -840,6 +875,20 @@ def stage_table(raw: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _hs2p_lines(raw: dict[str, Any]) -> list[str]:
+    runs = {m: raw[f"hs2p@{m:.4f}"] for m in SCANNERS if f"hs2p@{m:.4f}" in raw}
+    if not runs:
+        return ["hs2p: not run (--hs2p PYTHON names an interpreter that has it)"]
+    first = next(iter(runs.values()))
+    return [
+        f"hs2p {first['hs2p']}, 2 processes (its defaults, Otsu, tiles to tar; its own tissue and grid, so its own "
+        "patches): patches, wall s (import before the clock: "
+        f"{first['import_s']:.1f} s) per mpp: "
+        + ", ".join(f"{m:.4f} {r['patches']} in {r['wall_s']:.1f} s" for m, r in runs.items()),
+        f"  call: {first['call']}",
+    ]
+
+
 def _tile_line(mpp: float, raw: dict[str, Any]) -> str:
     b, floor = raw[f"build_j1@{mpp:.4f}"], raw[f"floor@{mpp:.4f}"]
     decodes, hits, patches = b.get("tile_decodes", 0), b.get("tile_hits", 0), max(b["patches"], 1)
@@ -876,6 +925,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--json-only", action="store_true", help="print only the final JSON line")
     p.add_argument("--context", action="store_true", help="only the context rows: build cost of 0, 1 and 2 scales")
+    p.add_argument(
+        "--hs2p",
+        metavar="PYTHON",
+        default=os.environ.get("WSISHARD_BENCH_HS2P"),
+        help="an interpreter with hs2p installed (its own venv: see scripts/hs2p_child.py): adds hs2p's row per mpp, "
+        "2 processes against jobs 2 (default: $WSISHARD_BENCH_HS2P; none: no hs2p row)",
+    )
     p.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -894,7 +950,7 @@ def main(argv: list[str] | None = None) -> int:
         return context_main(mode, args.workdir, log, args.json_only)
 
     load_before, t0 = load(), time.perf_counter()
-    raw = measure(mode, args.workdir, log)
+    raw = measure(mode, args.workdir, log, args.hs2p)
     env = {
         "cpus": os.cpu_count(),
         "load_before": load_before,
@@ -906,6 +962,7 @@ def main(argv: list[str] | None = None) -> int:
     if not same or failed:
         log(f"WARNING: jobs 1 and 2 wrote different patches, or slides failed: {failed}")
     checks = verdicts(raw)
+    hs2p_runs = [name for name in raw if name.startswith("hs2p@")]
     if not args.json_only:
         pairs = " | ".join(f"{m:.4f} {spread(floor_ratios(raw, m)[2])}" for m in SCANNERS)
         floor_line = [f"  jobs 1 / floor per side-by-side pair (median [range] of {mode.floor_rounds}): {pairs}"]
@@ -925,7 +982,7 @@ def main(argv: list[str] | None = None) -> int:
             "same_patches": same,
             "failed": failed,
         },
-        "versions": versions(),
+        "versions": {**versions(), **({"hs2p": raw[hs2p_runs[0]]["hs2p"]} if hs2p_runs else {})},
         "rates": {
             f"{m:.4f}": {
                 k: {**asdict(r), "patches_per_s": r.per_s, "patches_per_cpu_s": r.per_cpu_s} for k, r in rs.items()

@@ -229,6 +229,65 @@ def test_neighbouring_blocks_decode_their_shared_edge_tiles_once(slide: str, mon
     assert n_cached >= distinct
 
 
+def test_planned_reads_decode_every_tile_once_and_leave_nothing_cached(
+    slide: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks announced before they are read (as a build worker does for its slide): the same patches and tiles as
+    unplanned reads, each tile decoded once, and every tile leaves the cache at its last planned use."""
+    from wsishard.builder.patches import SlideWork, plan_block
+    from wsishard.slide import tiff
+
+    cands = _cands(slide, 0.2425, PatchOptions(target_mpp=0.5, patch_size_px=128, min_tissue=0.5))
+    block_list = blocks(cands, 4)
+    decoded: list[int] = []
+    decode = tiff.TiffTileReader._decode_tile
+    monkeypatch.setattr(tiff.TiffTileReader, "_decode_tile", lambda self, *a: decoded.append(a[1]) or decode(self, *a))
+    runs = []
+    for plan in (False, True):
+        monkeypatch.setattr(tiff, "TILES", tiff.TileCache(16 << 20))
+        decoded.clear()
+        with open_slide(slide) as fast:
+            assert isinstance(fast, TiffTileReader)
+            work = SlideWork(path=slide, slide_id="s", level=0, patch_mpp=0.5, cands=cands, blocks=block_list, label=None)
+            for b in block_list if plan else ():
+                plan_block(fast, work, b)
+            patches = [np.asarray(p) for b in block_list for p, _, _ in patch_images(fast, b, cands, 0)]
+            left = (dict(fast._uses), [k for k in tiff.TILES._tiles if k[0] == fast._number])
+        runs.append((patches, list(decoded), left))
+    (plain, d_plain, _), (planned, d_planned, (uses, cached)) = runs
+    assert len(plain) == len(cands) and all(map(np.array_equal, plain, planned))
+    assert len(d_planned) == len(set(d_planned)) and set(d_planned) == set(d_plain)  # the same tiles, once each
+    assert uses == {} and cached == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_tiles_a_read_needs_are_those_its_rectangles_touch(seed: int) -> None:
+    """``_tiles_needed`` (ranges per rectangle) against :func:`touches` asked of every tile of the region."""
+    from wsishard.slide.reader import touches
+    from wsishard.slide.tiff import _TiledLevel, _tiles_needed
+
+    rng = np.random.default_rng(seed)
+    lv = _TiledLevel(0, 1000, 700, 64, 48, 16, (), (), None, None, 7)
+    for _ in range(200):
+        x, y = (int(v) for v in rng.integers(-100, 1000, 2))
+        w, h = (int(v) for v in rng.integers(1, 600, 2))
+        rects = [
+            (int(a), int(b), int(a + c), int(b + d))
+            for a, b, c, d in zip(*(rng.integers(lo, hi, 4) for lo, hi in ((-50, 1000), (-50, 700), (0, 300), (0, 300))))
+        ][: int(rng.integers(0, 5))]
+        x_lo, y_lo, x_hi, y_hi = max(x, 0), max(y, 0), min(x + w, lv.width), min(y + h, lv.height)
+        every = [
+            (ty, tx)
+            for ty in range(y_lo // 48, (y_hi - 1) // 48 + 1)
+            for tx in range(x_lo // 64, (x_hi - 1) // 64 + 1)
+            if x_lo < x_hi and y_lo < y_hi
+        ]
+        assert _tiles_needed(lv, x, y, w, h, None) == every
+        assert _tiles_needed(lv, x, y, w, h, rects) == [
+            (ty, tx) for ty, tx in every if touches(rects, tx * 64, ty * 48, tx * 64 + 64, ty * 48 + 48)
+        ]
+
+
 def test_the_tile_cache_keeps_to_its_bytes_and_forgets_a_closed_reader() -> None:
     from wsishard.slide.tiff import TileCache
 

@@ -12,11 +12,12 @@ of one shard still keeps every worker busy. Slide handles come from the worker's
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
-from wsishard.builder.patches import EncodeOptions, Samples, SlideWork, block_samples
+from wsishard.builder.patches import EncodeOptions, Samples, SlideWork, block_samples, plan_block
 from wsishard.builder.plan import ShardPlan
 from wsishard.builder.pool import WorkerPool
 from wsishard.builder.staging import StagedSlide
@@ -25,6 +26,7 @@ from wsishard.format import shard_name
 from wsishard.manifest import ShardRecord
 from wsishard.shards.writer import ShardWriter, sample_records
 from wsishard.slide.cache import READERS
+from wsishard.slide.reader import SlideReader
 from wsishard.storage.output import Destination
 
 logger = logging.getLogger(__name__)
@@ -218,11 +220,19 @@ def _drop(writer: ShardWriter | None, counts: dict[int, int], written: Callable[
     written(-sum(counts.values()))
 
 
+_PLANNED: weakref.WeakSet[SlideReader] = weakref.WeakSet()  # readers told of every block of their slide
+
+
 def _read_block(source: SlideSource, block_index: int, encode: EncodeOptions) -> Samples:
     if source.staged is not None:
         return source.staged.read(block_index)
     work = source.work
-    return block_samples(READERS.get(work.path, encode.fast_path), work, work.blocks[block_index], encode)
+    reader = READERS.get(work.path, encode.fast_path)
+    if reader not in _PLANNED:  # first block of this slide read with this reader: it learns which tiles blocks share
+        _PLANNED.add(reader)
+        for block in work.blocks:  # the slide's, this process's segments or not: a tile is decoded once here
+            plan_block(reader, work, block)
+    return block_samples(reader, work, work.blocks[block_index], encode)
 
 
 def crash_culprits(

@@ -88,6 +88,25 @@ def patch_pixels(
 
 
 def _stage_one(reader: SlideReader, block: Block, cands: Candidates, level: int) -> Reduced:
+    rect, k, needed, scale, snap = _stage_one_read(reader, block, cands, level)
+    image = reduced_read(reader, level, rect, k, needed)  # (h / k, w / k, 3)
+    return Reduced(image, rect[0], rect[1], k, scale, snap)
+
+
+def plan_block(reader: SlideReader, work: SlideWork, block: Block) -> None:
+    """Tell ``reader`` that ``block`` will be read (a reader that keeps tiles for the reads planned, as
+    :meth:`~wsishard.slide.tiff.TiffTileReader.plan_read` does, decodes a tile that neighbouring blocks share once)."""
+    plan = getattr(reader, "plan_read", None)
+    if plan is not None:
+        rect, k, needed, _, _ = _stage_one_read(reader, block, work.cands, work.level)
+        plan(work.level, *rect, k, needed)
+
+
+def _stage_one_read(
+    reader: SlideReader, block: Block, cands: Candidates, level: int
+) -> tuple[tuple[int, int, int, int], int, list[tuple[int, int, int, int]], float, bool]:
+    """What stage 1 reads of ``block``: the level-px rect (x, y, w, h), reduced ``k`` times, only the ``needed``
+    rects of it; and ``scale`` (level px per output px) and ``snap`` for stage 2."""
     scale = cands.l0_per_o / reader.level_downsamples[level]  # level px per output px
     k = max(1, math.floor(scale * (1 + REST_SLACK) + 1e-9))
     exact = abs(scale / k - 1.0) < 1e-9
@@ -99,9 +118,7 @@ def _stage_one(reader: SlideReader, block: Block, cands: Candidates, level: int)
     x0, y0 = floor_to(math.floor(block.o_x * scale) - reach, k), floor_to(math.floor(block.o_y * scale) - reach, k)
     x1 = ceil_to(math.ceil((block.o_x + block.o_w) * scale) + reach, k)
     y1 = ceil_to(math.ceil((block.o_y + block.o_h) * scale) + reach, k)
-    needed = _needed_rects(block, cands, scale, margins)
-    image = reduced_read(reader, level, (x0, y0, x1 - x0, y1 - y0), k, needed)  # ((y1-y0)/k, (x1-x0)/k, 3)
-    return Reduced(image, x0, y0, k, scale, snap)
+    return (x0, y0, x1 - x0, y1 - y0), k, _needed_rects(block, cands, scale, margins), scale, snap
 
 
 def _needed_rects(

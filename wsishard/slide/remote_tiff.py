@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import uuid
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,6 +73,7 @@ class RemoteTiffReader(TiffTileReader):
         self._fd = os.open(self._sparse, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         self._decoders = {}
         self._number = TILES.new_reader()
+        self._uses = Counter()
 
     @property
     def bytes_read(self) -> int:
@@ -83,7 +85,13 @@ class RemoteTiffReader(TiffTileReader):
         return int(getattr(cache, "total_requested_bytes", 0))
 
     def _tile(
-        self, level: _TiledLevel, index: int, factor: int = 1, keep: bool = False, into: Into | None = None
+        self,
+        level: _TiledLevel,
+        index: int,
+        factor: int = 1,
+        keep: bool = False,
+        into: Into | None = None,
+        last: bool = False,
     ) -> Any:
         offset, count = level.offsets[index], level.bytecounts[index]
         if count and offset not in self._fetched:
@@ -94,7 +102,7 @@ class RemoteTiffReader(TiffTileReader):
             self._tile_bytes += len(data)
             os.pwrite(self._fd, data, offset)
             self._fetched.add(offset)
-        return super()._tile(level, index, factor, keep, into)
+        return super()._tile(level, index, factor, keep, into, last)
 
     def _close_remote(self) -> None:
         if self._closed_bytes is None:
@@ -104,6 +112,7 @@ class RemoteTiffReader(TiffTileReader):
         self._file.close()
 
     def close(self) -> None:
+        self._uses.clear()
         TILES.drop_reader(self._number)
         os.close(self._fd)
         with contextlib.suppress(FileNotFoundError):

@@ -23,7 +23,7 @@ import tifffile
 from PIL import Image
 
 from wsishard.errors import SlideError
-from wsishard.slide.reader import BACKGROUND, Rect, SlideReader, one_line, touches
+from wsishard.slide.reader import BACKGROUND, Rect, SlideReader, one_line
 
 _JPEG = 7  # TIFF compression tag value of (new-style) JPEG
 _J2K = frozenset({33005, 34712})  # Aperio JPEG 2000 RGB, standard JPEG 2000: decoded at 1/2, 1/4, 1/8 by OpenJPEG
@@ -60,6 +60,26 @@ def _jpeg_complete(data: bytes) -> bool:
     """
     scan = data.find(b"\xff\xda")
     return scan >= 0 and data.rfind(b"\xff\xd9") > scan
+
+
+def _tiles_needed(
+    lv: _TiledLevel, l_x: int, l_y: int, width: int, height: int, needed: Sequence[Rect] | None
+) -> list[tuple[int, int]]:
+    """``(ty, tx)`` of the tiles of ``lv`` in the region (clipped to the level) that a rectangle of ``needed``
+    overlaps (every one without ``needed``), row by row: a tile ``t`` where :func:`touches` is true."""
+    x_lo, y_lo = max(l_x, 0), max(l_y, 0)
+    x_hi, y_hi = min(l_x + width, lv.width), min(l_y + height, lv.height)
+    if x_lo >= x_hi or y_lo >= y_hi:
+        return []
+    tw, th = lv.tile_w, lv.tile_h
+    ty0, ty1, tx0, tx1 = y_lo // th, (y_hi - 1) // th, x_lo // tw, (x_hi - 1) // tw
+    if needed is None:
+        return [(ty, tx) for ty in range(ty0, ty1 + 1) for tx in range(tx0, tx1 + 1)]
+    found: set[tuple[int, int]] = set()
+    for rx0, ry0, rx1, ry1 in needed:  # tile tx overlaps [rx0, rx1) iff rx0 // tw <= tx <= (rx1 - 1) // tw
+        xs = range(max(rx0 // tw, tx0), min((rx1 - 1) // tw, tx1) + 1)
+        found.update((ty, tx) for ty in range(max(ry0 // th, ty0), min((ry1 - 1) // th, ty1) + 1) for tx in xs)
+    return sorted(found)
 
 
 Into = tuple[np.ndarray, tuple[int, int, int, int]]  # (where, (y0, y1, x0, x1)): a part of a tile, written there
@@ -163,13 +183,17 @@ class TileCache:
         """A number for a reader's tiles (never reused: a file replaced at the same path gets a new one)."""
         return next(self._readers)
 
-    def get(self, key: tuple[int, int, int, int]) -> np.ndarray | None:
-        tile = self._tiles.get(key)
+    def get(self, key: tuple[int, int, int, int], last: bool = False) -> np.ndarray | None:
+        """The tile, or None (a miss); ``last``: its last planned use, so it leaves the cache."""
+        tile = self._tiles.pop(key, None) if last else self._tiles.get(key)
         if tile is None:
             self.misses_at[key[3]] += 1
             return None
         self.hits_at[key[3]] += 1
-        self._tiles.move_to_end(key)
+        if last:
+            self._bytes -= tile.nbytes
+        else:
+            self._tiles.move_to_end(key)
         return tile
 
     def put(self, key: tuple[int, int, int, int], tile: np.ndarray) -> None:
@@ -221,6 +245,7 @@ class TiffTileReader(SlideReader):
         self._fd = os.open(path, os.O_RDONLY)  # tiles are read with one pread each (no seek, no buffer copy)
         self._decoders: dict[int, Callable[..., Any]] = {}
         self._number = TILES.new_reader()  # this reader's tiles in TILES
+        self._uses: Counter[tuple[int, int, int, int]] = Counter()  # TILES keys: planned reads still to come
 
     def _match_level(self, width: int, height: int) -> _TiledLevel:
         """The first tiled, 8-bit, 3-sample RGB/YCbCr page of exactly ``width`` x ``height``."""
@@ -249,13 +274,20 @@ class TiffTileReader(SlideReader):
         raise SlideError(self.path, f"no tiled 8-bit RGB page of {width}x{height} for the fast path")
 
     def _tile(
-        self, level: _TiledLevel, index: int, factor: int = 1, keep: bool = False, into: Into | None = None
+        self,
+        level: _TiledLevel,
+        index: int,
+        factor: int = 1,
+        keep: bool = False,
+        into: Into | None = None,
+        last: bool = False,
     ) -> np.ndarray | None:
         """Decoded tile ``index`` of ``level``, (tile_h / factor, tile_w / factor, 3) uint8, None if empty; from
-        :data:`TILES` if it is there, and put there if ``keep`` (read-only then). ``into``: a tile neither cached
-        nor kept may be written there instead (its part ``(y0, y1, x0, x1)``), and ``into``'s array returned."""
+        :data:`TILES` if it is there (and taken out if this is its ``last`` planned use), and put there if
+        ``keep`` (read-only then). ``into``: a tile neither cached nor kept may be written there instead (its part
+        ``(y0, y1, x0, x1)``), and ``into``'s array returned."""
         key = (self._number, level.page_index, index, factor)
-        tile = TILES.get(key)
+        tile = TILES.get(key, last)
         if tile is None:
             tile = self._decode_tile(level, index, factor, None if keep else into)
             if tile is not None and keep:
@@ -314,10 +346,28 @@ class TiffTileReader(SlideReader):
         codec, or sizes and offsets not multiples of ``factor``); the caller then reads at full size.
         """
         lv = self._levels[level]
-        aligned = all(v % factor == 0 for v in (l_x, l_y, width, height, lv.tile_w, lv.tile_h))
-        if factor not in (2, 4, 8) or (lv.compression != _JPEG and lv.compression not in _J2K) or not aligned:
+        if not self._reducible(lv, l_x, l_y, width, height, factor):
             return None
         return self._read(lv, l_x, l_y, width, height, needed, factor)
+
+    @staticmethod
+    def _reducible(lv: _TiledLevel, l_x: int, l_y: int, width: int, height: int, factor: int) -> bool:
+        aligned = all(v % factor == 0 for v in (l_x, l_y, width, height, lv.tile_w, lv.tile_h))
+        return factor in (2, 4, 8) and (lv.compression == _JPEG or lv.compression in _J2K) and aligned
+
+    def plan_read(
+        self, level: int, l_x: int, l_y: int, width: int, height: int, factor: int, needed: Sequence[Rect] | None
+    ) -> None:
+        """Announce a coming read: ``read_level_reduced`` with these arguments (``read_level`` for ``factor`` 1,
+        and where a reduced read does not apply). A tile that several planned reads share is decoded once and kept
+        in :data:`TILES` until its last one, which takes it out; a tile of no planned read is kept as before (on
+        a region's edge). Planned reads that never come (another process's) only keep tiles longer: the cache
+        drops the least recently used past its size. What is read is the same either way: only what is decoded
+        twice changes."""
+        lv = self._levels[level]
+        f = factor if factor > 1 and self._reducible(lv, l_x, l_y, width, height, factor) else 1
+        for ty, tx in _tiles_needed(lv, l_x, l_y, width, height, needed):
+            self._uses[(self._number, lv.page_index, ty * lv.tiles_across + tx, f)] += 1
 
     def _read(
         self, lv: _TiledLevel, l_x: int, l_y: int, width: int, height: int, needed: Sequence[Rect] | None, f: int
@@ -330,23 +380,28 @@ class TiffTileReader(SlideReader):
             return out
         ty0, ty1 = y_lo // lv.tile_h, (y_hi - 1) // lv.tile_h
         tx0, tx1 = x_lo // lv.tile_w, (x_hi - 1) // lv.tile_w
-        for ty in range(ty0, ty1 + 1):
-            for tx in range(tx0, tx1 + 1):
-                t_x0, t_y0 = tx * lv.tile_w, ty * lv.tile_h
-                if needed is not None and not touches(needed, t_x0, t_y0, t_x0 + lv.tile_w, t_y0 + lv.tile_h):
-                    continue  # no pixel of this tile is used: leave it white
-                edge = ty in (ty0, ty1) or tx in (tx0, tx1)  # what a neighbouring region may read too
-                sx0, sy0 = max(x_lo, t_x0) // f, max(y_lo, t_y0) // f
-                sx1, sy1 = -(-min(x_hi, t_x0 + lv.tile_w) // f), -(-min(y_hi, t_y0 + lv.tile_h) // f)
-                ox, oy, rx, ry = l_x // f, l_y // f, t_x0 // f, t_y0 // f
-                where = out[sy0 - oy : sy1 - oy, sx0 - ox : sx1 - ox]
-                part = (sy0 - ry, sy1 - ry, sx0 - rx, sx1 - rx)
-                tile = self._tile(lv, ty * lv.tiles_across + tx, f, keep=edge, into=(where, part))
-                if tile is not None and tile is not where:  # (a tile decoded into `where` is there already)
-                    where[...] = tile[part[0] : part[1], part[2] : part[3]]
+        uses, ox, oy = self._uses, l_x // f, l_y // f
+        for ty, tx in _tiles_needed(lv, l_x, l_y, width, height, needed):  # the others stay white
+            index = ty * lv.tiles_across + tx
+            left = uses.get(key := (self._number, lv.page_index, index, f), 0)  # planned reads to come, this one too
+            if left > 1:
+                uses[key] = left - 1
+            elif left:
+                del uses[key]
+            edge = ty in (ty0, ty1) or tx in (tx0, tx1)  # unplanned: what a neighbouring region may read too
+            t_x0, t_y0 = tx * lv.tile_w, ty * lv.tile_h
+            sx0, sy0 = max(x_lo, t_x0) // f, max(y_lo, t_y0) // f
+            sx1, sy1 = -(-min(x_hi, t_x0 + lv.tile_w) // f), -(-min(y_hi, t_y0 + lv.tile_h) // f)
+            rx, ry = t_x0 // f, t_y0 // f
+            where = out[sy0 - oy : sy1 - oy, sx0 - ox : sx1 - ox]
+            part = (sy0 - ry, sy1 - ry, sx0 - rx, sx1 - rx)
+            tile = self._tile(lv, index, f, keep=left > 1 if left else edge, into=(where, part), last=left == 1)
+            if tile is not None and tile is not where:  # (a tile decoded into `where` is there already)
+                where[...] = tile[part[0] : part[1], part[2] : part[3]]
         return out
 
     def close(self) -> None:
+        self._uses.clear()
         TILES.drop_reader(self._number)
         os.close(self._fd)
         self._tif.close()
