@@ -256,7 +256,7 @@ def blocks(cands: Candidates, block_patches: int) -> list[Block]:
     Each block's rectangle is the bounding box of its kept cells, so no more is read than needed.
     Blocks come in strips of two block rows, column by column: (0, 0), (1, 0), (0, 1), (1, 1), ..., then (2, 0),
     (3, 0)... Neighbours then follow each other closely in a shard (the plan keeps each slide's block order), and
-    the tiles along their shared edges are mostly decoded once (:class:`~wsishard.slide.tiff.TileCache`), more
+    the tiles along their shared edges are mostly decoded once (:class:`~wsishard.slide.tilecache.TileCache`), more
     often than in row-major order.
     """
     if len(cands) == 0:

@@ -160,7 +160,7 @@ def _interleave(
     In its shard, a slide with ``c`` blocks there takes the places ``(j + u) / c``, ``j = 0 .. c-1`` (its blocks
     in the slide's own block order, ``u`` uniform per slide and shard), and blocks are written by place: every
     slide spread evenly over the shard. That order (:func:`~wsishard.builder.grid.blocks`: neighbours close) lets
-    a worker reuse the tiles two neighbouring blocks share (:class:`~wsishard.slide.tiff.TileCache`); which blocks
+    a worker reuse the tiles two neighbouring blocks share (:class:`~wsishard.slide.tilecache.TileCache`); which blocks
     a shard gets is the deal's, and the stream's shuffle buffer mixes the samples. Between two blocks of a slide
     then comes a block of every slide with at least as many blocks, so only a shard's largest slide, when no other
     has as many, can have neighbours: then its blocks are put into distinct gaps between the others' (first the
