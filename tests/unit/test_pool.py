@@ -19,7 +19,11 @@ from wsishard.builder.pool import WorkerPool
 def _double_or_die(item: tuple[int, str]) -> int:
     """Doubles the number; kills its own process for the marked item (as the OOM killer would)."""
     value, marker = item
-    if marker == "die" or (marker == "die-once" and not os.path.exists(_flag_path(value))):
+    if marker == "die-when-told":  # dies once the test says so (the caller is busy with an earlier result then)
+        deadline = time.monotonic() + 120
+        while not os.path.exists(_flag_path(-1)) and time.monotonic() < deadline:
+            time.sleep(0.005)
+    if marker in ("die", "die-when-told") or (marker == "die-once" and not os.path.exists(_flag_path(value))):
         if marker == "die-once":
             open(_flag_path(value), "w").close()
         os.kill(os.getpid(), signal.SIGKILL)
@@ -73,13 +77,14 @@ def test_one_job_runs_in_this_process_in_order() -> None:
 
 def test_a_worker_dying_while_the_caller_is_busy_is_noticed_at_the_next_submit() -> None:
     """The pool breaks between two results; the next item submitted must not take the caller down."""
-    items = [(i, "die" if i == 2 else "") for i in range(10)]
+    items = [(i, "die-when-told" if i == 2 else "") for i in range(10)]
     results = []
     with WorkerPool(2) as pool:
         for result in pool.imap(_double_or_die, items, on_crash=_crashed, window=4):
             if not results:  # busy with the first result until item 2 has killed its worker and the pool broke
                 assert pool._executor is not None
                 probe = pool._executor.submit(time.sleep, 600)  # failed by the pool when it breaks: no waiting
+                open(_flag_path(-1), "w").close()  # item 2 may die now (not before: the first result is in)
                 assert isinstance(probe.exception(timeout=120), BrokenProcessPool)
             results.append(result)  # the refill then submits to a broken pool
     assert results == [-2 if i == 2 else 2 * i for i in range(10)]
