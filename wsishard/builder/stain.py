@@ -74,6 +74,15 @@ def reference_fit(reason: str, pixels: int = 0) -> StainFit:
     return StainFit(np.array(REFERENCE_MATRIX), np.array(REFERENCE_MAX_CONC), "reference", reason, pixels)
 
 
+def _every_channel_below(rgb: np.ndarray, bound: int) -> np.ndarray:
+    """(n,) bool: each channel of (n, 3) uint8 ``rgb`` below ``bound``; ``(rgb < bound).all(axis=1)`` column by
+    column (numpy reduces a 3-wide last axis slowly: 25 ms on a 1.2 Mpx detection view, against 3)."""
+    out = rgb[:, 0] < bound
+    out &= rgb[:, 1] < bound
+    out &= rgb[:, 2] < bound
+    return out
+
+
 def optical_density(rgb: np.ndarray, io: float = IO) -> np.ndarray:
     """(n, 3) uint8 RGB -> (n, 3) float64 optical density ``-ln((I + 1) / io)``."""
     return -np.log((rgb.astype(np.float64) + 1.0) / io)
@@ -128,7 +137,7 @@ def fit_or_reference(rgb: np.ndarray, keep: np.ndarray | None = None, *, seed: i
     if rgb.size == 0:
         return reference_fit("no tissue patch to fit on")
     flat = rgb.reshape(-1, 3) if keep is None else rgb[keep]  # (k, 3)
-    flat = flat[(flat < _STAINED_BELOW).all(axis=1)]  # the stained pixels: OD >= beta in every channel
+    flat = flat[_every_channel_below(flat, _STAINED_BELOW)]  # the stained pixels: OD >= beta in every channel
     if len(flat) > _MAX_FIT_PIXELS:  # a seeded subsample: the cost is bounded, however large the view
         flat = flat[np.random.default_rng((seed, 0x57A1)).choice(len(flat), _MAX_FIT_PIXELS, replace=False)]
     hue, sat, val = (p[0] for p in hsv_planes(flat[None]))

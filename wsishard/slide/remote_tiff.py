@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import uuid
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,7 +72,7 @@ class RemoteTiffReader(TiffTileReader):
         self._fd = os.open(self._sparse, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         self._decoders = {}
         self._number = TILES.new_reader()
-        self._uses = Counter()
+        self._uses = {}
 
     @property
     def bytes_read(self) -> int:

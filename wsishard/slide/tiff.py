@@ -11,7 +11,6 @@ import io
 import math
 import os
 import threading
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -187,7 +186,7 @@ class TiffTileReader(SlideReader):
         self._fd = os.open(path, os.O_RDONLY)  # tiles are read with one pread each (no seek, no buffer copy)
         self._decoders: dict[int, Callable[..., Any]] = {}
         self._number = TILES.new_reader()  # this reader's tiles in TILES
-        self._uses: Counter[tuple[int, int, int, int]] = Counter()  # TILES keys: planned reads still to come
+        self._uses: dict[tuple[int, int], np.ndarray] = {}  # (page, factor): planned reads to come, per tile
 
     def _match_level(self, width: int, height: int) -> _TiledLevel:
         """The first tiled, 8-bit, 3-sample RGB/YCbCr page of exactly ``width`` x ``height``."""
@@ -308,8 +307,11 @@ class TiffTileReader(SlideReader):
         twice changes."""
         lv = self._levels[level]
         f = factor if factor > 1 and self._reducible(lv, l_x, l_y, width, height, factor) else 1
+        uses = self._uses.get((lv.page_index, f))
+        if uses is None:  # a count per tile of the level: 4 bytes a tile, whatever the number of reads planned
+            uses = self._uses[(lv.page_index, f)] = np.zeros(len(lv.offsets), dtype=np.int32)
         for ty, tx in _tiles_needed(lv, l_x, l_y, width, height, needed):
-            self._uses[(self._number, lv.page_index, ty * lv.tiles_across + tx, f)] += 1
+            uses[ty * lv.tiles_across + tx] += 1
 
     def _read(
         self, lv: _TiledLevel, l_x: int, l_y: int, width: int, height: int, needed: Sequence[Rect] | None, f: int
@@ -322,14 +324,12 @@ class TiffTileReader(SlideReader):
             return out
         ty0, ty1 = y_lo // lv.tile_h, (y_hi - 1) // lv.tile_h
         tx0, tx1 = x_lo // lv.tile_w, (x_hi - 1) // lv.tile_w
-        uses, ox, oy = self._uses, l_x // f, l_y // f
+        uses, ox, oy = self._uses.get((lv.page_index, f)), l_x // f, l_y // f
         for ty, tx in _tiles_needed(lv, l_x, l_y, width, height, needed):  # the others stay white
             index = ty * lv.tiles_across + tx
-            left = uses.get(key := (self._number, lv.page_index, index, f), 0)  # planned reads to come, this one too
-            if left > 1:
-                uses[key] = left - 1
-            elif left:
-                del uses[key]
+            left = 0 if uses is None else int(uses[index])  # planned reads to come, this one included
+            if left:
+                uses[index] = left - 1  # type: ignore[index]
             edge = ty in (ty0, ty1) or tx in (tx0, tx1)  # unplanned: what a neighbouring region may read too
             t_x0, t_y0 = tx * lv.tile_w, ty * lv.tile_h
             sx0, sy0 = max(x_lo, t_x0) // f, max(y_lo, t_y0) // f
