@@ -253,13 +253,21 @@ def test_planned_reads_decode_every_tile_once_and_leave_nothing_cached(
             )
             for b in block_list if plan else ():
                 plan_block(fast, work, b)
+            if plan:  # a read nobody planned (as a context patch's) in between: it must not use up the counts
+                fast.read_level_reduced(0, 0, 0, 4096, 4096, 2)  # every tile of the slide
+                decoded.clear()
             patches = [np.asarray(p) for b in block_list for p, _, _ in patch_images(fast, b, cands, 0)]
-            left = ([int(v.sum()) for v in fast._uses.values()], [k for k in tiff.TILES._tiles if k[0] == fast._number])
+            left = (
+                [int(v.sum()) for v in fast._uses.values()],
+                {k[2] for k in tiff.TILES._tiles if k[0] == fast._number},
+            )
         runs.append((patches, list(decoded), left))
     (plain, d_plain, _), (planned, d_planned, (uses, cached)) = runs
     assert len(plain) == len(cands) and all(map(np.array_equal, plain, planned))
-    assert len(d_planned) == len(set(d_planned)) and set(d_planned) == set(d_plain)  # the same tiles, once each
-    assert uses and not any(uses) and cached == []  # every planned read came; no tile left behind
+    assert len(d_planned) == len(set(d_planned)) and set(d_planned) <= set(d_plain)  # the same tiles, once each
+    assert uses and not any(uses)  # every planned read came
+    across = 4096 // 256  # no planned tile left behind: only the unplanned read's, on its region's edge
+    assert all(i % across in (0, across - 1) or i // across in (0, across - 1) for i in cached)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import uuid
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,7 +73,7 @@ class RemoteTiffReader(TiffTileReader):
         self._fd = os.open(self._sparse, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         self._decoders = {}
         self._number = TILES.new_reader()
-        self._uses = {}
+        self._uses, self._planned = {}, Counter()
 
     @property
     def bytes_read(self) -> int:
@@ -112,6 +113,7 @@ class RemoteTiffReader(TiffTileReader):
 
     def close(self) -> None:
         self._uses.clear()
+        self._planned.clear()
         TILES.drop_reader(self._number)
         os.close(self._fd)
         with contextlib.suppress(FileNotFoundError):

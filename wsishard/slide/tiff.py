@@ -11,6 +11,7 @@ import io
 import math
 import os
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -187,6 +188,7 @@ class TiffTileReader(SlideReader):
         self._decoders: dict[int, Callable[..., Any]] = {}
         self._number = TILES.new_reader()  # this reader's tiles in TILES
         self._uses: dict[tuple[int, int], np.ndarray] = {}  # (page, factor): planned reads to come, per tile
+        self._planned: Counter[tuple[int, ...]] = Counter()  # (page, x, y, w, h, factor) of the planned reads to come
 
     def _match_level(self, width: int, height: int) -> _TiledLevel:
         """The first tiled, 8-bit, 3-sample RGB/YCbCr page of exactly ``width`` x ``height``."""
@@ -307,6 +309,7 @@ class TiffTileReader(SlideReader):
         twice changes."""
         lv = self._levels[level]
         f = factor if factor > 1 and self._reducible(lv, l_x, l_y, width, height, factor) else 1
+        self._planned[(lv.page_index, l_x, l_y, width, height, f)] += 1
         uses = self._uses.get((lv.page_index, f))
         if uses is None:  # a count per tile of the level: 4 bytes a tile, whatever the number of reads planned
             uses = self._uses[(lv.page_index, f)] = np.zeros(len(lv.offsets), dtype=np.int32)
@@ -324,7 +327,14 @@ class TiffTileReader(SlideReader):
             return out
         ty0, ty1 = y_lo // lv.tile_h, (y_hi - 1) // lv.tile_h
         tx0, tx1 = x_lo // lv.tile_w, (x_hi - 1) // lv.tile_w
-        uses, ox, oy = self._uses.get((lv.page_index, f)), l_x // f, l_y // f
+        read = (lv.page_index, l_x, l_y, width, height, f)
+        planned = self._planned.get(read, 0)  # a read nobody planned (a context patch's) leaves the counts alone
+        uses = self._uses.get((lv.page_index, f)) if planned else None
+        if planned > 1:
+            self._planned[read] = planned - 1
+        elif planned:
+            del self._planned[read]
+        ox, oy = l_x // f, l_y // f
         for ty, tx in _tiles_needed(lv, l_x, l_y, width, height, needed):  # the others stay white
             index = ty * lv.tiles_across + tx
             left = 0 if uses is None else int(uses[index])  # planned reads to come, this one included
@@ -344,6 +354,7 @@ class TiffTileReader(SlideReader):
 
     def close(self) -> None:
         self._uses.clear()
+        self._planned.clear()
         TILES.drop_reader(self._number)
         os.close(self._fd)
         self._tif.close()

@@ -12,10 +12,11 @@ class TileCache:
     """Recently decoded tiles of this process, least recently used dropped first, up to ``max_bytes``.
 
     Neighbouring blocks of a slide share the tiles along their common edge; with a non-integer scale the grid does
-    not line up with the tiles, and a tile on such an edge would be decoded twice. Readers keep
-    the tiles on the edge of each region they read; blocks come in strips of two block rows and the plan keeps
-    that order within a shard (:func:`~wsishard.builder.grid.blocks`), so a worker meets a block's neighbours soon
-    after it. Keyed by the reader (a number of its own, dropped when it closes), the page, the tile and the scale.
+    not line up with the tiles, and a tile on such an edge would be decoded twice. A build worker tells its reader
+    every block's read before the first (:meth:`~wsishard.slide.tiff.TiffTileReader.plan_read`): a tile that
+    planned reads share is kept until its last one, which takes it out (``get(key, last=True)``). Reads nobody
+    planned keep the tiles on the edge of their region, which a neighbouring region may read too. Keyed by the
+    reader (a number of its own, dropped when it closes), the page, the tile and the scale.
     """
 
     def __init__(self, max_bytes: int) -> None:
