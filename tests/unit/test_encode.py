@@ -272,9 +272,11 @@ def test_planned_reads_decode_every_tile_once_and_leave_nothing_cached(
 
 @pytest.mark.parametrize("seed", range(4))
 def test_the_tiles_a_read_needs_are_those_its_rectangles_touch(seed: int) -> None:
-    """``_tiles_needed`` (ranges per rectangle) against :func:`touches` asked of every tile of the region."""
-    from wsishard.slide.reader import touches
+    """``_tiles_needed`` (ranges per rectangle) against an overlap test asked of every tile of the region."""
     from wsishard.slide.tiff import _TiledLevel, _tiles_needed
+
+    def touches(rects: list[tuple[int, int, int, int]], x0: int, y0: int, x1: int, y1: int) -> bool:
+        return any(rx0 < x1 and x0 < rx1 and ry0 < y1 and y0 < ry1 for rx0, ry0, rx1, ry1 in rects)
 
     rng = np.random.default_rng(seed)
     lv = _TiledLevel(0, 1000, 700, 64, 48, 16, (), (), None, None, 7)

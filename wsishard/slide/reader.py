@@ -106,10 +106,6 @@ def composite_on_white(rgba: np.ndarray) -> np.ndarray:
     return out.astype(np.uint8)
 
 
-def touches(rects: Sequence[Rect], x0: int, y0: int, x1: int, y1: int) -> bool:
-    return any(rx0 < x1 and x0 < rx1 and ry0 < y1 and y0 < ry1 for rx0, ry0, rx1, ry1 in rects)
-
-
 def one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:200] if text else type(exc).__name__

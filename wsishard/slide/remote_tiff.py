@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import uuid
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,7 +23,7 @@ import tifffile
 
 from wsishard.errors import SlideError
 from wsishard.slide.reader import one_line
-from wsishard.slide.tiff import TILES, Into, TiffTileReader, _TiledLevel
+from wsishard.slide.tiff import Into, TiffTileReader, _TiledLevel
 from wsishard.storage.urls import StorageOptions, public_location
 
 logger = logging.getLogger(__name__)
@@ -71,9 +70,7 @@ class RemoteTiffReader(TiffTileReader):
         os.makedirs(scratch, exist_ok=True)
         self._sparse = os.path.join(scratch, f"{uuid.uuid4().hex[:12]}.tiles")
         self._fd = os.open(self._sparse, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        self._decoders = {}
-        self._number = TILES.new_reader()
-        self._uses, self._planned = {}, Counter()
+        self._start_tiles()
 
     @property
     def bytes_read(self) -> int:
@@ -112,9 +109,7 @@ class RemoteTiffReader(TiffTileReader):
         self._file.close()
 
     def close(self) -> None:
-        self._uses.clear()
-        self._planned.clear()
-        TILES.drop_reader(self._number)
+        self._stop_tiles()
         os.close(self._fd)
         with contextlib.suppress(FileNotFoundError):
             os.remove(self._sparse)

@@ -67,7 +67,7 @@ def _tiles_needed(
     lv: _TiledLevel, l_x: int, l_y: int, width: int, height: int, needed: Sequence[Rect] | None
 ) -> list[tuple[int, int]]:
     """``(ty, tx)`` of the tiles of ``lv`` in the region (clipped to the level) that a rectangle of ``needed``
-    overlaps (every one without ``needed``), row by row: a tile ``t`` where :func:`touches` is true."""
+    overlaps (every one without ``needed``), row by row."""
     x_lo, y_lo = max(l_x, 0), max(l_y, 0)
     x_hi, y_hi = min(l_x + width, lv.width), min(l_y + height, lv.height)
     if x_lo >= x_hi or y_lo >= y_hi:
@@ -185,10 +185,19 @@ class TiffTileReader(SlideReader):
             self._tif.close()
             raise
         self._fd = os.open(path, os.O_RDONLY)  # tiles are read with one pread each (no seek, no buffer copy)
+        self._start_tiles()
+
+    def _start_tiles(self) -> None:
+        """The state tile reading keeps: decoders per page, this reader's place in :data:`TILES`, planned reads."""
         self._decoders: dict[int, Callable[..., Any]] = {}
         self._number = TILES.new_reader()  # this reader's tiles in TILES
         self._uses: dict[tuple[int, int], np.ndarray] = {}  # (page, factor): planned reads to come, per tile
         self._planned: Counter[tuple[int, ...]] = Counter()  # (page, x, y, w, h, factor) of the planned reads to come
+
+    def _stop_tiles(self) -> None:
+        self._uses.clear()
+        self._planned.clear()
+        TILES.drop_reader(self._number)
 
     def _match_level(self, width: int, height: int) -> _TiledLevel:
         """The first tiled, 8-bit, 3-sample RGB/YCbCr page of exactly ``width`` x ``height``."""
@@ -353,8 +362,6 @@ class TiffTileReader(SlideReader):
         return out
 
     def close(self) -> None:
-        self._uses.clear()
-        self._planned.clear()
-        TILES.drop_reader(self._number)
+        self._stop_tiles()
         os.close(self._fd)
         self._tif.close()
