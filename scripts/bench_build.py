@@ -502,6 +502,17 @@ def phase_idle(watcher: TreeWatcher, result: dict[str, Any]) -> dict[str, float]
     }
 
 
+def _check_hs2p(python: str) -> None:
+    """Exit with one line unless ``python`` runs and imports hs2p."""
+    try:
+        found = subprocess.run([python, "-c", "import hs2p"], capture_output=True, text=True, timeout=120)
+    except OSError as exc:
+        raise SystemExit(f"bench_build: --hs2p {python}: cannot run it ({exc.strerror})") from None
+    if found.returncode != 0:
+        last = (found.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"bench_build: --hs2p {python}: it cannot import hs2p ({last})")
+
+
 def run_hs2p(python: str, spec: dict[str, Any], log: Any) -> dict[str, Any] | None:
     """hs2p over the same slides at the same level-0 mpp with 2 workers (``scripts/hs2p_child.py`` under ``python``,
     an interpreter with hs2p installed), its process tree polled as the children's are; None (logged) when it
@@ -955,6 +966,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.context:
         return context_main(mode, args.workdir, log, args.json_only)
 
+    if args.hs2p:  # before the first run, not when its row comes (minutes in)
+        _check_hs2p(args.hs2p)
     load_before, t0 = load(), time.perf_counter()
     raw = measure(mode, args.workdir, log, args.hs2p)
     env = {
