@@ -675,6 +675,67 @@ def floor_ratios(raw: dict[str, dict[str, Any]], mpp: float) -> tuple[float, flo
     return median_range(walls)[0], median_range(cpus)[0], walls
 
 
+GAP_PARTS = ("scan + QC", "scores", "write", "decode", "resample", "encode", "in-build other")
+
+
+def floor_gap(raw: dict[str, dict[str, Any]], mpp: float) -> dict[str, Any]:
+    """Where ``--jobs 1`` spends CPU beyond the floor at ``mpp``, per side-by-side pair, in ms per patch: the work
+    the build owes beyond decode, resample and encode (scan + QC, the quality scores, writing the tar and its index),
+    each of the floor's three steps as the build pays it less the floor's own, and what no stage timer covers inside
+    ``build()`` (the pool, planning, sample metadata, the manifest; not the interpreter's start). ``ceiling``: the
+    jobs 1 / floor CPU ratio were everything but the owed work free, ``floor / (floor + scan + QC + scores +
+    write)``; a target above it cannot be met while those cost what they do. Medians over the pairs."""
+    pairs: list[dict[str, float]] = []
+    r = 0
+    while f"floor@{mpp:.4f}" + (f"#{r}" if r else "") in raw:
+        tag = f"#{r}" if r else ""
+        b, fl = raw[f"build_j1@{mpp:.4f}{tag}"], raw[f"floor@{mpp:.4f}{tag}"]
+        n, st = max(b["patches"], 1), b["stages"]["cpu_s"]
+        floor = 1000 * fl["cpu_s"] / max(fl["patches"], 1)
+        ms = {s: 1000 * v / n for s, v in st.items()}
+        timed = sum(v for s, v in ms.items() if s != "other")
+        parts = {
+            "scan + QC": ms["scan"] + ms["qc"],
+            "scores": ms["scores"],
+            "write": ms["write"],
+            "decode": ms["decode"] - 1000 * fl["decode_s"] / n,
+            "resample": ms["resample"] - 1000 * fl["resample_s"] / n,
+            "encode": ms["encode"] - 1000 * fl["encode_s"] / n,
+            "in-build other": 1000 * b["cpu_s"] / n - timed,
+        }
+        owed = parts["scan + QC"] + parts["scores"] + parts["write"]
+        build = 1000 * b["cpu_s"] / n
+        pairs.append(
+            {"floor": floor, "build": build, "ratio": floor / build, "ceiling": floor / (floor + owed), **parts}
+        )
+        r += 1
+    return {k: median_range([p[k] for p in pairs])[0] for k in pairs[0]} | {"pairs": pairs}
+
+
+def gap_table(raw: dict[str, dict[str, Any]]) -> list[str]:
+    """:func:`floor_gap` per mpp, a Markdown table (the performance page shows it)."""
+    rows = []
+    for mpp in SCANNERS:
+        g = floor_gap(raw, mpp)
+        rows.append(
+            [
+                f"{mpp:.4f}",
+                spread([p["ratio"] for p in g["pairs"]]),
+                spread([p["ceiling"] for p in g["pairs"]]),
+                f"{g['floor']:.2f}",
+                f"{g['build']:.2f}",
+                *(f"{g[k]:+.3f}" for k in GAP_PARTS),
+            ]
+        )
+    caption = (
+        "jobs 1 beyond the floor, CPU ms per patch (median of the side-by-side pairs): the work the build owes beyond "
+        "the floor's three steps, each step's cost over the floor's, and the rest of build(); ceiling: jobs 1 / floor "
+        "were all but the owed work (scan + QC, scores, write) free"
+    )
+    head = ("mpp", "jobs 1 / floor (CPU)", "ceiling", "floor ms", "jobs 1 ms", *GAP_PARTS)
+    return [*markdown(head, rows, caption, "lrrrr" + "r" * len(GAP_PARTS)).splitlines(), ""]
+
+
 def verdicts(raw: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Each target, per mpp: the wall-clock ratio (the verdict) and the same ratio from CPU-seconds."""
     rates = per_mpp(raw)
@@ -985,7 +1046,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.json_only:
         pairs = " | ".join(f"{m:.4f} {spread(floor_ratios(raw, m)[2])}" for m in SCANNERS)
         floor_line = [f"  jobs 1 / floor per side-by-side pair (median [range] of {mode.floor_rounds}): {pairs}"]
-        print("\n".join(details(mode, raw, env) + stage_table(raw) + mpp_table(raw, checks) + [""] + targets(checks)))
+        print("\n".join(details(mode, raw, env) + stage_table(raw) + gap_table(raw) + mpp_table(raw, checks)))
+        print("\n".join(["", *targets(checks)]))
         print("\n".join(floor_line))
     report = {
         "config": {
@@ -1010,6 +1072,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "targets": checks,
         "floor_pairs": {f"{m:.4f}": floor_ratios(raw, m)[2] for m in SCANNERS},
+        "floor_gap": {f"{m:.4f}": floor_gap(raw, m) for m in SCANNERS},
         "scan_to_extract": idle_figures(raw),
         "raw": raw,
     }
