@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 from buildtools import usage_error
 
+from wsishard.builder.options import BuildOptions
+from wsishard.builder.patchopts import PatchOptions
 from wsishard.cli import main
 from wsishard.cliargs import parse_size
+from wsishard.errors import OptionError
 from wsishard.testing.synthetic import make_slide, make_slides
 
 
@@ -134,10 +137,22 @@ def test_an_output_that_is_a_file_is_ausage_error(tmp_path: Path, capsys: pytest
     assert (tmp_path / "afile").read_text() == "not a folder"
 
 
-def test_shard_samples_below_one_block_is_refused(tmp_path: Path) -> None:
+def test_shard_samples_below_the_default_block_shrink_the_blocks(tmp_path: Path) -> None:
+    """A block is never split between shards: with ``--shard-samples 5`` the default blocks shrink to fit (2x2
+    patches), and the build records the side it chose."""
     make_slides(tmp_path / "in", 1, seed=1, width=2048, height=2048)
-    proc = _run("build", str(tmp_path / "in"), "-o", str(tmp_path / "out"), "--shard-samples", "5")
-    assert proc.returncode == 2 and "invalid shard_samples: 5" in proc.stderr and "Traceback" not in proc.stderr
+    proc = _run(
+        "build", str(tmp_path / "in"), "-o", str(tmp_path / "out"), "--shard-samples", "5", "--patch-size", "64"
+    )
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["options"]["patch"]["block_patches"] == 2
+    assert len(manifest["shards"]) > 1 and all(0 < shard["samples"] <= 5 for shard in manifest["shards"])
+
+
+def test_shard_samples_below_a_chosen_block_are_refused() -> None:
+    with pytest.raises(OptionError, match=r"invalid shard_samples: 10 \(need >= 16: one block\)"):
+        BuildOptions(shard_samples=10, patch=PatchOptions(block_patches=4))
 
 
 def test_empty_folder_and_missing_manifest_say_so(tmp_path: Path) -> None:

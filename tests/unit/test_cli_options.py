@@ -187,7 +187,7 @@ def test_help_groups_and_shown_defaults(monkeypatch: pytest.MonkeyPatch, capsys:
         ("--quality", "0", "invalid quality: 0 (need 1..100)"),  # was 'invalid choice: 0 (choose from 1, 2, ... 100)'
         ("--seed", "-1", "must be >= 0: '-1'"),  # every slide then failed
         ("--seed", "x", "not an integer: 'x'"),  # was 'invalid int value'
-        ("--shard-samples", "5", "invalid shard_samples: 5 (need >= 16: one block)"),
+        ("--shard-samples", "0", "must be > 0: '0'"),  # smaller blocks then (BuildOptions.with_block_side)
     ],
 )
 def test_a_flag_refuses_what_its_option_class_refuses(

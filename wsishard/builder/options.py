@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from wsishard.builder.patchopts import ContextOptions, EncodeOptions, PatchOptions, QualityOptions
@@ -53,6 +53,11 @@ def valid_label(label: int) -> bool:
     return isinstance(label, int) and not isinstance(label, bool) and LABEL_RANGE[0] <= label <= LABEL_RANGE[1]
 
 
+# Encoded bytes per output pixel, roughly (JPEG q90 of H&E about 14 KB a 256 px patch; lossless 5-8x that): only to
+# size the read blocks of a build planned by bytes (BuildOptions.block_side), not its shards.
+BYTES_PER_PX = {"jpg": 0.25, "png": 1.5, "webp": 1.5}
+
+
 @dataclass(frozen=True, kw_only=True)
 class BuildOptions:
     """Every option of a build.
@@ -66,7 +71,7 @@ class BuildOptions:
         quality: JPEG quality 1..100.
         shard_size_bytes: shards are planned to hold at most about this many bytes (None: no byte limit).
         shard_samples: at most this many samples per shard (None: no count limit); at least one read block
-            (``patch.block_patches`` squared, 16 by default).
+            (``patch.block_patches`` squared; by default blocks shrink to fit: :meth:`PatchOptions.auto_block`).
         group_slides: slides per group; every shard mixes the slides of its group.
         seed: seeds every random choice of the build (>= 0).
         jobs: worker processes (None: all cores).
@@ -229,7 +234,7 @@ class BuildOptions:
     def __post_init__(self) -> None:
         """Validate every field; the message names the field, the bad value and what is needed."""
         object.__setattr__(self, "context_mpp", context_mpps(self.context_mpp))  # canonical: ascending
-        block = self.patch.block_patches**2
+        block = (self.patch.block_patches or 1) ** 2  # a chosen side fits (with_block_side)
         checks = {
             "image_format": (self.image_format in IMAGE_FORMATS, "/".join(IMAGE_FORMATS)),
             "quality": (1 <= self.quality <= 100, "1..100"),
@@ -281,6 +286,27 @@ class BuildOptions:
         """Names of the integer labels: the slide label table's, or the annotation classes (``--roi-labels``, which
         label nothing without ``--roi``)."""
         return self.label_names or (self.roi.labels if self.roi.path is not None else ())
+
+    @property
+    def block_side(self) -> int:
+        """Patches per side of a read block: ``patch.block_patches`` (:func:`with_block_side` chooses it for a
+        build), else :meth:`~wsishard.builder.patchopts.PatchOptions.auto_block` by the patch size alone."""
+        return self.patch.block_patches or self.patch.auto_block()
+
+    def with_block_side(self, slides: int) -> BuildOptions:
+        """These options with ``patch.block_patches`` chosen for a build of ``slides`` slides where it is None
+        (:meth:`~wsishard.builder.patchopts.PatchOptions.auto_block`): 8 of 256 px, fewer where a shard would hold
+        less than a block of each slide of its group (``shard_samples``, or ``shard_size_bytes`` at about
+        :data:`BYTES_PER_PX` a pixel; groups of ``group_slides``, sizes within one). The build records the choice."""
+        if self.patch.block_patches is not None:
+            return self
+        limits = [] if self.shard_samples is None else [self.shard_samples]
+        if self.shard_size_bytes is not None:
+            per_patch = BYTES_PER_PX[self.image_format] * self.patch.patch_size_px**2
+            limits.append(int(self.shard_size_bytes // per_patch))
+        groups = max(1, -(-slides // self.group_slides))
+        side = self.patch.auto_block(min(limits) if limits else None, -(-max(slides, 1) // groups))
+        return replace(self, patch=replace(self.patch, block_patches=side))
 
     @property
     def context_size_px(self) -> int:

@@ -98,6 +98,7 @@ def build(
     if part is not None and not 1 <= part[0] <= part[1]:
         raise OptionError(f"invalid part {part[0]}/{part[1]}: need 1 <= i <= n")
     paths = find_slides(sources, storage_options)
+    options = options.with_block_side(len(paths))  # recorded as chosen (the manifest, the resume fingerprint)
     check_tables(paths, options)  # warnings logged; an OptionError before anything is written
     annotations = match_annotations(options.roi.path, paths)  # likewise: a bad --roi never claims the output
     dest = Destination(out, storage_options)
@@ -185,7 +186,7 @@ def _extract_groups(
 def _plan(ctx: BuildContext, g: int, members: list[int], staged: dict[int, StagedSlide]) -> _Group:
     """Group ``g`` of slides ``members``: their saved scans, read from their locations as given (a scan records
     the slide's public location: no query string or user info), and its shards' plan."""
-    loaded = ctx.state.scans.load_many(members, ctx.options.patch.block_patches)
+    loaded = ctx.state.scans.load_many(members, ctx.options.block_side)
     scans = {s: _read_from(scan, ctx.paths[s]) for s, scan in loaded.items()}
     if len(scans) != len(members):
         raise OutputError(ctx.dest.path(ctx.state.scans.folder), f"scans of group {g} went missing during the build")
@@ -234,7 +235,7 @@ def _samples_per_shard(options: BuildOptions, scans: list[ScanResult]) -> int:
     if options.shard_size_bytes and measured:
         members = 3 if options.class_names else 2
         per_sample = sum(measured) / len(measured) + members * _TAR_BYTES_PER_MEMBER
-        limits.append(max(options.patch.block_patches**2, int(options.shard_size_bytes // per_sample)))
+        limits.append(max(options.block_side**2, int(options.shard_size_bytes // per_sample)))
     return min(limits) if limits else 2**31
 
 

@@ -243,7 +243,7 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
         reason = "no tissue found" if not mask.any() else f"no patch with >= {patch.min_tissue:.0%} tissue"
         left_out = ", ".join(f"{k} {n}" for k, n in sorted(record.filtered.items()))
         return ScanResult(replace(record, reason=reason + (f" (left out: {left_out})" if left_out else "")), qc=qc)
-    block_list = blocks(cands, patch.block_patches)
+    block_list = blocks(cands, options.block_side)
     work = _slide_work(record, cands, block_list)
     # the stain on the whole view, not the tissue mask: the scan's masks take darker-stained tissue for ink
     record = replace(record, stain=fit_or_reference(thumb[None], seed=_slide_seed(task)).to_record())
