@@ -891,7 +891,9 @@ def details(mode: Mode, raw: dict[str, dict[str, Any]], env: dict[str, Any]) -> 
         f"many shards at {MANY_MPP:.4f}: jobs 1 {m1['patches'] / m1['wall_s']:.0f} patch/s "
         f"({m1['shards']} shards), jobs 2 {m2['patches'] / m2['wall_s']:.0f} patch/s ({m2['shards']} shards): "
         f"{m1['wall_s'] / m2['wall_s']:.2f}x; others {m1['other_load_cores']:.2f} / "
-        f"{m2['other_load_cores']:.2f} cores",
+        f"{m2['other_load_cores']:.2f} cores; jobs 1 decoded {m1['tile_decodes']} tiles at 1/2 "
+        f"({m1['tile_decodes'] / max(m1['patches'], 1):.2f} a patch; one shard: "
+        f"{raw[f'build_j1@{MANY_MPP:.4f}']['tile_decodes']}; the floor needs {fl['tiles_needed']})",
         f"scan -> extraction (many shards, jobs 2, {mode.n_slides} slides): last slide scanned to first "
         f"segment written {idle['gap_s']:.2f} s = {idle['gap_fraction']:.1%} of the wall time, less that "
         f"segment's own work {idle['wait_fraction']:.1%}; workers without CPU in that gap "
