@@ -25,7 +25,7 @@ from wsishard.testing.synthetic import make_slide
         (4, {"patch": PatchOptions(patch_size_px=4096)}, 1),
         (4, {"patch": PatchOptions(patch_size_px=64)}, 8),  # never more than 8 patches a side
         (24, {"shard_samples": 300}, 3),  # 300 // 24 slides a group = 12 patches: 3x3 of each slide in every shard
-        (100, {"shard_samples": 300}, 3),  # groups of 32, 32, 32, 4 -> sizes within one: 25 each
+        (100, {"shard_samples": 300}, 3),  # 4 groups of 25 slides (sizes within one): 300 // 25 = 12 -> 3x3
         (1000, {"shard_size_bytes": 16 << 20}, 5),  # ~1,000 patches of ~16 KB a shard over 32 slides
         (3, {"shard_samples": 5}, 1),
         (4, {"patch": PatchOptions(block_patches=4)}, 4),  # given: kept
