@@ -662,16 +662,21 @@ def per_mpp(raw: dict[str, dict[str, Any]]) -> dict[float, dict[str, Rate]]:
     }
 
 
+def floor_pairs(raw: dict[str, dict[str, Any]], mpp: float) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The side-by-side ``(jobs 1 build, floor)`` runs at ``mpp``, in the order they ran."""
+    pairs, r = [], 0
+    while f"floor@{mpp:.4f}" + (tag := f"#{r}" if r else "") in raw:
+        pairs.append((raw[f"build_j1@{mpp:.4f}{tag}"], raw[f"floor@{mpp:.4f}{tag}"]))
+        r += 1
+    return pairs
+
+
 def floor_ratios(raw: dict[str, dict[str, Any]], mpp: float) -> tuple[float, float, list[float]]:
     """jobs 1 / floor at ``mpp``: the median over the side-by-side pairs of the wall-clock ratio and of the
     CPU-second ratio, and each pair's wall-clock ratio."""
-    walls, cpus, r = [], [], 0
-    while f"floor@{mpp:.4f}" + (f"#{r}" if r else "") in raw:
-        tag = f"#{r}" if r else ""
-        j1, floor = rate(raw[f"build_j1@{mpp:.4f}{tag}"]), rate(raw[f"floor@{mpp:.4f}{tag}"])
-        walls.append(j1.per_s / floor.per_s)
-        cpus.append(j1.per_cpu_s / floor.per_cpu_s)
-        r += 1
+    rates = [(rate(b), rate(fl)) for b, fl in floor_pairs(raw, mpp)]
+    walls = [j1.per_s / floor.per_s for j1, floor in rates]
+    cpus = [j1.per_cpu_s / floor.per_cpu_s for j1, floor in rates]
     return median_range(walls)[0], median_range(cpus)[0], walls
 
 
@@ -686,14 +691,10 @@ def floor_gap(raw: dict[str, dict[str, Any]], mpp: float) -> dict[str, Any]:
     jobs 1 / floor CPU ratio were everything but the owed work free, ``floor / (floor + scan + QC + scores +
     write)``; a target above it cannot be met while those cost what they do. Medians over the pairs."""
     pairs: list[dict[str, float]] = []
-    r = 0
-    while f"floor@{mpp:.4f}" + (f"#{r}" if r else "") in raw:
-        tag = f"#{r}" if r else ""
-        b, fl = raw[f"build_j1@{mpp:.4f}{tag}"], raw[f"floor@{mpp:.4f}{tag}"]
+    for b, fl in floor_pairs(raw, mpp):
         n, st = max(b["patches"], 1), b["stages"]["cpu_s"]
-        floor = 1000 * fl["cpu_s"] / max(fl["patches"], 1)
+        floor, build = 1000 * fl["cpu_s"] / max(fl["patches"], 1), 1000 * b["cpu_s"] / n
         ms = {s: 1000 * v / n for s, v in st.items()}
-        timed = sum(v for s, v in ms.items() if s != "other")
         parts = {
             "scan + QC": ms["scan"] + ms["qc"],
             "scores": ms["scores"],
@@ -701,14 +702,12 @@ def floor_gap(raw: dict[str, dict[str, Any]], mpp: float) -> dict[str, Any]:
             "decode": ms["decode"] - 1000 * fl["decode_s"] / n,
             "resample": ms["resample"] - 1000 * fl["resample_s"] / n,
             "encode": ms["encode"] - 1000 * fl["encode_s"] / n,
-            "in-build other": 1000 * b["cpu_s"] / n - timed,
+            "in-build other": build - sum(v for s, v in ms.items() if s != "other"),
         }
         owed = parts["scan + QC"] + parts["scores"] + parts["write"]
-        build = 1000 * b["cpu_s"] / n
         pairs.append(
             {"floor": floor, "build": build, "ratio": floor / build, "ceiling": floor / (floor + owed), **parts}
         )
-        r += 1
     return {k: median_range([p[k] for p in pairs])[0] for k in pairs[0]} | {"pairs": pairs}
 
 
