@@ -53,6 +53,13 @@ def valid_label(label: int) -> bool:
     return isinstance(label, int) and not isinstance(label, bool) and LABEL_RANGE[0] <= label <= LABEL_RANGE[1]
 
 
+def group_count(n_slides: int, group_slides: int) -> int:
+    """How many groups ``n_slides`` slides make, at most ``group_slides`` each
+    (:func:`~wsishard.builder.plan.make_groups` cuts them with sizes within one: the largest holds
+    ``ceil(n_slides / group_count)``)."""
+    return math.ceil(n_slides / group_slides)
+
+
 # Encoded bytes per output pixel, roughly (JPEG q90 of H&E about 14 KB a 256 px patch; lossless 5-8x that): only to
 # size the read blocks of a build planned by bytes (BuildOptions.block_side), not its shards.
 BYTES_PER_PX = {"jpg": 0.25, "png": 1.5, "webp": 1.5}
@@ -304,8 +311,8 @@ class BuildOptions:
         if self.shard_size_bytes is not None:
             per_patch = BYTES_PER_PX[self.image_format] * self.patch.patch_size_px**2
             limits.append(int(self.shard_size_bytes // per_patch))
-        groups = max(1, -(-slides // self.group_slides))
-        side = self.patch.auto_block(min(limits) if limits else None, -(-max(slides, 1) // groups))
+        groups = max(1, group_count(slides, self.group_slides))
+        side = self.patch.auto_block(min(limits) if limits else None, math.ceil(slides / groups))
         return replace(self, patch=replace(self.patch, block_patches=side))
 
     @property

@@ -17,6 +17,7 @@ from typing import overload
 
 import numpy as np
 
+from wsishard.builder.options import group_count
 from wsishard.format import shard_index
 
 
@@ -91,7 +92,7 @@ def make_groups(n_slides: int, group_slides: int, seed: int) -> list[list[int]]:
     if n_slides <= 0:
         return []
     order = np.random.default_rng((seed, 0x6A01)).permutation(n_slides)
-    n_groups = math.ceil(n_slides / group_slides)
+    n_groups = group_count(n_slides, group_slides)
     return [sorted(chunk.tolist()) for chunk in np.array_split(order, n_groups)]
 
 
