@@ -1,20 +1,21 @@
 """The build's command-line flags, derived from the option dataclasses (:mod:`wsishard.builder.options`): each
 field's flag, help, value type and default come from the field and its metadata, and a value the option class
 refuses is refused as a usage error naming the flag. :func:`build_options` turns the parsed flags back into
-:class:`~wsishard.builder.options.BuildOptions`.
+:class:`~wsishard.builder.options.BuildOptions`, over the ``--config`` file's (:mod:`wsishard.builder.config`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import Field
 from typing import Any
 
 from wsishard import cliargs
+from wsishard.builder.config import with_config
 from wsishard.builder.inputs import mpp_table
-from wsishard.builder.keywords import option_fields, option_flag
+from wsishard.builder.keywords import OPTION_GROUPS, apply_changes, option_fields, option_flag
 from wsishard.builder.options import BuildOptions, context_mpps
 from wsishard.builder.tissueopts import parse_names
 from wsishard.cliargs import format_size, parse_size
@@ -39,15 +40,6 @@ _PARSE: dict[str, Callable[[str], Any]] = {
     "mpps": context_mpps,
 }
 _SHOW: dict[str, Callable[[Any], str]] = {"size": format_size}  # how a default is shown, by "parse" (else str)
-_GROUPS = {  # "group" in the metadata -> help section, in the order shown
-    "patches": "patches",
-    "resolution": "resolution",
-    "tissue": "tissue detection (Otsu on a low-resolution view; lengths in microns)",
-    "artefacts": "ink, dark artefacts and pigment (found on the tissue-detection view; dark pigment is tissue)",
-    "roi": "annotation regions (GeoJSON polygons in level-0 px, as QuPath exports them)",
-    "output": "output",
-    "run": "run",
-}
 
 
 def _owner(dest: str, cls: Any = BuildOptions) -> Any:
@@ -96,21 +88,25 @@ def add_option(group: Any, dest: str, f: Field[Any], owner: Any = None) -> None:
 
 
 def build_options(args: argparse.Namespace) -> BuildOptions:
-    """The build options the parsed flags give; a field whose flag was not given keeps its dataclass default."""
-    options: BuildOptions = _from_flags(vars(args), BuildOptions, "")
+    """The build options the parsed flags give, over the ``--config`` file's; a field that neither sets keeps its
+    dataclass default.
+
+    Raises:
+        OptionError: (a ``ValueError``) the config file's (:func:`~wsishard.builder.config.read_config`), or a flag's
+            value that clashes with the file's (``--labels`` and the file's ``roi_labels``).
+    """
+    given = vars(args)
+    base = BuildOptions()
+    if given.get("config") is not None:
+        base = with_config(None, given["config"])
+    changes: dict[str, Any] = {}
+    for dest, _, f in option_fields():
+        if dest in given:
+            prefix, fills = dest.rpartition(".")[0], f.metadata.get("fills")
+            for name, value in zip(fills, given[dest], strict=True) if fills else [(f.name, given[dest])]:
+                changes[f"{prefix}.{name}" if prefix else name] = value
+    options: BuildOptions = apply_changes(base, changes)
     return options
-
-
-def _from_flags(given: Mapping[str, Any], cls: Any, prefix: str) -> Any:
-    kw: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        dest = prefix + f.name
-        if dataclasses.is_dataclass(f.default_factory):
-            kw[f.name] = _from_flags(given, f.default_factory, dest + ".")
-        elif dest in given:
-            fills = f.metadata.get("fills")
-            kw.update(zip(fills, given[dest], strict=True) if fills else [(f.name, given[dest])])
-    return cls(**kw)
 
 
 def add_storage_option(group: Any) -> None:
@@ -134,8 +130,15 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
         help="slide folders (searched recursively), slide files, or text files listing slide paths",
     )
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="output folder: shards, manifest.json, qc/")
-    groups = {key: p.add_argument_group(title) for key, title in _GROUPS.items()}
-    for dest, group, f in sorted(option_fields(), key=lambda item: list(_GROUPS).index(item[1])):
+    p.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        help="build options from a TOML file: keys as wsishard.build's keywords, in tables named as the groups "
+        "below ([patches], [output], ...); flags given here override it. wsishard inspect OUT --options writes "
+        "the file that repeats a build",
+    )
+    groups = {key: p.add_argument_group(title) for key, title in OPTION_GROUPS.items()}
+    for dest, group, f in sorted(option_fields(), key=lambda item: list(OPTION_GROUPS).index(item[1])):
         add_option(groups[group], dest, f, _owner(dest))
     groups["output"].add_argument(  # the default since 0.3: pictures drawn on demand (inspect --qc)
         "--no-qc", dest="qc", action="store_false", default=argparse.SUPPRESS, help=argparse.SUPPRESS

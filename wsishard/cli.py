@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from wsishard import __version__, cliargs
+from wsishard.builder.config import options_toml
 from wsishard.builder.inputs import check_output
 from wsishard.builder.options import BuildProgress
 from wsishard.builder.parts import array_part
@@ -142,6 +143,11 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from wsishard.storage.opener import load_manifest
 
     manifest, root = load_manifest(args.output, dict(args.storage_option))
+    if args.options:
+        built = f"wsishard {manifest.wsishard_version}, {manifest.created}" if manifest.created else "wsishard"
+        header = [f"the options of the build in {args.output} ({built})", "wsishard build SLIDES -o OUT --config FILE"]
+        print(options_toml(manifest.options, header), end="")
+        return EXIT_OK
     if args.html is not None:
         check_page_target(root, args.html)  # before anything is drawn
     if args.qc:
@@ -206,6 +212,12 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="with --qc: pictures drawn at once (default: all cores)",
+    )
+    p.add_argument(
+        "--options",
+        action="store_true",
+        help="print the build's options as a TOML config file (alone): wsishard build SLIDES -o NEW "
+        "--config FILE repeats the build",
     )
     add_storage_option(p)
     p.set_defaults(func=_cmd_inspect)

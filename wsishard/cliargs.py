@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from wsishard.builder.inputs import label_table
+from wsishard.builder.keywords import format_size as format_size  # beside size_bytes, which it spells back
 from wsishard.builder.keywords import size_bytes
 from wsishard.errors import OptionError
 
@@ -51,12 +52,6 @@ def labels(path: str) -> tuple[dict[str, int], tuple[str, ...]]:
     """``--labels``: the label table and its class names, spread over ``labels`` and ``label_names``."""
     labels, names = label_table(path)
     return labels, tuple(names)
-
-
-def format_size(n: int) -> str:
-    """The shortest spelling :func:`parse_size` reads back: 256000000 -> ``256MB``, 4096 -> ``4096``."""
-    power = next((p for p in (4, 3, 2, 1) if n % 1000**p == 0), 0)
-    return f"{n // 1000**power}{' kMGT'[power]}B" if power else str(n)
 
 
 def part(text: str) -> tuple[int, int]:

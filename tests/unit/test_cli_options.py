@@ -254,8 +254,8 @@ def test_each_flag_is_a_keyword_of_the_python_api_giving_the_same_options(
     flag = option_flag(f)
     keyword = option_keyword(f)
     assert keyword == flag[2:].removeprefix("no-" if f.default is True else "").replace("-", "_")
-    if isinstance(f.default, bool):
-        value: Any = not f.default
+    if isinstance(f.default, bool):  # True: the flag given (--keep-dark-artefacts); --no-fast-path: fast_path=False
+        value: Any = not f.default if flag.startswith("--no-") else True
     elif f.metadata.get("fills") or f.metadata.get("parse") in ("mpp_table", "size", "names", "str"):
         value = words[0]  # a path or a text, read as the flag reads it
     else:

@@ -1,10 +1,12 @@
 """The build's options as flat keywords, one per ``wsishard build`` flag.
 
-Every option field whose ``metadata`` has ``help`` is a flag of ``wsishard build`` and a keyword of
-:func:`wsishard.build`: ``--patch-size`` is ``patch_size=``, ``--min-tissue`` is ``min_tissue=``, and a flag that
-turns a default-on option off (``--no-qc``) is the option's own name (``qc=False``). The keyword takes the Python
-value of the field; where the flag reads a file or a text (``--mpp-csv``, ``--labels``, ``--shard-size``,
-``--roi-labels``) the keyword takes that same text or path too.
+Every option field whose ``metadata`` has ``help`` is a flag of ``wsishard build``, a keyword of
+:func:`wsishard.build` and a key of a build's config file (:mod:`wsishard.builder.config`): ``--patch-size`` is
+``patch_size=``, ``--min-tissue`` is ``min_tissue=``, a flag that turns a default-on option off (``--no-fast-path``)
+is the option's own name (``fast_path=False``), and any other on/off flag is True when given
+(``--keep-dark-artefacts`` is ``keep_dark_artefacts=True``). The keyword takes the Python value of the field; where
+the flag reads a file or a text (``--mpp-csv``, ``--labels``, ``--shard-size``, ``--roi-labels``) the keyword takes
+that same text or path too.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import dataclasses
 import difflib
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import Field
 from typing import Any
 
@@ -22,6 +24,15 @@ from wsishard.builder.options import BuildOptions, context_mpps
 from wsishard.builder.tissueopts import parse_names
 from wsishard.errors import OptionError
 
+OPTION_GROUPS = {  # "group" in a field's metadata -> its --help section (and config-file table), in the order shown
+    "patches": "patches",
+    "resolution": "resolution",
+    "tissue": "tissue detection (Otsu on a low-resolution view; lengths in microns)",
+    "artefacts": "ink, dark artefacts and pigment (found on the tissue-detection view; dark pigment is tissue)",
+    "roi": "annotation regions (GeoJSON polygons in level-0 px, as QuPath exports them)",
+    "output": "output",
+    "run": "run",
+}
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
 
 
@@ -58,6 +69,12 @@ def option_keyword(f: Field[Any]) -> str:
     return flag.replace("-", "_")
 
 
+def flips(f: Field[Any]) -> bool:
+    """Whether the keyword of a default-on field is the negation of the field: its flag turns the option off and is
+    not spelt ``--no-<field>`` (``keep_dark_artefacts=True`` is ``dark_filter=False``)."""
+    return f.default is True and not option_flag(f).startswith("--no-")
+
+
 def keywords() -> dict[str, tuple[str, Field[Any]]]:
     """Every build keyword -> ``(dest, field)``, in the flags' declared order."""
     return {option_keyword(f): (dest, f) for dest, _, f in option_fields()}
@@ -80,6 +97,12 @@ def size_bytes(text: str) -> int:
         raise OptionError(f"not a size: {text!r}") from None
 
 
+def format_size(n: int) -> str:
+    """The shortest spelling :func:`size_bytes` reads back: 256000000 -> ``256MB``, 4096 -> ``4096``."""
+    power = next((p for p in (4, 3, 2, 1) if n % 1000**p == 0), 0)
+    return f"{n // 1000**power}{' kMGT'[power]}B" if power else str(n)
+
+
 def _labels(value: Any) -> tuple[dict[str, int], tuple[str, ...]]:
     """A label table from a CSV path, or a mapping of slide -> integer or class name (names numbered in sorted
     order, as the CSV's are)."""
@@ -98,7 +121,9 @@ def _labels(value: Any) -> tuple[dict[str, int], tuple[str, ...]]:
 def _value(dest: str, f: Field[Any], value: Any) -> list[tuple[str, Any]]:
     """``(field name, value)`` pairs the keyword's value gives, texts and paths read as the flag reads them."""
     parse = f.metadata.get("parse")
-    if parse == "size" and isinstance(value, str):
+    if flips(f) and isinstance(value, bool):
+        value = not value
+    elif parse == "size" and isinstance(value, str):
         value = size_bytes(value)
     elif parse == "names" and isinstance(value, str):
         value = parse_names(value)
@@ -134,26 +159,14 @@ def with_keywords(options: BuildOptions | None, given: Mapping[str, Any], caller
         prefix = dest.rpartition(".")[0]
         for field_name, v in _value(dest, f, value):
             changes[f"{prefix}.{field_name}" if prefix else field_name] = v
-    return _apply(options or BuildOptions(), changes)
+    return apply_changes(options or BuildOptions(), changes)
 
 
-def _apply(obj: Any, changes: Mapping[str, Any]) -> Any:
+def apply_changes(obj: Any, changes: Mapping[str, Any]) -> Any:
     """``obj`` (an option dataclass) with the dotted ``changes`` applied, nested options rebuilt (and so
     validated) where they change."""
     direct = {k: v for k, v in changes.items() if "." not in k}
     for child in {k.split(".", 1)[0] for k in changes if "." in k}:
         inner = {k.split(".", 1)[1]: v for k, v in changes.items() if k.startswith(child + ".")}
-        direct[child] = _apply(getattr(obj, child), inner)
+        direct[child] = apply_changes(getattr(obj, child), inner)
     return dataclasses.replace(obj, **direct) if direct else obj
-
-
-Inputs = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]  # a slide path, a folder, a list, ...
-
-
-def build_arguments(
-    inputs: Inputs, output: str | os.PathLike[str], options: BuildOptions | None, keywords: Mapping[str, Any]
-) -> tuple[list[str], str, BuildOptions]:
-    """``build``'s inputs as a list of paths (one path alone is one input), its output as a path, and its options
-    with the flat keywords applied."""
-    sources = [os.fspath(inputs)] if isinstance(inputs, str | os.PathLike) else [os.fspath(i) for i in inputs]
-    return sources, os.fspath(output), with_keywords(options, keywords) if keywords else options or BuildOptions()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from wsishard.builder.buildcontext import BuildContext, Failures
+from wsishard.builder.config import build_arguments
 from wsishard.builder.extract import (
     ShardDone,
     SlideFailed,
@@ -29,7 +30,6 @@ from wsishard.builder.extract import (
     segment_tasks,
 )
 from wsishard.builder.inputs import check_tables, find_slides
-from wsishard.builder.keywords import build_arguments
 from wsishard.builder.options import BuildOptions, BuildProgress
 from wsishard.builder.plan import ShardPlan, empty_part_reason, make_groups, part_groups, plan_group
 from wsishard.builder.pool import WorkerPool
@@ -63,6 +63,7 @@ def build(
     part: tuple[int, int] | None = None,
     overwrite: bool = False,
     scratch: str | None = None,
+    config: str | os.PathLike[str] | None = None,
     **keywords: Any,
 ) -> Manifest:
     """Build mixed tissue-patch shards from slides into ``output`` and return the manifest it wrote.
@@ -84,17 +85,21 @@ def build(
             instead of refusing; only that build's own files are removed, never anything else there.
         scratch: local folder for copies of slides given as URLs (default: a temporary folder); it holds at most
             one slide per worker, plus the staged (encoded) patches of slides copied and not yet extracted.
+        config: a TOML file of build options (``wsishard inspect OUT --options`` writes one from a build), applied
+            over ``options``; its keys are the keywords below, in tables as ``wsishard build --help`` groups them
+            (:mod:`wsishard.builder.config`).
         **keywords: every ``wsishard build`` flag, named without its dashes (``patch_size=256``; ``--no-qc`` is
-            ``qc=False``), applied over ``options``; the CLI reference lists them with their defaults.
+            ``qc=False``), applied over ``options`` and ``config``; the CLI reference lists them with their defaults.
 
     Raises:
         TypeError: a keyword that is no build option (the message names it and the close matches).
-        OptionError: bad inputs (nothing found, a missing path), a bad ``part``, or ``output`` holding another
-            build, slides changed since its build began, files that are not a build's, or being written by
+        OptionError: a config file that cannot be read or holds an unknown key (named, with the closest known one)
+            or a refused value; bad inputs (nothing found, a missing path), a bad ``part``, or ``output`` holding
+            another build, slides changed since its build began, files that are not a build's, or being written by
             another build right now. Bad slides never raise: they are failed records.
         OutputError: ``output`` cannot be written (permissions, a full disk): the build stops.
     """
-    sources, out, options = build_arguments(inputs, output, options, keywords)
+    sources, out, options = build_arguments(inputs, output, options, keywords, config)
     if part is not None and not 1 <= part[0] <= part[1]:
         raise OptionError(f"invalid part {part[0]}/{part[1]}: need 1 <= i <= n")
     paths = find_slides(sources, storage_options)
