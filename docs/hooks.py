@@ -1,6 +1,7 @@
 """MkDocs hooks: pages generated when the site is built.
 
-- ``reference/cli.md``: every ``wsishard`` command and flag, from the argument parser itself (never by hand).
+- ``reference/cli.md``: every ``wsishard`` command and flag, from the argument parser itself (never by hand), and
+  every key of a build's config file, from the option declarations (as ``inspect --options`` writes them).
 - ``performance.md``: the latest saved run of each benchmark script, from ``benchmarks/results/*.json``.
 - ``changelog.md``: the repository's ``CHANGELOG.md``.
 """
@@ -18,12 +19,15 @@ RESULTS = ROOT / "benchmarks" / "results"
 CLI_MARK = "<!-- cli-reference -->"
 RESULTS_MARK = "<!-- benchmark-results -->"
 CHANGELOG_MARK = "<!-- changelog -->"
+CONFIG_MARK = "<!-- config-keys -->"
 
 
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
     """Fill a page's generated part in (MkDocs calls this for every page)."""
     if CLI_MARK in markdown:
         markdown = markdown.replace(CLI_MARK, cli_markdown())
+    if CONFIG_MARK in markdown:
+        markdown = markdown.replace(CONFIG_MARK, config_markdown())
     if RESULTS_MARK in markdown:
         markdown = markdown.replace(RESULTS_MARK, results_markdown(RESULTS))
     if CHANGELOG_MARK in markdown:
@@ -79,6 +83,30 @@ def cli_markdown() -> str:
         lines += ["", f"## wsishard {name}", "", "```text", sub.format_usage().strip(), "```", ""]
         lines.append(_cell(sub.description or ""))
         lines += _flag_rows(sub)
+    return "\n".join(lines) + "\n"
+
+
+def config_markdown() -> str:
+    """Every key of a build's config file: its table, its flag, and its default as the file spells it (the file
+    ``inspect --options`` writes for a build with every default, read back line by line)."""
+    from wsishard.builder.config import config_keys, options_toml
+    from wsishard.builder.keywords import option_flag
+    from wsishard.builder.options import BuildOptions
+    from wsishard.builder.records import options_dict
+
+    shown: dict[tuple[str, str], str] = {}
+    table = ""
+    for line in options_toml(options_dict(BuildOptions())).splitlines():
+        if line.startswith("["):
+            table = line.strip("[]")
+        elif " = " in line and not line.startswith("#"):
+            key, value = line.split(" = ", 1)
+            shown[table, key] = value
+    lines = ["| table | key | flag | default |", "|---|---|---|---|"]
+    for name, keys in config_keys().items():
+        for key, (_, f) in keys.items():
+            default = _cell(shown.get((name, key), ""))
+            lines.append(f"| `[{name}]` | `{key}` | `{option_flag(f)}` | `{default}` |")
     return "\n".join(lines) + "\n"
 
 

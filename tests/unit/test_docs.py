@@ -51,6 +51,21 @@ def test_the_cli_reference_lists_every_command_and_every_flag(hooks: ModuleType)
     assert "(default: ())" not in text and "(default: 0.5)" in text
 
 
+def test_the_cli_reference_lists_every_config_key_with_its_flag_and_default(hooks: ModuleType) -> None:
+    from wsishard.builder.config import config_keys
+    from wsishard.builder.keywords import option_flag
+
+    text = hooks.config_markdown()
+    rows = [line for line in text.splitlines() if line.startswith("| `[")]
+    assert len(rows) == sum(len(keys) for keys in config_keys().values())
+    for table, keys in config_keys().items():
+        for key, (_, f) in keys.items():
+            assert f"| `[{table}]` | `{key}` | `{option_flag(f)}` |" in text
+    assert "| `[patches]` | `mpp` | `--mpp` | `0.5` |" in text
+    assert '| `[output]` | `shard_size` | `--shard-size` | `"256MB"` |' in text
+    assert hooks.CONFIG_MARK in (ROOT / "docs" / "reference" / "cli.md").read_text()
+
+
 def test_the_performance_page_renders_each_saved_result(hooks: ModuleType, tmp_path: Path) -> None:
     assert "No benchmark results saved yet" in hooks.results_markdown(tmp_path)
     run = {
