@@ -16,7 +16,7 @@ from wsishard.builder.inputs import check_output
 from wsishard.builder.options import BuildProgress
 from wsishard.builder.parts import array_part
 from wsishard.buildflags import add_build_flags, add_storage_option, build_options
-from wsishard.errors import WsiShardError
+from wsishard.errors import OptionError, WsiShardError
 from wsishard.storage.secrets import redact
 
 if TYPE_CHECKING:  # the commands' own modules are imported when one runs: ``--help`` starts without them
@@ -142,6 +142,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from wsishard.report import details
     from wsishard.storage.opener import load_manifest
 
+    if args.options and (args.qc or args.html is not None):
+        raise OptionError("inspect --options prints the build's options alone: not with --qc or --html")
     manifest, root = load_manifest(args.output, dict(args.storage_option))
     if args.options:
         built = f"wsishard {manifest.wsishard_version}, {manifest.created}" if manifest.created else "wsishard"

@@ -116,7 +116,12 @@ def test_keywords_override_the_file_which_overrides_the_options_object(tmp_path:
         ("[patches]\nzzz = 1\n", "unknown key 'zzz' in [patches] (wsishard build --help lists the options)"),
         ("[output]\nmpp = 1.0\n", "key 'mpp' belongs in table [patches], not [output]"),
         ("mpp = 1.0\n", "key 'mpp' belongs in table [patches]"),
-        ("[patchs]\nmpp = 1.0\n", "unknown table [patchs]; did you mean [patches]?"),
+        ("[patchs]\nmpp = 1.0\n", "unknown table 'patchs'; did you mean [patches]?"),
+        ('["a\\nb"]\nmpp = 1.0\n', "unknown table 'a\\nb' (tables: patches, resolution, tissue, artefacts, roi, "),
+        (
+            f"[run]\nseed = [{', '.join(['1'] * 100)}]\n",
+            "[run] seed = [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,...: need an integer",
+        ),
         ('[patches]\nmpp = "fine"\n', "[patches] mpp = 'fine': need a number"),
         ("[patches]\nstride = 1.5\n", '[patches] stride = 1.5: need an integer or "none"'),
         ('[patches]\nmin_tissue = "none"\n', "[patches] min_tissue = 'none': need a number"),
@@ -135,6 +140,25 @@ def test_a_bad_file_is_one_line_naming_the_file_and_what_is_wrong(
     err = usage_error(capsys, "S", "-o", str(tmp_path / "out"), "--config", str(config))
     assert err == f"wsishard build: error: {info.value}"
     assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+def test_a_file_that_is_not_utf8_text_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "build.toml"
+    config.write_bytes(b"[run]\nseed = 1 # \xff\n")
+    err = usage_error(capsys, "S", "-o", str(tmp_path / "out"), "--config", str(config))
+    assert err == f"wsishard build: error: config {config}: not a TOML file: not UTF-8 text"
+
+
+def test_inspect_options_is_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from wsishard.cli import main
+
+    for extra in (["--qc"], ["--html", str(tmp_path / "qc.html")]):
+        assert main(["inspect", str(tmp_path), "--options", *extra]) == 2
+        err = capsys.readouterr().err
+        assert (
+            err
+            == "wsishard inspect: error: inspect --options prints the build's options alone: not with --qc or --html\n"
+        )
 
 
 def test_a_missing_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -73,6 +73,8 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise OptionError(f"config {name}: cannot read it: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise OptionError(f"config {name}: not a TOML file: {exc}") from None
+    except UnicodeDecodeError:
+        raise OptionError(f"config {name}: not a TOML file: not UTF-8 text") from None
     tables, given = config_keys(), {}
     for table, body in data.items():
         if table not in tables or not isinstance(body, dict):
@@ -93,7 +95,13 @@ def _not_a_table(table: str, tables: Keys) -> str:
         return f"key {table!r} belongs in table [{_home(table, tables)}]"
     close = difflib.get_close_matches(table, list(tables), n=1, cutoff=0.6)
     hint = f"; did you mean [{close[0]}]?" if close else f" (tables: {', '.join(tables)})"
-    return f"unknown table [{table}]{hint}"
+    return f"unknown table {_shown(table)}{hint}"
+
+
+def _shown(value: Any) -> str:
+    """``value`` for an error line: its repr (control characters escaped), cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _unknown_key(table: str, key: str, tables: Keys) -> str:
@@ -106,9 +114,9 @@ def _unknown_key(table: str, key: str, tables: Keys) -> str:
     else:
         close = difflib.get_close_matches(key, [k for keys in tables.values() for k in keys], n=1, cutoff=0.6)
     if not close:
-        return f"unknown key {key!r} in [{table}] (wsishard build --help lists the options)"
+        return f"unknown key {_shown(key)} in [{table}] (wsishard build --help lists the options)"
     where = "" if _home(close[0], tables) == table else f" in [{_home(close[0], tables)}]"
-    return f"unknown key {key!r} in [{table}]; did you mean {close[0]!r}{where}?"
+    return f"unknown key {_shown(key)} in [{table}]; did you mean {close[0]!r}{where}?"
 
 
 def _checked(table: str, key: str, f: Field[Any], value: Any, name: str) -> Any:
@@ -136,7 +144,7 @@ def _checked(table: str, key: str, f: Field[Any], value: Any, name: str) -> Any:
         need = "a text"
     if need is not None:
         optional = f' or "{NONE}"' if "None" in kind else ""
-        raise OptionError(f"config {name}: [{table}] {key} = {value!r}: need {need}{optional}")
+        raise OptionError(f"config {name}: [{table}] {key} = {_shown(value)}: need {need}{optional}")
     return value
 
 
