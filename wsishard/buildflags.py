@@ -15,7 +15,7 @@ from typing import Any
 from wsishard import cliargs
 from wsishard.builder.config import with_config
 from wsishard.builder.inputs import mpp_table
-from wsishard.builder.keywords import OPTION_GROUPS, apply_changes, option_fields, option_flag
+from wsishard.builder.keywords import OPTION_GROUPS, apply_changes, label_value, option_fields, option_flag
 from wsishard.builder.options import BuildOptions, context_mpps
 from wsishard.builder.tissueopts import parse_names
 from wsishard.cliargs import format_size, parse_size
@@ -36,7 +36,7 @@ _PARSE: dict[str, Callable[[str], Any]] = {
     "degrees": cliargs.degrees,
     "names": parse_names,
     "mpp_table": mpp_table,
-    "label_table": cliargs.labels,
+    "label_table": label_value,
     "mpps": context_mpps,
 }
 _SHOW: dict[str, Callable[[Any], str]] = {"size": format_size}  # how a default is shown, by "parse" (else str)

@@ -8,7 +8,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from wsishard.builder.inputs import label_table
 from wsishard.builder.keywords import format_size as format_size  # beside size_bytes, which it spells back
 from wsishard.builder.keywords import size_bytes
 from wsishard.errors import OptionError
@@ -46,12 +45,6 @@ non_negative_int = number(int, lambda v: v >= 0, "must be >= 0")
 int_ = number(int, lambda v: True, "")
 fraction = number(float, lambda v: 0.0 <= v <= 1.0, "must be between 0 and 1")
 degrees = number(float, lambda v: 0.0 <= v < 360.0, "must be >= 0 and < 360")
-
-
-def labels(path: str) -> tuple[dict[str, int], tuple[str, ...]]:
-    """``--labels``: the label table and its class names, spread over ``labels`` and ``label_names``."""
-    labels, names = label_table(path)
-    return labels, tuple(names)
 
 
 def part(text: str) -> tuple[int, int]:

@@ -103,9 +103,10 @@ def format_size(n: int) -> str:
     return f"{n // 1000**power}{' kMGT'[power]}B" if power else str(n)
 
 
-def _labels(value: Any) -> tuple[dict[str, int], tuple[str, ...]]:
-    """A label table from a CSV path, or a mapping of slide -> integer or class name (names numbered in sorted
-    order, as the CSV's are)."""
+def label_value(value: Any) -> tuple[dict[str, int], tuple[str, ...]]:
+    """``labels`` and ``--labels``: the label table and its class names (spread over ``labels`` and ``label_names``)
+    from a CSV path, or from a mapping of slide -> integer or class name (names numbered in sorted order, as the
+    CSV's are)."""
     if isinstance(value, str | os.PathLike):
         table, names = label_table(os.fspath(value))
         return table, tuple(names)
@@ -134,7 +135,7 @@ def _value(dest: str, f: Field[Any], value: Any) -> list[tuple[str, Any]]:
     elif parse == "mpp_table" and isinstance(value, str | os.PathLike):
         value = mpp_table(os.fspath(value))
     elif parse == "label_table":
-        return list(zip(f.metadata["fills"], _labels(value), strict=True))
+        return list(zip(f.metadata["fills"], label_value(value), strict=True))
     elif parse == "str" and isinstance(value, os.PathLike):
         value = os.fspath(value)
     return [(f.name, value)]
