@@ -126,7 +126,9 @@ def test_keywords_override_the_file_which_overrides_the_options_object(tmp_path:
         ("[patches]\nstride = 1.5\n", '[patches] stride = 1.5: need an integer or "none"'),
         ('[patches]\nmin_tissue = "none"\n', "[patches] min_tissue = 'none': need a number"),
         ("[run]\nfast_path = 1\n", "[run] fast_path = 1: need true or false"),
-        ("[patches]\nmpp = -1\n", "invalid target_mpp: -1.0 (need a finite UM > 0)"),
+        ("[patches]\nmpp = -1\n", "invalid target_mpp: -1.0 (need a finite UM > 0) (key 'mpp' in [patches])"),
+        ('[output]\nformat = "gif"\n', "invalid image_format: 'gif' (need jpg/png/webp) (key 'format' in [output])"),
+        ("[output]\nquality = 0\n", "invalid quality: 0 (need 1..100)"),
         ("[patches\nmpp = 1\n", "not a TOML file: Expected ']' at the end of a table declaration (at line 1"),
     ],
 )

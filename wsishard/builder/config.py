@@ -158,7 +158,18 @@ def with_config(options: BuildOptions | None, path: str | os.PathLike[str]) -> B
     try:
         return with_keywords(options, given)
     except OptionError as exc:
-        raise OptionError(f"config {os.fspath(path)}: {exc}") from None
+        raise OptionError(f"config {os.fspath(path)}: {exc}{_key_of(str(exc), given)}") from None
+
+
+def _key_of(message: str, given: Mapping[str, Any]) -> str:
+    """`` (key 'format' in [output])`` where an option's error names its field (``invalid image_format: ...``) and
+    the file set it under another name."""
+    field_name = message.removeprefix("invalid ").partition(":")[0]
+    for table, keys in config_keys().items():
+        for key, (dest, _) in keys.items():
+            if key in given and dest.rpartition(".")[2] == field_name and key != field_name:
+                return f" (key {key!r} in [{table}])"
+    return ""
 
 
 Inputs = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]  # a slide path, a folder, a list, ...
