@@ -85,3 +85,18 @@ def test_a_flag_overrides_the_recipe(old: Path, tmp_path: Path, capsys: pytest.C
     options, before = _options(tmp_path / "new"), _options(old / "old")
     assert options["seed"] == 4 and {**options, "seed": 3} == before  # only the seed differs
     assert _digests(tmp_path / "new") != _digests(old / "old")  # and the shards mix differently
+
+
+def test_a_misspelt_key_in_a_recipe_is_one_line_with_the_closest_key(
+    old: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = _inspect_options(old / "old", capsys).replace("\nmin_tissue = ", "\nmin_tisue = ")
+    (tmp_path / "bad.toml").write_text(text)
+    args = ["build", str(old / "slides"), "-o", str(tmp_path / "new"), "--config", str(tmp_path / "bad.toml")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"wsishard build: error: config {tmp_path / 'bad.toml'}: unknown key 'min_tisue' in [patches]; "
+        "did you mean 'min_tissue'?\n"
+    )
+    assert not (tmp_path / "new").exists()
