@@ -18,6 +18,7 @@ from wsishard.builder.parts import array_part
 from wsishard.buildflags import add_build_flags, add_storage_option, build_options
 from wsishard.errors import OptionError, WsiShardError
 from wsishard.storage.secrets import redact
+from wsishard.storage.urls import public_location
 
 if TYPE_CHECKING:  # the commands' own modules are imported when one runs: ``--help`` starts without them
     from tqdm import tqdm
@@ -147,7 +148,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     manifest, root = load_manifest(args.output, dict(args.storage_option))
     if args.options:
         built = f"wsishard {manifest.wsishard_version}, {manifest.created}" if manifest.created else "wsishard"
-        header = [f"the options of the build in {args.output} ({built})", "wsishard build SLIDES -o OUT --config FILE"]
+        where = public_location(args.output)  # no credentials or signatures in the file
+        header = [f"the options of the build in {where} ({built})", "wsishard build SLIDES -o OUT --config FILE"]
         print(options_toml(manifest.options, header), end="")
         return EXIT_OK
     if args.html is not None:

@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,8 @@ import wsishard
 from wsishard.builder.config import tomllib  # tomli before Python 3.11
 from wsishard.cli import main
 from wsishard.testing.synthetic import make_slides
+
+pytest_plugins = ("servers",)
 
 NON_DEFAULT = [
     *("--mpp", "0.75", "--patch-size", "192", "--min-tissue", "0.4", "--seed", "3", "--quality", "80"),
@@ -43,7 +46,7 @@ def old(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _inspect_options(out: Path, capsys: pytest.CaptureFixture[str]) -> str:
+def _inspect_options(out: Path | str, capsys: pytest.CaptureFixture[str]) -> str:
     capsys.readouterr()
     assert main(["inspect", str(out), "--options"]) == 0
     return capsys.readouterr().out
@@ -100,3 +103,13 @@ def test_a_misspelt_key_in_a_recipe_is_one_line_with_the_closest_key(
         "did you mean 'min_tissue'?\n"
     )
     assert not (tmp_path / "new").exists()
+
+
+def test_the_recipe_of_a_build_read_over_http_names_no_credentials(
+    old: Path, http_serve: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = http_serve(old)
+    url = server.url.replace("http://", "http://reader:s3cret@") + "/old"
+    text = _inspect_options(url, capsys)
+    assert "s3cret" not in text and f"the options of the build in {server.url}/old (" in text
+    assert tomllib.loads(text)["patches"]["patch_size"] == 192

@@ -126,6 +126,11 @@ def test_keywords_override_the_file_which_overrides_the_options_object(tmp_path:
         ("[patches]\nstride = 1.5\n", '[patches] stride = 1.5: need an integer or "none"'),
         ('[patches]\nmin_tissue = "none"\n', "[patches] min_tissue = 'none': need a number"),
         ("[run]\nfast_path = 1\n", "[run] fast_path = 1: need true or false"),
+        (
+            '[resolution.mpp_csv]\n"a.svs" = true\n',
+            "[resolution] mpp_csv = {'a.svs': True}: need a CSV path or a table",
+        ),
+        ('[output.labels]\n"a.svs" = 1.5\n', "[output] labels = {'a.svs': 1.5}: need a CSV path or a table of slide"),
         ("[patches]\nmpp = -1\n", "invalid target_mpp: -1.0 (need a finite UM > 0) (key 'mpp' in [patches])"),
         ('[output]\nformat = "gif"\n', "invalid image_format: 'gif' (need jpg/png/webp) (key 'format' in [output])"),
         ("[output]\nquality = 0\n", "invalid quality: 0 (need 1..100)"),

@@ -130,7 +130,7 @@ def _checked(table: str, key: str, f: Field[Any], value: Any, name: str) -> Any:
     if isinstance(f.default, bool):
         need = None if isinstance(value, bool) else "true or false"
     elif parse in ("mpp_table", "label_table"):
-        need = None if isinstance(value, str | dict) else "a CSV path or a table of slide = value"
+        need = None if isinstance(value, str) or _table_of(value, parse) else "a CSV path or a table of slide = value"
     elif parse in ("names", "mpps"):
         need = None if isinstance(value, str | list) else "a list or a comma-separated text"
     elif parse == "size":
@@ -146,6 +146,12 @@ def _checked(table: str, key: str, f: Field[Any], value: Any, name: str) -> Any:
         optional = f' or "{NONE}"' if "None" in kind else ""
         raise OptionError(f"config {name}: [{table}] {key} = {_shown(value)}: need {need}{optional}")
     return value
+
+
+def _table_of(value: Any, parse: str) -> bool:
+    """Whether ``value`` is a table of slide = mpp (numbers) or slide = label (integers or class names)."""
+    kinds = (int, float) if parse == "mpp_table" else (int, str)
+    return isinstance(value, dict) and all(isinstance(v, kinds) and not isinstance(v, bool) for v in value.values())
 
 
 def with_config(options: BuildOptions | None, path: str | os.PathLike[str]) -> BuildOptions:
