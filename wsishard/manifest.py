@@ -31,6 +31,7 @@ __all__ = [
     "check_shard_records",
     "expected_patch_size",
     "manifest_files",
+    "parse_json",
     "parse_slide_lines",
     "slide_lines",
 ]
@@ -165,11 +166,27 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str, location: str = "<manifest>") -> Manifest:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ManifestError(location, f"not valid JSON ({exc})") from exc
-        return cls.from_dict(data, location)
+        return cls.from_dict(parse_json(text, location), location)
+
+
+def parse_json(text: str | bytes, location: str, part: str = "") -> Any:
+    """The value of one JSON text of a build output (a manifest, a line of a slide records file), whatever the text.
+
+    Args:
+        location: the file (path or URL, redacted) named by the error.
+        part: where in the file the text is, for the message (``"line 7"``); empty: the whole file.
+
+    Raises:
+        ManifestError: the text is no JSON, is not UTF-8, holds an integer too long to convert, or nests deeper
+            than the parser goes (which would otherwise be a bare ``RecursionError``).
+    """
+    where = f"{part} is " if part else ""
+    try:
+        return json.loads(text)
+    except RecursionError as exc:  # the C parser's depth limit: a hostile file, never a wsishard one
+        raise ManifestError(location, f"{where}JSON nested too deep to read (not written by wsishard)") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4300 digits
+        raise ManifestError(location, f"{where}not valid JSON ({_first_line(exc)})") from exc
 
 
 def expected_patch_size(manifest: Manifest, location: str = "<manifest>") -> int:
@@ -214,8 +231,9 @@ def parse_slide_lines(text: str, location: str = "<slides>") -> list[SlideRecord
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
+        data = parse_json(line, location, f"line {n}")
         try:
-            records.append(_slide_record(json.loads(line)))
+            records.append(_slide_record(data))
         except (ValueError, TypeError, AttributeError) as exc:
             raise ManifestError(location, f"line {n} is not a slide record ({exc})") from exc
     return records
@@ -261,6 +279,12 @@ def check_shard_records(shards: list[ShardRecord], location: str) -> None:
             value = getattr(rec, count)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ManifestError(location, f"shard entry {i} ({rec.name}) has {count} {value!r}, not a count")
+
+
+def _first_line(exc: BaseException) -> str:
+    """``exc``'s message cut to its first line and 200 characters."""
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
 
 
 def _shown(value: object) -> str:

@@ -1,0 +1,66 @@
+"""A build output's files tampered with (issue 42, the stream and format side): JSON nested past the parser's depth,
+numbers no parser converts, fields of the wrong type or out of range. Each is one ``ManifestError`` line naming the
+file (exit status 2 from ``verify`` and ``inspect``), never a bare ``RecursionError`` or ``TypeError``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import shardmaker as sm
+
+from wsishard.cli import main
+from wsishard.errors import ManifestError
+from wsishard.manifest import manifest_files
+from wsishard.streaming.sources import stream
+from wsishard.streaming.stain import StainTable
+
+DEEP = "[" * 300_000 + "]" * 300_000  # a JSON text Python's parser gives up on with RecursionError
+
+
+def _split_output(root: Path) -> sm.Output:
+    """A small output whose slide records are in ``slides.jsonl`` beside ``manifest.json``, as a build writes."""
+    out = sm.make_output(str(root), (4, 4), slides=2)
+    for name, data in manifest_files(out.manifest):
+        (root / name).write_bytes(data)
+    return out
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    status = main(list(args))
+    return status, capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "slides.jsonl"])
+def test_json_nested_too_deep_is_a_manifest_error_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    out = _split_output(tmp_path / "o")
+    (tmp_path / "o" / name).write_text(DEEP if name == "manifest.json" else "\n" + DEEP + "\n")
+    for command in ("verify", "inspect"):
+        status, err = _cli(capsys, command, out.root)
+        assert status == 2, err
+        assert len(err.splitlines()) == 1 and name in err and "nested too deep" in err
+        assert "RecursionError" not in err
+    if name == "manifest.json":
+        with pytest.raises(ManifestError, match="nested too deep") as info:
+            stream(out.root, batch_size=2)
+        assert info.value.location.endswith("manifest.json")
+    with pytest.raises(ManifestError, match="nested too deep") as info:
+        StainTable.from_build(out.root)
+    assert info.value.location.endswith(name)
+    if name == "slides.jsonl":
+        assert info.value.reason.startswith("line 2 is JSON nested too deep")
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "slides.jsonl"])
+def test_an_integer_too_long_to_convert_is_a_manifest_error(tmp_path: Path, name: str) -> None:
+    out = _split_output(tmp_path / "o")
+    path = tmp_path / "o" / name
+    text = path.read_text()
+    field = '"samples": 4' if name == "manifest.json" else '"width": 10000'
+    assert field in text
+    path.write_text(text.replace(field, field.split(":")[0] + ": " + "9" * 5000, 1))
+    with pytest.raises(ManifestError, match="not valid JSON") as info:
+        StainTable.from_build(out.root)
+    assert info.value.location.endswith(name) and len(str(info.value)) < 400
