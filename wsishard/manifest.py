@@ -5,6 +5,7 @@ every other format rule are :mod:`wsishard.format`'s."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -28,6 +29,7 @@ __all__ = [
     "Manifest",
     "ShardRecord",
     "SlideRecord",
+    "build_mpps",
     "check_shard_records",
     "expected_patch_size",
     "manifest_files",
@@ -205,6 +207,24 @@ def expected_patch_size(manifest: Manifest, location: str = "<manifest>") -> int
             "(a manifest not written by wsishard build?)",
         )
     return size
+
+
+def build_mpps(manifest: Manifest, location: str = "<manifest>") -> tuple[float, ...]:
+    """The mpps a build made its patches at, as it records them in ``options["patch"]["target_mpp"]``: one number
+    (a build of one magnification), or a list of them (a build of several on purpose: its own opt-in to mixing them
+    in a batch), ascending; ``()`` where the options record none (an output not written by ``wsishard build``).
+
+    Raises:
+        ManifestError: ``target_mpp`` is recorded but is not a positive finite number or a non-empty list of them.
+    """
+    patch = manifest.options.get("patch") if isinstance(manifest.options, dict) else None
+    value = patch.get("target_mpp") if isinstance(patch, dict) else None
+    if value is None:
+        return ()
+    values = value if isinstance(value, list) and value else [value]
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < math.inf for v in values):
+        raise ManifestError(location, f"options.patch.target_mpp is {_shown(value)}, not an mpp or a list of mpps > 0")
+    return tuple(sorted(float(v) for v in values))
 
 
 def manifest_files(manifest: Manifest, part: tuple[int, int] | None = None) -> list[tuple[str, bytes]]:

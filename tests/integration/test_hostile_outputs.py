@@ -4,10 +4,12 @@ file (exit status 2 from ``verify`` and ``inspect``), never a bare ``RecursionEr
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 import shardmaker as sm
+from streamtools import keys_of as sm_keys
 
 from wsishard.cli import main
 from wsishard.errors import ManifestError
@@ -64,3 +66,49 @@ def test_an_integer_too_long_to_convert_is_a_manifest_error(tmp_path: Path, name
     with pytest.raises(ManifestError, match="not valid JSON") as info:
         StainTable.from_build(out.root)
     assert info.value.location.endswith(name) and len(str(info.value)) < 400
+
+
+def _with_mpp(root: Path, mpp: object, prefix: str) -> sm.Output:
+    """A small output whose options record ``target_mpp`` ``mpp`` (deleted when None)."""
+    out = sm.make_output(str(root), (4,), slide_prefix=prefix)
+    patch = dict(out.manifest.options["patch"])
+    if mpp is None:
+        del patch["target_mpp"]
+    else:
+        patch["target_mpp"] = mpp
+    out.manifest = type(out.manifest)(**{**vars(out.manifest), "options": {**out.manifest.options, "patch": patch}})
+    sm.write_manifest(out)
+    return out
+
+
+def test_outputs_of_different_mpps_are_refused_unless_mixed_on_purpose(tmp_path: Path) -> None:
+    half, one = _with_mpp(tmp_path / "a", 0.5, "a"), _with_mpp(tmp_path / "b", 1.0, "b")
+    with pytest.raises(ManifestError, match="different mpps") as info:
+        stream([half.root, one.root], batch_size=2)
+    message = str(info.value)
+    assert f"{half.root}: 0.5 mpp" in message and f"{one.root}: 1 mpp" in message and "mixed_mpp=True" in message
+    mixed = stream([half.root, one.root], batch_size=2, resampled=False, mixed_mpp=True)
+    assert sorted(sm_keys(mixed)) == sorted(half.keys["shard-000000-0000.tar"] + one.keys["shard-000000-0000.tar"])
+    assert (
+        len(sm_keys(stream([half.root, _with_mpp(tmp_path / "c", 0.5, "c").root], batch_size=2, resampled=False))) == 8
+    )
+    unknown = _with_mpp(tmp_path / "d", None, "d")
+    with pytest.raises(ManifestError, match="mpp not recorded"):
+        stream([half.root, unknown.root], batch_size=2)
+
+
+def test_a_build_that_records_several_mpps_is_its_own_opt_in(tmp_path: Path) -> None:
+    several = _with_mpp(tmp_path / "a", [1.0, 0.5], "a")
+    assert len(sm_keys(stream(several.root, batch_size=2, resampled=False))) == 4
+    same = _with_mpp(tmp_path / "b", [0.5, 1.0], "b")
+    assert len(sm_keys(stream([several.root, same.root], batch_size=2, resampled=False))) == 8
+    with pytest.raises(ManifestError, match=r"0\.5 and 1 mpp"):
+        stream([several.root, _with_mpp(tmp_path / "c", 0.5, "c").root], batch_size=2)
+
+
+@pytest.mark.parametrize("mpp", [math.nan, -0.5, 0, "0.5", True, [], [0.5, math.inf], {"x": 1}])
+def test_a_target_mpp_that_is_no_mpp_is_a_manifest_error(tmp_path: Path, mpp: object) -> None:
+    out = _with_mpp(tmp_path / "a", mpp, "a")
+    with pytest.raises(ManifestError, match=r"options\.patch\.target_mpp is") as info:
+        stream(out.root, batch_size=2)
+    assert info.value.location == out.root and "\n" not in str(info.value)
