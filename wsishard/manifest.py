@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -13,6 +14,9 @@ from wsishard.errors import ManifestError
 from wsishard.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
+    IMAGE_FORMATS,
+    LABEL_RANGE,
+    MAX_PATCH_PX,
     NAMED_MPP_VERSION,
     READABLE_VERSIONS,
     SLIDES_NAME,
@@ -24,6 +28,8 @@ from wsishard.format import (
     slides_name,
 )
 from wsishard.storage.secrets import redact
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 __all__ = [
     "Manifest",
@@ -150,14 +156,15 @@ class Manifest:
         try:
             names = {f.name for f in fields(ShardRecord)}
             shards = [ShardRecord(**{k: v for k, v in s.items() if k in names}) for s in data["shards"]]
-            slides = [_slide_record(s) for s in data.get("slides", [])]
+            slides = [_slide_record(s, f"slide entry {i}") for i, s in enumerate(data.get("slides", []))]
             if data["version"] == 1 and "slides" not in data:
                 raise KeyError("slides")
             top = _known(cls, data)
             top.update(shards=shards, slides=slides)
             manifest = cls(**top)
-        except (KeyError, TypeError, AttributeError) as exc:
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise ManifestError(location, f"malformed ({exc})") from exc
+        _check_top(manifest, location)
         if manifest.slides_file and not is_slides_name(manifest.slides_file):
             raise ManifestError(
                 location,
@@ -196,15 +203,16 @@ def expected_patch_size(manifest: Manifest, location: str = "<manifest>") -> int
     it. The stream and ``verify`` hold every sample to it (never to the first sample's size).
 
     Raises:
-        ManifestError: the options do not hold a positive integer there.
+        ManifestError: the options do not hold an integer from 1 to :data:`~wsishard.format.MAX_PATCH_PX` there (a
+            larger one would have a stream allocate batches of terabytes).
     """
     patch = manifest.options.get("patch") if isinstance(manifest.options, dict) else None
     size = patch.get("patch_size_px") if isinstance(patch, dict) else None
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_PATCH_PX:
         raise ManifestError(
             location,
-            f"options.patch.patch_size_px is {size!r}, not a patch size in px "
-            "(a manifest not written by wsishard build?)",
+            f"options.patch.patch_size_px is {_shown(size)}, not a patch size in px (1 to {MAX_PATCH_PX}; "
+            "a manifest not written by wsishard build?)",
         )
     return size
 
@@ -266,11 +274,20 @@ def _record_data(record: SlideRecord, version: int) -> dict[str, Any]:
     return data if version >= NAMED_MPP_VERSION else {("mpp" if k == "slide_mpp" else k): v for k, v in data.items()}
 
 
-def _slide_record(data: dict[str, Any]) -> SlideRecord:
-    """A slide record from its plain data, of any readable version (versions 1 and 2 name ``slide_mpp`` ``mpp``)."""
+def _slide_record(data: dict[str, Any], entry: str = "the record") -> SlideRecord:
+    """A slide record from its plain data, of any readable version (versions 1 and 2 name ``slide_mpp`` ``mpp``).
+
+    Raises:
+        ValueError: a field of the wrong type or out of range (:func:`_record_problem`), naming ``entry``.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"{entry} is {_shown(data)}, not an object")
     known = _known(SlideRecord, data)
     if "mpp" in data and "slide_mpp" not in data:
         known["slide_mpp"] = data["mpp"]
+    problem = _record_problem(known)
+    if problem is not None:
+        raise ValueError(f"{entry}'s {problem}")
     return SlideRecord(**known)
 
 
@@ -295,10 +312,66 @@ def check_shard_records(shards: list[ShardRecord], location: str) -> None:
             )
         if (first := seen.setdefault(rec.name, i)) != i:
             raise ManifestError(location, f"shard entry {i} ({rec.name}) is entry {first} again: read twice")
-        for count in ("samples", "bytes"):
+        for count in ("samples", "bytes", "slides"):
             value = getattr(rec, count)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ManifestError(location, f"shard entry {i} ({rec.name}) has {count} {value!r}, not a count")
+            if not _is_count(value):
+                raise ManifestError(location, f"shard entry {i} ({rec.name}) has {count} {_shown(value)}, not a count")
+        if not isinstance(rec.sha256, str) or not _SHA256.fullmatch(rec.sha256):
+            raise ManifestError(
+                location, f"shard entry {i} ({rec.name}) has sha256 {_shown(rec.sha256)}, not 64 hex digits"
+            )
+
+
+def _check_top(manifest: Manifest, location: str) -> None:
+    """The manifest's own fields hold what their names say: ``options`` and ``extra`` objects, ``image_format`` one
+    of :data:`IMAGE_FORMATS`, the names and dates text."""
+    for name in ("options", "extra"):
+        if not isinstance(getattr(manifest, name), dict):
+            raise ManifestError(location, f"{name} is {_shown(getattr(manifest, name))}, not an object")
+    if manifest.image_format not in IMAGE_FORMATS:
+        shown = _shown(manifest.image_format)
+        raise ManifestError(location, f"image_format is {shown}, not one of {', '.join(IMAGE_FORMATS)}")
+    for name in ("slides_file", "created", "wsishard_version"):
+        if not isinstance(getattr(manifest, name), str):
+            raise ManifestError(location, f"{name} is {_shown(getattr(manifest, name))}, not text")
+
+
+_TEXT_FIELDS = ("slide_id", "file", "reason", "mpp_source", "roi")
+_COUNT_FIELDS = ("width", "height", "candidates", "patches", "bytes_read")
+_AREA_FIELDS = ("tissue_fraction", "tissue_mm2", "ink_mm2", "artefact_mm2", "pigment_mm2")  # finite, >= 0
+_SCALE_FIELDS = ("slide_mpp", "patch_mpp", "downsample")  # finite, > 0, or None (a failed slide)
+
+
+def _record_problem(data: dict[str, Any]) -> str | None:
+    """What is wrong with a slide record's fields (``field 'patches' is 'x', not a count``), or None."""
+    rules: list[tuple[tuple[str, ...], Any, str]] = [
+        (_TEXT_FIELDS, lambda v: isinstance(v, str), "text"),
+        (_COUNT_FIELDS, _is_count, "a count"),
+        (_AREA_FIELDS, lambda v: _is_number(v) and 0 <= v < math.inf, "a finite number >= 0"),
+        (_SCALE_FIELDS, lambda v: v is None or (_is_number(v) and 0 < v < math.inf), "a finite number > 0"),
+        (("level",), lambda v: v is None or _is_count(v), "a level number"),
+        (
+            ("label",),
+            lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v in LABEL_RANGE),
+            "an int64 label",
+        ),
+        (("status",), lambda v: v in ("ok", "failed", "skipped"), "ok, failed or skipped"),
+        (("stain",), lambda v: isinstance(v, dict), "an object"),
+        (("filtered",), lambda v: isinstance(v, dict) and all(map(_is_count, v.values())), "counts by reason"),
+    ]
+    for names, ok, rule in rules:
+        for name in names:
+            if name in data and not ok(data[name]):
+                return f"field {name!r} is {_shown(data[name])}, not {rule}"
+    return None
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -112,3 +112,36 @@ def test_a_target_mpp_that_is_no_mpp_is_a_manifest_error(tmp_path: Path, mpp: ob
     with pytest.raises(ManifestError, match=r"options\.patch\.target_mpp is") as info:
         stream(out.root, batch_size=2)
     assert info.value.location == out.root and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "before", "after", "field"),
+    [
+        ("manifest.json", '"sha256": "', '"sha256": 5, "x": "', "sha256"),
+        ("manifest.json", '"slides": 2}', '"slides": "x"}', "slides"),
+        ("manifest.json", '\n "image_format": "jpg"', '\n "image_format": 3', "image_format"),
+        ("slides.jsonl", '"slide_id": "slide0"', '"slide_id": ["slide0"]', "slide_id"),
+        ("slides.jsonl", '"slide_mpp": 0.25', '"slide_mpp": "x"', "slide_mpp"),
+    ],
+)
+def test_verify_and_inspect_name_a_field_of_the_wrong_kind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, before: str, after: str, field: str
+) -> None:
+    """Each of these was a TypeError or ValueError of Python's own in ``inspect`` or ``verify``: exit status 3."""
+    out = _split_output(tmp_path / "o")
+    path = tmp_path / "o" / name
+    text = path.read_text()
+    assert before in text
+    path.write_text(text.replace(before, after, 1))
+    for command in ("verify", "inspect"):
+        status, err = _cli(capsys, command, out.root)
+        assert status == 2 and name in err and field in err and len(err.splitlines()) == 1, err
+
+
+def test_a_context_size_past_any_build_is_refused_before_a_stream_allocates_it(tmp_path: Path) -> None:
+    out = sm.make_output(str(tmp_path / "o"), (4,))
+    options = {**out.manifest.options, "context_mpp": [2.0], "context_size": 10**6}
+    out.manifest = type(out.manifest)(**{**vars(out.manifest), "options": options})
+    sm.write_manifest(out)
+    with pytest.raises(ManifestError, match=r"options\.context_size is 1000000"):
+        stream(out.root, batch_size=2)
