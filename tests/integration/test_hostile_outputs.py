@@ -4,7 +4,10 @@ file (exit status 2 from ``verify`` and ``inspect``), never a bare ``RecursionEr
 
 from __future__ import annotations
 
+import json
 import math
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,8 +15,8 @@ import shardmaker as sm
 from streamtools import keys_of as sm_keys
 
 from wsishard.cli import main
-from wsishard.errors import ManifestError
-from wsishard.manifest import manifest_files
+from wsishard.errors import ManifestError, ShardError
+from wsishard.manifest import SlideRecord, manifest_files
 from wsishard.streaming.sources import stream
 from wsishard.streaming.stain import StainTable
 
@@ -145,3 +148,35 @@ def test_a_context_size_past_any_build_is_refused_before_a_stream_allocates_it(t
     sm.write_manifest(out)
     with pytest.raises(ManifestError, match=r"options\.context_size is 1000000"):
         stream(out.root, batch_size=2)
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (lambda meta: [1], ".json is [1], not a JSON object"),
+        (lambda meta: {**meta, "slide_id": ["slide0"]}, ".json's slide_id is ['slide0'], not text"),
+    ],
+)
+def test_a_sample_json_that_is_no_patch_record_is_a_shard_error_or_skipped(
+    tmp_path: Path, change: Callable[[dict], object], said: str
+) -> None:
+    """A labelled sample's .json was parsed and passed on whatever it held: a list reached batch["meta"], and the
+    Macenko collate failed on it with a bare TypeError."""
+    out = sm.make_output(str(tmp_path / "o"), (4,))
+    key = out.keys["shard-000000-0000.tar"][1]
+    sm.rewrite_member(out, 0, key, "json", lambda b: json.dumps(change(json.loads(b))).encode())
+    sm.refresh_record(out, 0)
+    with pytest.raises(ShardError) as info:
+        list(stream(out.root, batch_size=2, resampled=False))
+    assert info.value.shard.endswith("shard-000000-0000.tar") and key in str(info.value) and said in str(info.value)
+    kept = sm_keys(stream(out.root, batch_size=1, resampled=False, on_error="skip"))
+    assert sorted(kept) == sorted(k for k in out.keys["shard-000000-0000.tar"] if k != key)
+
+
+def test_a_slide_id_that_is_no_text_is_a_clear_key_error_in_the_table() -> None:
+    stain = {"matrix": [[0.65, 0.18], [0.70, 0.85], [0.29, 0.49]], "max_conc": [2.1, 1.3], "source": "fitted"}
+    table = StainTable([SlideRecord(slide_id="a", file="a.svs", status="ok", stain=stain)])
+    assert table.rows(["a", "a"]).tolist() == [0, 0]
+    for bad in (None, ["a"]):
+        with pytest.raises(KeyError, match=rf"slide {re.escape(repr(bad))} has no stain matrix"):
+            table.rows(["a", bad])  # type: ignore[list-item]

@@ -159,13 +159,13 @@ class StainTable:
         Raises:
             KeyError: a slide id not in the table (another build, or one made before stains were recorded).
         """
-        try:
-            rows = [self.index[s] for s in slide_ids]
-        except KeyError as exc:
+        missing = [s for s in slide_ids if not isinstance(s, str) or s not in self.index]  # None: no slide_id
+        if missing:
             raise KeyError(
-                f"slide {exc.args[0]!r} has no stain matrix in the table: a sample of another build, "
+                f"slide {missing[0]!r} has no stain matrix in the table: a sample of another build, "
                 "or of a build made before wsishard recorded stains"
-            ) from None
+            )
+        rows = [self.index[s] for s in slide_ids]
         return torch.tensor(rows, dtype=torch.int64).to(self.matrix.device, non_blocking=True)
 
 
