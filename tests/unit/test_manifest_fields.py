@@ -12,6 +12,7 @@ import pytest
 from wsishard.errors import ManifestError
 from wsishard.format import MAX_PATCH_PX
 from wsishard.manifest import Manifest, SlideRecord, expected_patch_size, parse_slide_lines, slide_lines
+from wsishard.report import details
 
 SHA = "0" * 64
 
@@ -114,3 +115,18 @@ def test_records_of_failed_and_older_slides_still_read() -> None:
     assert parse_slide_lines(older)[0].slide_mpp == 0.25
     with pytest.raises(ManifestError, match="line 1 is not a slide record"):
         parse_slide_lines("[1, 2]\n", "s")
+
+
+@pytest.mark.parametrize(
+    ("options", "extra", "shown"),
+    [
+        ({"patch": {"patch_size_px": 16, "target_mpp": 0.5, "mpp_tolerance": "x"}}, {}, "within 'x' of it"),
+        ({"patch": [1]}, {}, "patches: None px at None mpp (exactly)"),
+        ({"patch": {"patch_size_px": 16, "target_mpp": 0.5, "mpp_tolerance": 0.05}}, {"label_names": 5}, "0.05 of it"),
+    ],
+)
+def test_inspect_shows_options_of_the_wrong_kind_as_they_are(options: dict, extra: dict, shown: str) -> None:
+    """``inspect``'s details formatted these with ``:g`` or iterated them: ValueError, AttributeError or TypeError,
+    exit status 3 (the options are a build's record, shown, never used by ``inspect``)."""
+    text = details(Manifest.from_dict(_data(options=options, extra=extra), "m"))
+    assert shown in text and "labels:" not in text
