@@ -149,7 +149,7 @@ class Manifest:
     def from_dict(cls, data: dict[str, Any], location: str = "<manifest>") -> Manifest:
         if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
             raise ManifestError(location, "not a wsishard manifest")
-        if data.get("version") not in READABLE_VERSIONS:
+        if data.get("version") not in READABLE_VERSIONS or isinstance(data.get("version"), bool):  # True == 1
             raise ManifestError(
                 location, f"format version {data.get('version')!r}, this wsishard reads {list(READABLE_VERSIONS)}"
             )

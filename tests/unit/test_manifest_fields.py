@@ -45,6 +45,7 @@ def _shard(**fields: object) -> dict:
         (_data(options=[1]), "options"),
         (_data(extra=[1]), "extra"),
         (_data(created=5), "created"),
+        (_data(version=True), "format version True"),
     ],
 )
 def test_a_manifest_field_of_the_wrong_kind_is_named(data: dict, field: str) -> None:
