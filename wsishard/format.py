@@ -48,6 +48,7 @@ STATE_DIR = ".wsishard"  # a build's resume state and lock (wsishard.builder.sta
 SHARD_PREFIX = "shard-"
 SHARD_SUFFIX = ".tar"
 IMAGE_FORMATS: tuple[str, ...] = ("jpg", "png", "webp")
+MAX_PATCH_PX = 8192  # the widest patch a build writes (PatchOptions' bound): a reader refuses a manifest saying more
 META_EXT = "json"
 LABEL_EXT = "cls"
 LABEL_RANGE = range(-(2**63), 2**63)  # a sample's label as the stream hands it over: int64 (-1: unlabelled)

@@ -5,6 +5,8 @@ every other format rule are :mod:`wsishard.format`'s."""
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -12,6 +14,9 @@ from wsishard.errors import ManifestError
 from wsishard.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
+    IMAGE_FORMATS,
+    LABEL_RANGE,
+    MAX_PATCH_PX,
     NAMED_MPP_VERSION,
     READABLE_VERSIONS,
     SLIDES_NAME,
@@ -24,13 +29,17 @@ from wsishard.format import (
 )
 from wsishard.storage.secrets import redact
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
 __all__ = [
     "Manifest",
     "ShardRecord",
     "SlideRecord",
+    "build_mpps",
     "check_shard_records",
     "expected_patch_size",
     "manifest_files",
+    "parse_json",
     "parse_slide_lines",
     "slide_lines",
 ]
@@ -140,21 +149,22 @@ class Manifest:
     def from_dict(cls, data: dict[str, Any], location: str = "<manifest>") -> Manifest:
         if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
             raise ManifestError(location, "not a wsishard manifest")
-        if data.get("version") not in READABLE_VERSIONS:
+        if data.get("version") not in READABLE_VERSIONS or isinstance(data.get("version"), bool):  # True == 1
             raise ManifestError(
                 location, f"format version {data.get('version')!r}, this wsishard reads {list(READABLE_VERSIONS)}"
             )
         try:
             names = {f.name for f in fields(ShardRecord)}
             shards = [ShardRecord(**{k: v for k, v in s.items() if k in names}) for s in data["shards"]]
-            slides = [_slide_record(s) for s in data.get("slides", [])]
+            slides = [_slide_record(s, f"slide entry {i}") for i, s in enumerate(data.get("slides", []))]
             if data["version"] == 1 and "slides" not in data:
                 raise KeyError("slides")
             top = _known(cls, data)
             top.update(shards=shards, slides=slides)
             manifest = cls(**top)
-        except (KeyError, TypeError, AttributeError) as exc:
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise ManifestError(location, f"malformed ({exc})") from exc
+        _check_top(manifest, location)
         if manifest.slides_file and not is_slides_name(manifest.slides_file):
             raise ManifestError(
                 location,
@@ -165,11 +175,27 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str, location: str = "<manifest>") -> Manifest:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ManifestError(location, f"not valid JSON ({exc})") from exc
-        return cls.from_dict(data, location)
+        return cls.from_dict(parse_json(text, location), location)
+
+
+def parse_json(text: str | bytes, location: str, part: str = "") -> Any:
+    """The value of one JSON text of a build output (a manifest, a line of a slide records file), whatever the text.
+
+    Args:
+        location: the file (path or URL, redacted) named by the error.
+        part: where in the file the text is, for the message (``"line 7"``); empty: the whole file.
+
+    Raises:
+        ManifestError: the text is no JSON, is not UTF-8, holds an integer too long to convert, or nests deeper
+            than the parser goes (which would otherwise be a bare ``RecursionError``).
+    """
+    where = f"{part} is " if part else ""
+    try:
+        return json.loads(text)
+    except RecursionError as exc:  # the C parser's depth limit: a hostile file, never a wsishard one
+        raise ManifestError(location, f"{where}JSON nested too deep to read (not written by wsishard)") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4300 digits
+        raise ManifestError(location, f"{where}not valid JSON ({_first_line(exc)})") from exc
 
 
 def expected_patch_size(manifest: Manifest, location: str = "<manifest>") -> int:
@@ -177,17 +203,36 @@ def expected_patch_size(manifest: Manifest, location: str = "<manifest>") -> int
     it. The stream and ``verify`` hold every sample to it (never to the first sample's size).
 
     Raises:
-        ManifestError: the options do not hold a positive integer there.
+        ManifestError: the options do not hold an integer from 1 to :data:`~wsishard.format.MAX_PATCH_PX` there (a
+            larger one would have a stream allocate batches of terabytes).
     """
     patch = manifest.options.get("patch") if isinstance(manifest.options, dict) else None
     size = patch.get("patch_size_px") if isinstance(patch, dict) else None
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_PATCH_PX:
         raise ManifestError(
             location,
-            f"options.patch.patch_size_px is {size!r}, not a patch size in px "
-            "(a manifest not written by wsishard build?)",
+            f"options.patch.patch_size_px is {_shown(size)}, not a patch size in px (1 to {MAX_PATCH_PX}; "
+            "a manifest not written by wsishard build?)",
         )
     return size
+
+
+def build_mpps(manifest: Manifest, location: str = "<manifest>") -> tuple[float, ...]:
+    """The mpps a build made its patches at, as it records them in ``options["patch"]["target_mpp"]``: one number
+    (a build of one magnification), or a list of them (a build of several on purpose: its own opt-in to mixing them
+    in a batch), ascending; ``()`` where the options record none (an output not written by ``wsishard build``).
+
+    Raises:
+        ManifestError: ``target_mpp`` is recorded but is not a positive finite number or a non-empty list of them.
+    """
+    patch = manifest.options.get("patch") if isinstance(manifest.options, dict) else None
+    value = patch.get("target_mpp") if isinstance(patch, dict) else None
+    if value is None:
+        return ()
+    values = value if isinstance(value, list) and value else [value]
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < math.inf for v in values):
+        raise ManifestError(location, f"options.patch.target_mpp is {_shown(value)}, not an mpp or a list of mpps > 0")
+    return tuple(sorted(float(v) for v in values))
 
 
 def manifest_files(manifest: Manifest, part: tuple[int, int] | None = None) -> list[tuple[str, bytes]]:
@@ -214,8 +259,9 @@ def parse_slide_lines(text: str, location: str = "<slides>") -> list[SlideRecord
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
+        data = parse_json(line, location, f"line {n}")
         try:
-            records.append(_slide_record(json.loads(line)))
+            records.append(_slide_record(data))
         except (ValueError, TypeError, AttributeError) as exc:
             raise ManifestError(location, f"line {n} is not a slide record ({exc})") from exc
     return records
@@ -228,11 +274,20 @@ def _record_data(record: SlideRecord, version: int) -> dict[str, Any]:
     return data if version >= NAMED_MPP_VERSION else {("mpp" if k == "slide_mpp" else k): v for k, v in data.items()}
 
 
-def _slide_record(data: dict[str, Any]) -> SlideRecord:
-    """A slide record from its plain data, of any readable version (versions 1 and 2 name ``slide_mpp`` ``mpp``)."""
+def _slide_record(data: dict[str, Any], entry: str = "the record") -> SlideRecord:
+    """A slide record from its plain data, of any readable version (versions 1 and 2 name ``slide_mpp`` ``mpp``).
+
+    Raises:
+        ValueError: a field of the wrong type or out of range (:func:`_record_problem`), naming ``entry``.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"{entry} is {_shown(data)}, not an object")
     known = _known(SlideRecord, data)
     if "mpp" in data and "slide_mpp" not in data:
         known["slide_mpp"] = data["mpp"]
+    problem = _record_problem(known)
+    if problem is not None:
+        raise ValueError(f"{entry}'s {problem}")
     return SlideRecord(**known)
 
 
@@ -257,10 +312,72 @@ def check_shard_records(shards: list[ShardRecord], location: str) -> None:
             )
         if (first := seen.setdefault(rec.name, i)) != i:
             raise ManifestError(location, f"shard entry {i} ({rec.name}) is entry {first} again: read twice")
-        for count in ("samples", "bytes"):
+        for count in ("samples", "bytes", "slides"):
             value = getattr(rec, count)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ManifestError(location, f"shard entry {i} ({rec.name}) has {count} {value!r}, not a count")
+            if not _is_count(value):
+                raise ManifestError(location, f"shard entry {i} ({rec.name}) has {count} {_shown(value)}, not a count")
+        if not isinstance(rec.sha256, str) or not _SHA256.fullmatch(rec.sha256):
+            raise ManifestError(
+                location, f"shard entry {i} ({rec.name}) has sha256 {_shown(rec.sha256)}, not 64 hex digits"
+            )
+
+
+def _check_top(manifest: Manifest, location: str) -> None:
+    """The manifest's own fields hold what their names say: ``options`` and ``extra`` objects, ``image_format`` one
+    of :data:`IMAGE_FORMATS`, the names and dates text."""
+    for name in ("options", "extra"):
+        if not isinstance(getattr(manifest, name), dict):
+            raise ManifestError(location, f"{name} is {_shown(getattr(manifest, name))}, not an object")
+    if manifest.image_format not in IMAGE_FORMATS:
+        shown = _shown(manifest.image_format)
+        raise ManifestError(location, f"image_format is {shown}, not one of {', '.join(IMAGE_FORMATS)}")
+    for name in ("slides_file", "created", "wsishard_version"):
+        if not isinstance(getattr(manifest, name), str):
+            raise ManifestError(location, f"{name} is {_shown(getattr(manifest, name))}, not text")
+
+
+_TEXT_FIELDS = ("slide_id", "file", "reason", "mpp_source", "roi")
+_COUNT_FIELDS = ("width", "height", "candidates", "patches", "bytes_read")
+_AREA_FIELDS = ("tissue_fraction", "tissue_mm2", "ink_mm2", "artefact_mm2", "pigment_mm2")  # finite, >= 0
+_SCALE_FIELDS = ("slide_mpp", "patch_mpp", "downsample")  # finite, > 0, or None (a failed slide)
+
+
+def _record_problem(data: dict[str, Any]) -> str | None:
+    """What is wrong with a slide record's fields (``field 'patches' is 'x', not a count``), or None."""
+    rules: list[tuple[tuple[str, ...], Any, str]] = [
+        (_TEXT_FIELDS, lambda v: isinstance(v, str), "text"),
+        (_COUNT_FIELDS, _is_count, "a count"),
+        (_AREA_FIELDS, lambda v: _is_number(v) and 0 <= v < math.inf, "a finite number >= 0"),
+        (_SCALE_FIELDS, lambda v: v is None or (_is_number(v) and 0 < v < math.inf), "a finite number > 0"),
+        (("level",), lambda v: v is None or _is_count(v), "a level number"),
+        (
+            ("label",),
+            lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v in LABEL_RANGE),
+            "an int64 label",
+        ),
+        (("status",), lambda v: v in ("ok", "failed", "skipped"), "ok, failed or skipped"),
+        (("stain",), lambda v: isinstance(v, dict), "an object"),
+        (("filtered",), lambda v: isinstance(v, dict) and all(map(_is_count, v.values())), "counts by reason"),
+    ]
+    for names, ok, rule in rules:
+        for name in names:
+            if name in data and not ok(data[name]):
+                return f"field {name!r} is {_shown(data[name])}, not {rule}"
+    return None
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _first_line(exc: BaseException) -> str:
+    """``exc``'s message cut to its first line and 200 characters."""
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
 
 
 def _shown(value: object) -> str:

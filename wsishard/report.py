@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from wsishard.manifest import Manifest, SlideRecord
 from wsishard.storage.urls import is_url
@@ -79,14 +80,15 @@ def details(manifest: Manifest, *, max_rows: int = 50) -> str:
     """The summary, the build options, a table of slides (with a key to its columns) and one of shards
     (``max_rows`` of each)."""
     opts = manifest.options
-    patch = opts.get("patch", {})
+    patch: dict[str, Any] = opts["patch"] if isinstance(opts.get("patch"), dict) else {}  # a manifest's JSON: anything
     tolerance = patch.get("mpp_tolerance") or 0
+    tolerance = f"{tolerance:g}" if isinstance(tolerance, int | float) else repr(tolerance)
     lines = [
         f"wsishard manifest v{manifest.version} (wsishard {manifest.wsishard_version}, created {manifest.created})",
         summary(manifest),
         "",
         f"patches: {patch.get('patch_size_px')} px at {patch.get('target_mpp')} mpp "
-        f"({f'within {tolerance:g} of it' if tolerance else 'exactly'}), stride "
+        f"({f'within {tolerance} of it' if tolerance != '0' else 'exactly'}), stride "
         f"{patch.get('stride_px') or patch.get('patch_size_px')}, min tissue {patch.get('min_tissue')}, "
         f"seed {opts.get('seed')}, quality {opts.get('quality')}",
     ]
@@ -96,7 +98,7 @@ def details(manifest: Manifest, *, max_rows: int = 50) -> str:
             f"context: {', '.join(map(str, context))} mpp at {opts.get('context_size')} px "
             f"(members {', '.join(f'ctx{i}' for i in range(len(context)))})"
         )
-    if manifest.extra.get("label_names"):
+    if manifest.extra.get("label_names") and isinstance(manifest.extra["label_names"], list):
         names = manifest.extra["label_names"]
         lines.append("labels: " + ", ".join(f"{i} {name}" for i, name in enumerate(names)))
     lines += [

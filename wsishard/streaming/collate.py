@@ -297,7 +297,7 @@ class GpuCollate:
             batch = {**batch, "image": self._decode(batch["jpeg"], self.device)}
         ids = None
         if self.stain is not None and self.stain.normalize == "macenko":
-            ids = [m["slide_id"] for m in batch["meta"]]  # each sample's .json, parsed here (~2 us a sample)
+            ids = [m.get("slide_id") for m in batch["meta"]]  # each sample's .json, parsed here (~2 us a sample)
         context = None if batch.get("context") is None else self.context(batch["context"], ids)  # before images()
         image = self.images(batch["image"], ids)
         out = DeviceBatch(image=image, label=label, meta=batch["meta"], key=batch["key"])

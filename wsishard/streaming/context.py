@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from wsishard.errors import ManifestError, ShardError
-from wsishard.format import context_ext, image_header
+from wsishard.format import MAX_PATCH_PX, context_ext, image_header
 from wsishard.manifest import Manifest
 from wsishard.streaming.stages import RawSample
 
@@ -44,8 +44,8 @@ def read_context(manifest: Manifest, location: str, patch_size_px: int) -> Conte
     (the patch size where absent). An older build without them has none.
 
     Raises:
-        ManifestError: they are there but are no list of (at most :data:`MAX_SCALES`) positive numbers and a
-            positive integer px.
+        ManifestError: they are there but are no list of (at most :data:`MAX_SCALES`) positive numbers and an
+            integer px from 1 to :data:`~wsishard.format.MAX_PATCH_PX`.
     """
     options: Mapping[str, Any] = manifest.options if isinstance(manifest.options, dict) else {}
     mpp, size = options.get("context_mpp") or [], options.get("context_size")
@@ -58,7 +58,7 @@ def read_context(manifest: Manifest, location: str, patch_size_px: int) -> Conte
         return ContextSpec()
     if size is None:
         size = patch_size_px
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_PATCH_PX:
         raise ManifestError(location, f"options.context_size is {size!r}, not a context patch size in px")
     return ContextSpec(tuple(float(v) for v in mpp), size)
 

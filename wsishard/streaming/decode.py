@@ -116,6 +116,10 @@ def _fields(raw: RawSample) -> tuple[PatchMeta, int]:
     else -1), an int64."""
     try:
         meta = patch_meta(json.loads(raw["meta"].decode("utf-8")))
+        if not isinstance(meta, dict):
+            raise TypeError(f".json is {str(meta)[:60]}, not a JSON object")
+        if not isinstance(meta.get("slide_id", ""), str):
+            raise TypeError(f".json's slide_id is {str(meta['slide_id'])[:60]}, not text")
         label = int(raw["label"]) if raw["label"] is not None else int(meta.get("label", -1))
     except (ValueError, TypeError, AttributeError, RecursionError, OverflowError) as exc:
         raise _undecodable(raw, exc) from exc  # RecursionError: JSON nested too deep; OverflowError: a label of inf

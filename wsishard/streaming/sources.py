@@ -3,11 +3,12 @@ per-sample index summary) and makes the :class:`~wsishard.streaming.dataset.Shar
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 
 from wsishard.errors import ManifestError
-from wsishard.manifest import expected_patch_size
+from wsishard.manifest import build_mpps, expected_patch_size
 from wsishard.storage.opener import StreamOpener, load_manifest
 from wsishard.storage.secrets import redact
 from wsishard.storage.urls import StorageOptions, join
@@ -40,6 +41,7 @@ def stream(
     pad_last: bool = False,
     split_scan: bool = False,
     context: bool = True,
+    mixed_mpp: bool = False,
 ) -> ShardStream:
     """Stream batches from one or more build outputs (folder, manifest path or URL prefix).
 
@@ -63,15 +65,21 @@ def stream(
         split_scan: for ``select``/a weight function under torch.distributed, each rank reads 1/world of the shard
             indexes and the counts are summed (every rank must then call :func:`stream` alike).
         context: decode a context build's context patches into ``batch["context"]`` (or leave them unread).
+        mixed_mpp: stream outputs built at different mpps together (a batch then mixes magnifications; each
+            sample's ``.json`` says its ``patch_mpp``). Without it they are refused. A build that records several
+            mpps itself (its ``options.patch.target_mpp`` a list) needs it only beside an output of other mpps.
 
     Raises:
         ManifestError: a manifest is missing or unreadable, names no shard or a bad one, or the outputs differ in
-            patch size or context; with ``select``/``weights``, an output without a per-sample index.
+            patch size or context, or in mpp without ``mixed_mpp``; with ``select``/``weights``, an output without a
+            per-sample index.
         ValueError: a bad option.
     """
     sources = [source] if isinstance(source, str | os.PathLike) else list(source)
     tasks, sizes, read = _read_manifests(sources, storage_options)
     patch_size_px = _one_patch_size(sizes)
+    if not mixed_mpp:
+        _one_mpp({s.where: build_mpps(s.manifest, s.where) for s in read})
     scales = one_context({s.where: read_context(s.manifest, s.where, patch_size_px) for s in read}) if context else None
     config = StreamConfig(
         batch_size=batch_size,
@@ -109,6 +117,34 @@ def _one_patch_size(sizes: dict[str, int]) -> int:
         listed = ", ".join(f"{where}: {px} px" for where, px in sizes.items())
         raise ManifestError(", ".join(sizes), f"the outputs have different patch sizes ({listed}); stream them apart")
     return next(iter(sizes.values()))
+
+
+def _one_mpp(mpps: dict[str, tuple[float, ...]]) -> None:
+    """Refuse sources whose builds recorded different mpps (a batch would mix magnifications without a word).
+
+    A build that records several mpps (a list) is compared as that list: it streams alone, or beside builds of the
+    same mpps. A source that records none (not written by ``wsishard build``) differs from one that does.
+
+    Raises:
+        ManifestError: the sources' mpps differ (each named with its mpps), pointing at ``mixed_mpp=True``.
+    """
+    first = next(iter(mpps.values()))
+    if all(_same_mpps(first, other) for other in mpps.values()):
+        return
+    listed = ", ".join(f"{where}: {_mpps_text(m)}" for where, m in mpps.items())
+    raise ManifestError(
+        ", ".join(mpps),
+        f"the outputs were built at different mpps ({listed}): a batch would mix magnifications; "
+        "stream them apart, or pass mixed_mpp=True to mix them on purpose",
+    )
+
+
+def _same_mpps(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    return len(a) == len(b) and all(math.isclose(x, y, rel_tol=1e-6) for x, y in zip(a, b, strict=True))
+
+
+def _mpps_text(mpps: tuple[float, ...]) -> str:
+    return " and ".join(f"{m:g}" for m in mpps) + " mpp" if mpps else "mpp not recorded"
 
 
 def _read_manifests(

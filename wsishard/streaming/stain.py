@@ -19,6 +19,7 @@ number give the same parameters on any device, so a run resumed at batch ``n`` a
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,9 @@ from typing import Literal
 import numpy as np
 import torch
 
+from wsishard.errors import OptionError
 from wsishard.manifest import SlideRecord
+from wsishard.streaming import stainrecords as records_check
 
 __all__ = [
     "REINHARD_REFERENCE",
@@ -39,6 +42,8 @@ __all__ = [
     "macenko",
     "reinhard",
 ]
+
+logger = logging.getLogger(__name__)
 
 # torchstain's reference H&E (the original Macenko code's): columns H, E; rows R, G, B (builder/stain.py's copy is
 # the build's; the streaming side does not import the build side's numpy code for two constants)
@@ -62,72 +67,74 @@ _TAG_HED, _TAG_COLOUR = 0x4ED, 0xC010
 
 @dataclass(frozen=True)
 class StainTarget:
-    """A Macenko target: ``matrix`` (3, 2) (rows R, G, B; columns H, E) and ``max_conc`` (H, E)."""
+    """A Macenko target: ``matrix`` (3, 2) (rows R, G, B; columns H, E: unit vectors) and ``max_conc`` (H, E).
+
+    Raises:
+        OptionError: (a ``ValueError``) a matrix or maxima that cannot normalise, naming the field and its value
+            (:mod:`wsishard.streaming.stainrecords`: a zero or NaN matrix, H and E the same vector, a maximum
+            of 0, NaN or inf).
+    """
 
     matrix: tuple[tuple[float, float], ...] = _REFERENCE_MATRIX
     max_conc: tuple[float, float] = _REFERENCE_MAX_CONC
 
     def __post_init__(self) -> None:
-        m, c = np.asarray(self.matrix, dtype=np.float64), np.asarray(self.max_conc, dtype=np.float64)
-        if m.shape != (3, 2) or c.shape != (2,) or not (np.all(np.isfinite(m)) and np.all(c > 0)):
-            raise ValueError(
-                f"a stain target needs a finite (3, 2) matrix and 2 positive maxima, got matrix="
-                f"{self.matrix!r} max_conc={self.max_conc!r}"
-            )
+        problem = records_check.stain_problem(self.matrix, self.max_conc)
+        if problem is not None:
+            raise OptionError(f"invalid StainTarget: {problem}")
 
     @classmethod
     def of_record(cls, record: SlideRecord) -> StainTarget:
         """The stain the build recorded for one slide (to normalise every slide to that one).
 
         Raises:
-            ValueError: the record has no stain (a failed slide, or a build made before stains were recorded).
+            ValueError: the record has no stain (a failed slide, or a build made before stains were recorded), or
+                one that cannot normalise (naming the slide and the field).
         """
         if not record.stain:
             raise ValueError(f"slide {record.slide_id!r} has no stain in its record (status {record.status})")
-        return cls(_pairs(record.stain["matrix"]), _pair(record.stain["max_conc"]))
+        problem = records_check.record_problem(record.stain)
+        if problem is not None:
+            raise ValueError(f"slide {record.slide_id!r}'s recorded stain cannot be a target: {problem}")
+        return cls(records_check.pairs(record.stain["matrix"]), records_check.pair(record.stain["max_conc"]))
 
     @classmethod
     def of_build(cls, records: Sequence[SlideRecord]) -> StainTarget:
-        """The median of the build's fitted slides (each vector made unit again).
+        """The median of the build's fitted slides (each vector made unit again); a record whose stain cannot
+        normalise is left out.
 
         Raises:
-            ValueError: no slide of ``records`` has a fitted stain.
+            ValueError: no slide of ``records`` has a fitted stain that can normalise.
         """
-        fitted = [r.stain for r in records if r.stain.get("source") == "fitted"]
-        if not fitted:
-            raise ValueError(f"none of the {len(records)} slides has a fitted stain")
-        m = np.median(np.array([f["matrix"] for f in fitted], dtype=np.float64), axis=0)  # (3, 2)
+        usable = records_check.usable_fitted(records)
+        if not usable:
+            raise ValueError(f"none of the {len(records)} slides has a fitted stain that can normalise")
+        m = np.median(np.array([f["matrix"] for f in usable], dtype=np.float64), axis=0)  # (3, 2)
         m = m / np.linalg.norm(m, axis=0, keepdims=True)
-        c = np.median(np.array([f["max_conc"] for f in fitted], dtype=np.float64), axis=0)
-        return cls(_pairs(m.tolist()), _pair(c.tolist()))
-
-
-def _pairs(rows: Sequence[Sequence[float]]) -> tuple[tuple[float, float], ...]:
-    return tuple(_pair(r) for r in rows)
-
-
-def _pair(values: Sequence[float]) -> tuple[float, float]:
-    a, b = values
-    return float(a), float(b)
+        c = np.median(np.array([f["max_conc"] for f in usable], dtype=np.float64), axis=0)
+        return cls(records_check.pairs(m.tolist()), records_check.pair(c.tolist()))
 
 
 class StainTable:
     """The build's per-slide stain matrices on a device, looked up by slide id (from each sample's ``.json``).
+
+    A slide whose recorded stain cannot normalise (:mod:`wsishard.streaming.stainrecords`: a zero or NaN matrix, a
+    maximum of 0 or NaN, a matrix of another shape) is normalised as the reference H&E, as the build records a slide
+    it cannot fit; one warning says how many, naming the first slides and fields, and :attr:`unusable` holds
+    ``{slide_id: what is wrong}``.
 
     Raises:
         KeyError: (from :meth:`rows`) a sample of a slide the table does not hold.
     """
 
     def __init__(self, records: Sequence[SlideRecord], device: torch.device | str = "cpu") -> None:
-        stained = [r for r in records if r.stain]
-        self.index = {r.slide_id: i for i, r in enumerate(stained)}
-        self.matrix = torch.tensor([r.stain["matrix"] for r in stained], dtype=torch.float32, device=device).view(
-            -1, 3, 2
-        )
-        self.max_conc = torch.tensor([r.stain["max_conc"] for r in stained], dtype=torch.float32, device=device).view(
-            -1, 2
-        )
-        self.pinv = torch.linalg.pinv(self.matrix.double()).float() if stained else self.matrix.transpose(1, 2)
+        ids, stains, self.unusable = records_check.table_rows(records, (_REFERENCE_MATRIX, _REFERENCE_MAX_CONC))
+        if self.unusable:
+            logger.warning("StainTable: %s", records_check.unusable_line(self.unusable, len(ids)))
+        self.index = {slide: i for i, slide in enumerate(ids)}
+        self.matrix = torch.tensor([m for m, _ in stains], dtype=torch.float32, device=device).view(-1, 3, 2)
+        self.max_conc = torch.tensor([c for _, c in stains], dtype=torch.float32, device=device).view(-1, 2)
+        self.pinv = torch.linalg.pinv(self.matrix.double()).float() if stains else self.matrix.transpose(1, 2)
 
     @classmethod
     def from_build(cls, source: str, device: torch.device | str = "cpu", **storage_options: object) -> StainTable:
@@ -142,7 +149,7 @@ class StainTable:
         if self.matrix.device == torch.device(device):
             return self
         table = object.__new__(StainTable)
-        table.index = self.index
+        table.index, table.unusable = self.index, self.unusable
         table.matrix, table.max_conc, table.pinv = (t.to(device) for t in (self.matrix, self.max_conc, self.pinv))
         return table
 
@@ -152,13 +159,13 @@ class StainTable:
         Raises:
             KeyError: a slide id not in the table (another build, or one made before stains were recorded).
         """
-        try:
-            rows = [self.index[s] for s in slide_ids]
-        except KeyError as exc:
+        missing = [s for s in slide_ids if not isinstance(s, str) or s not in self.index]  # None: no slide_id
+        if missing:
             raise KeyError(
-                f"slide {exc.args[0]!r} has no stain matrix in the table: a sample of another build, "
+                f"slide {missing[0]!r} has no stain matrix in the table: a sample of another build, "
                 "or of a build made before wsishard recorded stains"
-            ) from None
+            )
+        rows = [self.index[s] for s in slide_ids]
         return torch.tensor(rows, dtype=torch.int64).to(self.matrix.device, non_blocking=True)
 
 
