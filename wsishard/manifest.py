@@ -5,6 +5,7 @@ every other format rule are :mod:`wsishard.format`'s."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -45,6 +46,7 @@ class ShardRecord:
     bytes: int
     sha256: str
     slides: int = 0  # distinct slides in the shard
+    index_sha256: str = ""  # content digest of its .idx.npz (shards/index.py index_digest); "": not recorded
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,6 +99,7 @@ class Manifest:
     version: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
     slides_file: str = ""
+    index_sha256: str = ""  # content digest of the index summary (index.npz) written with it; "": not recorded
 
     @property
     def total_samples(self) -> int:
@@ -161,6 +164,8 @@ class Manifest:
                 f"slides_file is {_shown(manifest.slides_file)}, not a slide records file name like {SLIDES_NAME}",
             )
         check_shard_records(manifest.shards, location)
+        if not is_digest(manifest.index_sha256):
+            raise ManifestError(location, f"index_sha256 is {_shown(manifest.index_sha256)}, not a sha256")
         return manifest
 
     @classmethod
@@ -261,6 +266,15 @@ def check_shard_records(shards: list[ShardRecord], location: str) -> None:
             value = getattr(rec, count)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ManifestError(location, f"shard entry {i} ({rec.name}) has {count} {value!r}, not a count")
+        if not is_digest(rec.index_sha256):
+            raise ManifestError(
+                location, f"shard entry {i} ({rec.name}) has index_sha256 {_shown(rec.index_sha256)}, not a sha256"
+            )
+
+
+def is_digest(value: object) -> bool:
+    """True for a sha256 in hex (64 lower-case hex digits), or "" (none recorded)."""
+    return isinstance(value, str) and (value == "" or re.fullmatch(r"[0-9a-f]{64}", value) is not None)
 
 
 def _shown(value: object) -> str:

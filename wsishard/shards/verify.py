@@ -13,6 +13,7 @@ list, and temporary files of an interrupted build, are warnings.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import tarfile
@@ -30,8 +31,11 @@ from wsishard.format import (
 from wsishard.manifest import ShardRecord
 from wsishard.progress import ProgressCallback, ignore_progress
 from wsishard.shards.hashing import HashingFile
+from wsishard.shards.index import index_name
 from wsishard.shards.reader import group_members
 from wsishard.shards.samplerules import SampleRules, sample_problems
+from wsishard.shards.summary import SUMMARY_NAME
+from wsishard.shards.verify_index import Counts, check_index, summary_problems
 from wsishard.storage.opener import StreamOpener, list_names, load_manifest
 from wsishard.storage.output import Destination
 from wsishard.storage.secrets import describe, redact
@@ -80,12 +84,15 @@ class VerifyReport:
 
 @dataclass(frozen=True)
 class ShardCheck:
-    """One shard as read: samples counted, bytes read, and how it differs from the manifest (empty: it matches)."""
+    """One shard as read: samples counted, bytes read, and how it differs from the manifest (empty: it matches);
+    ``keys_sha256`` of its keys in order (None: not read whole), ``counts`` its index's (None: no usable index)."""
 
     name: str
     samples: int
     nbytes: int
     reasons: list[str]
+    keys_sha256: str | None = None
+    counts: Counts | None = None
 
 
 def verify(
@@ -119,8 +126,10 @@ def verify(
     problems = [(name, "listed more than once in the manifest") for name in _duplicates(manifest.shards)]
     results: dict[str, ShardCheck] = {}  # by name: duplicates are read twice, reported once
     done, done_bytes, total_bytes = 0, 0, manifest.total_bytes
+    summary = _read_or_none(opener, join(root, SUMMARY_NAME))
+    indexed = summary is not None or bool(manifest.index_sha256)
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="wsishard-verify") as pool:
-        futures = [pool.submit(check_shard, join(root, rec.name), rec, opener, rules) for rec in manifest.shards]
+        futures = [pool.submit(_check_with_index, root, rec, opener, rules, indexed) for rec in manifest.shards]
         for future in as_completed(futures):
             result = future.result()
             results[result.name] = result
@@ -129,6 +138,7 @@ def verify(
             progress(VerifyProgress(done, len(futures), done_bytes, total_bytes))
     listed = dict.fromkeys(rec.name for rec in manifest.shards)  # manifest order, each name once
     problems += [(name, "; ".join(results[name].reasons)) for name in listed if results[name].reasons]
+    problems += summary_problems(manifest, summary, [results[rec.name].counts for rec in manifest.shards], indexed)
     return VerifyReport(
         output=redact(output, storage_options),
         shards_checked=len(manifest.shards),
@@ -151,12 +161,13 @@ def check_shard(
     except OSError as exc:
         return ShardCheck(record.name, 0, 0, [f"cannot be opened ({describe(exc)})"])
     hashing = HashingFile(stream)
-    samples, reasons = 0, []
+    samples, reasons, keys = 0, [], hashlib.sha256()
     found: dict[str, tuple[int, str, str]] = {}  # sample problem -> (samples, first key, its detail)
     try:
         try:
             for key, members in _samples(hashing):
                 samples += 1
+                keys.update(key.encode("utf-8", "surrogateescape") + b"\n")
                 for problem, detail in sample_problems(key, members, rules):
                     count, first, first_detail = found.get(problem, (0, key, detail))
                     found[problem] = (count + 1, first, first_detail)
@@ -175,7 +186,16 @@ def check_shard(
     reasons += _compare(record, samples, hashing.nbytes, hashing.hexdigest())
     for problem, (count, key, detail) in found.items():
         reasons.append(f"{count} {problem} (first: {key[:120]!r}{', ' + detail if detail else ''})")
-    return ShardCheck(record.name, samples, hashing.nbytes, reasons)
+    return ShardCheck(record.name, samples, hashing.nbytes, reasons, None if reasons else keys.hexdigest())
+
+
+def _check_with_index(
+    root: str, record: ShardRecord, opener: Callable[[str], IO[bytes]], rules: SampleRules, indexed: bool
+) -> ShardCheck:
+    """:func:`check_shard`, then the shard's index against it (:func:`~wsishard.shards.verify_index.check_index`)."""
+    shard = check_shard(join(root, record.name), record, opener, rules)
+    more, counts = check_index(join(root, index_name(record.name)), record, shard.keys_sha256, opener, indexed)
+    return dataclasses.replace(shard, reasons=shard.reasons + more, counts=counts)
 
 
 def recorded_shard_damage(
@@ -223,6 +243,16 @@ def _samples(fileobj: HashingFile) -> Iterator[tuple[str, dict[str, bytes]]]:
 def _head(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
     data = tar.extractfile(member)
     return data.read(_MAX_READ) if data is not None else b""
+
+
+def _read_or_none(opener: Callable[[str], IO[bytes]], location: str) -> bytes | None:
+    """The bytes at ``location``, or None where there is no such file (or it cannot be read: the summary check
+    then reports it missing only where the manifest says the build wrote one)."""
+    try:
+        with opener(location) as fh:
+            return fh.read()
+    except OSError:
+        return None
 
 
 def _duplicates(shards: list[ShardRecord]) -> list[str]:
