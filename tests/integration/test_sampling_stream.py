@@ -102,6 +102,20 @@ def test_a_mapping_and_a_function_weigh_samples(out: sm.Output) -> None:
     assert abs(share - 3 / 7) < 0.03
 
 
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [(3e307, 1e307), (1e308, 1e308 / 3), (3e-320, 1e-320), ({1: 1e308, 0: 1e308 / 3}, None)],
+    ids=["near max", "at max", "subnormal", "mapping"],
+)
+def test_finite_extreme_weights_draw_by_their_ratios(out: sm.Output, one: Any, other: Any) -> None:
+    """Issue 42: weights of 1e308 a sample overflowed a shard's total (``cannot convert float NaN to integer``)."""
+    weights = one if other is None else (lambda t: np.where(t["label"] == 1, one, other))
+    ds = stream(out.root, batch_size=10, weights=weights, seed=4, world=World(rank=0, world_size=1))
+    keys = _draw(ds, World(), 4_000)
+    share = sum(out.labels[k] for k in keys) / len(keys)  # 84 x 3 against 336 x 1: 3/7 of the draws
+    assert len(keys) == 4_000 and abs(share - 3 / 7) < 0.03
+
+
 def test_proportions_mix_sources(out: sm.Output, tmp_path: Path) -> None:
     other = sm.make_output(str(tmp_path / "b"), (30, 30), slides=2, slide_prefix="other", seed=1)
     index_build(other.root)

@@ -20,6 +20,7 @@ from wsishard.shards.summary import SUMMARY_NAME, Summary
 from wsishard.storage.opener import read_bytes
 from wsishard.storage.secrets import redact
 from wsishard.storage.urls import StorageOptions, join
+from wsishard.streaming import sampling
 from wsishard.streaming.stages import Opener
 
 if TYPE_CHECKING:
@@ -75,7 +76,8 @@ def scan_shared(
     plan: SamplingPlan, opener: Opener, n_labels: int, share: Share | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per shard its selected samples per label (n, L), per slide (in CSR order) and its total weight under a
-    weight function, from every shard index. With ``share`` (``(rank, size, sum)``: ``sum`` adds an array over the
+    weight function (relative: the largest shard's is 1, so that weights of 1e308 a sample cannot overflow), from
+    every shard index. With ``share`` (``(rank, size, sum)``: ``sum`` adds an array over the
     ``size`` processes, each calling it with the same shape) this process reads shards ``rank::size`` only, and an
     error on any process (an index that does not match its shard, a bad ``select``) is raised on every process: the
     sum carries a flag per process, so none waits in the collective for one that failed.
@@ -96,7 +98,7 @@ def scan_shared(
     if failed is not None and (total is None or size == 1):
         raise failed.error
     if total is None or size == 1:
-        return label_counts, slide_count, totals
+        return label_counts, slide_count, sampling.from_log_totals(totals)
     # each entry is non-zero on exactly one process: the sums are exact and the same everywhere
     flags = np.zeros(size)  # per process: 0 ok, else +-(1 + the shard it failed on); + for an index's fault
     if failed is not None:
@@ -107,7 +109,7 @@ def scan_shared(
     return (
         flat[: label_counts.size].astype(np.int64).reshape(label_counts.shape),
         flat[label_counts.size : cut].astype(np.int64),
-        flat[cut:-size],
+        sampling.from_log_totals(flat[cut:-size]),
     )
 
 
@@ -144,8 +146,8 @@ def _scan_mine(
                 )
                 lo, hi = int(plan.slide_ptr[s]), int(plan.slide_ptr[s + 1])
                 slide_count[lo:hi] = np.bincount(index.columns["slide"][mask], minlength=hi - lo)[: hi - lo]
-                if callable(plan.weights):
-                    totals[s] = float(plan.sample_weights(s, index, table)[mask].sum())
+                if callable(plan.weights):  # its log: 1e308 a sample would overflow a sum
+                    totals[s] = sampling.log_total(plan.sample_weights(s, index, table)[mask])
             except (ShardError, ValueError) as exc:
                 raise _ScanFailure(s, exc) from exc
 
