@@ -111,15 +111,18 @@ def _weighted_totals(
     slide_count: np.ndarray,
     slides: int,
     totals: np.ndarray,
+    where: str = "the stream",
 ) -> np.ndarray:
     """Each shard's weight in all under ``weights`` (a weight function's ``totals`` come from the scan); the
-    per-slide or per-label weights are set on ``plan``."""
+    per-slide or per-label weights are set on ``plan``. ``where`` names the sources in messages."""
     if callable(weights):
         return totals
     if weights == "slide":
         per_slide = np.bincount(plan.slide_global, weights=slide_count, minlength=slides)
         object.__setattr__(plan, "slide_weight", sampling.inverse(per_slide))
         return sampling.csr_totals(plan.slide_ptr, slide_count * plan.slide_weight[plan.slide_global])
+    if weights == "class":
+        sampling.check_classes(plan.labels, label_counts.sum(axis=0), where)
     label_weight = sampling.label_weights(plan.labels, label_counts.sum(axis=0), weights)
     object.__setattr__(plan, "label_weight", label_weight)
     return label_counts @ label_weight
@@ -177,7 +180,8 @@ def plan_sampling(
         plan.selected[:] = label_counts.sum(axis=1)
     if weights is None:
         return plan
-    totals = _weighted_totals(plan, weights, label_counts, slide_count, int(offsets[-1]), totals)
+    where = ", ".join(src.where for src in sources)
+    totals = _weighted_totals(plan, weights, label_counts, slide_count, int(offsets[-1]), totals, where)
     per_source = np.bincount(source_of, weights=totals, minlength=len(sources))
     scales = sampling.proportion_scales(per_source, proportions)[source_of]
     plan.scales[:] = scales
