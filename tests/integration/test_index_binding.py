@@ -130,9 +130,9 @@ def _unbind(out: sm.Output) -> None:
     """The manifest as a wsishard before the binding wrote it: no digests."""
     path = Path(out.root) / "manifest.json"
     data = json.loads(path.read_text())
-    data.pop("index_sha256")
+    data.pop("index_sha256", None)
     for rec in data["shards"]:
-        rec.pop("index_sha256")
+        rec.pop("index_sha256", None)
     path.write_text(json.dumps(data))
 
 
@@ -173,3 +173,26 @@ def test_a_build_records_its_index_digests_and_a_rerun_writes_a_deleted_index_ag
     assert lost.exists() and load_index(lost.read_bytes()).digest == manifest.shards[1].index_sha256
     assert again.shards == manifest.shards and again.index_sha256 == manifest.index_sha256
     assert verify(str(out)).ok
+
+
+def test_a_shard_replaced_under_its_index_is_an_error_not_a_silent_drop(bound: sm.Output, tmp_path: Path) -> None:
+    """The same class of failure the other way round: the index intact, the shard another of the same count."""
+    other = _made(tmp_path / "other", prefix="case")
+    name = bound.manifest.shards[1].name
+    shutil.copyfile(Path(other.root) / name, Path(bound.root) / name)
+    with pytest.raises(ShardError, match=rf"{name}: lacks 40 sample\(s\) its index lists"):
+        _selected_epoch(bound.root)
+    assert "sha256 differs from the manifest" in _problems(bound.root)
+
+
+def test_an_index_whose_label_column_disagrees_with_its_own_counts_is_refused(bound: sm.Output) -> None:
+    """Without a digest (an older build) an edited label column still shows against the index's own counts."""
+    _unbind(bound)
+    path = _idx(bound, 0)
+    with np.load(path, allow_pickle=False) as npz:
+        labels = npz["label"].copy()
+    labels[labels == 0] = 1
+    _rewrite_npz(path, label=labels)
+    with pytest.raises(IndexFileError, match=rf"{path.name}: its label counts differ from its label column"):
+        _selected_epoch(bound.root)
+    assert "its label counts differ from its label column" in _problems(bound.root)

@@ -278,4 +278,19 @@ def load_index(data: bytes, location: str = "<index>") -> ShardIndex:
     names = arrays.get("slide_names", np.zeros(0, "S1"))
     if len(key) and (columns["slide"].min() < 0 or columns["slide"].max() >= len(names)):
         raise IndexFileError(location, "index slide column points outside its slide names")
+    _check_own_counts(arrays, columns, len(names), location)
     return ShardIndex(columns, key, names, index_digest(arrays))
+
+
+def _check_own_counts(
+    arrays: Mapping[str, np.ndarray], columns: Mapping[str, np.ndarray], slides: int, where: str
+) -> None:
+    """Raises IndexFileError where the index's own counts (``labels``/``label_counts``, ``slide_counts``: what the
+    summary is made of) differ from its columns: one edited without the other."""
+    if "labels" in arrays and "label_counts" in arrays:
+        labels, counts = np.unique(columns["label"], return_counts=True)
+        if not (np.array_equal(labels, arrays["labels"]) and np.array_equal(counts, arrays["label_counts"])):
+            raise IndexFileError(where, "its label counts differ from its label column (edited?)")
+    own = arrays.get("slide_counts")
+    if own is not None and not np.array_equal(np.bincount(columns["slide"], minlength=slides), own):
+        raise IndexFileError(where, "its slide counts differ from its slide column (edited?)")
