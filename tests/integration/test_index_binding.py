@@ -196,3 +196,57 @@ def test_an_index_whose_label_column_disagrees_with_its_own_counts_is_refused(bo
     with pytest.raises(IndexFileError, match=rf"{path.name}: its label counts differ from its label column"):
         _selected_epoch(bound.root)
     assert "its label counts differ from its label column" in _problems(bound.root)
+
+
+def _split_scan(out: sm.Output, select: Any) -> list[str]:
+    """``plan_sampling`` as 2 ranks of a split scan would run it, in 2 threads whose sum waits for both: what each
+    raised."""
+    import threading
+
+    from wsishard.storage.opener import StreamOpener
+    from wsishard.streaming.selection import Source, plan_sampling
+
+    manifest, root = load_manifest(out.root, slides=False)
+    barrier, parts, errors = threading.Barrier(2, timeout=30), [None, None], ["", ""]
+
+    def rank(r: int) -> None:
+        def total(a: np.ndarray) -> np.ndarray:
+            parts[r] = a
+            barrier.wait()
+            return parts[0] + parts[1]  # type: ignore[operator]
+
+        try:
+            plan_sampling(
+                [Source(root, manifest, root)],
+                select=select,
+                weights=None,
+                proportions=None,
+                storage_options=None,
+                opener=StreamOpener(),
+                share=(r, 2, total),
+            )
+        except (ShardError, ValueError) as exc:
+            errors[r] = f"{type(exc).__name__}: {exc}"
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank hangs in the scan's sum"
+    return errors
+
+
+def test_a_select_failing_on_one_rank_of_a_split_scan_is_raised_on_both(bound: sm.Output) -> None:
+    bad = bound.manifest.shards[1].name  # rank 1's
+
+    def select(t: Any) -> np.ndarray:
+        return t["label"] >= 0 if t["shard"][0] != bad else t["label"]  # int64 there: not a mask
+
+    errors = _split_scan(bound, select)
+    assert errors[1].startswith("ValueError: select= must return a bool array") and index_name(bad) in errors[1]
+    assert errors[0] == (
+        f"ValueError: rank 1 failed scanning {Path(bound.root) / index_name(bad)} (select= or weights=: its error "
+        "says why)"
+    )
+    assert _split_scan(bound, lambda t: t["label"] >= 0) == ["", ""]
