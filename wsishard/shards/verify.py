@@ -7,8 +7,9 @@ and counted while the standard library's ``tarfile`` walks the members in stream
 as runs of members sharing a key, as the stream reader counts them. A shard that is missing, truncated, altered
 (even zero-filled to its original length, which a tar reader takes for a clean end) or that holds another
 number of samples is a problem. So is a shard with a sample that does not match the options
-(:class:`~wsishard.shards.samplerules.SampleRules`). ``shard-*.tar`` files that the manifest does not
-list, and temporary files of an interrupted build, are warnings.
+(:class:`~wsishard.shards.samplerules.SampleRules`), or whose per-sample index does not match it or the manifest
+(:mod:`~wsishard.shards.verify_index`), and an index summary that does not. ``shard-*.tar`` files that the manifest
+does not list, and temporary files of an interrupted build, are warnings.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ class VerifyReport:
         shards_checked: shards the manifest lists (every one was read, or found missing).
         samples_checked: samples counted in the shards read.
         bytes_checked: bytes read.
-        problems: ``(shard name, reason)`` for every shard that does not match the manifest.
+        problems: ``(shard name, reason)`` for every shard that does not match the manifest (its index's problems
+            among them), and ``("index.npz", reason)`` for an index summary that does not.
         warnings: ``(file name, reason)`` for stray or temporary files, or a folder that could not be listed.
     """
 
@@ -111,7 +113,8 @@ def verify(
         jobs: shards read at the same time (threads).
 
     Returns:
-        The report; ``report.ok`` is False when any shard is missing, truncated, altered or miscounted.
+        The report; ``report.ok`` is False when any shard is missing, truncated, altered or miscounted, or an index
+        (or the summary) is missing where the build wrote one, or does not match its shard or the manifest.
 
     Raises:
         ManifestError: the manifest is missing or unreadable, names a shard that is no shard file name, or
