@@ -36,6 +36,12 @@ def shard_of(location: str) -> str:
 
 
 def read_summary(src: Source, storage_options: StorageOptions | None) -> Summary:
+    """The index summary of ``src``, checked against its manifest (shards, per-shard counts, digest).
+
+    Raises:
+        ManifestError: ``src`` has none (built by a wsishard without indexes).
+        IndexFileError: it is unreadable, or lists other shards, counts or a digest than the manifest records.
+    """
     location = join(src.root, SUMMARY_NAME)
     try:
         data = read_bytes(location, storage_options)
