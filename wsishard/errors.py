@@ -194,6 +194,19 @@ class ShardError(_Located, OSError):
         return self.where
 
 
+class IndexFileError(ShardError, ValueError):
+    """A shard's per-sample index (``.idx.npz``) or the index summary (``index.npz``) is unreadable, or does not
+    match its shard or the manifest (another shard's or build's index, or edited): a :class:`ShardError` that names
+    the index file, and a ``ValueError`` as a bad file's content.
+
+    Attributes:
+        shard: the index file's name or URL.
+        reason: what is wrong with it.
+    """
+
+    _label = "index "
+
+
 class ManifestError(_Located, ValueError):
     """A manifest is missing, unreadable, of another format version, or inconsistent.
 

@@ -54,6 +54,7 @@ class ShardRecord:
     bytes: int
     sha256: str
     slides: int = 0  # distinct slides in the shard
+    index_sha256: str = ""  # content digest of its .idx.npz (shards/index.py index_digest); "": not recorded
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +107,7 @@ class Manifest:
     version: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
     slides_file: str = ""
+    index_sha256: str = ""  # content digest of the index summary (index.npz) written with it; "": not recorded
 
     @property
     def total_samples(self) -> int:
@@ -171,6 +173,8 @@ class Manifest:
                 f"slides_file is {_shown(manifest.slides_file)}, not a slide records file name like {SLIDES_NAME}",
             )
         check_shard_records(manifest.shards, location)
+        if not is_digest(manifest.index_sha256):
+            raise ManifestError(location, f"index_sha256 is {_shown(manifest.index_sha256)}, not a sha256")
         return manifest
 
     @classmethod
@@ -320,6 +324,15 @@ def check_shard_records(shards: list[ShardRecord], location: str) -> None:
             raise ManifestError(
                 location, f"shard entry {i} ({rec.name}) has sha256 {_shown(rec.sha256)}, not 64 hex digits"
             )
+        if not is_digest(rec.index_sha256):
+            raise ManifestError(
+                location, f"shard entry {i} ({rec.name}) has index_sha256 {_shown(rec.index_sha256)}, not a sha256"
+            )
+
+
+def is_digest(value: object) -> bool:
+    """True for a sha256 in hex (64 lower-case hex digits), or "" (none recorded)."""
+    return isinstance(value, str) and (value == "" or re.fullmatch(r"[0-9a-f]{64}", value) is not None)
 
 
 def _check_top(manifest: Manifest, location: str) -> None:

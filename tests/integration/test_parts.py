@@ -99,7 +99,7 @@ def test_the_manifest_holds_the_shard_index_and_the_slide_records_lie_beside_it(
     head = json.loads((cohort_build / MANIFEST_NAME).read_text())
     assert (head["format"], head["version"], head["slides_file"]) == ("wsishard", 3, SLIDES_NAME)
     assert "slides" not in head and head["totals"]["slides"] == 8
-    assert set(head["shards"][0]) == {"name", "samples", "bytes", "sha256", "slides"}
+    assert set(head["shards"][0]) == {"name", "samples", "bytes", "sha256", "slides", "index_sha256"}
     records = parse_slide_lines((cohort_build / SLIDES_NAME).read_text())
     assert len(records) == len((cohort_build / SLIDES_NAME).read_text().splitlines()) == 8
     index, _ = load_manifest(str(cohort_build), slides=False)  # what a stream reads at start-up

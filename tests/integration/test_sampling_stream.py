@@ -102,6 +102,40 @@ def test_a_mapping_and_a_function_weigh_samples(out: sm.Output) -> None:
     assert abs(share - 3 / 7) < 0.03
 
 
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [(3e307, 1e307), (1e308, 1e308 / 3), (3e-320, 1e-320), ({1: 1e308, 0: 1e308 / 3}, None)],
+    ids=["near max", "at max", "subnormal", "mapping"],
+)
+def test_finite_extreme_weights_draw_by_their_ratios(out: sm.Output, one: Any, other: Any) -> None:
+    """Issue 42: weights of 1e308 a sample overflowed a shard's total (``cannot convert float NaN to integer``)."""
+    weights = one if other is None else (lambda t: np.where(t["label"] == 1, one, other))
+    ds = stream(out.root, batch_size=10, weights=weights, seed=4, world=World(rank=0, world_size=1))
+    keys = _draw(ds, World(), 4_000)
+    share = sum(out.labels[k] for k in keys) / len(keys)  # 84 x 3 against 336 x 1: 3/7 of the draws
+    assert len(keys) == 4_000 and abs(share - 3 / 7) < 0.03
+
+
+def test_class_weights_leave_unlabelled_samples_out_and_say_how_many(tmp_path: Path, caplog: Any) -> None:
+    """Issue 43: with 4 of 5 slides labelled, -1 was drawn as a class of its own (a third of the draws)."""
+    part = sm.make_output(str(tmp_path / "part"), (60, 45, 70), slides=5, slide_labels=(0, 0, 0, 1, -1))
+    index_build(part.root)
+    with caplog.at_level(logging.WARNING, logger="wsishard.streaming.dataset"):
+        ds = stream(part.root, batch_size=10, weights="class", seed=3, world=World(rank=0, world_size=1))
+    assert 'weights="class" leaves out 35 of 175 samples, unlabelled (-1)' in caplog.text
+    drawn = collections.Counter(part.labels[k] for k in _draw(ds, World(), 4_000))
+    assert set(drawn) == {0, 1} and abs(drawn[1] / 4_000 - 0.5) < 0.03
+
+
+def test_class_weights_are_refused_on_a_build_without_labels(tmp_path: Path) -> None:
+    """Issue 43: a build without labels silently drew only -1."""
+    plain = sm.make_output(str(tmp_path / "plain"), (20, 30), labelled=False)
+    index_build(plain.root)
+    with pytest.raises(ValueError, match=r'weights="class" needs labels, and none of the 50 samples of .*plain'):
+        stream(plain.root, batch_size=4, weights="class")
+    assert len(_keys(itertools.islice(stream(plain.root, batch_size=4, weights="slide"), 5))) == 20  # others work
+
+
 def test_proportions_mix_sources(out: sm.Output, tmp_path: Path) -> None:
     other = sm.make_output(str(tmp_path / "b"), (30, 30), slides=2, slide_prefix="other", seed=1)
     index_build(other.root)

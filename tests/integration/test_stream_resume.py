@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -188,6 +189,19 @@ def test_a_damaged_state_is_refused_naming_its_field(out: sm.Output, field: str,
 @pytest.mark.parametrize("state", ["epoch 3", None, 7, [], {"format": "wsishard-loader-state"}, ["x"]])
 def test_what_is_no_state_at_all_is_refused(out: sm.Output, state: Any) -> None:
     with pytest.raises(ValueError, match="loader state"):
+        _loader(out.root, 2).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ([0, 3], "a list whose item 0 is an int, not a state (a dict); give this rank's state_dict(), or a list"),
+        (7, "not a wsishard loader state: an int, not a dict"),
+    ],
+)
+def test_a_list_or_number_where_a_state_belongs_says_what_it_got(out: sm.Output, state: Any, message: str) -> None:
+    """Issue 42: a list of numbers was refused as 'a int, not a dict', naming neither the list nor what to give."""
+    with pytest.raises(ValueError, match=re.escape(message)):
         _loader(out.root, 2).load_state_dict(state)
 
 

@@ -48,6 +48,20 @@ def test_shard_counts_must_be_counts() -> None:
             Manifest.from_dict(data)
 
 
+def test_index_digests_are_sha256_or_absent() -> None:
+    data = _manifest(["shard-000000.tar"])
+    assert Manifest.from_dict(data).shards[0].index_sha256 == "" and Manifest.from_dict(data).index_sha256 == ""
+    data["shards"][0]["index_sha256"] = data["index_sha256"] = "ab" * 32
+    back = Manifest.from_dict(Manifest.from_dict(data).to_dict())
+    assert back.shards[0].index_sha256 == back.index_sha256 == "ab" * 32  # round trip
+    for where in ("shard", "top"):
+        for bad in (7, "AB" * 32, "ab" * 31, None):
+            broken = _manifest(["shard-000000.tar"])
+            (broken["shards"][0] if where == "shard" else broken)["index_sha256"] = bad
+            with pytest.raises(ManifestError, match=r"index_sha256 .* not a sha256"):
+                Manifest.from_dict(broken)
+
+
 def test_expected_patch_size_comes_from_the_options() -> None:
     manifest = Manifest.from_dict(_manifest(["shard-000000.tar"], {"patch": {"patch_size_px": 224}}))
     assert expected_patch_size(manifest, "m") == 224

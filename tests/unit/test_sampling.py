@@ -74,9 +74,23 @@ def test_class_and_mapping_and_slide_weights() -> None:
     labels, counts = np.array([0, 1]), np.array([800, 200])
     w = sampling.label_weights(labels, counts, "class")
     assert (counts * w).tolist() == pytest.approx([1.0, 1.0])  # each label the same total
-    assert sampling.label_weights(labels, counts, {1: 2.0}).tolist() == [0.0, 2.0]
+    assert sampling.label_weights(labels, counts, {1: 2.0}).tolist() == [0.0, 1.0]  # relative: the largest 1
+    assert sampling.label_weights(labels, counts, {0: 1e308, 1: 4e307}).tolist() == pytest.approx([1.0, 0.4])
     assert sampling.inverse(np.array([4, 0, 2])).tolist() == [0.25, 0.0, 0.5]
     assert sampling.csr_totals(np.array([0, 2, 2, 5]), np.arange(5.0)).tolist() == [1.0, 0.0, 9.0]
+
+
+def test_log_totals_and_draws_keep_the_ratios_of_finite_extremes() -> None:
+    """Issue 42: a sum of weights of 1e308 overflowed to inf (then NaN draws); 1e-320 each lost the ratios."""
+    logs = np.array([sampling.log_total(np.full(1000, 1e308)), sampling.log_total(np.full(500, 1e308)), -np.inf])
+    assert sampling.from_log_totals(logs).tolist() == pytest.approx([1.0, 0.5, 0.0])
+    assert sampling.from_log_totals(np.array([sampling.log_total(np.full(4, 1e-320)), np.log(8e-320)])).tolist() == (
+        pytest.approx([0.5, 1.0], rel=1e-3)
+    )
+    assert sampling.from_log_totals(np.array([-np.inf, -np.inf])).tolist() == [0.0, 0.0]
+    rng = np.random.default_rng(0)
+    counts = sampling.draw_counts(np.array([1e308, 1e308, 0.0]), 10_000, rng)
+    assert counts.sum() == 10_000 and counts[2] == 0 and abs(counts[0] - 5_000) < 300
 
 
 def test_proportions_scale_each_source_to_its_share() -> None:

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from wsishard.errors import ManifestError
+from wsishard.errors import IndexFileError
 from wsishard.shards.index import IndexWriter, index_name, index_shard, load_index
 from wsishard.shards.reader import group_members, tar_members
 from wsishard.shards.summary import Summary, combine, is_summary_name, per_shard, summary_name
@@ -66,9 +66,9 @@ def test_a_sample_without_cls_takes_its_json_label_or_minus_one() -> None:
 def test_an_index_holding_objects_is_refused_never_unpickled() -> None:
     out = io.BytesIO()
     np.savez(out, version=np.int64(1), key=np.array([object()], dtype=object))
-    with pytest.raises(ManifestError, match="not a shard index"):
+    with pytest.raises(IndexFileError, match=r"^index evil\.idx\.npz: not a shard index"):
         load_index(out.getvalue(), "evil.idx.npz")
-    with pytest.raises(ManifestError, match="not a shard index"):
+    with pytest.raises(IndexFileError, match=r"^index junk\.idx\.npz: not a shard index"):
         load_index(b"not a zip", "junk.idx.npz")
 
 
@@ -90,7 +90,7 @@ def test_an_index_with_narrower_columns_is_read_widened_and_a_wider_or_other_kin
     index = load_index(_rewritten(data, label=np.array([0, 1, 2], np.int32)))
     assert index.columns["label"].dtype == np.int64 and index.columns["label"].tolist() == [0, 1, 2]
     for bad in (np.array([0, 1, 2], np.float64), np.array([0, 1, 2], np.uint64), np.array([0, 1], np.int64)):
-        with pytest.raises(ManifestError, match="index column 'label'"):
+        with pytest.raises(IndexFileError, match="index column 'label'"):
             load_index(_rewritten(data, label=bad), "old.idx.npz")
 
 

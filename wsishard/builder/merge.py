@@ -40,12 +40,13 @@ def merge(output: str, storage_options: StorageOptions | None = None) -> Manifes
     parts = [load_manifest(dest.path(found[i][1]), storage_options)[0] for i in range(1, n + 1)]  # with slides
     manifest = _join(parts, dest.location)
     summaries = [dest.read_bytes(summary_name((i, n))) for i in range(1, n + 1)]
-    write_summary(
+    summary = write_summary(
         dest,
         [s.name for s in manifest.shards],
         summary_name(),
         [Summary.from_bytes(b, dest.path(summary_name((i + 1, n)))) for i, b in enumerate(summaries) if b],
     )
+    manifest = dataclasses.replace(manifest, index_sha256=summary.digest() if summary is not None else "")
     for name, data in manifest_files(manifest):
         dest.write_bytes(name, data)
     return manifest

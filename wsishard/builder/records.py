@@ -65,11 +65,14 @@ def options_dict(options: BuildOptions, *, for_fingerprint: bool = False) -> dic
     return data
 
 
-def write_outputs(dest: Destination, manifest: Manifest, part: tuple[int, int] | None, *, qc: bool) -> None:
+def write_outputs(dest: Destination, manifest: Manifest, part: tuple[int, int] | None, *, qc: bool) -> Manifest:
     """Write what a build writes last: its index summary, then its manifest and slide records (the manifest last of
-    all: an output with a manifest is finished), then (a whole build with ``qc``) its QC page."""
-    write_summary(dest, [s.name for s in manifest.shards], summary_name(part))
+    all: an output with a manifest is finished), then (a whole build with ``qc``) its QC page. Returns the manifest
+    as written (with its summary's digest)."""
+    summary = write_summary(dest, [s.name for s in manifest.shards], summary_name(part))
+    manifest = dataclasses.replace(manifest, index_sha256=summary.digest() if summary is not None else "")
     for name, data in manifest_files(manifest, part):
         dest.write_bytes(name, data)
     if qc and part is None:  # a cluster build's parts would overwrite each other's: inspect --html
         dest.write_bytes(QC_INDEX_NAME, qc_index(manifest).encode())
+    return manifest

@@ -125,7 +125,7 @@ def build(
             early = _scan_all(ctx, annotations, sorted(s for g in mine for s in groups[g]))
             slides, shards = _extract_groups(ctx, [(g, groups[g]) for g in mine], early)
         manifest = make_manifest(sources, options, slides, shards, state.digest, part, len(paths))
-        write_outputs(dest, manifest, part, qc=options.qc)
+        manifest = write_outputs(dest, manifest, part, qc=options.qc)
     return manifest
 
 

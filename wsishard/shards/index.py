@@ -13,6 +13,7 @@ The summary of them all (``index.npz``) is :mod:`wsishard.shards.summary`'s.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import zipfile
@@ -23,7 +24,7 @@ from typing import IO, Any
 import numpy as np
 
 from wsishard import format as fmt
-from wsishard.errors import ManifestError
+from wsishard.errors import IndexFileError
 from wsishard.format import LABEL_EXT, LABEL_RANGE, META_EXT, SHARD_SUFFIX, is_shard_name, split_member
 from wsishard.shards.reader import tar_spans
 
@@ -126,24 +127,44 @@ class IndexWriter:
 
     def to_bytes(self) -> bytes:
         """The index as ``.npz`` bytes (compressed)."""
+        return index_bytes(self.arrays())
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The index's arrays by name, as :func:`index_bytes` writes them and :func:`index_digest` hashes them."""
         rows = self._rows
         columns = {name: np.array([r[i] for r in rows], dtype=dtype) for i, (name, dtype) in enumerate(COLUMNS.items())}
         keys = np.array(self._keys, dtype=f"S{max((len(k) for k in self._keys), default=1)}")
         names = list(self._slides)
         slide_names = np.array([n.encode() for n in names], dtype=f"S{max((len(n) for n in names), default=1)}")
         labels, label_counts = np.unique(columns["label"], return_counts=True)
-        out = io.BytesIO()
-        np.savez_compressed(
-            out,
-            version=np.int64(INDEX_VERSION),
-            key=keys,
-            slide_names=slide_names,
-            slide_counts=np.bincount(columns["slide"], minlength=len(names)).astype(np.int64),
-            labels=labels.astype(np.int64),
-            label_counts=label_counts.astype(np.int64),
-            **columns,  # type: ignore[arg-type]
-        )
-        return out.getvalue()
+        return {
+            "version": np.asarray(INDEX_VERSION, dtype=np.int64),
+            "key": keys,
+            "slide_names": slide_names,
+            "slide_counts": np.bincount(columns["slide"], minlength=len(names)).astype(np.int64),
+            "labels": labels.astype(np.int64),
+            "label_counts": label_counts.astype(np.int64),
+            **columns,
+        }
+
+
+def index_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """``arrays`` as a compressed ``.npz`` file's bytes."""
+    out = io.BytesIO()
+    np.savez_compressed(out, **arrays)  # type: ignore[arg-type]
+    return out.getvalue()
+
+
+def index_digest(arrays: Mapping[str, np.ndarray]) -> str:
+    """The sha256 (hex) of an index's or summary's content: every array by name (sorted), with its dtype and shape.
+    The same arrays give the same digest however the ``.npz`` was zipped (a rebuilt index matches its record); the
+    manifest records it per shard (``index_sha256``) and for the summary, binding each index to its shard."""
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        arr = np.asarray(arrays[name])
+        digest.update(f"{name}\0{arr.dtype.str}\0{arr.shape}\0".encode())
+        digest.update(arr.tobytes())
+    return digest.hexdigest()
 
 
 def _plain_spans(records: bytes) -> list[tuple[str, int, int, bytes | None]] | None:
@@ -183,6 +204,7 @@ class ShardIndex:
     columns: dict[str, np.ndarray]
     key: np.ndarray  # (n,) bytes
     slide_names: np.ndarray  # (slides,) bytes
+    digest: str = ""  # :func:`index_digest` of the file's arrays, as read
 
     def __len__(self) -> int:
         return len(self.key)
@@ -232,18 +254,18 @@ def load_index(data: bytes, location: str = "<index>") -> ShardIndex:
     """Parse a shard index (never unpickling anything).
 
     Raises:
-        ManifestError: not an index (or another version), a column missing or of another length or kind.
+        IndexFileError: not an index (or another version), a column missing or of another length or kind.
     """
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise ManifestError(location, f"not a shard index ({type(exc).__name__}: {exc})") from exc
+        raise IndexFileError(location, f"not a shard index ({type(exc).__name__}: {exc})") from exc
     if (version := arrays.get("version")) is None or int(version) not in (1, INDEX_VERSION):
-        raise ManifestError(location, f"index version {version!r}, this wsishard reads {[1, INDEX_VERSION]}")
+        raise IndexFileError(location, f"index version {version!r}, this wsishard reads {[1, INDEX_VERSION]}")
     key = arrays.get("key")
     if key is None or key.ndim != 1 or key.dtype.kind != "S":
-        raise ManifestError(location, "index has no key column")
+        raise IndexFileError(location, "index has no key column")
     columns = {}
     for name, dtype in COLUMNS.items():
         col = arrays.get(name, arrays.get(_FORMER.get(name, "")))
@@ -251,9 +273,24 @@ def load_index(data: bytes, location: str = "<index>") -> ShardIndex:
             col = np.full(key.shape, np.nan, np.float32)
         want = np.dtype(dtype)  # or a narrower one of its kind (0.2.0's first builds wrote int32 labels): widened
         if col is None or col.shape != key.shape or col.dtype.kind != want.kind or not np.can_cast(col.dtype, want):
-            raise ManifestError(location, f"index column {name!r} is missing, or not {len(key)} {dtype} values")
+            raise IndexFileError(location, f"index column {name!r} is missing, or not {len(key)} {dtype} values")
         columns[name] = col.astype(want, copy=False)
     names = arrays.get("slide_names", np.zeros(0, "S1"))
     if len(key) and (columns["slide"].min() < 0 or columns["slide"].max() >= len(names)):
-        raise ManifestError(location, "index slide column points outside its slide names")
-    return ShardIndex(columns, key, names)
+        raise IndexFileError(location, "index slide column points outside its slide names")
+    _check_own_counts(arrays, columns, len(names), location)
+    return ShardIndex(columns, key, names, index_digest(arrays))
+
+
+def _check_own_counts(
+    arrays: Mapping[str, np.ndarray], columns: Mapping[str, np.ndarray], slides: int, where: str
+) -> None:
+    """Raises IndexFileError where the index's own counts (``labels``/``label_counts``, ``slide_counts``: what the
+    summary is made of) differ from its columns: one edited without the other."""
+    if "labels" in arrays and "label_counts" in arrays:
+        labels, counts = np.unique(columns["label"], return_counts=True)
+        if not (np.array_equal(labels, arrays["labels"]) and np.array_equal(counts, arrays["label_counts"])):
+            raise IndexFileError(where, "its label counts differ from its label column (edited?)")
+    own = arrays.get("slide_counts")
+    if own is not None and not np.array_equal(np.bincount(columns["slide"], minlength=slides), own):
+        raise IndexFileError(where, "its slide counts differ from its slide column (edited?)")

@@ -6,6 +6,7 @@ indexes' own summaries (:func:`summarize`, :func:`write_summary`).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import re
@@ -16,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from wsishard.errors import ManifestError
+from wsishard.errors import IndexFileError
 from wsishard.format import part_label
-from wsishard.shards.index import INDEX_VERSION, index_name, index_shard_file
+from wsishard.shards.index import INDEX_VERSION, IndexWriter, index_bytes, index_digest, index_name, index_shard_file
 from wsishard.storage.output import Destination
 
 logger = logging.getLogger(__name__)
@@ -69,13 +70,13 @@ class Summary:
         """Parse a summary (never unpickling anything).
 
         Raises:
-            ManifestError: not a summary, or inconsistent arrays.
+            IndexFileError: not a summary, or inconsistent arrays.
         """
         try:
             with np.load(io.BytesIO(data), allow_pickle=False) as npz:
                 arrays = {name: npz[name] for name in _SUMMARY_FIELDS}
         except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as exc:
-            raise ManifestError(location, f"not an index summary ({type(exc).__name__}: {exc})") from exc
+            raise IndexFileError(location, f"not an index summary ({type(exc).__name__}: {exc})") from exc
         out = cls(**arrays)
         n = len(out.shards)
         if (
@@ -85,8 +86,12 @@ class Summary:
             or int(out.slide_ptr[-1]) != len(out.slide_index)
             or (len(out.slide_index) and int(out.slide_index.max()) >= len(out.slides))
         ):
-            raise ManifestError(location, "index summary arrays do not agree with each other")
+            raise IndexFileError(location, "index summary arrays do not agree with each other")
         return out
+
+    def digest(self) -> str:
+        """:func:`~wsishard.shards.index.index_digest` of the summary's arrays (the manifest's ``index_sha256``)."""
+        return index_digest({k: getattr(self, k) for k in _SUMMARY_FIELDS})
 
     @property
     def samples(self) -> np.ndarray:
@@ -165,6 +170,8 @@ def write_summary(dest: Destination, shards: Sequence[str], name: str, parts: Se
             continue
         data = dest.read_bytes(index_name(shard))
         if data is None:
+            data = _rebuild_index(dest, shard)
+        if data is None:
             logger.warning("%s has no index: no %s written (select= and weights= need one)", shard, name)
             return None
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
@@ -174,21 +181,45 @@ def write_summary(dest: Destination, shards: Sequence[str], name: str, parts: Se
     return summary
 
 
+def _rebuild_index(dest: Destination, shard: str) -> bytes | None:
+    """Index ``shard`` again from its tar records and write its ``.idx.npz`` (deleted, or lost by an interrupted
+    build): the same rows, so the same digest as the manifest records. None where the shard itself is missing."""
+    from wsishard.storage.opener import StreamOpener  # here: the opener is not needed to build
+
+    try:
+        with StreamOpener(dict(dest.storage_options or {}))(dest.path(shard)) as fh:
+            data = index_shard_file(fh)
+    except FileNotFoundError:
+        return None
+    logger.warning("%s had no index (%s): indexed again from the shard", shard, index_name(shard))
+    dest.write_bytes(index_name(shard), data)
+    return data
+
+
 def index_build(output: str, storage_options: Mapping[str, Any] | None = None) -> Summary:
     """Write the per-sample index of every shard of the build in ``output``, and its summary: an output built by
-    a wsishard without indexes can then be streamed with ``select=`` and ``weights=``. Reads every shard once.
+    a wsishard without indexes can then be streamed with ``select=`` and ``weights=``. Reads every shard once. The
+    manifest is written again with each index's digest and the summary's (``index_sha256``), binding them to it.
 
     Raises:
         ManifestError: no readable manifest in ``output``.
     """
     from wsishard.storage.opener import StreamOpener, load_manifest  # here: the opener is not needed to build
+    from wsishard.storage.urls import manifest_location
 
-    manifest, _ = load_manifest(output, storage_options, slides=False)
-    dest = Destination(output, storage_options)
+    manifest, root = load_manifest(output, storage_options)
+    dest = Destination(root, storage_options)
     opener = StreamOpener(dict(storage_options or {}))
+    records = []
     for rec in manifest.shards:
         with opener(dest.path(rec.name)) as fh:
-            dest.write_bytes(index_name(rec.name), index_shard_file(fh))
+            writer = IndexWriter()
+            writer.add_stream(fh)
+        arrays = writer.arrays()
+        dest.write_bytes(index_name(rec.name), index_bytes(arrays))
+        records.append(dataclasses.replace(rec, index_sha256=index_digest(arrays)))
     summary = write_summary(dest, [rec.name for rec in manifest.shards], SUMMARY_NAME)
     assert summary is not None  # every index was just written
+    bound = dataclasses.replace(manifest, shards=records, index_sha256=summary.digest())
+    dest.write_bytes(manifest_location(output)[0].rsplit("/", 1)[-1], bound.to_json().encode())
     return summary

@@ -7,12 +7,14 @@ and counted while the standard library's ``tarfile`` walks the members in stream
 as runs of members sharing a key, as the stream reader counts them. A shard that is missing, truncated, altered
 (even zero-filled to its original length, which a tar reader takes for a clean end) or that holds another
 number of samples is a problem. So is a shard with a sample that does not match the options
-(:class:`~wsishard.shards.samplerules.SampleRules`). ``shard-*.tar`` files that the manifest does not
-list, and temporary files of an interrupted build, are warnings.
+(:class:`~wsishard.shards.samplerules.SampleRules`), or whose per-sample index does not match it or the manifest
+(:mod:`~wsishard.shards.verify_index`), and an index summary that does not. ``shard-*.tar`` files that the manifest
+does not list, and temporary files of an interrupted build, are warnings.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import tarfile
@@ -30,8 +32,11 @@ from wsishard.format import (
 from wsishard.manifest import ShardRecord
 from wsishard.progress import ProgressCallback, ignore_progress
 from wsishard.shards.hashing import HashingFile
+from wsishard.shards.index import index_name
 from wsishard.shards.reader import group_members
 from wsishard.shards.samplerules import SampleRules, sample_problems
+from wsishard.shards.summary import SUMMARY_NAME
+from wsishard.shards.verify_index import Counts, check_index, summary_problems
 from wsishard.storage.opener import StreamOpener, list_names, load_manifest
 from wsishard.storage.output import Destination
 from wsishard.storage.secrets import describe, redact
@@ -61,7 +66,8 @@ class VerifyReport:
         shards_checked: shards the manifest lists (every one was read, or found missing).
         samples_checked: samples counted in the shards read.
         bytes_checked: bytes read.
-        problems: ``(shard name, reason)`` for every shard that does not match the manifest.
+        problems: ``(shard name, reason)`` for every shard that does not match the manifest (its index's problems
+            among them), and ``("index.npz", reason)`` for an index summary that does not.
         warnings: ``(file name, reason)`` for stray or temporary files, or a folder that could not be listed.
     """
 
@@ -80,12 +86,15 @@ class VerifyReport:
 
 @dataclass(frozen=True)
 class ShardCheck:
-    """One shard as read: samples counted, bytes read, and how it differs from the manifest (empty: it matches)."""
+    """One shard as read: samples counted, bytes read, and how it differs from the manifest (empty: it matches);
+    ``keys_sha256`` of its keys in order (None: not read whole), ``counts`` its index's (None: no usable index)."""
 
     name: str
     samples: int
     nbytes: int
     reasons: list[str]
+    keys_sha256: str | None = None
+    counts: Counts | None = None
 
 
 def verify(
@@ -104,7 +113,8 @@ def verify(
         jobs: shards read at the same time (threads).
 
     Returns:
-        The report; ``report.ok`` is False when any shard is missing, truncated, altered or miscounted.
+        The report; ``report.ok`` is False when any shard is missing, truncated, altered or miscounted, or an index
+        (or the summary) is missing where the build wrote one, or does not match its shard or the manifest.
 
     Raises:
         ManifestError: the manifest is missing or unreadable, names a shard that is no shard file name, or
@@ -119,8 +129,10 @@ def verify(
     problems = [(name, "listed more than once in the manifest") for name in _duplicates(manifest.shards)]
     results: dict[str, ShardCheck] = {}  # by name: duplicates are read twice, reported once
     done, done_bytes, total_bytes = 0, 0, manifest.total_bytes
+    summary = _read_or_none(opener, join(root, SUMMARY_NAME))
+    indexed = summary is not None or bool(manifest.index_sha256)
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="wsishard-verify") as pool:
-        futures = [pool.submit(check_shard, join(root, rec.name), rec, opener, rules) for rec in manifest.shards]
+        futures = [pool.submit(_check_with_index, root, rec, opener, rules, indexed) for rec in manifest.shards]
         for future in as_completed(futures):
             result = future.result()
             results[result.name] = result
@@ -129,6 +141,7 @@ def verify(
             progress(VerifyProgress(done, len(futures), done_bytes, total_bytes))
     listed = dict.fromkeys(rec.name for rec in manifest.shards)  # manifest order, each name once
     problems += [(name, "; ".join(results[name].reasons)) for name in listed if results[name].reasons]
+    problems += summary_problems(manifest, summary, [results[rec.name].counts for rec in manifest.shards], indexed)
     return VerifyReport(
         output=redact(output, storage_options),
         shards_checked=len(manifest.shards),
@@ -151,12 +164,13 @@ def check_shard(
     except OSError as exc:
         return ShardCheck(record.name, 0, 0, [f"cannot be opened ({describe(exc)})"])
     hashing = HashingFile(stream)
-    samples, reasons = 0, []
+    samples, reasons, keys = 0, [], hashlib.sha256()
     found: dict[str, tuple[int, str, str]] = {}  # sample problem -> (samples, first key, its detail)
     try:
         try:
             for key, members in _samples(hashing):
                 samples += 1
+                keys.update(key.encode("utf-8", "surrogateescape") + b"\n")
                 for problem, detail in sample_problems(key, members, rules):
                     count, first, first_detail = found.get(problem, (0, key, detail))
                     found[problem] = (count + 1, first, first_detail)
@@ -175,7 +189,16 @@ def check_shard(
     reasons += _compare(record, samples, hashing.nbytes, hashing.hexdigest())
     for problem, (count, key, detail) in found.items():
         reasons.append(f"{count} {problem} (first: {key[:120]!r}{', ' + detail if detail else ''})")
-    return ShardCheck(record.name, samples, hashing.nbytes, reasons)
+    return ShardCheck(record.name, samples, hashing.nbytes, reasons, None if reasons else keys.hexdigest())
+
+
+def _check_with_index(
+    root: str, record: ShardRecord, opener: Callable[[str], IO[bytes]], rules: SampleRules, indexed: bool
+) -> ShardCheck:
+    """:func:`check_shard`, then the shard's index against it (:func:`~wsishard.shards.verify_index.check_index`)."""
+    shard = check_shard(join(root, record.name), record, opener, rules)
+    more, counts = check_index(join(root, index_name(record.name)), record, shard.keys_sha256, opener, indexed)
+    return dataclasses.replace(shard, reasons=shard.reasons + more, counts=counts)
 
 
 def recorded_shard_damage(
@@ -223,6 +246,16 @@ def _samples(fileobj: HashingFile) -> Iterator[tuple[str, dict[str, bytes]]]:
 def _head(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
     data = tar.extractfile(member)
     return data.read(_MAX_READ) if data is not None else b""
+
+
+def _read_or_none(opener: Callable[[str], IO[bytes]], location: str) -> bytes | None:
+    """The bytes at ``location``, or None where there is no such file (or it cannot be read: the summary check
+    then reports it missing only where the manifest says the build wrote one)."""
+    try:
+        with opener(location) as fh:
+            return fh.read()
+    except OSError:
+        return None
 
 
 def _duplicates(shards: list[ShardRecord]) -> list[str]:

@@ -19,7 +19,7 @@ from types import TracebackType
 from wsishard.format import member_order
 from wsishard.manifest import ShardRecord
 from wsishard.shards.hashing import HashingFile
-from wsishard.shards.index import IndexWriter, index_name
+from wsishard.shards.index import IndexWriter, index_bytes, index_digest, index_name
 from wsishard.storage.output import Destination
 
 _TAR_MTIME = 0  # fixed member mtime: the same samples give byte-identical shards
@@ -102,13 +102,15 @@ class ShardWriter:
         end = self._hashing.nbytes + 2 * _BLOCK  # two zero blocks end the archive...
         self._hashing.write(bytes(2 * _BLOCK + -end % _RECORD))  # ...padded to a whole record, as tarfile does
         self._out.commit()
-        self._dest.write_bytes(index_name(self.name), self._index.to_bytes())
+        arrays = self._index.arrays()
+        self._dest.write_bytes(index_name(self.name), index_bytes(arrays))
         self.record = ShardRecord(
             name=self.name,
             samples=self._samples,
             bytes=self._hashing.nbytes,
             sha256=self._hashing.hexdigest(),
             slides=len(self._slides),
+            index_sha256=index_digest(arrays),
         )
         return self.record
 

@@ -131,10 +131,13 @@ class ReadIndexed:
         try:
             wanted = self._wanted(position, ref, ahead.result())
             if wanted:
-                whole = ShardRef(ref.url, int(self.plan.rows[s]))
+                whole, found = ShardRef(ref.url, int(self.plan.rows[s])), 0
                 for raw in read_shard(whole, self.opener, self.on_error, self.context):
+                    found += raw["key"] in wanted
                     for _ in range(wanted.get(raw["key"], 0)):
                         yield raw
+                if found < len(wanted):  # keys its index lists that the shard lacks: never a silent drop
+                    _lacking(ref.url, len(wanted) - found, self.on_error)
             self._in_a_row = 0
         except ShardError as exc:
             if self.on_error == "raise":
@@ -152,6 +155,14 @@ class ReadIndexed:
         n = sampling.visit_count(self.expected[ref.url], rng)
         counts = sampling.draw_counts(visit.weights, n, rng)
         return {k: int(c) for k, c in zip(visit.keys, counts.tolist(), strict=True) if c}
+
+
+def _lacking(url: str, missing: int, on_error: ErrorMode) -> None:
+    """Raise (or, skipping bad samples, log) that shard ``url`` lacks ``missing`` samples its index lists."""
+    error = ShardError(redact(url), f"lacks {missing} sample(s) its index lists (a shard or index replaced?)")
+    if on_error == "raise":
+        raise error
+    logger.warning("%s", error)
 
 
 VISITS_KEPT = 16  # shards a reader keeps prepared (keys and weights of its samples: ~60 bytes a sample)

@@ -248,7 +248,12 @@ class ShardLoader:
         states = state if isinstance(state, list) else [state]
         if not states:
             raise ValueError("not a wsishard loader state: an empty list")
-        for s in states:
+        for i, s in enumerate(states):
+            if isinstance(state, list) and not isinstance(s, dict):
+                raise ValueError(
+                    f"not a wsishard loader state: a list whose item {i} is {_a(s)}, not a state (a dict); give "
+                    "this rank's state_dict(), or a list of every old rank's state_dict()"
+                )
             check_state(s)
         mine = self.state_dict()
         if self.persistent:
@@ -299,11 +304,17 @@ def _is_int(value: Any, low: int, high: int = _MAX_COUNT) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
+def _a(value: Any) -> str:
+    """``value``'s type with its article: "an int", "a list"."""
+    name = type(value).__name__
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
+
+
 def check_state(state: Any) -> None:
     """Raise ``ValueError`` naming the first field of ``state`` that a :meth:`ShardLoader.state_dict` could not have
     written (missing, of another type, out of range), before anything is resumed from it."""
     if not isinstance(state, dict):
-        raise ValueError(f"not a wsishard loader state: a {type(state).__name__}, not a dict")
+        raise ValueError(f"not a wsishard loader state: {_a(state)}, not a dict")
     if state.get("format") != _STATE_FORMAT or state.get("version") != _STATE_VERSION:
         raise ValueError("not a wsishard loader state (ShardLoader.state_dict())")
     ints = {"epoch": 0, "batch_size": 1, "rank": 0, "world_size": 1, "num_workers": 0, "seed": 0, "shuffle": 0}

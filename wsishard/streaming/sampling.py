@@ -69,12 +69,37 @@ def checked_weights(weights: object, n: int, where: str) -> np.ndarray:
 
 def label_weights(labels: np.ndarray, counts: np.ndarray, weights: Weights) -> np.ndarray:
     """(L,) weight of one sample of each label in ``labels``: ``"class"``: 1 / the label's count (each label then
-    weighs the same in all); a mapping: its value (0 for a label it does not name)."""
+    weighs the same in all), 0 for -1 (unlabelled: :func:`check_classes`); a mapping: its value (0 for a label it
+    does not name) over the largest value (only ratios count)."""
     counts = np.asarray(counts, dtype=np.float64)
-    if isinstance(weights, str):
-        return np.divide(1.0, counts, out=np.zeros_like(counts), where=counts > 0)
+    if isinstance(weights, str):  # unlabelled samples (-1) are no class: weight 0
+        return np.divide(1.0, counts, out=np.zeros_like(counts), where=(counts > 0) & (np.asarray(labels) != -1))
     assert isinstance(weights, Mapping)
-    return np.array([float(weights.get(int(label), 0.0)) for label in labels], dtype=np.float64)
+    values = np.array([float(weights.get(int(label), 0.0)) for label in labels], dtype=np.float64)
+    top = float(values.max()) if len(values) else 0.0
+    return values / top if top > 0 else values  # relative: 1e308 each cannot overflow a shard's total
+
+
+def check_classes(labels: np.ndarray, counts: np.ndarray, where: str) -> None:
+    """``weights="class"`` over samples of ``labels`` counted ``counts`` (selected ones): logs (a warning) how many
+    unlabelled samples (-1) it leaves out.
+
+    Raises:
+        ValueError: no sample has a label (naming ``where``).
+    """
+    labels, counts = np.asarray(labels), np.asarray(counts, dtype=np.int64)
+    unlabelled, total = int(counts[labels == -1].sum()), int(counts.sum())
+    if unlabelled == total:
+        raise ValueError(
+            f'weights="class" needs labels, and none of the {total} samples of {where} has one (-1: unlabelled); '
+            "build with --labels or --roi-labels, or weigh by slide or by a function"
+        )
+    if unlabelled:
+        logger.warning(
+            'weights="class" leaves out %d of %d samples, unlabelled (-1): only labelled samples are drawn',
+            unlabelled,
+            total,
+        )
 
 
 def check_mapping(weights: Mapping[int, float]) -> None:
@@ -128,11 +153,28 @@ def visit_count(expected: float, rng: np.random.Generator) -> int:
 
 
 def draw_counts(weights: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    """(m,) times each of ``m`` samples is drawn in ``n`` draws with replacement, ``P(i) = w_i / sum(w)``."""
-    total = float(np.sum(weights))
-    if n <= 0 or total <= 0:
-        return np.zeros(len(weights), dtype=np.int64)
-    return rng.multinomial(n, np.asarray(weights, dtype=np.float64) / total)
+    """(m,) times each of ``m`` samples is drawn in ``n`` draws with replacement, ``P(i) = w_i / sum(w)`` (the
+    weights scaled by their largest first: finite extremes such as 1e308 or 1e-320 neither overflow nor vanish)."""
+    w = np.asarray(weights, dtype=np.float64)
+    top = float(w.max()) if len(w) else 0.0
+    if n <= 0 or top <= 0:
+        return np.zeros(len(w), dtype=np.int64)
+    scaled = w / top
+    return rng.multinomial(n, scaled / float(scaled.sum()))
+
+
+def log_total(weights: np.ndarray) -> float:
+    """log(sum(weights)), computed scaled (no overflow at 1e308 each, no loss at 1e-320); -inf for no weight."""
+    w = np.asarray(weights, dtype=np.float64)
+    top = float(w.max()) if len(w) else 0.0
+    return float(np.log(top) + np.log(np.sum(w / top))) if top > 0 else -np.inf
+
+
+def from_log_totals(logs: np.ndarray) -> np.ndarray:
+    """Totals from their logs (:func:`log_total`), relative: the largest is 1 (all 0 where none has weight)."""
+    logs = np.asarray(logs, dtype=np.float64)
+    top = float(logs.max()) if len(logs) else -np.inf
+    return np.exp(logs - top) if np.isfinite(top) else np.zeros_like(logs)
 
 
 def expected_draws(weights: np.ndarray, kept: np.ndarray) -> np.ndarray:
