@@ -121,7 +121,7 @@ def test_a_target_mpp_that_is_no_mpp_is_a_manifest_error(tmp_path: Path, mpp: ob
     ("name", "before", "after", "field"),
     [
         ("manifest.json", '"sha256": "', '"sha256": 5, "x": "', "sha256"),
-        ("manifest.json", '"slides": 2}', '"slides": "x"}', "slides"),
+        ("manifest.json", '"slides": 2, "index_sha256"', '"slides": "x", "index_sha256"', "slides"),
         ("manifest.json", '\n "image_format": "jpg"', '\n "image_format": 3', "image_format"),
         ("slides.jsonl", '"slide_id": "slide0"', '"slide_id": ["slide0"]', "slide_id"),
         ("slides.jsonl", '"slide_mpp": 0.25', '"slide_mpp": "x"', "slide_mpp"),
