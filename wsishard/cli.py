@@ -153,7 +153,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         hint = "" if args.qc else "; pictures missing from OUT/qc/ are drawn by inspect --qc"
         print(f"{args.html}: {len(manifest.slides)} slides, failed first{hint}")
     elif not args.qc:
-        print(details(manifest, max_rows=args.rows))
+        from wsishard.shards.summary import label_totals
+
+        counts = label_totals(root, dict(args.storage_option))
+        print(details(manifest, max_rows=args.rows, label_counts=counts))
     return EXIT_OK
 
 
