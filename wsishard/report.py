@@ -49,14 +49,14 @@ def summary(manifest: Manifest, location: str = "") -> str:
     if remote:
         total, mean = human_bytes(sum(remote)), human_bytes(sum(remote) / len(remote))
         lines.append(
-            f"  read from object storage: {total} of slide files, {mean} per slide on average ({len(remote)} slides)"
+            f"  read from object storage: {total} of slide files, {mean} per slide on average "
+            f"({plural(len(remote), 'slide')})"
         )
     if manifest.options.get("labels"):
         unlabelled = [os.path.basename(s.file) for s in manifest.slides if s.status == "ok" and s.label is None]
         if unlabelled:
             names = ", ".join(unlabelled[:5]) + (f" and {len(unlabelled) - 5} more" if len(unlabelled) > 5 else "")
-            plural = "slides" if len(unlabelled) > 1 else "slide"
-            lines.append(f"  {len(unlabelled)} {plural} without a label (label -1 when streamed): {names}")
+            lines.append(f"  {plural(len(unlabelled), 'slide')} without a label (label -1 when streamed): {names}")
     lines += _qc_lines(manifest, location)
     for slide in manifest.failed_slides:
         lines.append(f"  FAILED {os.path.basename(slide.file)}: {slide.reason}")

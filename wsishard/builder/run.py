@@ -264,6 +264,7 @@ class _Tally:
         """A shard done (``sign`` -1: undone); its samples count too unless :meth:`written` counted them."""
         self.shards += sign
         self.patches += sign * (outcome.record.samples if outcome.record and with_samples else 0)
+        self.report()  # the last shard's too: the bar ends at 7/7 shards, not 6/7
 
     def report(self) -> None:
         self.progress(BuildProgress("extract", self.shards, self.shards_total, self.patches, self.patches_total))
