@@ -313,3 +313,14 @@ def test_the_progress_ends_at_every_shard_written(tmp_path: Path) -> None:
     last = [e for e in events if e.stage == "extract"][-1]
     assert len(manifest.shards) > 1 and last.done == last.total == len(manifest.shards)  # not 6/7 shards
     assert last.patches_done == last.patches_total == manifest.total_samples
+
+
+def test_the_demo_of_one_slide_speaks_of_one_slide(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import wsishard.demo
+
+    monkeypatch.setattr(wsishard.demo, "DEMO_SLIDE_PX", 2048)  # a small slide; the build and its summary are real
+    monkeypatch.setattr(wsishard.demo, "_stream_batches", lambda *args: None)  # the stream: its own tests
+    said: list[str] = []
+    assert wsishard.demo.run_demo(str(tmp_path / "demo"), said.append, n_slides=1, jobs=1) == 0
+    assert said[0].startswith("generating 1 synthetic slide (2048x2048 px")  # not "1 synthetic slides"
+    assert any(line.startswith("1 slide (1 ok, 0 failed)") for line in said)

@@ -157,6 +157,10 @@ def test_reading_an_output_whose_build_still_runs_names_the_build(
         assert "is this a wsishard build output" not in message
         assert main(["inspect", str(out)]) != 0
         assert f"pid {os.getpid()}" in capsys.readouterr().err
+        from wsishard.streaming.sources import stream
+
+        with pytest.raises(ManifestError, match=f"pid {os.getpid()} on"):
+            stream(str(out), batch_size=4)
     _lock_file(out, pid=_dead_pid())  # a build that died: no manifest, and nothing runs
     with pytest.raises(ManifestError, match=r"not found \(is this a wsishard build output\?\)"):
         load_manifest(str(out))
