@@ -14,7 +14,7 @@ from wsishard.builder.grid import PatchOptions
 from wsishard.builder.options import BuildOptions, BuildProgress
 from wsishard.builder.run import build
 from wsishard.progress import ProgressCallback, ignore_progress
-from wsishard.report import summary
+from wsishard.report import plural, summary
 from wsishard.testing.synthetic import make_slides
 
 DEMO_SLIDE_PX = 8192
@@ -43,7 +43,10 @@ def run_demo(
     shards_dir = os.path.join(output, "shards")
     existing = sorted(os.listdir(slides_dir)) if os.path.isdir(slides_dir) else []
     if len([n for n in existing if n.endswith((".svs", ".tif"))]) < n_slides:
-        say(f"generating {n_slides} synthetic slides ({DEMO_SLIDE_PX}x{DEMO_SLIDE_PX} px at 0.25 mpp) in {slides_dir}")
+        say(
+            f"generating {plural(n_slides, 'synthetic slide')} ({DEMO_SLIDE_PX}x{DEMO_SLIDE_PX} px at 0.25 mpp) "
+            f"in {slides_dir}"
+        )
         make_slides(slides_dir, n_slides, seed=0, width=DEMO_SLIDE_PX, height=DEMO_SLIDE_PX)
     options = BuildOptions(
         patch=PatchOptions(target_mpp=0.5, patch_size_px=256), shard_samples=64, jobs=jobs, qc=True
@@ -67,14 +70,14 @@ def _stream_batches(shards_dir: str, workers: int, say: Say) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dataset = stream(shards_dir, batch_size=DEMO_BATCH, resampled=True, shuffle=1000, seed=0)
     to_device = GpuCollate(device, mean=DEMO_MEAN, std=DEMO_STD, augment=True, seed=0)
-    say(f"streaming {DEMO_BATCHES} batches of {DEMO_BATCH} (resampled mode, {workers} workers) to {device}")
+    say(f"streaming {DEMO_BATCHES} batches of {DEMO_BATCH} (resampled mode, {plural(workers, 'worker')}) to {device}")
     start = time.perf_counter()
     for step, batch in zip(range(DEMO_BATCHES), loader(dataset, num_workers=workers), strict=False):
         x = to_device(batch)["image"]
         slides = len({m["slide_id"] for m in batch["meta"]})
         say(
             f"  batch {step}: image {tuple(x.shape)} {x.dtype} on {x.device}, mean {x.mean().item():+.3f}, "
-            f"{slides} slides in the batch"
+            f"{plural(slides, 'slide')} in the batch"
         )
     rate = DEMO_BATCHES * DEMO_BATCH / (time.perf_counter() - start)
     say(f"  {rate:.0f} samples/s including worker start-up")

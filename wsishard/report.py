@@ -50,14 +50,14 @@ def summary(manifest: Manifest, location: str = "") -> str:
     if remote:
         total, mean = human_bytes(sum(remote)), human_bytes(sum(remote) / len(remote))
         lines.append(
-            f"  read from object storage: {total} of slide files, {mean} per slide on average ({len(remote)} slides)"
+            f"  read from object storage: {total} of slide files, {mean} per slide on average "
+            f"({plural(len(remote), 'slide')})"
         )
     if manifest.options.get("labels"):
         unlabelled = [os.path.basename(s.file) for s in manifest.slides if s.status == "ok" and s.label is None]
         if unlabelled:
             names = ", ".join(unlabelled[:5]) + (f" and {len(unlabelled) - 5} more" if len(unlabelled) > 5 else "")
-            plural = "slides" if len(unlabelled) > 1 else "slide"
-            lines.append(f"  {len(unlabelled)} {plural} without a label (label -1 when streamed): {names}")
+            lines.append(f"  {plural(len(unlabelled), 'slide')} without a label (label -1 when streamed): {names}")
     lines += _qc_lines(manifest, location)
     for slide in manifest.failed_slides:
         lines.append(f"  FAILED {os.path.basename(slide.file)}: {slide.reason}")
@@ -76,9 +76,9 @@ def _qc_lines(manifest: Manifest, location: str) -> list[str]:
     return [f"  QC review: wsishard inspect {location} --qc draws the pictures and {page} (no picture drawn yet)"]
 
 
-def details(manifest: Manifest, *, max_rows: int = 50) -> str:
-    """The summary, the build options, a table of slides (with a key to its columns) and one of shards
-    (``max_rows`` of each)."""
+def details(manifest: Manifest, *, max_rows: int = 50, label_counts: dict[int, int] | None = None) -> str:
+    """The summary, the build options, the labels (with ``label_counts``, the build's samples of each label, their
+    counts), a table of slides (with a key to its columns) and one of shards (``max_rows`` of each)."""
     opts = manifest.options
     patch: dict[str, Any] = opts["patch"] if isinstance(opts.get("patch"), dict) else {}  # a manifest's JSON: anything
     tolerance = patch.get("mpp_tolerance") or 0
@@ -98,20 +98,19 @@ def details(manifest: Manifest, *, max_rows: int = 50) -> str:
             f"context: {', '.join(map(str, context))} mpp at {opts.get('context_size')} px "
             f"(members {', '.join(f'ctx{i}' for i in range(len(context)))})"
         )
-    if manifest.extra.get("label_names") and isinstance(manifest.extra["label_names"], list):
-        names = manifest.extra["label_names"]
-        lines.append("labels: " + ", ".join(f"{i} {name}" for i, name in enumerate(names)))
+    lines += _label_lines(manifest, label_counts)
     lines += [
         "",
         f"{'slide':<32} {'status':<7} {'size':>13} {'slide_mpp':>9} {'src':<9} {'lvl':>3} {'patch_mpp':>9} "
         f"{'tissue':>6} {'cells':>6} {'patches':>7} {'label':>5}",
     ]
+    roi_labels = bool(manifest.extra.get("label_names"))
     for s in manifest.slides[:max_rows]:
         size = f"{s.width}x{s.height}" if s.width else "-"
         mpp = f"{s.slide_mpp:.4f}" if s.slide_mpp else "-"
         out_mpp = f"{s.patch_mpp:.4f}" if s.patch_mpp else "-"
         lvl = "-" if s.level is None else str(s.level)
-        label = "-" if s.label is None else str(s.label)
+        label = str(s.label) if s.label is not None else "roi" if roi_labels and _annotated(s) else "-"
         lines.append(
             f"{s.slide_id[:32]:<32} {s.status:<7} {size:>13} {mpp:>9} {s.mpp_source or '-':<9} {lvl:>3} "
             f"{out_mpp:>9} {s.tissue_fraction:>6.1%} {s.candidates:>6} {s.patches:>7} {label:>5}"
@@ -132,5 +131,27 @@ _KEY = (
     "  patch_mpp: the patches' actual mpp (the target, unless --mpp-tolerance snapped it to a level);\n"
     "  tissue: fraction of the slide; cells: grid cells with any tissue; patches: those written (the rest were left\n"
     '  out, per reason in slides.jsonl\'s "filtered": min_tissue, artefact, roi, roi_class, max_patches, quality);\n'
-    "  label: the slide's (--labels)"
+    "  label: the slide's (--labels); roi: its patches' own, the annotation class covering most of each (--roi-labels)"
 )
+
+
+def _annotated(slide: SlideRecord) -> bool:
+    """Whether the slide's patches took their labels from its annotations (not built whole, not skipped)."""
+    return slide.status == "ok" and bool(slide.roi) and slide.roi.startswith("annotated")
+
+
+def _label_lines(manifest: Manifest, counts: dict[int, int] | None) -> list[str]:
+    """``labels: 0 Stroma (120 patches), 1 Tumor (80 patches)`` for a ``--roi-labels`` build (the names alone
+    without ``counts``), ``labels: 0 (300 patches), 1 (120 patches), unlabelled (40 patches)`` for another."""
+    names = manifest.extra.get("label_names")
+    names = names if isinstance(names, list) else []  # a manifest's JSON: anything
+    if not names and not (counts and set(counts) - {-1}):
+        return []
+    values = range(len(names)) if names else sorted(v for v in counts or {} if v != -1)
+    parts = []
+    for value in values:
+        name = f"{value} {names[value]}" if names else str(value)
+        parts.append(name if counts is None else f"{name} ({plural(counts.get(value, 0), 'patch')})")
+    if counts and counts.get(-1):
+        parts.append(f"unlabelled ({plural(counts[-1], 'patch')})")
+    return ["labels: " + ", ".join(parts)]

@@ -303,3 +303,16 @@ def test_a_presigned_slide_url_builds_and_neither_its_query_nor_user_info_is_sto
     for path in stored:  # manifest, slide records, the QC page and pictures, every shard (samples' .json), state
         data = path.read_bytes()
         assert not [s for s in secrets if s.encode() in data], path
+
+
+def test_a_missing_output_bucket_is_named(s3: S3Server, cohort: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from wsishard.cli import main
+    from wsishard.errors import OutputError
+
+    with pytest.raises(OutputError, match="the bucket 'no-such-bucket' does not exist"):
+        build([str(cohort)], "s3://no-such-bucket/out", OPTS, storage_options=s3.storage_options)
+    endpoint = f"endpoint_url={s3.storage_options['endpoint_url']}"
+    assert main(["build", str(cohort), "-o", "s3://no-such-bucket/out", "--storage-option", endpoint, "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("wsishard build: error: cannot write s3://no-such-bucket/out: the bucket 'no-such-bucket'")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -290,3 +290,37 @@ def test_an_upsample_past_max_upsample_fails_the_slide_with_its_reason(
     assert code == 1
     assert "FAILED slide-000.svs: target 1e-30 mpp would upsample level 0 (0.25 mpp) 2.5e+29x, more than " in out
     assert "--max-upsample 4 allows" in out and "MemoryError" not in out
+
+
+@pytest.mark.parametrize("command", ["build", "inspect", "verify", "merge", "demo"])
+def test_every_command_help_has_a_description_line(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    blocks = capsys.readouterr().out.split("\n\n")
+    assert blocks[0].startswith(f"usage: wsishard {command}")
+    assert not blocks[1].startswith(("positional arguments", "options")), blocks[1]  # a description comes first
+    assert len(blocks[1].split()) >= 8
+
+
+def test_the_progress_ends_at_every_shard_written(tmp_path: Path) -> None:
+    from wsishard.builder.options import BuildProgress
+    from wsishard.builder.run import build
+
+    make_slides(tmp_path / "in", 2, seed=3, width=1536, height=1536)
+    events: list[BuildProgress] = []
+    options = BuildOptions(patch=PatchOptions(patch_size_px=64), shard_samples=30, jobs=1, qc=False)
+    manifest = build([str(tmp_path / "in")], str(tmp_path / "out"), options, progress=events.append)
+    last = [e for e in events if e.stage == "extract"][-1]
+    assert len(manifest.shards) > 1 and last.done == last.total == len(manifest.shards)  # not 6/7 shards
+    assert last.patches_done == last.patches_total == manifest.total_samples
+
+
+def test_the_demo_of_one_slide_speaks_of_one_slide(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import wsishard.demo
+
+    monkeypatch.setattr(wsishard.demo, "DEMO_SLIDE_PX", 2048)  # a small slide; the build and its summary are real
+    monkeypatch.setattr(wsishard.demo, "_stream_batches", lambda *args: None)  # the stream: its own tests
+    said: list[str] = []
+    assert wsishard.demo.run_demo(str(tmp_path / "demo"), said.append, n_slides=1, jobs=1) == 0
+    assert said[0].startswith("generating 1 synthetic slide (2048x2048 px")  # not "1 synthetic slides"
+    assert any(line.startswith("1 slide (1 ok, 0 failed)") for line in said)

@@ -106,10 +106,16 @@ def test_other_options_are_refused_unless_overwrite(cohort: Path, tmp_path: Path
     out = tmp_path / "out"
     build([str(cohort)], str(out), BuildOptions(patch=PatchOptions(patch_size_px=64), shard_samples=25, jobs=1))
     other = BuildOptions(patch=PatchOptions(patch_size_px=64), shard_samples=40, jobs=1)
-    with pytest.raises(OptionError, match="--overwrite"):
+    with pytest.raises(OptionError, match="--overwrite") as info:
         build([str(cohort)], str(out), other)
+    assert "option shard_samples 25 -> 40)" in str(info.value)  # what changed, old and new (and the block side)
     proc = _cli("build", str(cohort), "-o", str(out), "--patch-size", "64", "--shard-samples", "40", "-q")
     assert proc.returncode == 2 and "--overwrite" in proc.stderr and "Traceback" not in proc.stderr
+    assert "option shard_samples 25 -> 40" in proc.stderr
+    first, *rest = sorted(str(p) for p in cohort.iterdir())
+    same = BuildOptions(patch=PatchOptions(patch_size_px=64), shard_samples=25, jobs=1)
+    with pytest.raises(OptionError, match=rf"\(slides removed: {os.path.basename(first)}\); re-run"):
+        build(rest, str(out), same)
     manifest = build([str(cohort)], str(out), other, overwrite=True)
     assert manifest.options["shard_samples"] == 40
     assert sorted(p.name for p in out.glob("shard-*.tar")) == [s.name for s in manifest.shards]

@@ -175,3 +175,27 @@ def test_a_slide_skipped_for_want_of_annotations_is_no_failure(
     assert code == 0, printed  # the default --roi-missing skip: three slides skipped, none failed
     assert printed.startswith("4 slides (1 ok, 0 failed, 3 skipped)") and "FAILED" not in printed
     assert "skipped slide-003.tif: no annotation file in --roi" in printed
+
+
+def test_a_roi_labels_build_passes_verify_and_inspect_counts_its_classes(
+    slides: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    roi = tmp_path / "roi"
+    roi.mkdir()
+    features = [_feature([_square(0, 0, 1024)], "Tumor"), _feature([_square(1024, 1024, 1024)], "Stroma")]
+    (roi / "slide-000.geojson").write_text(json.dumps({"type": "FeatureCollection", "features": features}))
+    out = tmp_path / "out"
+    flags = ["--patch-size", "64", "--mpp", "1", "--roi", str(roi), "--roi-labels", "Stroma,Tumor"]
+    code = main(["build", str(slides), "-o", str(out), *flags, "--roi-missing", "whole", "--no-qc", "--jobs", "1"])
+    assert code == 0, capsys.readouterr()
+    capsys.readouterr()
+    assert main(["verify", str(out), "-q"]) == 0, capsys.readouterr().out  # .cls from annotations, none elsewhere
+    assert capsys.readouterr().out.rstrip().endswith("OK")
+    _, samples = read_output(str(out))
+    counts = {name: sum(s.meta.get("label_name") == name for s in samples) for name in ("Stroma", "Tumor")}
+    assert counts["Stroma"] > 0 and counts["Tumor"] > 0
+    assert main(["inspect", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"labels: 0 Stroma ({counts['Stroma']} patches), 1 Tumor ({counts['Tumor']} patches)" in printed
+    rows = {line.split()[0]: line.split() for line in printed.splitlines() if line.startswith("slide-00")}
+    assert rows["slide-000"][-1] == "roi" and rows["slide-003"][-1] == "-"  # annotated; built whole, unlabelled

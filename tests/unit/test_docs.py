@@ -120,3 +120,33 @@ def test_scripts_save_results_only_through_benchresults() -> None:
     assert writers == []
     for name in ("sampling_checks.py", "bench_tissue.py"):
         assert "benchresults.run(" in (ROOT / "scripts" / name).read_text(), name
+
+
+def test_no_page_uses_a_deprecated_flag_except_to_name_its_replacement() -> None:
+    """qc.md and tissue-and-artefacts.md said ``--max-dark`` and ``--no-dark-filter`` after their renaming: the
+    parser hides such old spellings (they still work); a page may name one only beside its new name (a renames
+    table's row) or where it says the old spelling is still accepted."""
+    (build,) = [sub for name, sub in _subparsers(parser()).items() if name == "build"]
+    hidden = {s for a in build._actions if a.help == argparse.SUPPRESS for s in a.option_strings}
+    assert {"--max-dark", "--no-dark-filter", "--dark-max-value", "--max-artefact"} <= hidden
+    offered = _flags(build)
+    wrong = []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        if page.name == "changelog.md":
+            continue
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            named = set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", line))
+            explained = "old spelling" in line or "still accepted" in line
+            explained |= line.startswith("|") and bool(named & offered)  # a renames table: old | new
+            if named & hidden and not explained:
+                wrong.append(f"{page.relative_to(ROOT)}:{number}: {sorted(named & hidden)}")
+    assert not wrong, wrong
+
+
+def _subparsers(top: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return {
+        name: sub
+        for action in top._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for name, sub in action.choices.items()
+    }

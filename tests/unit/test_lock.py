@@ -139,3 +139,28 @@ def test_refresh_rewrites_the_lock_and_stops_a_build_whose_lock_was_taken(tmp_pa
         with pytest.raises(OptionError, match=r"pid 77 on elsewhere.*took over"):
             state.lock.refresh()
     assert json.loads((out / ".wsishard" / "lock.json").read_text())["pid"] == 77  # theirs is left alone
+
+
+def test_reading_an_output_whose_build_still_runs_names_the_build(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from wsishard.cli import main
+    from wsishard.errors import ManifestError
+    from wsishard.storage.opener import load_manifest
+
+    out = tmp_path / "out"
+    with _lock(out):
+        with pytest.raises(ManifestError) as info:
+            load_manifest(str(out))
+        message = str(info.value)
+        assert f"a build, pid {os.getpid()} on {socket.gethostname()}" in message and "still writing" in message
+        assert "is this a wsishard build output" not in message
+        assert main(["inspect", str(out)]) != 0
+        assert f"pid {os.getpid()}" in capsys.readouterr().err
+        from wsishard.streaming.sources import stream
+
+        with pytest.raises(ManifestError, match=f"pid {os.getpid()} on"):
+            stream(str(out), batch_size=4)
+    _lock_file(out, pid=_dead_pid())  # a build that died: no manifest, and nothing runs
+    with pytest.raises(ManifestError, match=r"not found \(is this a wsishard build output\?\)"):
+        load_manifest(str(out))

@@ -118,3 +118,44 @@ def test_workers_forked_after_the_caller_used_opencv_do_not_hang(tmp_path: Path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", _AFTER_OPENCV], env=env, capture_output=True, text=True, timeout=90)
     assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-2000:]
+
+
+_INTERRUPTED = """
+import sys, threading, time
+from wsishard.builder.pool import WorkerPool
+from tests_pool_helper import nap
+if sys.argv[1] == "forkserver":  # another thread running (an fsspec loop, as in an S3 build): a forkserver's workers
+    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+try:
+    with WorkerPool(3) as pool:
+        for i in pool.imap(nap, [0.0, 60.0, 60.0], window=3):  # then one busy worker, one or two idle
+            print("ready", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("start", ["fork", "forkserver"])
+def test_ctrl_c_ends_the_workers_quietly_and_at_once(tmp_path: Path, start: str) -> None:
+    """Ctrl-C reaches every process of the terminal's group: the caller stops, the workers (busy or idle) end
+    without a KeyboardInterrupt traceback of their own, and nobody waits for a running task."""
+    (tmp_path / "tests_pool_helper.py").write_text("import time\ndef nap(s):\n    time.sleep(s)\n    return s\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _INTERRUPTED, start],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    time.sleep(1.0)  # the other workers are running their naps or waiting for work
+    os.killpg(proc.pid, signal.SIGINT)
+    started = time.monotonic()
+    out, err = proc.communicate(timeout=50)
+    assert proc.returncode == 130 and out.strip() == "interrupted", err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
+    assert time.monotonic() - started < 30  # not the 60 s nap

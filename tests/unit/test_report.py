@@ -92,6 +92,8 @@ def test_summary_totals_the_bytes_read_of_slides_in_object_storage_only_when_the
     lines = summary(_manifest(slides, [_shard(0, 3206, 4, 9_000_000)])).splitlines()
     assert lines[2] == "  read from object storage: 4.0 MB of slide files, 1.3 MB per slide on average (3 slides)"
     assert not any("object storage" in line for line in summary(_manifest([_slide(0)], [])).splitlines())
+    one = summary(_manifest(slides[:1], [_shard(0, 800, 1, 3_000_000)])).splitlines()
+    assert one[2].endswith("3.0 MB per slide on average (1 slide)")
 
 
 def test_summary_of_a_build_without_shards_has_no_shard_line() -> None:

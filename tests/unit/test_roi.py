@@ -4,6 +4,7 @@ broken files as the slide's failure, matching files to slides, label assignment.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +164,22 @@ def test_annotations_are_matched_by_slide_name(tmp_path: Path) -> None:
     assert match_annotations(None, slides) == [None] * 4
     with pytest.raises(OptionError, match="no such file"):
         match_annotations(str(tmp_path / "nowhere"), slides)
+
+
+def test_one_slide_given_a_file_named_for_another_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "other.geojson").write_text("{}")
+    (tmp_path / "only.geojson").write_text("{}")
+    with caplog.at_level(logging.WARNING, logger="wsishard"):
+        assert match_annotations(str(tmp_path / "other.geojson"), ["/s/only.svs"]) == [str(tmp_path / "other.geojson")]
+    assert len(caplog.records) == 1
+    message = caplog.records[0].getMessage()
+    assert "other.geojson" in message and "only.svs" in message and "only.geojson expected" in message
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="wsishard"):
+        match_annotations(str(tmp_path / "only.geojson"), ["/s/only.svs"])  # its own: no word
+    assert not caplog.records
 
 
 # ------------------------------------------------------------------------------------------- labels and patches

@@ -35,6 +35,7 @@ def test_the_drop_message_counts_what_an_unpadded_epoch_drops() -> None:
     message = sampling.dropped_message(plan)
     assert message is not None
     assert f"reads {int(plan.kept.sum())} of 706" in message and "pad_last=True" in message
+    assert f"({plan.batches_per_rank} batches of 64 samples) with 2 rank(s)" in message  # not "5 of 64"
 
 
 def test_draws_follow_the_weights() -> None:

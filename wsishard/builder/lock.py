@@ -179,12 +179,34 @@ class OutputLock:
         )
 
 
+def running_builds(dest: Destination) -> list[str]:
+    """The builds (or parts) that hold a live lock on ``dest``, in words (``a build, pid 12 on host, started ...``):
+    why an output has no manifest yet. Unreadable or stale locks are left out (and left in place)."""
+    found = []
+    for name in sorted(dest.listdir(fmt.STATE_DIR)):
+        if not (name.startswith("lock.") and name.endswith(".json")):
+            continue
+        with contextlib.suppress(ValueError, OSError):
+            holder = json.loads(dest.read_bytes(f"{fmt.STATE_DIR}/{name}") or b"null")
+            if isinstance(holder, dict) and _live(holder):
+                part = holder.get("part")
+                build = (
+                    f"part {part[0]}/{part[1]} of a build" if isinstance(part, list) and len(part) == 2 else "a build"
+                )
+                found.append(f"{build}, {_where(holder)}")
+    return found
+
+
 def who(holder: Mapping[str, Any], digest: str) -> str:
     """The holder of a lock in words, relative to the build of fingerprint ``digest``."""
     same, part = holder.get("fingerprint") == digest, holder.get("part")
     build = "this build" if same else "another build (other slides or options)"
     holder_is = f"part {part[0]}/{part[1]} of {build}" if part else "another run of this build" if same else build
-    return f"{holder_is}, pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
+    return f"{holder_is}, {_where(holder)}"
+
+
+def _where(holder: Mapping[str, Any]) -> str:
+    return f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
 
 
 def _live(holder: Mapping[str, Any]) -> bool:

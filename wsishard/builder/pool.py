@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import forkserver
 from typing import Any, TypeVar
 
 import cv2
@@ -49,6 +50,7 @@ class WorkerPool:
 
     def __init__(self, jobs: int) -> None:
         self.jobs = jobs
+        self._before = set(mp.active_children())  # processes that are not this pool's workers
         self._cv2_threads = cv2.getNumThreads()
         # One job is one core; with workers, forked ones must not inherit OpenCV's thread pool: a worker forked while
         # the pool's threads ran (the caller used OpenCV before) hung for ever in its first cv2.setNumThreads.
@@ -129,6 +131,10 @@ class WorkerPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._executor is not None and exc[0] is KeyboardInterrupt:
+            # Ctrl-C: the workers ignore it (the caller answers for them); end them rather than wait for their tasks
+            for proc in set(mp.active_children()) - self._before:
+                proc.terminate()
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=exc[0] is not None)
         cv2.setNumThreads(self._cv2_threads)
@@ -142,9 +148,24 @@ def _executor(jobs: int) -> ProcessPoolExecutor:
         )
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["wsishard.builder.scan", "wsishard.builder.extract"])
+    _start_forkserver_deaf()
     return ProcessPoolExecutor(
         jobs, mp_context=ctx, initializer=_start_worker, initargs=(dict(os.environ), os.getpid())
     )
+
+
+def _start_forkserver_deaf() -> None:
+    """Start the forkserver (if it is not running) with SIGINT blocked, which it and every worker it forks inherit:
+    a Ctrl-C while it imports its preloaded modules printed a KeyboardInterrupt traceback of its own. Only the main
+    thread can tell; a SIGINT that arrives meanwhile is delivered to this process once unblocked."""
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _fork_is_safe() -> bool:
@@ -154,7 +175,9 @@ def _fork_is_safe() -> bool:
 
 def _start_worker(environ: dict[str, str] | None, caller: int) -> None:
     """A worker is one core: OpenCV's own threads would compete with the other workers. A forkserver's worker
-    takes on the caller's ``environ``. A worker ends when the ``caller`` (the build's process) ends."""
+    takes on the caller's ``environ``. A worker ends when the ``caller`` (the build's process) ends. It ignores
+    Ctrl-C, which the terminal sends to every process of the group: the caller stops the build and its workers."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _end_with(caller)
     cv2.setNumThreads(1)
     if environ is not None:

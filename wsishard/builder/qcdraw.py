@@ -20,6 +20,7 @@ from wsishard.errors import OutputError, SlideError
 from wsishard.format import QC_INDEX_NAME, STATE_DIR, qc_picture_name, sanitize_slide_id
 from wsishard.manifest import Manifest
 from wsishard.qc_html import qc_index
+from wsishard.report import plural
 from wsishard.slide import SlideReader, open_slide
 from wsishard.slide.remote_tiff import open_in_place
 from wsishard.storage.output import Destination
@@ -58,7 +59,7 @@ class QcDrawn:
 
     def line(self) -> str:
         """One line for the user: what was drawn, and where the review page is."""
-        parts = [f"{self.from_slides + len(self.from_records)} QC pictures drawn"]
+        parts = [f"{plural(self.from_slides + len(self.from_records), 'QC picture')} drawn"]
         if self.from_records:
             more = " ..." if len(self.from_records) > 3 else ""
             parts.append(
@@ -68,11 +69,11 @@ class QcDrawn:
         if self.present:
             parts.append(f"{self.present} already there")
         if self.without:
-            parts.append(f"{len(self.without)} slides without one (failed before tissue detection)")
+            parts.append(f"{plural(len(self.without), 'slide')} without one (failed before tissue detection)")
         if self.unrecorded:
             parts.append(
-                f"{len(self.unrecorded)} slides without a scan record ({STATE_DIR}/scan removed or not copied, or "
-                "built by a wsishard before 0.3): build with --qc to draw theirs"
+                f"{plural(len(self.unrecorded), 'slide')} without a scan record ({STATE_DIR}/scan removed or not "
+                "copied, or built by a wsishard before 0.3): build with --qc to draw theirs"
             )
         return "; ".join(parts) + (f"; review page {self.page}" if self.page else "")
 

@@ -18,6 +18,7 @@ in the ``.json``; patches mostly of an unlisted class are left out.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -31,12 +32,17 @@ from wsishard.builder.tissueopts import RoiOptions as RoiOptions
 from wsishard.builder.tissueopts import parse_names as parse_names
 from wsishard.errors import OptionError, SlideError
 
+logger = logging.getLogger(__name__)
+
 ROI_SUFFIXES = (".geojson", ".json")
 Ring = np.ndarray  # (n, 2) float64 level-0 (x, y)
 
 
 def match_annotations(roi_path: str | None, slides: Sequence[str]) -> list[str | None]:
     """Each slide's annotation file, or None where there is none.
+
+    A single file given for a single slide is that slide's whatever its name (with a warning when the name is not
+    the slide's).
 
     Raises:
         OptionError: ``roi_path`` does not exist.
@@ -46,6 +52,14 @@ def match_annotations(roi_path: str | None, slides: Sequence[str]) -> list[str |
     if os.path.isfile(roi_path):
         base = os.path.basename(roi_path)
         found = [roi_path if base in _names(s) else None for s in slides]
+        if len(slides) == 1 and found[0] is None:  # applied all the same: one slide, one file
+            logger.warning(
+                "--roi %s is applied to %s though its name is not that slide's (%s expected): check it is the "
+                "slide's annotation file",
+                roi_path,
+                os.path.basename(slides[0].rstrip("/")),
+                _names(slides[0])[0],
+            )
         return [roi_path] if len(slides) == 1 else found
     if not os.path.isdir(roi_path):
         raise OptionError(f"--roi: no such file or folder: {roi_path}")

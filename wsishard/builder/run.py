@@ -37,7 +37,7 @@ from wsishard.builder.records import make_manifest, options_dict, write_outputs
 from wsishard.builder.roi import match_annotations
 from wsishard.builder.scan import ScanResult, crashed_scan, scan_slide, scan_tasks
 from wsishard.builder.staging import StagedSlide, StageTask, crashed_stage, remove_staging, scratch_for, stage_slide
-from wsishard.builder.stamps import fingerprint, input_stamps
+from wsishard.builder.stamps import build_identity, fingerprint, input_stamps
 from wsishard.builder.state import BuildState
 from wsishard.errors import OptionError, OutputError
 from wsishard.format import is_shard_name, shard_name, shard_order, temp_target
@@ -108,7 +108,8 @@ def build(
     annotations = match_annotations(options.roi.path, paths)  # likewise: a bad --roi never claims the output
     dest = Destination(out, storage_options)
     dest.makedirs()
-    state = BuildState(dest, fingerprint(paths, options_dict(options, for_fingerprint=True)), part)
+    recorded = options_dict(options, for_fingerprint=True)
+    state = BuildState(dest, fingerprint(paths, recorded), part, build_identity(paths, recorded))
     jobs = options.jobs or os.cpu_count() or 1
     with state.lock:  # one build (or the parts of one) at a time; released on errors and interrupts too
         stamps = input_stamps(paths, storage_options)  # by location as stored (no query string or user info)
@@ -268,6 +269,7 @@ class _Tally:
         """A shard done (``sign`` -1: undone); its samples count too unless :meth:`written` counted them."""
         self.shards += sign
         self.patches += sign * (outcome.record.samples if outcome.record and with_samples else 0)
+        self.report()  # the last shard's too: the bar ends at 7/7 shards, not 6/7
 
     def report(self) -> None:
         self.progress(BuildProgress("extract", self.shards, self.shards_total, self.patches, self.patches_total))

@@ -15,26 +15,70 @@ import fsspec
 from wsishard import format as fmt
 from wsishard.storage.urls import StorageOptions, is_url, public_location
 
-__all__ = ["Stamp", "fingerprint", "input_stamps"]
+__all__ = ["Stamp", "build_identity", "fingerprint", "identity_change", "input_stamps"]
 
 _TAGS = ("ETag", "etag", "VersionId", "LastModified", "mtime", "updated")  # what tells an object's version, best first
 
 Stamp = dict[str, Any]  # {"size", "mtime_ns"} of a file, {"size", "tag"} of an object
 
 
+def build_identity(slides: Sequence[str], options: dict[str, Any]) -> dict[str, Any]:
+    """What determines the output: the slide list (URLs as stored: a presigned slide signed again is the same
+    slide), every option, the format version and the build revision (recorded so that a refused resume can say what
+    changed: :func:`identity_change`)."""
+    return {
+        "slides": [public_location(s) for s in slides],
+        "options": options,
+        "format": fmt.FORMAT_VERSION,
+        "revision": fmt.BUILD_REVISION,
+    }
+
+
 def fingerprint(slides: Sequence[str], options: dict[str, Any]) -> str:
-    """A digest of what determines the output: the slide list (URLs as stored: a presigned slide signed again is the
-    same slide), every option, the format version and the build revision."""
-    text = json.dumps(
-        {
-            "slides": [public_location(s) for s in slides],
-            "options": options,
-            "format": fmt.FORMAT_VERSION,
-            "revision": fmt.BUILD_REVISION,
-        },
-        sort_keys=True,
-    )
+    """A digest of :func:`build_identity`."""
+    text = json.dumps(build_identity(slides, options), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def identity_change(old: dict[str, Any], new: dict[str, Any], *, limit: int = 3) -> str:
+    """What differs between two :func:`build_identity` records, in words (``option patch.target_mpp 0.5 -> 1.0;
+    slides added: c.svs``), at most ``limit`` of each kind named; empty when nothing recorded differs."""
+    changes = []
+    old_opts, new_opts = _flat(old.get("options"), ""), _flat(new.get("options"), "")
+    changed = [k for k in sorted(set(old_opts) | set(new_opts)) if old_opts.get(k, "unset") != new_opts.get(k, "unset")]
+    for key in changed[:limit]:
+        changes.append(f"option {key} {_short(old_opts.get(key, 'unset'))} -> {_short(new_opts.get(key, 'unset'))}")
+    if len(changed) > limit:
+        changes.append(f"{len(changed) - limit} more options")
+    old_slides, new_slides = old.get("slides") or [], new.get("slides") or []
+    for word, names in (("added", _missing(new_slides, old_slides)), ("removed", _missing(old_slides, new_slides))):
+        if names:
+            more = f" and {len(names) - limit} more" if len(names) > limit else ""
+            changes.append(f"slides {word}: {', '.join(os.path.basename(n) for n in names[:limit])}{more}")
+    for key, what in (("format", "format version"), ("revision", "build revision (how wsishard plans and resamples)")):
+        if old.get(key) != new.get(key):
+            changes.append(f"{what} {old.get(key)} -> {new.get(key)}")
+    return "; ".join(changes)
+
+
+def _flat(value: Any, prefix: str) -> dict[str, str]:
+    """A nested options dict as ``{"patch.target_mpp": "0.5", ...}`` (values as JSON text)."""
+    if isinstance(value, dict) and value:
+        out: dict[str, str] = {}
+        for key, item in value.items():
+            out.update(_flat(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: json.dumps(value, sort_keys=True)} if prefix else {}
+
+
+def _short(text: str, width: int = 40) -> str:
+    return text if len(text) <= width else f"{text[: width - 3]}..."
+
+
+def _missing(names: Sequence[str], of: Sequence[str]) -> list[str]:
+    """The entries of ``names`` that ``of`` lacks, in order."""
+    known = set(of)
+    return [n for n in names if n not in known]
 
 
 def input_stamps(paths: Sequence[str], storage_options: StorageOptions | None = None) -> dict[str, Stamp]:

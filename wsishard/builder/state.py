@@ -26,7 +26,7 @@ from wsishard import manifest as manifest_records
 from wsishard.builder.extract import ShardDone
 from wsishard.builder.lock import OutputLock, who
 from wsishard.builder.scanstate import ScanStore
-from wsishard.builder.stamps import Stamp
+from wsishard.builder.stamps import Stamp, identity_change
 from wsishard.errors import OptionError
 from wsishard.format import STATE_DIR
 from wsishard.shards.index import index_shard
@@ -55,8 +55,15 @@ class BuildState:
     :class:`OptionError` saying what is there and what to do. ``lock`` is the output's :class:`OutputLock` for this
     build (or part): hold it (``with state.lock:``) around :meth:`claim` and the build."""
 
-    def __init__(self, dest: Destination, digest: str, part: tuple[int, int] | None = None) -> None:
-        self.dest, self.digest, self.part = dest, digest, part
+    def __init__(
+        self,
+        dest: Destination,
+        digest: str,
+        part: tuple[int, int] | None = None,
+        identity: dict[str, Any] | None = None,
+    ) -> None:
+        # identity: what ``digest`` is the fingerprint of (stamps.build_identity), recorded to say what changed
+        self.dest, self.digest, self.part, self.identity = dest, digest, part, identity
         # parts of a cluster build share the output: each keeps its own list of failed slides (its groups only)
         self._failed = _FAILED if part is None else f"failed.{fmt.part_label(part)}.json"
         self.lock = OutputLock(dest, digest, part)
@@ -88,11 +95,7 @@ class BuildState:
         if not survey.found:
             self._beside(survey.foreign, overwrite, stamps)
         elif not same and not overwrite:
-            raise OptionError(
-                f"{where} holds a build with other slides or options (or one begun by a wsishard that "
-                "writes another format version, plans or resamples differently); re-run with the same "
-                "ones to resume it, or pass --overwrite to replace it"
-            )
+            raise OptionError(self._other_build(where))
         elif changed and (not overwrite or self.lock.siblings):
             running = f" wait for {who(self.lock.siblings[0], self.digest)} to end, then" if self.lock.siblings else ""
             raise OptionError(
@@ -102,7 +105,27 @@ class BuildState:
         if survey.found and (not same or changed or (overwrite and self.part is None)):
             self._clear(survey)
         inputs = stamps if stamps is not None else survey.stamps if same else None
-        self._put_json({"fingerprint": self.digest, **({"inputs": dict(inputs)} if inputs is not None else {})}, _BUILD)
+        record = {"fingerprint": self.digest, **({"inputs": dict(inputs)} if inputs is not None else {})}
+        if self.identity is not None:
+            record["identity"] = self.identity
+        self._put_json(record, _BUILD)
+
+    def _other_build(self, where: str) -> str:
+        """The refusal of an output holding another build: what changed, where the build recorded it."""
+        with contextlib.suppress(ValueError, OSError):
+            recorded = self._json(_BUILD)
+            old = recorded.get("identity") if isinstance(recorded, dict) else None
+            change = identity_change(old, self.identity) if isinstance(old, dict) and self.identity else ""
+            if change:
+                return (
+                    f"{where} holds a build of other slides or options ({change}); re-run with the same ones to "
+                    "resume it, or pass --overwrite to replace it"
+                )
+        return (
+            f"{where} holds a build with other slides or options (or one begun by a wsishard that "
+            "writes another format version, plans or resamples differently); re-run with the same "
+            "ones to resume it, or pass --overwrite to replace it"
+        )
 
     def _beside(self, foreign: list[str], overwrite: bool, stamps: Mapping[str, Stamp] | None) -> None:
         """A folder holding no build: refuse its files, or (``overwrite``) build beside them unless in the way."""

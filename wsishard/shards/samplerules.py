@@ -1,6 +1,7 @@
 """What a sample of a build must hold (:class:`SampleRules`, from its manifest's options): a key in the key
 grammar, an image of the patch size and format (read from its header only), a ``.json`` that agrees with the
-options, and a ``.cls`` exactly where the slide has a label. :func:`sample_problems` names what a sample gets wrong;
+options, and a ``.cls`` exactly where the slide has a label (on a ``--roi-labels`` build, a patch's class where its
+slide's annotations gave one). :func:`sample_problems` names what a sample gets wrong;
 ``verify`` applies it to every sample of every shard.
 """
 
@@ -36,6 +37,8 @@ class SampleRules:
         mpp_name: the ``.json``'s name for the patch's mpp in the manifest's format version (``patch_mpp``, or ``mpp``).
         labels: slide id -> its label (None: unlabelled), from the manifest's slide records.
         labelled: the build had labels (``options.labels``): for slides the manifest does not list.
+        roi_classes: the classes of ``options.roi.labels`` (0: none): a slide without a slide label may then hold
+            ``.cls`` members, each a class index below this.
         context_scales, context_size_px: the context patches of every sample (``options.context_mpp``, ``size``).
     """
 
@@ -46,6 +49,7 @@ class SampleRules:
     mpp_name: str = "patch_mpp"
     labels: dict[str, int | None] = field(default_factory=dict)
     labelled: bool = False
+    roi_classes: int = 0
     context_scales: int = 0  # len(options.context_mpp): the ctx<i> members every sample holds
     context_size_px: int = 0  # options.context_size
 
@@ -60,6 +64,8 @@ class SampleRules:
         patch = options.get("patch")
         patch = patch if isinstance(patch, dict) else {}
         target = _number(patch.get("target_mpp"))
+        roi = options.get("roi")
+        roi_labels = _list(roi.get("labels")) if isinstance(roi, dict) else []
         return cls(
             patch_size_px=expected_patch_size(manifest, location),
             image_format=manifest.image_format,
@@ -68,6 +74,7 @@ class SampleRules:
             mpp_name=patch_mpp_name(manifest.version),
             labels={s.slide_id: s.label for s in manifest.slides},
             labelled=bool(options.get("labels")),
+            roi_classes=len(roi_labels),
             context_scales=len(_list(options.get("context_mpp"))),
             context_size_px=int(_number(options.get("context_size")) or 0),
         )
@@ -145,6 +152,8 @@ def _label_problems(key: str, cls: bytes | None, rules: SampleRules) -> list[tup
     slide = key.rsplit("_x", 1)[0]  # the key's slide id (coordinates are digits: the last "_x" is theirs)
     label = rules.labels.get(slide)
     labelled = label is not None if slide in rules.labels else rules.labelled
+    if not labelled and rules.roi_classes:
+        return [] if cls is None else _class_problems(cls, rules.roi_classes)
     if not labelled:
         return [] if cls is None else [(f"samples have .{LABEL_EXT} though their slide has no label", "")]
     if cls is not None and not _is_label(cls):
@@ -156,6 +165,14 @@ def _label_problems(key: str, cls: bytes | None, rules: SampleRules) -> list[tup
             (f"samples' .{LABEL_EXT} differs from their slide's label", f".{LABEL_EXT} {cls[:20]!r}, label {label}")
         ]
     return []
+
+
+def _class_problems(cls: bytes, classes: int) -> list[tuple[str, str]]:
+    """A ``--roi-labels`` patch's ``.cls``: the index of one of the build's ``classes`` annotation classes."""
+    if _is_label(cls) and 0 <= int(cls) < classes:
+        return []
+    wrong = f"samples' .{LABEL_EXT} is not a class index 0..{classes - 1} of the manifest's roi labels"
+    return [(wrong, f".{LABEL_EXT} {cls[:20]!r}")]
 
 
 def _is_label(value: object) -> bool:

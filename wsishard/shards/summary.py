@@ -223,3 +223,19 @@ def index_build(output: str, storage_options: Mapping[str, Any] | None = None) -
     bound = dataclasses.replace(manifest, shards=records, index_sha256=summary.digest())
     dest.write_bytes(manifest_location(output)[0].rsplit("/", 1)[-1], bound.to_json().encode())
     return summary
+
+
+def label_totals(root: str, storage_options: Mapping[str, Any] | None = None) -> dict[int, int] | None:
+    """Samples of each label in the whole build at ``root`` (-1: unlabelled), from its ``index.npz``; None when
+    the output has no summary (built by a wsishard without indexes) or it cannot be read."""
+    dest = Destination(root, storage_options)
+    data = dest.read_bytes(SUMMARY_NAME)
+    if data is None:
+        return None
+    try:
+        summary = Summary.from_bytes(data, SUMMARY_NAME)
+    except IndexFileError as exc:
+        logger.warning("%s", exc)
+        return None
+    totals = summary.label_counts.sum(axis=0) if len(summary.shards) else np.zeros(len(summary.labels), np.int64)
+    return {int(label): int(n) for label, n in zip(summary.labels, totals, strict=True)}

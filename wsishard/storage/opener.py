@@ -139,12 +139,32 @@ def load_manifest(
     """
     refuse_url_credentials(source)
     url, root = manifest_location(source)
-    manifest = Manifest.from_json(_read_text(url, storage_options), redact(url, storage_options))
+    try:
+        text = _read_text(url, storage_options)
+    except ManifestError as exc:
+        running = _running_builds(root, storage_options) if isinstance(exc.__cause__, FileNotFoundError) else []
+        if running:
+            reason = f"not written yet: {' and '.join(running)} is still writing this output; wait for it to end"
+            raise ManifestError(exc.location, reason) from exc
+        raise
+    manifest = Manifest.from_json(text, redact(url, storage_options))
     if slides and manifest.slides_file:
         where = join(root, manifest.slides_file)
         records = parse_slide_lines(_read_text(where, storage_options), redact(where, storage_options))
         manifest = dataclasses.replace(manifest, slides=records)
     return manifest, root
+
+
+def _running_builds(root: str, storage_options: StorageOptions | None) -> list[str]:
+    """The builds that hold ``root``'s lock (their state folder's ``lock*.json``), in words; empty when none is
+    running or the folder cannot be read."""
+    from wsishard.builder.lock import running_builds  # here: only a missing manifest asks
+    from wsishard.storage.output import Destination
+
+    try:
+        return running_builds(Destination(root, storage_options))
+    except (OSError, ValueError):
+        return []
 
 
 def _read_text(url: str, storage_options: StorageOptions | None) -> str:

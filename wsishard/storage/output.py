@@ -19,6 +19,7 @@ from typing import IO, Any
 
 import fsspec
 
+from wsishard.errors import OutputError
 from wsishard.format import temp_name
 from wsishard.storage.opener import list_names
 from wsishard.storage.retry import RetryPolicy, call_with_retries
@@ -165,6 +166,8 @@ class Destination:
                 self.fs.pipe_file(final, data, mode="create")
             except FileExistsError:
                 return False
+            except FileNotFoundError as exc:  # an object store's PUT needs no folder: the bucket is missing
+                raise self._no_bucket(exc) from exc
             return True
         os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
         head, base = os.path.split(final)
@@ -178,6 +181,14 @@ class Destination:
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
+
+    def _no_bucket(self, exc: OSError) -> OutputError:
+        """The error of a write that found no bucket, naming it (s3fs says only "The specified bucket does not
+        exist")."""
+        bucket = self.location.split("://", 1)[-1].split("/", 1)[0]
+        return OutputError(
+            self.location, f"the bucket {bucket!r} does not exist ({exc}); create it, or check the output URL"
+        )
 
     def remove(self, name: str) -> None:
         """Delete ``name`` if it exists."""

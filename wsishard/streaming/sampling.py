@@ -232,7 +232,8 @@ def dropped_message(plan: EpochPlan) -> str | None:
     return (
         f"epoch mode reads {kept} of {total} samples each epoch ({total - kept} dropped, "
         f"{100 * (total - kept) / total:.1f}%): every rank yields the same number of batches "
-        f"({plan.batches_per_rank} of {plan.batch_size}) with {world_size} rank(s) x {workers} worker(s)"
+        f"({plan.batches_per_rank} batches of {plan.batch_size} samples) with {world_size} rank(s) x "
+        f"{workers} worker(s)"
         f"{', and each worker drops its last incomplete batch (drop_last)' if plan.drop_last else ''}; "
         "stream(..., pad_last=True) reads every sample exactly once, padding with repeats marked "
         "batch['valid'] == False"
