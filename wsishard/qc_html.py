@@ -5,6 +5,7 @@ Everything from the manifest is HTML-escaped (file names and reasons are data, n
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 
@@ -20,6 +21,8 @@ from wsishard.format import (
 )
 from wsishard.manifest import Manifest, SlideRecord
 from wsishard.report import headline
+from wsishard.shards.index import index_shard
+from wsishard.shards.summary import SUMMARY_NAME
 from wsishard.storage.urls import is_url
 
 _STYLE = """
@@ -68,23 +71,49 @@ def write_qc_page(manifest: Manifest, root: str, path: str) -> None:
 
 
 def check_page_target(root: str, path: str) -> None:
-    """Refuse (:class:`OptionError`) a page ``path`` that is a folder or one of the build's own files."""
+    """Refuse (:class:`OptionError`) a page ``path`` that is a folder or one of the build's own files: by its name
+    in the output (after resolving symlinks and ``..``), or, for an existing file anywhere, by being the same file
+    (device and inode: a hard link) as one in the output."""
     if os.path.isdir(path):
         raise OptionError(f"--html {path}: is a folder; give the page's file name ({os.path.join(path, 'qc.html')})")
     if is_url(root):
         return
     rel = os.path.relpath(os.path.realpath(path), os.path.realpath(root)).replace(os.sep, "/")
-    name = temp_target(rel) or rel
-    if rel.startswith("../") or name == QC_INDEX_NAME:
-        return
-    picture = name.startswith("qc/") and name.endswith(".png")
-    state = name == STATE_DIR or name.startswith(STATE_DIR + "/")
-    listing = name == MANIFEST_NAME or parse_part_manifest(name) is not None or is_slides_name(name)
-    if state or picture or listing or is_shard_name(name):
+    name = None if rel.startswith("../") else temp_target(rel) or rel
+    if name is None or not _owned(name):
+        name = _linked_name(root, path)  # a hard link, inside the output or out of it
+    if name is not None and _owned(name):
         raise OptionError(
             f"--html {path}: that is the build's own {name}, which the page would replace; write it "
             f"elsewhere (the build's page is {os.path.join(root, QC_INDEX_NAME)})"
         )
+
+
+def _owned(name: str) -> bool:
+    """Whether ``name`` (relative to the output, ``/``-separated) is a file the build writes, except its page."""
+    picture = name.startswith("qc/") and name.endswith(".png")
+    state = name == STATE_DIR or name.startswith(STATE_DIR + "/")
+    listing = name == MANIFEST_NAME or parse_part_manifest(name) is not None or is_slides_name(name)
+    index = name == SUMMARY_NAME or index_shard(name) is not None
+    return state or picture or listing or index or is_shard_name(name)
+
+
+def _linked_name(root: str, path: str) -> str | None:
+    """The name of a file of the build at ``root`` that ``path`` is a hard link of, if any."""
+    try:
+        st = os.stat(path)
+    except OSError:  # no such file yet: nothing to replace
+        return None
+    if st.st_nlink < 2:
+        return None
+    for folder, _, files in os.walk(root):
+        for file in files:
+            full = os.path.join(folder, file)
+            with contextlib.suppress(OSError):
+                name = os.path.relpath(full, root).replace(os.sep, "/")
+                if _owned(name) and os.path.samestat(os.stat(full), st):
+                    return name
+    return None
 
 
 _ORDER = {"failed": 0, "skipped": 1, "ok": 2}  # failed slides first, then skipped ones

@@ -19,7 +19,9 @@ from wsishard.builder.grid import PatchOptions
 from wsishard.builder.options import BuildOptions
 from wsishard.builder.roi import RoiOptions
 from wsishard.builder.run import build
-from wsishard.errors import OptionError
+from wsishard.errors import OptionError, SlideError
+from wsishard.report import summary
+from wsishard.slide import open_slide
 from wsishard.testing.synthetic import make_slide, make_slides
 
 SMALL = PatchOptions(target_mpp=0.5, patch_size_px=64, min_tissue=0.5)
@@ -340,3 +342,55 @@ def test_shards_sized_in_bytes_come_out_near_the_size_asked(many_slides: Path, t
     full = sizes[:-1]  # the last shard holds what is left
     assert 0.85 * 600_000 <= sum(full) / len(full) <= 1.15 * 600_000, sizes
     assert all(0.7 * 600_000 <= size <= 1.3 * 600_000 for size in full), sizes
+
+
+# ---- issue 42: tiles overwritten in their middle, their end marker kept ----------------------------------------
+
+
+def _scramble_tile_middles(path: str, every: int) -> int:
+    """Overwrite 96 bytes in the middle of every ``every``-th level-0 tile with seeded noise that holds no ``FF``
+    (so no marker), each tile's end marker kept: libjpeg decodes garbage after a "Corrupt JPEG data" warning
+    (OpenSlide makes that warning an error). Returns how many tiles were hit."""
+    with tifffile.TiffFile(path) as tif:
+        offsets, counts = tif.pages[0].dataoffsets, tif.pages[0].databytecounts
+    noise = np.random.default_rng(42)
+    hit = 0
+    with open(path, "r+b") as fh:
+        for t in range(0, len(offsets), every):
+            if counts[t] < 1024:  # glass-only tiles are a few hundred bytes
+                continue
+            fh.seek(offsets[t] + counts[t] // 2 - 48)
+            fh.write(noise.integers(0, 255, 96, dtype=np.uint8).tobytes())
+            hit += 1
+    return hit
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_slide_with_tiles_scrambled_in_their_middle_fails_on_either_path(tmp_path: Path, fast_path: bool) -> None:
+    (tmp_path / "in").mkdir()
+    make_slide(tmp_path / "in" / "good.svs", width=2048, height=2048, mpp=0.5, seed=11)
+    bad = make_slide(tmp_path / "in" / "bad.svs", width=2048, height=2048, mpp=0.5, seed=12)
+    assert _scramble_tile_middles(bad.path, every=3) >= 5
+    options = BuildOptions(jobs=1, fast_path=fast_path)
+    manifest = build([str(tmp_path / "in")], str(tmp_path / "out"), options)
+    status = {s.slide_id: (s.status, s.reason, s.patches) for s in manifest.slides}
+    assert status["good"][:2] == ("ok", "") and status["good"][2] > 0
+    assert status["bad"][0] == "failed" and status["bad"][2] == 0, status["bad"]
+    assert "Corrupt JPEG data" in status["bad"][1] and "\n" not in status["bad"][1]
+    assert [f.slide_id for f in manifest.failed_slides] == ["bad"]
+    assert f"FAILED bad.svs: {status['bad'][1]}" in summary(manifest).splitlines()[-1]
+    _, samples = read_output(str(tmp_path / "out"))
+    assert samples and {s.meta["slide_id"] for s in samples} == {"good"}
+    assert len(samples) == status["good"][2]
+
+
+@pytest.mark.parametrize("mpp", [0.25, 0.5])
+def test_scrambled_tiles_are_refused_at_every_decode_scale(tmp_path: Path, mpp: float) -> None:
+    """0.5 mpp reads level 0 as stored (full-size decodes); 0.25 mpp reads it at 1/2 (libjpeg's scaled decode)."""
+    bad = make_slide(tmp_path / "bad.svs", width=1024, height=1024, mpp=0.25, seed=12)
+    assert _scramble_tile_middles(bad.path, every=1) >= 4
+    with open_slide(bad.path) as slide, pytest.raises(SlideError, match="is corrupt \\(Corrupt JPEG data"):
+        if mpp == 0.5:
+            slide.read_level(0, 0, 0, 1024, 1024)
+        else:
+            slide.read_level_reduced(0, 0, 0, 1024, 1024, 2)

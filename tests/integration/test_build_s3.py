@@ -316,3 +316,38 @@ def test_a_missing_output_bucket_is_named(s3: S3Server, cohort: Path, capsys: py
     err = capsys.readouterr().err
     assert err.startswith("wsishard build: error: cannot write s3://no-such-bucket/out: the bucket 'no-such-bucket'")
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_dead_presigned_urls_in_a_list_are_failed_slides_and_their_secrets_are_never_shown(
+    http_serve: Any, cohort: Path, tmp_path: Path
+) -> None:
+    """Issue 42: a list file with a presigned URL that gets 404 and one whose connection is refused built nothing
+    (exit 3 from the inputs' stamps); now each is one failed record, and no output, log line or file holds the
+    password or the signature."""
+    from servers import free_port
+
+    server: HttpServer = http_serve(str(cohort))
+    name = sorted(p.name for p in cohort.iterdir() if p.suffix == ".svs")[0]
+    secrets = ("PASSW0RDSECRET", "SIGNATURESECRET", "DEADSIGSECRET", "REFUSEDSIGSECRET")
+    base = server.url.replace("http://", f"http://reader:{secrets[0]}@")
+    refused = f"http://reader:{secrets[0]}@127.0.0.1:{free_port()}"  # nothing listens there
+    listing = tmp_path / "slides.txt"
+    listing.write_text(
+        f"{base}/{name}?X-Amz-Signature={secrets[1]}\n"
+        f"{base}/gone.svs?X-Amz-Signature={secrets[2]}\n"
+        f"{refused}/refused.svs?X-Amz-Signature={secrets[3]}\n"
+    )
+    out = tmp_path / "out"
+    args = ("-v", "build", str(listing), "-o", str(out), *SMALL_BUILD_ARGS[:-1], "--jobs", "1")
+    proc = subprocess.run([sys.executable, "-m", "wsishard.cli", *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]  # some slides failed: not 3, the build ran
+    shown = proc.stdout + proc.stderr
+    assert "FAILED gone.svs: " in shown and "FAILED refused.svs: " in shown
+    assert not [s for s in secrets if s in shown]
+    manifest, samples = read_output(str(out))
+    status = {s.slide_id: s.status for s in manifest.slides}
+    assert status == {name.rsplit(".", 1)[0]: "ok", "gone": "failed", "refused": "failed"}
+    assert samples and {s.meta["file"] for s in samples} == {name}
+    for path in (p for p in out.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        assert not [s for s in secrets if s.encode() in data], path

@@ -374,3 +374,34 @@ def test_the_qc_picture_outlines_one_samples_context_fields() -> None:
     assert not np.all(plain == CONTEXT_RGB, axis=2).any()
     assert red[50, 100:200].all() and red[150, 100:200].all() and red[50:150, 100].all()  # the square's sides
     assert not red[60:140, 110:190].any()  # an outline: the patch inside stays visible
+
+
+# ---- issue 42: a context field far larger than the slide --------------------------------------------------------
+
+
+@pytest.mark.parametrize("mpp", [300.0, 999.0])
+def test_a_context_field_far_larger_than_the_slide_reads_only_the_slide(tmp_path: Path, mpp: float) -> None:
+    """``--context-mpp 300`` on an 8192 px slide took 2.85 GB for 2 patches (999: a 12.5 GiB allocation): stage 1
+    read the whole field at the level's px, glass and all. Now only the part on the slide is read, in chunks."""
+    import tracemalloc
+
+    (tmp_path / "in").mkdir()
+    make_slide(tmp_path / "in" / "small.svs", width=2048, height=2048, mpp=0.25, seed=21)
+    patch = dataclasses.replace(PLAIN.patch, max_patches_per_slide=2)
+    options = dataclasses.replace(PLAIN, patch=patch, context_mpp=(mpp,), context_size=64)
+    tracemalloc.start()
+    try:
+        manifest = build([str(tmp_path / "in")], str(tmp_path / "out"), options)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 48 << 20, f"{peak / 2**20:.0f} MiB traced"  # 2.5 MiB; the whole field read: 1,480 MiB at 300
+    (record,) = manifest.slides
+    assert record.status == "ok" and record.patches == 2
+    _, samples = read_output(str(tmp_path / "out"))
+    for sample in samples:
+        (meta,) = sample.meta["context"]
+        assert meta["mpp"] == mpp and meta["padded"] > 0.99  # the slide is a speck in the field
+        ctx = _rgb(sample.members["ctx0.jpg"])  # (64, 64, 3)
+        assert ctx.shape == (64, 64, 3)
+        assert (ctx.min(axis=2) < 250).any() == (mpp == 300.0)  # 1.7 px of slide in it; at 999 no px centre on it

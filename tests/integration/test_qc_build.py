@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -119,6 +120,37 @@ def test_inspect_html_never_writes_over_a_file_of_the_build(built: Path, capsys:
     assert main(["inspect", str(built), "--html", str(built / "qc" / "index.html")]) == 0  # its own page: rewritten
     assert main(["inspect", str(built), "--html", str(built / "qc")]) == 2
     assert "is a folder" in capsys.readouterr().err
+
+
+def test_inspect_html_never_writes_over_an_index_nor_through_a_link(
+    built: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 42: ``--html`` at a shard's ``.idx.npz`` or ``index.npz`` (also through a symlink or a hard link from
+    outside the output) replaced it with HTML, exit 0."""
+    index = next(p.name for p in built.glob("shard-*.idx.npz"))
+    for name in (index, "index.npz"):
+        before = (built / name).read_bytes()
+        assert main(["inspect", str(built), "--html", str(built / name)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"that is the build's own {name}" in err and len(err.splitlines()) == 1, err
+        soft, hard = tmp_path / f"soft-{name}.html", tmp_path / f"hard-{name}.html"
+        soft.symlink_to(built / name)
+        os.link(built / name, hard)
+        for link in (soft, hard):
+            assert main(["inspect", str(built), "--html", str(link)]) == 2
+            err = capsys.readouterr().err.strip()
+            assert f"the build's own {name}" in err and len(err.splitlines()) == 1, err
+        assert (built / name).read_bytes() == before
+    shard = next(built.glob("shard-*.tar"))
+    os.link(shard, tmp_path / "shard-copy.html")
+    assert main(["inspect", str(built), "--html", str(tmp_path / "shard-copy.html")]) == 2
+    assert f"the build's own {shard.name}" in capsys.readouterr().err
+    os.link(built / "manifest.json", built / "review.html")  # inside the output, under a name of no build file
+    assert main(["inspect", str(built), "--html", str(built / "review.html")]) == 2
+    assert "the build's own manifest.json" in capsys.readouterr().err
+    os.unlink(built / "review.html")
+    assert main(["inspect", str(built), "--html", str(tmp_path / "fresh.html")]) == 0  # a new file outside: written
+    assert (tmp_path / "fresh.html").read_text().startswith("<!")
 
 
 def test_inspect_qc_names_slides_whose_scan_records_are_gone(

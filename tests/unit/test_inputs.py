@@ -111,7 +111,7 @@ def test_lookup_by_path_file_name_or_stem(tmp_path: Path, monkeypatch: pytest.Mo
 
 def test_read_table_keeps_header_lines_and_strips_cells(tmp_path: Path) -> None:
     path = tmp_path / "t.csv"
-    path.write_text("slide,value\n# a comment\n\n a.svs , 1 \nb,two,extra\n")
+    path.write_text("slide,value\n# a comment\n\n a.svs , 1 \nb,two, \n")  # an empty third cell: no column
     assert read_table(str(path), "--labels") == {"slide": "value", "a.svs": "1", "b": "two"}
 
 
@@ -342,3 +342,86 @@ def test_a_table_name_matching_two_slides_is_refused(key: str) -> None:
     with pytest.raises(OptionError, match=r"--mpp-csv: .* matches two slides"):
         check_tables(paths, BuildOptions(mpp_overrides={key: 0.25}))
     assert check_tables(paths, BuildOptions(labels={"/data/x/a.svs": 1, "/data/y/a.svs": 2})) == []
+
+
+# ---- issue 42: odd tables ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-8-sig"])
+def test_a_labels_file_in_utf16_or_utf32_with_its_byte_order_mark_is_read(tmp_path: Path, encoding: str) -> None:
+    path = tmp_path / "labels.csv"
+    bom = {"utf-16-le": "\ufeff", "utf-16-be": "\ufeff"}.get(encoding, "")  # the plain codecs write their own
+    path.write_text(bom + "slide,label\nslide-000,tumour\nslide-001,normal\n", encoding=encoding)
+    assert label_table(str(path)) == ({"slide-000": 1, "slide-001": 0}, ["normal", "tumour"])
+    assert mpp_table(str(_write(tmp_path / "mpp.csv", "a.svs,0.25\n", encoding))) == {"a.svs": 0.25}
+
+
+def _write(path: Path, text: str, encoding: str) -> Path:
+    path.write_text(("\ufeff" if encoding.endswith(("-le", "-be")) else "") + text, encoding=encoding)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            "slide,label\na,1\n".encode("utf-16-le"),
+            r"holds NUL bytes: UTF-16 without a byte-order mark.*save it as UTF-8",
+        ),
+        (
+            b"slide,label\na,\xe9t\xe9\n",
+            r"not UTF-8 text \(byte 3 of line 2 is 0xe9\): an encoding problem; save it as UTF-8",
+        ),
+    ],
+)
+def test_a_table_in_another_encoding_is_refused_as_an_encoding_problem(
+    tmp_path: Path, data: bytes, message: str
+) -> None:
+    path = tmp_path / "labels.csv"
+    path.write_bytes(data)
+    with pytest.raises(OptionError, match=r"--labels .*labels\.csv: " + message):
+        label_table(str(path))
+    listing = tmp_path / "slides.txt"
+    listing.write_bytes(data)
+    with pytest.raises(OptionError, match=r"slides\.txt: " + message):
+        find_slides([str(listing)])
+
+
+@pytest.mark.parametrize("value", ["\u0663", "1\u0660", "\u06f7", "\uff11"])  # Arabic-Indic, Persian, full-width
+def test_labels_or_mpps_in_digits_other_than_ascii_are_refused_naming_the_line(tmp_path: Path, value: str) -> None:
+    path = tmp_path / "labels.csv"
+    path.write_text(f"a.svs,1\nb.svs,{value}\n", encoding="utf-8")
+    with pytest.raises(OptionError, match=r"--labels .*labels\.csv: label .* of 'b\.svs' \(line 2\) .*ASCII digits"):
+        label_table(str(path))
+    path.write_text(f"a.svs,0.25\nb.svs,0.{value}\n", encoding="utf-8")
+    with pytest.raises(OptionError, match=r"--mpp-csv .*labels\.csv: mpp .* of 'b\.svs' \(line 2\) .*ASCII digits"):
+        mpp_table(str(path))
+
+
+def test_a_third_column_in_a_table_is_an_error_naming_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "labels.csv"
+    path.write_text("slide,label\na.svs,1,\nb.svs,0,extra\n", encoding="utf-8")  # an empty trailing cell is fine
+    with pytest.raises(OptionError, match=r"--labels .*labels\.csv: line 3 has 3 columns \('extra' after the label"):
+        label_table(str(path))
+    path.write_text("a.svs,1,\nb.svs,0\n", encoding="utf-8")
+    assert label_table(str(path)) == ({"a.svs": 1, "b.svs": 0}, [])
+
+
+def test_a_byte_identical_copy_of_a_slide_under_another_name_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import shutil
+
+    root = tmp_path / "in"
+    root.mkdir()
+    body = os.urandom(3 << 20)  # 3 MB: the middle is hashed by neither the first nor the last MB
+    (root / "a.svs").write_bytes(body)
+    shutil.copyfile(root / "a.svs", root / "copy-of-a.svs")
+    (root / "b.svs").write_bytes(body[:-1] + bytes([body[-1] ^ 1]))  # same size, another last byte
+    (root / "c.svs").write_bytes(body[:100])
+    with caplog.at_level(logging.WARNING, logger="wsishard"):
+        found = find_slides([str(root)])
+    assert len(found) == 4  # still built: a warning, not a refusal
+    lines = [r.getMessage() for r in caplog.records if "same bytes" in r.getMessage()]
+    assert len(lines) == 1 and "copy-of-a.svs" in lines[0] and "a.svs" in lines[0], lines
+    assert "b.svs" not in lines[0] and "c.svs" not in lines[0]

@@ -73,6 +73,28 @@ def test_parts_take_every_group_once_balanced_by_bytes() -> None:
     assert part_groups(groups, sizes, None) == list(range(len(groups)))
 
 
+def test_a_part_count_past_the_groups_costs_memory_by_the_groups_not_the_parts() -> None:
+    """Issue 42: ``--part 1/99999999999999999999`` (or ``SLURM_ARRAY_TASK_COUNT=10**12``) made ``assign_parts`` hold
+    one entry per part: ``MemoryError`` or the OOM killer. A million parts for 13 groups is now 13 entries."""
+    import tracemalloc
+
+    groups = make_groups(100, group_slides=8, seed=0)
+    weights = [int(x) for x in np.random.default_rng(2).integers(1, 10**9, size=len(groups))]
+    tracemalloc.start()
+    try:
+        dealt = assign_parts(weights, 10**6)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak  # bytes: the groups' entries, not a million parts'
+    assert sorted(dealt) == list(range(len(groups)))  # each group alone in one of the first parts
+    assert dealt == assign_parts(weights, len(groups))  # the same deal as with just enough parts
+    huge = 99_999_999_999_999_999_999
+    assert assign_parts(weights, huge) == dealt
+    assert part_groups(groups, [0] * 100, (1, huge)) == [0]
+    assert part_groups(groups, [0] * 100, (huge, huge)) == []
+
+
 def test_shard_index_packs_group_and_number() -> None:
     assert shard_name(shard_index(0, 0)) == "shard-000000-0000.tar"
     assert shard_name(shard_index(12, 3)) == "shard-000012-0003.tar"

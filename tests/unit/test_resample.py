@@ -171,3 +171,20 @@ def test_sharp_real_tissue_texture_stays_within_36_db(ihc_slide: str, mpp0: floa
                 checked += 1
     assert checked >= 8
     assert worst >= 36.0, f"{mpp0}: worst patch {worst:.1f} dB"
+
+
+@pytest.mark.parametrize("k", [65, 300, 1200])
+def test_a_stage_one_reduction_by_a_large_factor_is_the_mean_of_its_blocks(k: int) -> None:
+    """Issue 42 (context fields at --context-mpp 300..999): Pillow's reduce drifts for large factors (a white
+    1200 x 1200 block became 241, 300: 254), so context patches came out darker; past 64 the mean is numpy's."""
+    from wsishard.builder.resample import reduced_read
+    from wsishard.slide.memory import MemorySlide
+
+    rng = np.random.default_rng(k)
+    image = rng.integers(0, 256, (2 * k, 3 * k, 3), dtype=np.uint8)  # (h, w, 3)
+    image[:k, :k] = 255
+    with MemorySlide(image, mpp=0.25) as slide:
+        got = reduced_read(slide, 0, (0, 0, 3 * k, 2 * k), k, [(0, 0, 3 * k, 2 * k)])
+    mean = image.reshape(2, k, 3, k, 3).astype(np.float64).mean(axis=(1, 3))  # (2, 3, 3)
+    assert got.shape == (2, 3, 3) and (got[0, 0] == 255).all()
+    assert np.abs(got - mean).max() <= 0.5

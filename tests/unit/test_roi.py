@@ -13,6 +13,7 @@ import pytest
 
 from wsishard.builder.grid import PatchOptions, candidates
 from wsishard.builder.roi import (
+    Region,
     RoiOptions,
     label_patches,
     load_regions,
@@ -261,3 +262,56 @@ def test_per_patch_labels_survive_the_resume_state(tmp_path: Path) -> None:
         total=3,
     )
     assert plain.label is None and plain.label_names == ()
+
+
+# ---- issue 42: huge coordinates, many vertices, huge files ----------------------------------------------------
+
+
+@pytest.mark.parametrize("far", [1e12, 1e17, 1e300, np.finfo(np.float64).max / 2])
+def test_a_region_at_huge_coordinates_covering_the_slide_covers_it(tmp_path: Path, far: float) -> None:
+    """+/-1e300 left every px outside (every patch "outside the region"); +/-1e12 worked."""
+    mask = _mask(tmp_path, {"type": "Polygon", "coordinates": [_square(-far, -far, 2 * far)]})
+    assert mask.all()
+    mask = _mask(tmp_path, {"type": "Polygon", "coordinates": [[[-far, -far], [500, -far], [500, far], [-far, far]]]})
+    expected = np.zeros((100, 100), dtype=bool)
+    expected[:, :50] = True  # its right edge at x = 500 level-0 px, the rest far away
+    assert np.array_equal(mask, expected)
+
+
+def test_a_region_of_a_million_vertices_fills_as_its_few_vertex_outline_does(tmp_path: Path) -> None:
+    """The fill's work grows with vertices plus px (a 1e6-vertex ROI took 28 s, 10,000 vertices 10 s on 500 x 500):
+    each side of a square cut into 250,000 collinear points gives the square's own mask."""
+    side = np.linspace(0.0, 1.0, 250_000, endpoint=False)[:, None]  # (n, 1)
+    a, b, c, d = (np.array(p, dtype=float) for p in ([105, 195], [405, 195], [405, 505], [105, 505]))
+    ring = np.concatenate([a + side * (b - a), b + side * (c - b), c + side * (d - c), d + side * (a - d), [a]])
+    assert len(ring) == 1_000_001
+    many = rasterize([Region((ring,), "")], (100, 100), 10.0).mask
+    few = rasterize([Region((np.array([a, b, c, d, a]),), "")], (100, 100), 10.0).mask
+    expected = np.zeros((100, 100), dtype=bool)
+    expected[19:50, 10:40] = True  # centres (i + 0.5) * 10 inside x 105..405, y 195..505
+    assert np.array_equal(few, expected) and np.array_equal(many, expected)
+
+
+def test_the_fill_matches_scikit_image_on_random_self_crossing_polygons() -> None:
+    from skimage.draw import polygon as fill_polygon
+
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        ring = rng.uniform(-200, 1800, (int(rng.integers(3, 25)), 2))  # level-0 (x, y), partly off the slide
+        expected = np.zeros((90, 110), dtype=bool)
+        rr, cc = fill_polygon(ring[:, 1] / 16 - 0.5, ring[:, 0] / 16 - 0.5, (90, 110))
+        expected[rr, cc] = True
+        assert np.array_equal(rasterize([Region((ring,), "")], (90, 110), 16.0).mask, expected)
+
+
+def test_an_annotation_file_over_the_size_cap_is_a_slide_error_naming_its_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import wsishard.builder.roi as roi
+
+    path = _write(tmp_path, {"type": "Polygon", "coordinates": [SQUARE]})
+    monkeypatch.setattr(roi, "MAX_ROI_BYTES", 16)  # the real cap is 256 MiB: the same check, a smaller file
+    with pytest.raises(
+        SlideError, match=r"annotation file is \d\d bytes, over the 16 an annotation file may have \(it is read whole\)"
+    ):
+        load_regions(path)

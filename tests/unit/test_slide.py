@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tifffile
+from PIL import Image
 
 from wsishard.errors import MissingMppError, SlideError
 from wsishard.slide import OpenSlideReader, TiffTileReader, open_slide, read_lowres, resolve_mpp
+from wsishard.slide.tiff import _jpeg_scaled
 from wsishard.testing.synthetic import SyntheticSlide, make_slide
 
 
@@ -148,3 +151,24 @@ def test_lowres_view_decoded_at_a_dct_scale_matches_the_full_decode(
     assert view.shape == full.shape == (1229, 1638, 3) and l0_view == l0_full
     diff = np.abs(view.astype(np.int16) - full)
     assert diff.mean() < 3.0, diff.mean()
+
+
+# ---- issue 42: libjpeg's corrupt-data warnings are errors on the direct-tile path ------------------------------
+
+
+@pytest.mark.parametrize("rgb", [False, True])
+@pytest.mark.parametrize("factor", [1, 2, 4])
+def test_a_jpeg_damaged_in_its_middle_is_refused_not_decoded_into_garbage(rgb: bool, factor: int) -> None:
+    """``rgb``: a YCbCr stream read as RGB (Pillow decodes it, a strict decode checks it); else libjpeg-turbo strict."""
+    noise = np.random.default_rng(7)
+    pixels = noise.integers(0, 256, (256, 256, 3), dtype=np.uint8)  # (h, w, 3): busy, so the scan is long
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", quality=90)
+    data = bytearray(out.getvalue())
+    good = _jpeg_scaled(bytes(data), 256 // factor, 256 // factor, factor, rgb)
+    assert good.shape == (256 // factor, 256 // factor, 3)
+    middle = len(data) // 2
+    data[middle - 48 : middle + 48] = noise.integers(0, 255, 96, dtype=np.uint8).tobytes()  # no FF: no marker
+    assert data.endswith(b"\xff\xd9")
+    with pytest.raises(ValueError, match="Corrupt JPEG data"):
+        _jpeg_scaled(bytes(data), 256 // factor, 256 // factor, factor, rgb)

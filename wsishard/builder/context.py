@@ -145,5 +145,30 @@ class BlockContext:
             rects.append((lo_x, lo_y, hi_x, hi_y))
         x0, y0 = floor_to(min(r[0] for r in rects), k), floor_to(min(r[1] for r in rects), k)
         x1, y1 = ceil_to(max(r[2] for r in rects), k), ceil_to(max(r[3] for r in rects), k)
-        image = reduced_read(self.reader, level, (x0, y0, x1 - x0, y1 - y0), k, rects)  # ((y1-y0)/k, (x1-x0)/k, 3)
+        image = _read_on_slide(self.reader, level, (x0, y0, x1, y1), k, rects)  # ((y1-y0)/k, (x1-x0)/k, 3)
         return _Scale(Reduced(image, x0, y0, k, scale, snap=False), l0_per_c)
+
+
+_CHUNK_PX = 2048  # level px a side of one stage-1 read, at least (k-aligned; one k x k block if k is larger)
+
+
+def _read_on_slide(
+    reader: SlideReader, level: int, box: tuple[int, int, int, int], k: int, needed: list[tuple[int, int, int, int]]
+) -> np.ndarray:
+    """Stage 1 of the level-px ``box`` (x0, y0, x1, y1; multiples of ``k``) reduced ``k`` times: only the part on
+    the slide is read, in k-aligned chunks of about :data:`_CHUNK_PX` a side; the rest is glass white, as a read
+    off the slide gives. Each reduced px is the mean of its own k x k block as in one read of the whole box, and
+    memory is the reduced box plus one chunk, whatever the field's size (``--context-mpp 999`` on a small slide)."""
+    x0, y0, x1, y1 = box
+    out = np.full(((y1 - y0) // k, (x1 - x0) // k, 3), BACKGROUND, dtype=np.uint8)  # (h / k, w / k, 3)
+    l_w, l_h = reader.level_dimensions[level]
+    sx0, sy0 = max(x0, 0), max(y0, 0)  # 0 is a multiple of k: chunks stay aligned with the box's blocks
+    sx1, sy1 = min(x1, ceil_to(l_w, k)), min(y1, ceil_to(l_h, k))
+    step = k * max(1, _CHUNK_PX // k)
+    for cy in range(sy0, sy1, step):
+        for cx in range(sx0, sx1, step):
+            w, h = min(step, sx1 - cx), min(step, sy1 - cy)
+            part = reduced_read(reader, level, (cx, cy, w, h), k, needed)  # (h / k, w / k, 3)
+            oy, ox = (cy - y0) // k, (cx - x0) // k
+            out[oy : oy + h // k, ox : ox + w // k] = part
+    return out

@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import csv
+import hashlib
+import io
 import logging
 import os
 import re
@@ -46,7 +50,34 @@ def find_slides(inputs: Sequence[str], storage_options: StorageOptions | None = 
     paths = _distinct(sorted(dict.fromkeys(p if is_url(p) else os.path.normpath(p) for p in found)))
     if not paths:
         raise OptionError(f"no slide files ({', '.join(SLIDE_SUFFIXES)}) found in: {', '.join(inputs)}")
+    _warn_copies(paths)
     return paths
+
+
+_ENDS_BYTES = 1 << 20  # a copy is told by its size and a hash of its first and last MB
+
+
+def _warn_copies(paths: Sequence[str]) -> None:
+    """Warn about local files with the same bytes under other names (a copy, not a link: built twice): files of
+    one size are compared by a hash of their first and last MB, so only files of equal sizes are read at all."""
+    by_size: dict[int, list[str]] = {}
+    for path in paths:
+        with contextlib.suppress(OSError):
+            if not is_url(path):
+                by_size.setdefault(os.path.getsize(path), []).append(path)
+    for size, same_size in by_size.items():
+        by_hash: dict[bytes, list[str]] = {}
+        for path in same_size if len(same_size) > 1 and size > 0 else ():
+            with contextlib.suppress(OSError), open(path, "rb") as fh:
+                digest = hashlib.sha256(fh.read(_ENDS_BYTES))
+                fh.seek(max(0, size - _ENDS_BYTES))
+                digest.update(fh.read(_ENDS_BYTES))
+                by_hash.setdefault(digest.digest(), []).append(path)
+        for copies in (c for c in by_hash.values() if len(c) > 1):
+            logger.warning(
+                "%s hold the same bytes (size and first and last MB): copies of one slide, each built as its own",
+                ", ".join(copies),
+            )
 
 
 def _distinct(paths: list[str]) -> list[str]:
@@ -91,8 +122,7 @@ def _read_list(list_path: str) -> list[str]:
     """The slides a list file names, one a line (a UTF-8 byte-order mark, blank and ``#`` lines skipped); a line
     may be a CSV row whose first column is the path, but a whole line that is a file (``a,b.svs``) is taken whole."""
     here = os.path.dirname(list_path)
-    with open(list_path, encoding="utf-8-sig") as fh:
-        lines = [ln.strip() for ln in fh]
+    lines = [ln.strip() for ln in read_text(list_path, list_path).splitlines()]
     return [_list_entry(line, here) for line in lines if line and not line.startswith("#")]
 
 
@@ -159,7 +189,7 @@ def check_output(output: str) -> None:
 
 _HEADER_SLIDE = {"slide", "slide_id", "slide_name", "file", "filename", "file_name", "path", "name", "image", "id"}
 _HEADER_LABEL = {"label", "labels", "class", "class_name", "y", "target"}
-_INTEGER = re.compile(r"[+-]?\d+")
+_INTEGER = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: int() takes any script's digits
 _SHOWN = 5  # names listed in one message; the rest are counted
 
 
@@ -176,24 +206,70 @@ def _rows(path: str, what: str) -> list[tuple[int, str, str]]:
     """``(line number, slide, value)`` of every line of a table but blank and ``#`` lines, cells stripped."""
     rows: list[tuple[int, str, str]] = []
     seen: dict[str, int] = {}
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:  # a byte-order mark (Excel's) is not a name
-            reader = csv.reader(fh)
-            for row in reader:
-                if not row or not row[0].strip() or row[0].startswith("#"):
-                    continue
-                if len(row) < 2:
-                    raise OptionError(f"{what} {path}: every line needs two columns: slide,value")
-                line, slide, value = reader.line_num, row[0].strip(), row[1].strip()
-                if not value:
-                    raise OptionError(f"{what} {path}: {slide!r} (line {line}) has no value")
-                if slide in seen:
-                    raise OptionError(f"{what} {path}: {slide!r} is listed twice (lines {seen[slide]} and {line})")
-                seen[slide] = line
-                rows.append((line, slide, value))
-    except OSError as exc:
-        raise OptionError(f"cannot read {what} {path}: {exc.strerror}") from exc
+    noun = {"--labels": "label", "--mpp-csv": "mpp"}.get(what, "value")
+    reader = csv.reader(io.StringIO(read_text(path, f"{what} {path}"), newline=""))
+    for row in reader:
+        if not row or not row[0].strip() or row[0].startswith("#"):
+            continue
+        line = reader.line_num
+        if len(row) < 2:
+            raise OptionError(f"{what} {path}: every line needs two columns: slide,{noun}")
+        extra = [c.strip() for c in row[2:] if c.strip()]  # an empty trailing cell ("a.svs,1,") is no column
+        if extra:
+            raise OptionError(
+                f"{what} {path}: line {line} has {len(row)} columns ({extra[0]!r} after the {noun}): "
+                f"need two, slide,{noun}"
+            )
+        slide, value = row[0].strip(), row[1].strip()
+        if not value:
+            raise OptionError(f"{what} {path}: {slide!r} (line {line}) has no value")
+        if slide in seen:
+            raise OptionError(f"{what} {path}: {slide!r} is listed twice (lines {seen[slide]} and {line})")
+        if any(c.isdigit() and not c.isascii() for c in value):  # int("\u0663") is 3, float() takes them too
+            raise OptionError(
+                f"{what} {path}: {noun} {value!r} of {slide!r} (line {line}) is written with digits other than "
+                "ASCII digits 0-9: write it with 0-9"
+            )
+        seen[slide] = line
+        rows.append((line, slide, value))
     return rows
+
+
+_BOMS = (  # longest first: UTF-32-LE's mark begins with UTF-16-LE's
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
+
+
+def read_text(path: str, what: str) -> str:
+    """A small text file (a table, a list of slides): UTF-8, or UTF-8/16/32 after its byte-order mark (which is
+    dropped). ``what`` starts the error messages.
+
+    Raises:
+        OptionError: unreadable, not UTF-8 without a mark (naming the byte and line), or holding NUL characters
+            (UTF-16 without a mark, most likely).
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise OptionError(f"cannot read {what}: {exc.strerror}") from exc
+    encoding = next((name for bom, name in _BOMS if data.startswith(bom)), "utf-8")
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise OptionError(
+            f"{what}: not {encoding.upper().removesuffix('-SIG')} text (byte {column} of line {line} is "
+            f"{data[exc.start]:#04x}): an encoding problem; save it as UTF-8"
+        ) from None
+    if "\0" in text:
+        raise OptionError(f"{what}: holds NUL bytes: UTF-16 without a byte-order mark? save it as UTF-8")
+    return text.removeprefix("\ufeff")
 
 
 def mpp_table(path: str) -> dict[str, float]:

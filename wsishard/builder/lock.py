@@ -25,6 +25,7 @@ from typing import Any
 from wsishard import format as fmt
 from wsishard.errors import OptionError
 from wsishard.storage.output import Destination
+from wsishard.storage.secrets import describe
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +148,8 @@ class OutputLock:
                 with contextlib.suppress(OSError):
                     os.rmdir(self.dest.path(fmt.STATE_DIR))
         except OSError as exc:  # never hide the error the build ends with
-            logger.warning("%s: could not remove the lock %s: %s", self.dest.location, self.name, exc)
+            text = describe(exc, self.dest.storage_options)  # a store's error may quote a signed URL or a key
+            logger.warning("%s: could not remove the lock %s: %s", self.dest.location, self.name, text)
 
     def _remove(self, name: str, holder: dict[str, Any] | None, *, stale: bool = False) -> None:
         """Remove a lock unless it changed since ``holder`` was read from it; a ``stale`` one with a warning."""

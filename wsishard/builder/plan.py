@@ -268,10 +268,12 @@ def assign_parts(group_weights: Sequence[int], n_parts: int) -> list[int]:
 
     The weights are what is known before scanning (the group's bytes of slide files, or its slide count).
     Deterministic: every machine of a cluster build computes the same assignment without talking to the others;
-    it shares out the work and never changes the output.
+    it shares out the work and never changes the output. Only the first ``n_groups`` parts can get a group (before
+    the t-th group is dealt, one of parts 0..t is still empty and beats every later empty part), so only those are
+    held: memory by the groups, whatever ``n_parts`` (``--part 1/99999999999999999999``).
     """
     weights = np.asarray(group_weights, dtype=np.int64).reshape(-1)  # (n_groups,)
-    lightest = [(0, p) for p in range(n_parts)]  # (load, part): a heap, its least the lightest part (lowest index)
+    lightest = [(0, p) for p in range(min(n_parts, len(weights)))]  # (load, part): a heap, lightest (lowest) first
     part = [0] * len(weights)
     for g, w in zip(np.argsort(-weights, kind="stable").tolist(), (-np.sort(-weights)).tolist(), strict=True):
         load, p = heapq.heappop(lightest)

@@ -85,7 +85,8 @@ def input_stamps(paths: Sequence[str], storage_options: StorageOptions | None = 
     """What tells whether each input changed, without reading it: a file's size and modification time (ns), an
     object's size and ETag (or version or time where a store has none), from one fresh listing per prefix. A
     replacement of the same size and time (``cp -p``) goes unnoticed. Keyed by location as stored (URLs without query
-    string or user info)."""
+    string or user info). An input that cannot be asked about (gone, a refused connection) gets an empty stamp: its
+    scan records it failed with the reason."""
     options, listed, stamps = dict(storage_options or {}), {}, {}
     for parent in {p.rsplit("/", 1)[0] for p in paths if is_url(p)}:
         fs, root = fsspec.core.url_to_fs(parent, **options)
@@ -95,7 +96,11 @@ def input_stamps(paths: Sequence[str], storage_options: StorageOptions | None = 
     for path in paths:
         if is_url(path):
             fs, root = fsspec.core.url_to_fs(path, **options)
-            info = listed.get(path) or fs.info(root)
+            try:
+                info = listed.get(path) or fs.info(root)
+            except OSError:  # not found, refused, forbidden: one slide its scan records failed, not the whole build
+                stamps[public_location(path)] = {"size": 0, "tag": ""}
+                continue
             tag = next(filter(None, map(info.get, _TAGS)), "")
             stamps[public_location(path)] = {"size": int(info.get("size") or 0), "tag": str(tag)}
         else:

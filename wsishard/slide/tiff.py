@@ -1,4 +1,5 @@
-"""The direct-tile backend: SVS and pyramidal TIFF tiles decoded with tifffile + imagecodecs.
+"""The direct-tile backend: SVS and pyramidal TIFF tiles read with tifffile, JPEG tiles decoded by libjpeg-turbo
+(simplejpeg, strict: a corrupt-data warning is an error, as in OpenSlide), others by imagecodecs or OpenJPEG.
 
 It decodes the slide's own tiles instead of going through OpenSlide's paint step, and is
 used only when every OpenSlide level maps to a tiled 8-bit RGB page of the same size; anything else uses
@@ -18,6 +19,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+import simplejpeg
 import tifffile
 from PIL import Image
 
@@ -57,7 +59,7 @@ def _jpeg_complete(data: bytes) -> bool:
     end of JPEG file"). Entropy-coded data never holds ``FF D9`` (an ``FF`` there is followed by ``00`` or a
     restart marker), so a tile cut or overwritten before its end lacks it. Padding after the marker is allowed.
     Two ``bytes`` searches, from either end: a few microseconds for an intact tile, against a millisecond or more
-    to decode it. A tile overwritten in its middle, its end intact, is not caught here (libjpeg may then raise).
+    to decode it. A tile overwritten in its middle, its end intact, is not caught here: the strict decode refuses it.
     """
     scan = data.find(b"\xff\xda")
     return scan >= 0 and data.rfind(b"\xff\xd9") > scan
@@ -87,8 +89,8 @@ Into = tuple[np.ndarray, tuple[int, int, int, int]]  # (where, (y0, y1, x0, x1))
 
 
 def _decode_scaled(data: bytes, level: _TiledLevel, factor: int, into: Into | None = None) -> np.ndarray:
-    """A tile decoded at 1/``factor`` scale: JPEG by libjpeg's DCT scaling, JPEG 2000 by OpenJPEG's resolution
-    reduction (PIL's ``reduce``). ``into``: a JPEG tile's part is written there, and that array returned."""
+    """A tile decoded at 1/``factor`` scale (1: as stored): JPEG by libjpeg's DCT scaling, JPEG 2000 by OpenJPEG's
+    resolution reduction (PIL's ``reduce``). ``into``: a JPEG tile's part is written there, and that array returned."""
     if level.compression == _JPEG:
         if level.jpegtables:  # abbreviated stream: splice the shared tables in
             data = level.jpegtables[:-2] + data[2:]  # (drop their EOI and the tile's SOI)
@@ -104,28 +106,26 @@ def _decode_scaled(data: bytes, level: _TiledLevel, factor: int, into: Into | No
 def _jpeg_scaled(
     data: bytes, width: int, height: int, factor: int, rgb: bool = False, into: Into | None = None
 ) -> np.ndarray:
-    """A 3-component JPEG decoded to RGB at 1/``factor`` through Pillow's libjpeg-turbo decoder, driven directly.
+    """A 3-component JPEG decoded to RGB at 1/``factor`` by libjpeg-turbo, its corrupt-data warnings made errors.
 
-    It is what ``Image.open`` + ``draft`` + ``load`` run (the same decoder and arguments, the same pixels), without
-    parsing the markers in Python first. libjpeg reads the colour transform from the stream's own markers, as it does
-    through ``Image.open``, except with ``rgb``: the stream holds RGB whatever its markers say (an Aperio tile;
-    libjpeg would take it for YCbCr and turn its colours). It decodes into an RGBX image mapped on a numpy buffer
-    (Pillow's own 4-byte layout of an RGB pixel: no blank image filled first; one per size and thread, reused) and
-    OpenCV packs that into contiguous RGB (SIMD, where ``np.asarray`` of a Pillow image copies through ``tobytes``),
-    or, with ``into`` (``(where, (y0, y1, x0, x1))``), packs the tile's rows y0:y1 and columns x0:x1 straight into
-    ``where`` (a view of the caller's region: no tile-sized copy in between) and returns ``where``.
+    libjpeg decodes a tile whose entropy-coded data was damaged (overwritten in its middle, its end marker kept)
+    into garbage after a warning ("Corrupt JPEG data: ..."); OpenSlide makes that warning an error, and so does this
+    decoder: simplejpeg's strict mode raises ``ValueError`` with libjpeg's message. libjpeg reads the colour
+    transform from the stream's own markers, except with ``rgb``: the stream holds RGB whatever its markers say (an
+    Aperio tile). Where its markers say otherwise, Pillow's decoder (which can be told) decodes it, and a strict
+    greyscale decode checks the data (twice the work, for such tiles only). It decodes into an RGBX buffer (one per
+    size and thread, reused) and OpenCV packs that into contiguous RGB, or, with ``into`` (``(where, (y0, y1, x0,
+    x1))``), packs the tile's rows y0:y1 and columns x0:x1 straight into ``where`` (a view of the caller's region:
+    no tile-sized copy in between) and returns ``where``. The pixels are Pillow's (``Image.open`` + ``draft``).
     """
     buf, image = _rgbx_target(width, height)
-    decoder = Image.core.jpeg_decoder("RGBX", "RGB", "RGB" if rgb else "", factor, 0)  # mode, rawmode, jpegmode, ...
-    decoder.setimage(image.im, (0, 0, width, height))
-    try:
-        consumed, err = decoder.decode(data)  # (-1, 0): done; (n >= 0, 0): wants more data; err < 0: an error
-    finally:
-        decoder.cleanup()
-    if err < 0:
-        raise ValueError(f"JPEG decoder error {err}")
-    if consumed >= 0:
-        raise ValueError("truncated JPEG")
+    if rgb and simplejpeg.decode_jpeg_header(data)[2] != "RGB":
+        _pillow_rgb(data, image, factor)
+        simplejpeg.decode_jpeg(data, colorspace="GRAY", min_height=height, min_width=width, strict=True)
+    else:
+        got = simplejpeg.decode_jpeg(data, colorspace="RGBX", min_height=height, min_width=width, buffer=buf)
+        if got.shape != buf.shape:
+            raise ValueError(f"scaled decode gave {got.shape[:2]}, not {(height, width)}")
     if into is not None:
         where, (y0, y1, x0, x1) = into
         # in place; OpenCV would write a new array instead of a `where` of another shape, leaving `where` white
@@ -136,6 +136,21 @@ def _jpeg_scaled(
             raise ValueError(f"a tile's part {(y1 - y0, x1 - x0)} does not fit its place {where.shape}")
         return where
     return np.asarray(cv2.cvtColor(buf, cv2.COLOR_RGBA2RGB))  # (h, w, 3), contiguous
+
+
+def _pillow_rgb(data: bytes, image: Image.Image, factor: int) -> None:
+    """Decode a JPEG whose data is RGB (whatever its markers say) at 1/``factor`` into ``image`` (RGBX, mapped on
+    a buffer), through Pillow's libjpeg decoder driven directly (what ``Image.open`` + ``draft`` + ``load`` run)."""
+    decoder = Image.core.jpeg_decoder("RGBX", "RGB", "RGB", factor, 0)  # mode, rawmode, jpegmode, scale, draft
+    decoder.setimage(image.im, (0, 0, *image.size))
+    try:
+        consumed, err = decoder.decode(data)  # (-1, 0): done; (n >= 0, 0): wants more data; err < 0: an error
+    finally:
+        decoder.cleanup()
+    if err < 0:
+        raise ValueError(f"JPEG decoder error {err}")
+    if consumed >= 0:
+        raise ValueError("truncated JPEG")
 
 
 _TARGETS = threading.local()  # per thread: {(width, height): (buf, image)}, the decoder's reusable RGBX targets
@@ -261,7 +276,7 @@ class TiffTileReader(SlideReader):
                 "before its end marker (a truncated or overwritten tile)",
             )
         try:
-            if factor > 1:
+            if factor > 1 or (level.compression == _JPEG and not level.jpegheader):  # strict libjpeg-turbo decode
                 return _decode_scaled(data, level, factor, into)
             decode = self._decoders.get(level.page_index)
             if decode is None:
