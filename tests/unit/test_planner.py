@@ -11,16 +11,16 @@ from hypothesis import strategies as st
 
 from wsishard.errors import TopologyError
 from wsishard.streaming.planner import (
+    Passes,
     Piece,
     Plan,
     Segment,
     Spec,
     draw_counts,
-    passes,
     piece_items,
     plan_epoch,
     reader_pass,
-    resampled_start,
+    reader_share,
     shuffled,
 )
 
@@ -234,14 +234,37 @@ def test_a_resampled_reader_resumes_at_the_item_it_stopped(
         return
     spec = Spec(counts=np.array(counts), batch_size=1, seed=2, totals=totals if weighted else None)
     rank, worker = len(topology) - 1, topology[-1] - 1
-    stream = []
-    for pass_pieces in passes(spec, topology, rank, worker):
-        stream += [i for p in pass_pieces for i in _items(p, weights)]
-        if len(stream) > items + 5:
-            break
-    pass_index, skip = resampled_start(spec, topology, rank, worker, items)
-    resumed = [i for p in reader_pass(spec, topology, rank, worker, pass_index) for i in _items(p, weights)][skip:]
-    assert resumed and resumed == stream[items : items + len(resumed)]
+    if not any(p.count for p in reader_share(spec, topology, rank, worker)):
+        with pytest.raises(TopologyError, match="only empty shards"):
+            next(Passes(spec, topology, rank, worker)())
+        return
+
+    def stream(start: int, n: int) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        for piece in Passes(spec, topology, rank, worker, start)():
+            out += _items(piece, weights)
+            if len(out) >= n:
+                return out[:n]
+        raise AssertionError("an endless stream ended")
+
+    whole = stream(0, items + 20)
+    assert stream(items, 20) == whole[items:]
+
+
+@settings(max_examples=60, deadline=None)
+@given(counts_st, topology_st, st.integers(0, 3))
+def test_resampled_readers_share_out_every_pass(counts: list[int], topology: tuple[int, ...], pass_index: int) -> None:
+    """Pass ``p`` of every reader together: each sample once (readers own disjoint shares, also of a shard split
+    over them: each reader keeps its own slice of it, pass after pass), whatever their passes' orders."""
+    if sum(counts) < sum(topology):
+        return
+    spec = Spec(counts=np.array(counts), batch_size=1, seed=2, stream_seed=11)
+    got: list[tuple[int, int]] = []
+    for rank, workers in enumerate(topology):
+        for worker in range(workers):
+            mine = reader_share(spec, topology, rank, worker)
+            got += [i for p in reader_pass(spec, mine, rank, worker, pass_index) for i in _items(p, None)]
+    assert Counter(got) == _expected_items(counts)
 
 
 def test_the_shuffle_depends_on_the_count_and_seed_only() -> None:

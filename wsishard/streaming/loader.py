@@ -14,10 +14,10 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from wsishard.errors import ShardError
-from wsishard.streaming import redeal
 from wsishard.streaming.dataset import Resume, ShardStream, WorkerShardError
 from wsishard.streaming.decode import Batch, decode_mode
 from wsishard.streaming.pinning import HostPins, cuda_runtime
+from wsishard.streaming.planner import Segment
 from wsishard.streaming.ring import Lending, Returns
 
 __all__ = ["ShardLoader", "as_is", "loader"]
@@ -231,15 +231,19 @@ class ShardLoader:
             "num_workers": self.num_workers,
             "samples": [len(ds.shards), int(ds.counts.sum())],
             "shuffle": cfg.shuffle,
-            "redealt": ds.redealt is not None and ds.redealt[0] == self._epoch,
+            "history": [
+                {"topology": list(g.topology), "batches": [list(b) for b in g.batches]}
+                for g in ds.segments(self._epoch)
+            ],
         }
 
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
-        """Go on from ``state`` (from :meth:`state_dict` of a loader over the same build, options and topology).
+        """Go on from ``state`` (from :meth:`state_dict` of a loader over the same build and options).
 
         In epoch mode the states of every rank of the old job (a list) may be given instead: the epoch then
-        finishes on this loader's topology (another world size or number of workers), every sample the old job had
-        not yielded dealt to the new readers, none twice. Every field is checked before anything changes.
+        finishes on this loader's topology (another world size or number of workers, the old ranks' worker counts
+        may have differed), every sample the old job had not yielded dealt to the new readers, none twice; a job so
+        resumed may be stopped and resumed again, on any topology. Every field is checked before anything changes.
 
         Raises:
             ValueError: not a loader state (a field missing or of the wrong type or range, named), or one of
@@ -253,11 +257,8 @@ class ShardLoader:
         mine = self.state_dict()
         if self.persistent:
             raise ValueError("resuming needs persistent_workers=False (workers that start anew each epoch)")
-        if any(s["redealt"] for s in states):
-            raise ValueError(
-                "the state was saved while an epoch begun on another topology was finishing: resume "
-                "from a checkpoint taken at an epoch's end, or from the states of the older job"
-            )
+        if any(s.get("redealt") for s in states):
+            raise ValueError("the state was saved by an older wsishard while a re-dealt epoch was finishing")
         first = states[0]
         if len(states) > 1 or (first["world_size"], first["num_workers"]) != (mine["world_size"], mine["num_workers"]):
             self._redeal(states, mine)
@@ -266,6 +267,7 @@ class ShardLoader:
         other = [f"{k} {first.get(k)!r} (now {mine[k]!r})" for k in fixed if first.get(k) != mine[k]]
         if other or (not mine["resampled"] and first.get("seed") != mine["seed"]):
             raise ValueError(f"the state is of another stream or topology: {', '.join(other) or 'seed'}")
+        self.dataset.history = (int(first["epoch"]), _segments(first))
         at = _resume(self.dataset, first, max(self.num_workers, 1))
         self.dataset.base_seed = int(first["seed"])  # resampled without a seed drew one: go on with it
         self.dataset.set_epoch(at.epoch)
@@ -273,26 +275,32 @@ class ShardLoader:
 
     def _redeal(self, states: list[dict[str, Any]], mine: dict[str, Any]) -> None:
         first, ds = states[0], self.dataset
-        fixed = ("resampled", "batch_size", "samples", "shuffle", "seed", "epoch", "world_size", "num_workers")
-        other = sorted({k for s in states for k in fixed if s.get(k) != first.get(k)})
+        fixed = ("resampled", "batch_size", "samples", "shuffle", "seed", "epoch", "world_size", "history")
+        other = sorted({k for s in states for k in fixed if s.get(k, []) != first.get(k, [])})
         other += [k for k in ("resampled", "batch_size", "samples", "shuffle", "seed") if first.get(k) != mine[k]]
         if mine["resampled"] or other or sorted(int(s["rank"]) for s in states) != list(range(first["world_size"])):
             raise ValueError(
                 "resuming on another topology needs epoch mode and the states of every rank of the old "
                 f"job, of the same stream{': ' + ', '.join(other) if other else ''}"
             )
-        pieces = redeal.remainders(
-            ds.counts,
-            ds.shards,
-            states,
-            batch_size=ds.config.batch_size,
-            plan_seed=ds.plan_seed,
-            drop_last=ds.config.drop_last,
+        ordered = sorted(states, key=lambda s: int(s["rank"]))
+        segment = Segment(
+            tuple(max(int(s["num_workers"]), 1) for s in ordered), tuple(tuple(s["batches"]) for s in ordered)
         )
         epoch = int(first["epoch"])
-        ds.set_epoch(epoch if pieces else epoch + 1)  # nothing left: the next epoch, from its start
-        ds.redealt = (epoch, tuple(pieces)) if pieces else None
+        ds.history = (epoch, (*_segments(first), segment))
+        try:
+            left = ds.batches_per_rank(self.num_workers, epoch)
+        except ValueError as exc:
+            ds.history = None
+            raise ValueError(f"loader state: {exc}") from exc
+        ds.set_epoch(epoch if left else epoch + 1)  # nothing left: the next epoch, from its start
         self._epoch = ds.next_epoch
+
+
+def _segments(state: dict[str, Any]) -> tuple[Segment, ...]:
+    """The stretches of ``state``'s epoch on earlier topologies (checked by :func:`check_state`)."""
+    return tuple(Segment(tuple(g["topology"]), tuple(tuple(b) for b in g["batches"])) for g in state.get("history", []))
 
 
 def _is_int(value: Any, low: int, high: int = _MAX_COUNT) -> bool:
@@ -310,9 +318,9 @@ def check_state(state: Any) -> None:
     for key, low in ints.items():
         if not _is_int(state.get(key), low, 2**64 - 1 if key == "seed" else _MAX_COUNT):
             raise ValueError(f"loader state: {key} must be an integer in [{low}, {_MAX_COUNT}], got {state.get(key)!r}")
-    for key in ("resampled", "redealt"):
-        if not isinstance(state.get(key), bool):
-            raise ValueError(f"loader state: {key} must be true or false, got {state.get(key)!r}")
+    if not isinstance(state.get("resampled"), bool):
+        raise ValueError(f"loader state: resampled must be true or false, got {state.get('resampled')!r}")
+    _check_history(state.get("history", []))
     if state["rank"] >= state["world_size"]:
         raise ValueError(f"loader state: rank {state['rank']} is not below world_size {state['world_size']}")
     readers = max(state["num_workers"], 1)
@@ -327,6 +335,28 @@ def check_state(state: Any) -> None:
         raise ValueError(f"loader state: samples must be [shards, samples], two integers >= 0, got {samples!r}")
 
 
+def _check_history(history: Any) -> None:
+    """Raise ``ValueError`` unless ``history`` is a list of ``{"topology": [workers per rank], "batches": [[per
+    worker] per rank]}`` of matching shapes."""
+    if not isinstance(history, list) or len(history) > 1024:
+        raise ValueError(f"loader state: history must be a list of stretches, got {type(history).__name__}")
+    for i, g in enumerate(history):
+        topology = g.get("topology") if isinstance(g, dict) else None
+        batches = g.get("batches") if isinstance(g, dict) else None
+        if (
+            not isinstance(topology, list)
+            or not 0 < len(topology) <= 2**16
+            or not all(_is_int(k, 1, 2**16) for k in topology)
+            or not isinstance(batches, list)
+            or len(batches) != len(topology)
+            or not all(
+                isinstance(row, list) and len(row) == k and all(_is_int(b, 0) for b in row)
+                for row, k in zip(batches, topology, strict=False)
+            )
+        ):
+            raise ValueError(f"loader state: history[{i}] must be {{topology: [workers per rank], batches: [[...]]}}")
+
+
 def _resume(dataset: ShardStream, state: dict[str, Any], workers: int) -> Resume:
     """The :class:`Resume` of ``state``: the next batch is the uninterrupted run's next, from the worker after the
     last one taken (in epoch mode, after the last with batches left), which the DataLoader's first worker plays.
@@ -337,10 +367,10 @@ def _resume(dataset: ShardStream, state: dict[str, Any], workers: int) -> Resume
     epoch, taken, last = int(state["epoch"]), tuple(int(b) for b in state["batches"]), state["last_worker"]
     left = [1] * workers
     if not dataset.config.resampled:
-        budgets = dataset.plan(epoch, workers).budgets[dataset.world.rank]
-        left = [int(b) - t for b, t in zip(budgets.tolist(), taken, strict=True)]
+        budgets = [r.budget for r in dataset.plan(epoch, workers).readers[dataset.world.rank]]
+        left = [int(b) - t for b, t in zip(budgets, taken, strict=True)]
         if any(n < 0 for n in left):
-            raise ValueError(f"loader state: batches {list(taken)} exceed the epoch's {budgets.tolist()} per worker")
+            raise ValueError(f"loader state: batches {list(taken)} exceed the epoch's {budgets} per worker")
         if not any(n > 0 for n in left):  # the epoch was over: the next one from its start
             return Resume(epoch + 1, (0,) * workers)
     first = 0 if last is None else int(last) + 1

@@ -27,14 +27,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 
 from wsishard.errors import TopologyError
-from wsishard.streaming.partition import batch_budgets, deal
 
 T = TypeVar("T")
+
+
+class Where(Protocol):
+    """A reader's place (a :class:`~wsishard.streaming.world.World`, which imports torch: not imported here)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def worker(self) -> int: ...
+
+
 Topology = tuple[int, ...]  # DataLoader workers of each rank (1 without workers)
 EPOCH_DRAWS, VISIT_DRAWS, SHUFFLE = 3, 4, 1  # seed words keeping random streams apart
 
@@ -110,15 +121,28 @@ class Plan:
     def reader(self, rank: int, worker: int) -> Reader:
         return self.readers[rank][worker]
 
+    @property
+    def budgets(self) -> np.ndarray:
+        """(ranks, most workers) batches of each reader (0 for a worker a rank does not have)."""
+        width = max(self.topology, default=0)
+        return np.array([[r.budget for r in row] + [0] * (width - len(row)) for row in self.readers], dtype=np.int64)
+
+    def shards_of(self, world: Where) -> np.ndarray:
+        """The shards ``world``'s (rank, worker) reads (whole or in part), in order."""
+        return np.array([p.shard for p in self.reader(world.rank, world.worker).pieces], dtype=np.int64)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Spec:
     """What an epoch is made of: ``counts`` (n,) selected samples per shard; ``totals`` (n,) their weight (None:
-    unweighted); ``epoch_size`` draws per epoch (weighted; default: the selected samples); the batching."""
+    unweighted); ``epoch_size`` draws per epoch (weighted; default: the selected samples); the batching. ``seed``
+    is shared by every rank (the deal, an epoch's draws and shuffles); ``stream_seed`` (default ``seed``) orders a
+    resampled reader's passes, shuffles and visits."""
 
     counts: np.ndarray
     batch_size: int
     seed: int = 0
+    stream_seed: int | None = None
     totals: np.ndarray | None = None
     epoch_size: int | None = None
     drop_last: bool = True
@@ -131,6 +155,93 @@ class Segment:
 
     topology: Topology
     batches: tuple[tuple[int, ...], ...]  # [rank][worker]
+
+
+def deal(counts: np.ndarray, bins: int, rng: np.random.Generator) -> np.ndarray:
+    """Order items so that ``order[b::bins]`` (bin ``b``'s items) have balanced count totals.
+
+    Items are taken in a random order in rounds of ``bins``; within a round the largest item goes to the
+    least-loaded bin. Bin totals then differ by at most ``max(counts)``. Bin labels are shuffled at the
+    end (the bins that got an item in a last, incomplete round come first, as ``[b::bins]`` requires).
+
+    Args:
+        counts: (n,) non-negative sample counts.
+        bins: number of bins (ranks or workers), >= 1.
+        rng: source of the random order; consumed deterministically.
+
+    Returns:
+        (n,) permutation of ``range(n)``.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    n = len(counts)
+    perm = rng.permutation(n)
+    columns: list[list[int]] = [[] for _ in range(bins)]
+    totals = np.zeros(bins, dtype=np.int64)
+    receivers = np.arange(0)
+    for start in range(0, n, bins):
+        chunk = perm[start : start + bins]
+        chunk = chunk[np.argsort(-counts[chunk], kind="stable")]  # largest first
+        receivers = np.argsort(totals, kind="stable")[: len(chunk)]  # least loaded first
+        for b, item in zip(receivers.tolist(), chunk.tolist(), strict=True):
+            columns[b].append(item)
+        totals[receivers] += counts[chunk]
+    last = receivers.tolist() if n % bins else []
+    taken = set(last)
+    rest = [b for b in range(bins) if b not in taken]
+    labels = [last[i] for i in rng.permutation(len(last))] + [rest[i] for i in rng.permutation(len(rest))]
+    out = [columns[b][k] for k in range(-(-n // bins)) for b in labels if k < len(columns[b])]
+    return np.asarray(out, dtype=np.int64)
+
+
+def waterfill(loads: np.ndarray, k: int) -> np.ndarray:
+    """Remove ``k`` units from the largest of ``loads``, leaving them as level as possible."""
+    out = loads.astype(np.int64).copy()
+    if k <= 0:
+        return out
+    order = np.argsort(-out, kind="stable")
+    lo, hi = 0, int(out.max())  # find the level L: above-L excess >= k > above-(L+1) excess
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if int(np.maximum(out - mid, 0).sum()) >= k:
+            lo = mid
+        else:
+            hi = mid - 1
+    level = lo + 1
+    k -= int(np.maximum(out - level, 0).sum())
+    out = np.minimum(out, level)
+    at_level = [i for i in order.tolist() if out[i] == level]
+    out[at_level[:k]] -= 1
+    return out
+
+
+def trim_rank(samples: np.ndarray, batch_size: int, target: int, drop_last: bool) -> np.ndarray:
+    """Budgets for one rank's workers: at most each worker's batches, summing to ``target``."""
+    full, rem = samples // batch_size, samples % batch_size
+    budgets = full + ((rem > 0) & (not drop_last))
+    excess = int(budgets.sum()) - target
+    if not drop_last:  # a short last batch holds the fewest samples: cut those first, smallest first
+        partial = [i for i in np.argsort(rem, kind="stable").tolist() if rem[i] > 0]
+        cut = partial[: max(excess, 0)]
+        budgets[cut] -= 1
+        excess -= len(cut)
+    return waterfill(budgets, excess)
+
+
+def batch_budgets(samples: np.ndarray, *, batch_size: int, drop_last: bool = True) -> np.ndarray:
+    """Per-(rank, worker) batch caps giving every rank the same batch count, dropping the fewest samples.
+
+    Args:
+        samples: (world_size, num_workers) samples each worker would read.
+        batch_size: samples per batch.
+        drop_last: whether a worker drops its last incomplete batch.
+
+    Returns:
+        (world_size, num_workers) budgets; every row sums to the same total.
+    """
+    samples = np.asarray(samples, dtype=np.int64)
+    most = samples // batch_size + ((samples % batch_size > 0) & (not drop_last))
+    target = int(most.sum(axis=1).min())
+    return np.stack([trim_rank(row, batch_size, target, drop_last) for row in samples])
 
 
 def fresh_pieces(spec: Spec, epoch: int) -> list[Piece]:
@@ -176,6 +287,21 @@ def assign(pieces: Sequence[Piece], topology: Topology, rng: np.random.Generator
         ordered = mine[deal(counts[mine], workers, rng)]
         for worker in range(workers):
             out[rank][worker] = [pieces[i] for i in ordered[worker::workers].tolist()]
+    return out
+
+
+def assign_even(pieces: Sequence[Piece], topology: Topology, rng: np.random.Generator) -> list[list[list[Piece]]]:
+    """``pieces`` (taken in a random order) cut into one contiguous run of items per reader, the runs' sizes
+    differing by at most one: the ``j``-th reader of :func:`reader_order` gets the ``j``-th run. At most one piece
+    per reader is cut in two (then read by both)."""
+    out: list[list[list[Piece]]] = [[[] for _ in range(k)] for k in topology]
+    order = reader_order(topology)
+    shuffled_pieces = [pieces[i] for i in rng.permutation(len(pieces)).tolist()]
+    total, at = sum(p.count for p in pieces), 0
+    for j, (rank, worker) in enumerate(order):
+        size = total // len(order) + (j < total % len(order))
+        out[rank][worker] = _cut(shuffled_pieces, at, at + size)
+        at += size
     return out
 
 
@@ -241,7 +367,7 @@ def _cut(pieces: Sequence[Piece], start: int, end: int) -> list[Piece]:
     return out
 
 
-def check_readers(items: int, topology: Topology) -> None:
+def check_readers(items: int, topology: Topology, shards: int) -> None:
     """Raise unless every reader can get an item.
 
     Raises:
@@ -250,27 +376,28 @@ def check_readers(items: int, topology: Topology) -> None:
     readers = sum(topology)
     if items < readers:
         raise TopologyError(
-            f"{items} sample(s) cannot give each of {len(topology)} rank(s) x {max(topology)} worker(s) a sample; "
-            "use fewer DataLoader workers or fewer ranks"
+            f"{items} sample(s) in {shards} shard(s) cannot give each of {len(topology)} rank(s) x "
+            f"{max(topology)} worker(s) a sample; use fewer DataLoader workers or fewer ranks"
         )
 
 
 def plan_epoch(spec: Spec, topology: Topology, epoch: int, history: Sequence[Segment] = ()) -> Plan:
     """Epoch ``epoch`` on ``topology``: a fresh plan, or, after the stretches ``history`` (each stopped after its
-    readers' batches, on its own topology), what they had left dealt to ``topology``'s readers.
+    readers' batches, on its own topology), what they had left dealt to ``topology``'s readers in even runs
+    (:func:`assign_even`: only partial batches are then dropped).
 
     Raises:
         TopologyError: fewer items than readers (of a fresh epoch).
         ValueError: a segment's batches beyond its plan's budgets.
     """
     pieces = fresh_pieces(spec, epoch)
-    check_readers(sum(p.count for p in pieces), topology)
+    check_readers(sum(p.count for p in pieces), topology, len(spec.counts))
     plan = make_plan(assign(pieces, topology if not history else history[0].topology, _rng(spec, epoch, 0)), spec)
     for i, segment in enumerate(history):
         if tuple(len(row) for row in segment.batches) != segment.topology:
             raise ValueError(f"resume history: segment {i} counts batches of other readers than {segment.topology}")
         following = history[i + 1].topology if i + 1 < len(history) else topology
-        plan = make_plan(assign(remainder(plan, segment.batches), following, _rng(spec, epoch, i + 1)), spec)
+        plan = make_plan(assign_even(remainder(plan, segment.batches), following, _rng(spec, epoch, i + 1)), spec)
     return plan
 
 
@@ -278,20 +405,28 @@ def _rng(spec: Spec, epoch: int, segment: int) -> np.random.Generator:
     return np.random.default_rng((spec.seed, epoch, segment))
 
 
-def reader_pass(spec: Spec, topology: Topology, rank: int, worker: int, pass_index: int) -> list[Piece]:
-    """Resampled mode: reader (``rank``, ``worker``)'s pieces in pass ``pass_index``: its share of the shards
-    (epoch 0's deal, whole shards or slices) in a new order each pass; weighted, each visit draws its expected share
-    of the pass (the shard's weight over the reader's mean weight per item), rounded up or down at random."""
-    mine = assign(fresh_pieces(replace(spec, totals=None), 0), topology, _rng(spec, 0, 0))[rank][worker]
-    order = np.random.default_rng((spec.seed, rank, worker, pass_index)).permutation(len(mine))
+def reader_share(spec: Spec, topology: Topology, rank: int, worker: int) -> list[Piece]:
+    """Resampled mode: reader (``rank``, ``worker``)'s share of the shards (epoch 0's deal: whole shards, or slices
+    of them with fewer shards than readers), which its passes visit."""
+    return assign(fresh_pieces(replace(spec, totals=None), 0), topology, _rng(spec, 0, 0))[rank][worker]
+
+
+def reader_pass(spec: Spec, mine: Sequence[Piece], rank: int, worker: int, pass_index: int) -> list[Piece]:
+    """Resampled mode: the pieces of pass ``pass_index`` of a reader with share ``mine`` (:func:`reader_share`), in
+    a new order each pass; weighted, each visit draws its expected share of the pass (the shard's weight over the
+    reader's mean weight per item), rounded up or down at random, among the shard's selected samples."""
+    seed = spec.seed if spec.stream_seed is None else spec.stream_seed
+    order = np.random.default_rng((seed, rank, worker, pass_index)).permutation(len(mine))
+    expected = _expected(spec, mine) if spec.totals is not None else None
     out = []
     for j, i in enumerate(order.tolist()):
         position = pass_index * len(mine) + j
-        piece = replace(mine[i], seed=(spec.seed, rank, worker, position, SHUFFLE))
-        if spec.totals is not None:
-            rng = np.random.default_rng((spec.seed, rank, worker, position, VISIT_DRAWS))
-            piece = replace(piece, items=int(np.floor(_expected(spec, mine)[i] + rng.random())), draws=True)
-            piece = replace(piece, phase=0, step=1, skip=0, take=-1)
+        shared = (spec.seed, mine[i].shard, SHUFFLE)  # a shard split over readers: one order, each its own slice
+        piece = replace(mine[i], seed=(seed, rank, worker, position, SHUFFLE) if mine[i].step == 1 else shared)
+        if expected is not None:
+            rng = np.random.default_rng((seed, rank, worker, position, VISIT_DRAWS))
+            draws = int(np.floor(expected[i] + rng.random()))
+            piece = Piece(piece.shard, draws, piece.seed, draws=True)
         out.append(piece)
     return out
 
@@ -305,22 +440,66 @@ def _expected(spec: Spec, mine: Sequence[Piece]) -> np.ndarray:
     return weight * (kept.sum() / weight.sum()) if weight.sum() > 0 else np.zeros(len(mine))
 
 
-def resampled_start(spec: Spec, topology: Topology, rank: int, worker: int, items: int) -> tuple[int, int]:
+def resampled_start(spec: Spec, mine: Sequence[Piece], rank: int, worker: int, items: int) -> tuple[int, int]:
     """Where a resampled reader is after yielding ``items``: ``(pass, items of that pass already yielded)``."""
+    if spec.totals is None:
+        return divmod(items, max(sum(p.count for p in mine), 1))
     pass_index = 0
     while True:
-        size = sum(p.count for p in reader_pass(spec, topology, rank, worker, pass_index))
+        size = sum(p.count for p in reader_pass(spec, mine, rank, worker, pass_index))
         if items < size or (size == 0 and pass_index > 64):
             return pass_index, items
         items, pass_index = items - size, pass_index + 1
 
 
-def passes(spec: Spec, topology: Topology, rank: int, worker: int, start: int = 0) -> Iterator[list[Piece]]:
-    """A resampled reader's pieces, pass after pass, from pass ``start``."""
-    pass_index = start
-    while True:
-        yield reader_pass(spec, topology, rank, worker, pass_index)
-        pass_index += 1
+@dataclass(frozen=True)
+class Passes:
+    """A pipeline source: a resampled reader's pieces, pass after pass, after its first ``items`` items."""
+
+    spec: Spec
+    topology: Topology
+    rank: int
+    worker: int
+    items: int = 0
+
+    def __call__(self) -> Iterator[Piece]:
+        mine = reader_share(self.spec, self.topology, self.rank, self.worker)
+        if not any(p.count for p in mine):
+            raise TopologyError(f"rank {self.rank} worker {self.worker} owns only empty shards")
+        pass_index, skip = resampled_start(self.spec, mine, self.rank, self.worker, self.items)
+        yield from _cut(reader_pass(self.spec, mine, self.rank, self.worker, pass_index), skip, 2**62)
+        for p in range(pass_index + 1, 2**62):
+            yield from reader_pass(self.spec, mine, self.rank, self.worker, p)
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """A pipeline source: an epoch reader's pieces."""
+
+    pieces: tuple[Piece, ...]
+
+    def __call__(self) -> Iterator[Piece]:
+        return iter(self.pieces)
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a reader does from where it stands: its pieces' source, the real items it has left (None: endless),
+    the batches it has left (None: endless; ``pad_last``: real items, then repeats) and the real items of its
+    batches before."""
+
+    source: Pieces | Passes
+    real: int | None
+    budget: int | None
+    done: int = 0
+
+
+def epoch_work(plan: Plan, rank: int, worker: int, batches: int) -> Work:
+    """Reader (``rank``, ``worker``) of ``plan`` after its first ``batches`` batches (a resumed loader)."""
+    reader, size = plan.reader(rank, worker), plan.batch_size
+    done = min(batches * size, reader.real)
+    rest = _cut(reader.pieces, done, reader.real) if done < reader.real else list(reader.pieces)  # repeats' source
+    return Work(Pieces(tuple(rest)), reader.real - done, max(reader.budget - batches, 0), done)
 
 
 def draw_counts(weights: np.ndarray, n: int, seed: tuple[int, ...]) -> np.ndarray:
@@ -355,7 +534,7 @@ def shuffled(src: Iterable[T], size: int, seed: tuple[int, ...]) -> Iterator[T]:
         yield buf[i]
 
 
-def piece_items(piece: Piece, items: Sequence[T], size: int) -> Iterator[T]:
+def piece_items(piece: Piece, items: Iterable[T], size: int) -> Iterator[T]:
     """What ``piece`` yields of its shard's ``items`` (in read order, repeated draws adjacent), its buffer ``size``."""
     order = shuffled(items, size, piece.seed)
     for k, item in enumerate(order):
