@@ -214,6 +214,17 @@ def test_weighted_epochs_differ_and_equal_batches_per_rank_without_padding() -> 
     assert sum(len(x) for x in _yields(one, weights).values()) == one.batches_per_rank * 8 * 2  # full batches
 
 
+def test_extreme_finite_weights_draw_by_their_ratio() -> None:
+    """Weights of 1e308 and 1e-320 (valid: finite, >= 0) neither overflow nor vanish: the draws follow their ratio."""
+    counts = [3, 3, 3]
+    totals = np.array([1e308, 1e308, 1e-320])
+    spec = Spec(counts=np.array(counts), batch_size=4, seed=1, totals=totals, epoch_size=1000, pad_last=True)
+    weights = [np.array([1e308, 0.0, 0.0]), np.array([5e307, 5e307, 0.0]), np.array([1e-320, 0.0, 0.0])]
+    got = Counter(_all(plan_epoch(spec, (1,), 0), weights))
+    assert sum(got.values()) == 1000 and got[2, 0] == 0
+    assert 400 < got[0, 0] < 600 and 150 < got[1, 0] < 350 and 150 < got[1, 1] < 350
+
+
 def test_a_history_on_the_wrong_topology_is_refused() -> None:
     spec = Spec(counts=np.array([10, 10, 10]), batch_size=2, pad_last=True)
     with pytest.raises(ValueError, match="segment 0"):

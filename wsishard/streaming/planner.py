@@ -252,11 +252,11 @@ def fresh_pieces(spec: Spec, epoch: int) -> list[Piece]:
         items, draws = counts, False
     else:
         totals = np.where(counts > 0, np.asarray(spec.totals, dtype=np.float64), 0.0)
-        if totals.sum() <= 0:
+        if not len(totals) or totals.max() <= 0:
             raise ValueError("weights= gives every selected sample weight 0: nothing to draw")
         size = int(counts.sum()) if spec.epoch_size is None else spec.epoch_size
         rng = np.random.default_rng((spec.seed, epoch, EPOCH_DRAWS))
-        items, draws = rng.multinomial(size, totals / totals.sum()), True
+        items, draws = rng.multinomial(size, _shares(totals)), True
     return [Piece(s, int(n), (spec.seed, epoch, s, SHUFFLE), draws) for s, n in enumerate(items.tolist()) if n > 0]
 
 
@@ -437,7 +437,7 @@ def _expected(spec: Spec, mine: Sequence[Piece]) -> np.ndarray:
     counts = np.asarray(spec.counts, dtype=np.float64)
     kept = np.array([p.count for p in mine], dtype=np.float64)
     weight = np.array([spec.totals[p.shard] * p.count / max(counts[p.shard], 1) for p in mine])
-    return weight * (kept.sum() / weight.sum()) if weight.sum() > 0 else np.zeros(len(mine))
+    return _shares(weight) * kept.sum() if len(weight) and weight.max() > 0 else np.zeros(len(mine))
 
 
 def resampled_start(spec: Spec, mine: Sequence[Piece], rank: int, worker: int, items: int) -> tuple[int, int]:
@@ -505,10 +505,16 @@ def epoch_work(plan: Plan, rank: int, worker: int, batches: int) -> Work:
 def draw_counts(weights: np.ndarray, n: int, seed: tuple[int, ...]) -> np.ndarray:
     """(m,) times each of ``m`` samples is drawn in ``n`` draws with replacement, ``P(i) = w_i / sum(w)``."""
     weights = np.asarray(weights, dtype=np.float64)
-    total = float(weights.sum())
-    if n <= 0 or total <= 0:
+    if n <= 0 or not len(weights) or weights.max() <= 0:
         return np.zeros(len(weights), dtype=np.int64)
-    return np.random.default_rng((*seed, EPOCH_DRAWS)).multinomial(n, weights / total)
+    return np.random.default_rng((*seed, EPOCH_DRAWS)).multinomial(n, _shares(weights))
+
+
+def _shares(weights: np.ndarray) -> np.ndarray:
+    """``weights`` (finite, >= 0, one > 0) as probabilities, scaled by the largest first: extreme but finite
+    weights (1e308, 1e-320) neither overflow nor vanish."""
+    scaled = np.asarray(weights, dtype=np.float64) / float(np.max(weights))
+    return scaled / scaled.sum()
 
 
 def shuffled(src: Iterable[T], size: int, seed: tuple[int, ...]) -> Iterator[T]:
