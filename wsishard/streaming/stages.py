@@ -42,8 +42,8 @@ class RawSample(TypedDict):
 class ShardRef:
     """One shard to read: its location, the sample count its manifest promises, and which samples to keep.
 
-    A reader keeps samples ``k`` (0-based, in shard order) with ``k % step == phase``: all of them by default, or
-    its own slice when a build has fewer shards than readers (:func:`wsishard.streaming.partition.reader_slices`).
+    :func:`read_shard` keeps samples ``k`` (0-based, in shard order) with ``k % step == phase``: all of them by
+    default.
     """
 
     url: str
