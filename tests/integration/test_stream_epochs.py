@@ -78,3 +78,18 @@ def test_each_iteration_is_a_new_epoch_and_set_epoch_replays(stream_out: sm.Outp
     ds.set_epoch(0)
     assert keys_of(list(ds)) == first
     assert keys_of(list(ds)) == second  # counting goes on from the epoch that was set
+
+
+def test_a_dataloader_of_the_users_own_gives_an_exact_padded_epoch(stream_out: sm.Output) -> None:
+    """torch's own DataLoader over the stream (no wsishard loader): each worker its share, every sample once, plain
+    batches (no key of the loader's)."""
+    from torch.utils.data import DataLoader
+
+    ds = stream(stream_out.root, batch_size=4, resampled=False, pad_last=True, shuffle=8, seed=2)
+    batches = list(DataLoader(ds, batch_size=None, num_workers=2, collate_fn=lambda b: b))
+    valid = [k for b in batches for k, v in zip(b["key"], b["valid"].tolist(), strict=True) if v]
+    assert sorted(valid) == sorted(stream_out.shard_of)
+    assert len(batches) == ds.batches_per_rank(2) and all(set(b) <= BATCH_KEYS for b in batches)
+
+
+BATCH_KEYS = {"image", "label", "meta", "key", "valid", "context"}

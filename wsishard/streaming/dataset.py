@@ -246,15 +246,19 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         """One pass (:meth:`next_pass`): every batch is a fresh buffer of its own."""
         return self.batches(self.next_pass())
 
-    def batches(self, epoch: int, *, resume: Resume | None = None, lending: Lending = UNLENT) -> Iterator[Batch]:
-        """The batches of ``epoch`` that this process reads: in a DataLoader worker, that worker's share, each batch
-        tagged with its (logical) worker and a worker's :class:`~wsishard.errors.ShardError` handed over as the last
-        item (:class:`WorkerShardError`); else the whole rank's.
+    def batches(
+        self, epoch: int, *, resume: Resume | None = None, lending: Lending = UNLENT, handover: bool = False
+    ) -> Iterator[Batch]:
+        """The batches of ``epoch`` that this process reads: in a DataLoader worker, that worker's share; else the
+        whole rank's.
 
         Args:
             epoch: the pass's epoch.
             resume: where each worker of a resumed loader stands in ``epoch``, and which worker the first plays.
             lending: how the batch buffers are lent (:class:`~wsishard.streaming.ring.Lending`).
+            handover: in a worker of a :class:`~wsishard.streaming.loader.ShardLoader`: each batch tagged with its
+                (logical) worker, which the loader takes off again, and a :class:`~wsishard.errors.ShardError` handed
+                over as the last item (:class:`WorkerShardError`). A DataLoader of the user's own gets plain batches.
         """
         info = torch.utils.data.get_worker_info()
         workers = info.num_workers if info is not None else 1
@@ -263,7 +267,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         world = self.world.with_worker(logical, workers)
         done = resumed.batches[logical] if resumed else 0
         batches = iter(self.pipeline(world, epoch, done, lending))
-        return batches if info is None else _from_worker(batches, logical)  # type: ignore[return-value]
+        return _from_worker(batches, logical) if info is not None and handover else batches  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)

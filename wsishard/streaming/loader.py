@@ -97,7 +97,7 @@ class _Pass(IterableDataset[Batch]):
     def __iter__(self) -> Iterator[Batch]:
         epoch = self.epoch + self._passes
         self._passes += 1
-        return self.stream.batches(epoch, resume=self.resume, lending=self.lending)
+        return self.stream.batches(epoch, resume=self.resume, lending=self.lending, handover=True)
 
 
 class ShardLoader:
