@@ -116,6 +116,19 @@ def test_proportions_mix_sources(out: sm.Output, tmp_path: Path) -> None:
     keys = _draw(ds, World(), 5_000)
     share = sum(k.startswith("other") for k in keys) / len(keys)
     assert abs(share - 0.7) < 0.05
+    epoch = stream(
+        [out.root, other.root],
+        batch_size=10,
+        weights="class",
+        proportions=[0.3, 0.7],
+        seed=5,
+        resampled=False,
+        epoch_size=3_000,
+        pad_last=True,
+        world=TWO[0],
+    )
+    keys = _valid([b for w in TWO for b in epoch.pipeline(w, 0)])  # a weighted epoch over 2 ranks x 2 workers
+    assert len(keys) == 3_000 and abs(sum(k.startswith("other") for k in keys) / 3_000 - 0.7) < 0.03
     with pytest.raises(ValueError, match="needs weights"):
         stream([out.root, other.root], batch_size=10, proportions=[0.5, 0.5])
 

@@ -38,7 +38,7 @@ def stream(
     weights: Weights | None = None,
     proportions: Sequence[float] | None = None,
     pad_last: bool = False,
-    split_scan: bool = False,
+    split_scan: bool | None = None,
     context: bool = True,
     epoch_size: int | None = None,
 ) -> ShardStream:
@@ -63,7 +63,8 @@ def stream(
         pad_last: epoch mode: every selected sample exactly once over all ranks and workers, every rank the same
             number of batches, the last ones padded with repeats marked ``batch["valid"] == False``.
         split_scan: for ``select``/a weight function under torch.distributed, each rank reads 1/world of the shard
-            indexes and the counts are summed (every rank must then call :func:`stream` alike).
+            indexes and the counts are summed (every rank must then call :func:`stream` alike). None (default):
+            whenever a process group of several ranks is initialised; False: every rank reads every index.
         context: decode a context build's context patches into ``batch["context"]`` (or leave them unread).
         epoch_size: epoch mode with ``weights``: draws per epoch over all ranks (default: the selected samples).
 
@@ -100,7 +101,7 @@ def stream(
         proportions=proportions,
         storage_options=storage_options,
         opener=opener,
-        share=rank_share(world) if split_scan else None,
+        share=rank_share(world) if split_scan is not False else None,
     )
     return ShardStream(tasks, config, world=world, opener=opener, sampling=plan)
 
