@@ -1,7 +1,8 @@
 """The stream planner under torchrun on a labelled build of generated slides: 2 ranks (gloo) x 2 workers.
 
 A weighted epoch of 1200 draws with pad_last; an epoch with select= stopped after 3 batches per rank, resumed in
-one process with 3 workers, stopped after 2 batches and resumed with 2; two exact epochs of persistent workers. An
+one process with 3 workers, stopped after 2 batches and resumed with 2; two exact epochs of persistent workers; an
+exact epoch on ranks with 1 and 3 workers. An
 all-reduce on every step makes an unequal batch count between ranks hang (the subprocess timeout then fails the
 test). Run as a script (under torchrun) this file is the per-rank program.
 """
@@ -93,6 +94,15 @@ def test_persistent_workers_give_two_exact_epochs_in_different_orders(ranks: tup
     assert got[0]["persistent"][0] != got[0]["persistent"][1]
 
 
+@pytest.mark.timeout(400)
+def test_ranks_with_different_worker_counts_share_an_exact_epoch(ranks: tuple[list[dict], Path]) -> None:
+    """Rank 0 with 1 DataLoader worker, rank 1 with 3: the same batches on both, every sample once."""
+    got = ranks[0]
+    assert got[0]["ragged_batches"] == got[1]["ragged_batches"] > 0
+    keys = [k for r in got for k in r["ragged"]]
+    assert len(keys) == len(set(keys)) == got[0]["samples"]
+
+
 def _valid(batches: Any) -> list[str]:
     return [k for b in batches for k, v in zip(b["key"], b["valid"].tolist(), strict=True) if v]
 
@@ -124,7 +134,11 @@ def _rank_main(build: str, result_dir: str) -> None:
     plain = stream(build, seed=9, **OPTIONS)
     persistent = loader(plain, num_workers=2, persistent_workers=True)
     epochs = [_valid(steps(persistent)) for _ in range(2)]
+    ragged = loader(stream(build, seed=5, **OPTIONS), num_workers=1 if rank == 0 else 3)
+    ragged_batches = steps(ragged)
     results = {
+        "ragged": _valid(ragged_batches),
+        "ragged_batches": len(ragged_batches),
         "weighted_batches": len(batches),
         "weighted_labels": labels,
         "select_taken": taken,

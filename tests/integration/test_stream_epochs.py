@@ -92,4 +92,20 @@ def test_a_dataloader_of_the_users_own_gives_an_exact_padded_epoch(stream_out: s
     assert len(batches) == ds.batches_per_rank(2) and all(set(b) <= BATCH_KEYS for b in batches)
 
 
+def test_ranks_with_different_worker_counts_plan_one_epoch(stream_out: sm.Output) -> None:
+    """Rank 0 with 1 worker, rank 1 with 3 (as loader() gathers them under torch.distributed): both ranks plan the
+    same epoch, so they yield the same batches and no sample twice (each assuming its own count on every rank, rank 0
+    planned 12 batches and rank 1 11)."""
+    ds = two_ranks(stream_out.root, batch_size=3, resampled=False, shuffle=8, seed=4)
+    ds.workers_by_rank = (1, 3)
+    worlds = [World(rank=0, world_size=2)] + [World(rank=1, world_size=2, worker=w, num_workers=3) for w in range(3)]
+    per_rank, keys = collections.Counter(), []
+    for world in worlds:
+        batches = list(ds.pipeline(world, 0))
+        per_rank[world.rank] += len(batches)
+        keys += keys_of(batches)
+    assert per_rank[0] == per_rank[1] == ds.batches_per_rank(1) == 12
+    assert len(keys) == len(set(keys)) == 2 * 12 * 3
+
+
 BATCH_KEYS = {"image", "label", "meta", "key", "valid", "context"}

@@ -80,8 +80,8 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
     Resampled mode never ends: iterate it for a number of steps. Epoch mode yields one exact pass, the
     same number of batches (:meth:`batches_per_rank`) on every rank. Each new iteration is a new epoch
     (counted per process, and by :func:`loader` across worker restarts); :meth:`set_epoch` sets it
-    explicitly. Batch counts assume every rank uses the same ``num_workers`` (an epoch resumed from another job's
-    states may have had any).
+    explicitly. Ranks may use different ``num_workers`` when :func:`~wsishard.streaming.loader.loader` runs under
+    torch.distributed (it gathers them); otherwise batch counts assume every rank uses the same.
 
     Args:
         shards: every shard of the job, in manifest order.
@@ -117,6 +117,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         self.base_seed = config.seed if config.seed is not None else int(np.random.default_rng().integers(2**63))
         self._next_epoch = 0
         self.history: tuple[int, tuple[Segment, ...]] | None = None  # an epoch's stretches on earlier topologies
+        self.workers_by_rank: planner.Topology | None = None  # every rank's workers, gathered by loader()
         self.sampling, self._warned = sampling, False
         totals = None
         if sampling is not None and sampling.weighted:
@@ -154,8 +155,13 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         self._next_epoch = epoch + 1
         return epoch
 
-    def topology(self, num_workers: int) -> planner.Topology:
-        """This job's readers: ``num_workers`` (at least 1) on each of its ranks."""
+    def topology(self, num_workers: int, rank: int | None = None) -> planner.Topology:
+        """This job's readers: the workers of each rank as :func:`~wsishard.streaming.loader.loader` gathered them
+        under torch.distributed (ranks may differ), where they include ``num_workers`` (at least 1) on ``rank``
+        (default: this process's); else ``num_workers`` on each rank."""
+        gathered, rank = self.workers_by_rank, self.world.rank if rank is None else rank
+        if gathered is not None and len(gathered) == self.world.world_size and gathered[rank] == max(num_workers, 1):
+            return gathered
         return (max(num_workers, 1),) * self.world.world_size
 
     def segments(self, epoch: int) -> tuple[Segment, ...]:
@@ -213,7 +219,8 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
     def work(self, world: World, epoch: int, done: int = 0) -> Work:
         """What ``world``'s (rank, worker) reads in ``epoch`` (or for ever) after the ``done`` batches it had yielded
         (:mod:`~wsishard.streaming.planner`)."""
-        topology = (world.num_workers,) * world.world_size
+        topology = self.topology(world.num_workers, world.rank) if world.world_size == self.world.world_size else ()
+        topology = topology or (world.num_workers,) * world.world_size
         if self.config.resampled:
             source = planner.Passes(self.spec, topology, world.rank, world.worker, done * self.config.batch_size)
             return Work(source, None, None)

@@ -10,6 +10,7 @@ import gc
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -19,6 +20,7 @@ from wsishard.streaming.decode import Batch, decode_mode
 from wsishard.streaming.pinning import HostPins, cuda_runtime
 from wsishard.streaming.planner import Segment
 from wsishard.streaming.ring import Lending, Returns
+from wsishard.streaming.world import rank_share
 
 __all__ = ["ShardLoader", "as_is", "loader"]
 
@@ -125,7 +127,8 @@ class ShardLoader:
 
     Args:
         dataset: from :func:`~wsishard.streaming.sources.stream`.
-        num_workers: DataLoader worker processes (use the same on every rank).
+        num_workers: DataLoader worker processes (ranks may differ when :func:`loader` made it under
+            torch.distributed: it gathers them).
         pin_memory: page-locked batches (in place on CUDA, else by DataLoader's copy).
         reuse_buffers: the ownership rule above (True), or memory of its own for every batch (False).
         decode: ``"worker"`` (pixels), or ``"device"``: batches of JPEG bytes that ``GpuCollate`` decodes on the GPU
@@ -391,7 +394,8 @@ def loader(
 
     Args:
         dataset: from :func:`~wsishard.streaming.sources.stream`.
-        num_workers: DataLoader worker processes per rank (use the same on every rank).
+        num_workers: DataLoader worker processes per rank; ranks may differ under torch.distributed (this call then
+            gathers them: every rank must call it).
         pin_memory: default: True when CUDA is available. With workers, the batches' images are then the workers'
             buffers page-locked in place (:mod:`wsishard.streaming.pinning`), not DataLoader's copy of each batch.
         reuse_buffers: a batch's images are valid until the loop takes the next batch (True, fast), or every batch
@@ -408,6 +412,12 @@ def loader(
     """
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+    share = rank_share(dataset.world)
+    if share is not None:  # every rank's workers, so that ranks with different numbers plan alike (a collective)
+        rank, size, total = share
+        mine = np.zeros(size)
+        mine[rank] = max(num_workers, 1)
+        dataset.workers_by_rank = tuple(int(k) for k in total(mine))
     dataset.check_topology(num_workers)
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
     return ShardLoader(
