@@ -23,7 +23,7 @@ class StreamConfig:
         patch_size_px: width = height of every image, px: the manifests' patch size (:func:`stream` reads it);
             a :class:`ShardStream` needs it. A sample of another size is a broken sample.
         pad_last: epoch mode: every sample exactly once, every rank the same number of batches, the last ones
-            filled with repeats marked ``batch["valid"] == False`` (:func:`~wsishard.streaming.sampling.pad_plan`).
+            filled with repeats marked ``batch["valid"] == False`` (:func:`~wsishard.streaming.planner.budgets`).
         context_scales: context members decoded into ``batch["context"]`` (the build's K; 0: none, not read).
         context_size_px: width = height of every context patch, px (the manifests' ``context_size``).
         epoch_size: epoch mode with weights: draws per epoch over all ranks (None: the selected samples).
