@@ -270,8 +270,12 @@ class ShardLoader:
         other = [f"{k} {first.get(k)!r} (now {mine[k]!r})" for k in fixed if first.get(k) != mine[k]]
         if other or (not mine["resampled"] and first.get("seed") != mine["seed"]):
             raise ValueError(f"the state is of another stream or topology: {', '.join(other) or 'seed'}")
-        self.dataset.history = (int(first["epoch"]), _segments(first))
-        at = _resume(self.dataset, first, max(self.num_workers, 1))
+        before, self.dataset.history = self.dataset.history, (int(first["epoch"]), _segments(first))
+        try:
+            at = _resume(self.dataset, first, max(self.num_workers, 1))
+        except ValueError as exc:
+            self.dataset.history = before  # refused: nothing changed
+            raise ValueError(f"loader state: {exc}" if "loader state" not in str(exc) else str(exc)) from exc
         self.dataset.base_seed = int(first["seed"])  # resampled without a seed drew one: go on with it
         self.dataset.set_epoch(at.epoch)
         self._resume, self._epoch = at, at.epoch
