@@ -20,6 +20,7 @@ from wsishard.streaming.decode import Batch, decode_mode
 from wsishard.streaming.pinning import HostPins, cuda_runtime
 from wsishard.streaming.planner import Segment
 from wsishard.streaming.ring import Lending, Returns
+from wsishard.streaming.state import STATE_FORMAT, STATE_VERSION, check_state, segments
 from wsishard.streaming.world import rank_share
 
 __all__ = ["ShardLoader", "as_is", "loader"]
@@ -81,10 +82,6 @@ def _settle_worker() -> None:
 def as_is(batch: Batch) -> Batch:
     """The workers' batch as it is: already tensors (``default_convert`` would look into each of its meta dicts)."""
     return batch
-
-
-_STATE_FORMAT, _STATE_VERSION = "wsishard-loader-state", 1
-_MAX_COUNT = 2**48  # epochs or batches a state may name: more is a damaged state, not a long run
 
 
 class _Pass(IterableDataset[Batch]):
@@ -221,8 +218,8 @@ class ShardLoader:
         """Where the training loop stands: plain JSON-able data to save with a checkpoint (never pickled)."""
         ds, cfg = self.dataset, self.dataset.config
         return {
-            "format": _STATE_FORMAT,
-            "version": _STATE_VERSION,
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
             "epoch": self._epoch,
             "batches": list(self._taken),
             "last_worker": self._last,
@@ -270,7 +267,7 @@ class ShardLoader:
         other = [f"{k} {first.get(k)!r} (now {mine[k]!r})" for k in fixed if first.get(k) != mine[k]]
         if other or (not mine["resampled"] and first.get("seed") != mine["seed"]):
             raise ValueError(f"the state is of another stream or topology: {', '.join(other) or 'seed'}")
-        before, self.dataset.history = self.dataset.history, (int(first["epoch"]), _segments(first))
+        before, self.dataset.history = self.dataset.history, (int(first["epoch"]), segments(first))
         try:
             at = _resume(self.dataset, first, max(self.num_workers, 1))
         except ValueError as exc:
@@ -295,7 +292,7 @@ class ShardLoader:
             tuple(max(int(s["num_workers"]), 1) for s in ordered), tuple(tuple(s["batches"]) for s in ordered)
         )
         epoch = int(first["epoch"])
-        ds.history = (epoch, (*_segments(first), segment))
+        ds.history = (epoch, (*segments(first), segment))
         try:
             left = ds.batches_per_rank(self.num_workers, epoch)
         except ValueError as exc:
@@ -303,65 +300,6 @@ class ShardLoader:
             raise ValueError(f"loader state: {exc}") from exc
         ds.set_epoch(epoch if left else epoch + 1)  # nothing left: the next epoch, from its start
         self._epoch = ds.next_epoch
-
-
-def _segments(state: dict[str, Any]) -> tuple[Segment, ...]:
-    """The stretches of ``state``'s epoch on earlier topologies (checked by :func:`check_state`)."""
-    return tuple(Segment(tuple(g["topology"]), tuple(tuple(b) for b in g["batches"])) for g in state.get("history", []))
-
-
-def _is_int(value: Any, low: int, high: int = _MAX_COUNT) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
-
-def check_state(state: Any) -> None:
-    """Raise ``ValueError`` naming the first field of ``state`` that a :meth:`ShardLoader.state_dict` could not have
-    written (missing, of another type, out of range), before anything is resumed from it."""
-    if not isinstance(state, dict):
-        raise ValueError(f"not a wsishard loader state: a {type(state).__name__}, not a dict")
-    if state.get("format") != _STATE_FORMAT or state.get("version") != _STATE_VERSION:
-        raise ValueError("not a wsishard loader state (ShardLoader.state_dict())")
-    ints = {"epoch": 0, "batch_size": 1, "rank": 0, "world_size": 1, "num_workers": 0, "seed": 0, "shuffle": 0}
-    for key, low in ints.items():
-        if not _is_int(state.get(key), low, 2**64 - 1 if key == "seed" else _MAX_COUNT):
-            raise ValueError(f"loader state: {key} must be an integer in [{low}, {_MAX_COUNT}], got {state.get(key)!r}")
-    if not isinstance(state.get("resampled"), bool):
-        raise ValueError(f"loader state: resampled must be true or false, got {state.get('resampled')!r}")
-    _check_history(state.get("history", []))
-    if state["rank"] >= state["world_size"]:
-        raise ValueError(f"loader state: rank {state['rank']} is not below world_size {state['world_size']}")
-    readers = max(state["num_workers"], 1)
-    batches = state.get("batches")
-    if not isinstance(batches, list) or len(batches) != readers or not all(_is_int(b, 0) for b in batches):
-        raise ValueError(f"loader state: batches must be {readers} integer(s) in [0, {_MAX_COUNT}], got {batches!r}")
-    last = state.get("last_worker")
-    if last is not None and not _is_int(last, 0, readers - 1):
-        raise ValueError(f"loader state: last_worker must be null or a worker in [0, {readers - 1}], got {last!r}")
-    samples = state.get("samples")
-    if not isinstance(samples, list) or len(samples) != 2 or not all(_is_int(n, 0) for n in samples):
-        raise ValueError(f"loader state: samples must be [shards, samples], two integers >= 0, got {samples!r}")
-
-
-def _check_history(history: Any) -> None:
-    """Raise ``ValueError`` unless ``history`` is a list of ``{"topology": [workers per rank], "batches": [[per
-    worker] per rank]}`` of matching shapes."""
-    if not isinstance(history, list) or len(history) > 1024:
-        raise ValueError(f"loader state: history must be a list of stretches, got {type(history).__name__}")
-    for i, g in enumerate(history):
-        topology = g.get("topology") if isinstance(g, dict) else None
-        batches = g.get("batches") if isinstance(g, dict) else None
-        if (
-            not isinstance(topology, list)
-            or not 0 < len(topology) <= 2**16
-            or not all(_is_int(k, 1, 2**16) for k in topology)
-            or not isinstance(batches, list)
-            or len(batches) != len(topology)
-            or not all(
-                isinstance(row, list) and len(row) == k and all(_is_int(b, 0) for b in row)
-                for row, k in zip(batches, topology, strict=False)
-            )
-        ):
-            raise ValueError(f"loader state: history[{i}] must be {{topology: [workers per rank], batches: [[...]]}}")
 
 
 def _resume(dataset: ShardStream, state: dict[str, Any], workers: int) -> Resume:
