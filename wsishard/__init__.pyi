@@ -44,10 +44,11 @@ from wsishard.streaming.loader import ShardLoader as ShardLoader
 from wsishard.streaming.loader import loader as loader
 from wsishard.streaming.monitor import LoaderReport as LoaderReport
 from wsishard.streaming.monitor import MonitoredLoader as MonitoredLoader
-from wsishard.streaming.partition import EpochPlan as EpochPlan
-from wsishard.streaming.partition import plan_epoch as plan_epoch
 from wsishard.streaming.plain import register_gopen_schemes as register_gopen_schemes
 from wsishard.streaming.plain import shard_urls as shard_urls
+from wsishard.streaming.planner import Plan as Plan
+from wsishard.streaming.planner import Spec as Spec
+from wsishard.streaming.planner import plan_epoch as plan_epoch
 from wsishard.streaming.sources import stream as stream
 from wsishard.streaming.stain import StainOptions as StainOptions
 from wsishard.streaming.stain import StainTable as StainTable

@@ -63,6 +63,7 @@ def test_a_split_scan_reads_each_index_on_one_rank_and_plans_as_one_process(rank
         split = r["scan_split"]
         assert split["opened"] == [index_name(shard_name(i)) for i in range(rank, 6, 2)]  # its share only
         assert split["selected"] == whole["selected"] and split["totals"] == whole["totals"]
+        assert r["scan_default"] == split  # the default splits whenever a process group exists
         assert r["scan_whole"] == whole
     assert 0 < sum(whole["selected"]) < 120 + 95 + 140 + 101 + 88 + 130
 
@@ -89,7 +90,7 @@ class _CountingOpener:
         return self.inner(location)
 
 
-def _scan_record(mixed: str, split: bool) -> dict:
+def _scan_record(mixed: str, split: bool | None) -> dict:
     from wsishard.streaming.sources import stream
 
     opener = _CountingOpener()
@@ -132,6 +133,7 @@ def _rank_main(one: str, mixed: str, result_dir: str) -> None:
         "labels": labels,
         "scan_whole": _scan_record(mixed, False),
         "scan_split": _scan_record(mixed, True),
+        "scan_default": _scan_record(mixed, None),
     }
     Path(result_dir, f"rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()

@@ -150,6 +150,19 @@ def test_proportions_mix_sources(out: sm.Output, tmp_path: Path) -> None:
     keys = _draw(ds, World(), 5_000)
     share = sum(k.startswith("other") for k in keys) / len(keys)
     assert abs(share - 0.7) < 0.05
+    epoch = stream(
+        [out.root, other.root],
+        batch_size=10,
+        weights="class",
+        proportions=[0.3, 0.7],
+        seed=5,
+        resampled=False,
+        epoch_size=3_000,
+        pad_last=True,
+        world=TWO[0],
+    )
+    keys = _valid([b for w in TWO for b in epoch.pipeline(w, 0)])  # a weighted epoch over 2 ranks x 2 workers
+    assert len(keys) == 3_000 and abs(sum(k.startswith("other") for k in keys) / 3_000 - 0.7) < 0.03
     with pytest.raises(ValueError, match="needs weights"):
         stream([out.root, other.root], batch_size=10, proportions=[0.5, 0.5])
 
@@ -205,6 +218,69 @@ def torch_bool() -> Any:
     return torch.bool
 
 
+def _valid(batches: list[dict[str, Any]]) -> list[str]:
+    return [k for b in batches for k, v in zip(b["key"], b["valid"].tolist(), strict=True) if v]
+
+
+def test_a_weighted_epoch_draws_epoch_size_samples_with_equal_batches_per_rank(out: sm.Output) -> None:
+    """weights="class" in epoch mode (refused before the planner): 1200 draws over 2 ranks x 2 workers, padded,
+    every rank the same batches, the 80/20 labels drawn 50/50; the next epoch draws others."""
+    ds = stream(out.root, batch_size=25, resampled=False, weights="class", epoch_size=1200, pad_last=True, seed=2)
+    ds.world = TWO[0]
+    per_rank = collections.Counter()
+    epochs = []
+    for epoch in range(2):
+        batches = {w: list(ds.pipeline(w, epoch)) for w in TWO}
+        for w, got in batches.items():
+            per_rank[epoch, w.rank] += len(got)
+        epochs.append(_valid([b for got in batches.values() for b in got]))
+    assert per_rank[0, 0] == per_rank[0, 1] and per_rank[1, 0] == per_rank[1, 1]
+    assert [len(keys) for keys in epochs] == [1200, 1200]  # exactly epoch_size valid draws
+    for keys in epochs:
+        assert abs(sum(out.labels[k] for k in keys) / 1200 - 0.5) < 0.04
+        assert max(collections.Counter(keys).values()) > 1  # with replacement: the 84 label-1 samples repeat
+    assert epochs[0] != epochs[1]
+
+
+def _two_rank_loaders(root: str, ranks: int, workers: int) -> list[Any]:
+    return [
+        loader(
+            stream(
+                root,
+                batch_size=5,
+                shuffle=8,
+                seed=6,
+                resampled=False,
+                pad_last=True,
+                select=_odd_select,
+                world=World(rank=r, world_size=ranks),
+            ),
+            num_workers=workers,
+        )
+        for r in range(ranks)
+    ]
+
+
+def test_a_select_epoch_resumes_on_other_topologies_again_and_again(out: sm.Output) -> None:
+    """An epoch with select= stopped on 2 ranks x 2 workers after 3 batches per rank, resumed in one process with 3
+    workers, stopped after 2 batches, resumed with 2: every selected sample exactly once (refused before)."""
+    chosen = sorted(k for keys in out.keys.values() for i, k in enumerate(keys) if i % 2 == 1)
+    old = _two_rank_loaders(out.root, 2, 2)
+    taken = [_valid(list(itertools.islice(dl, 3))) for dl in old]
+    states = json.loads(json.dumps([dl.state_dict() for dl in old]))
+    middle = _two_rank_loaders(out.root, 1, 3)[0]
+    middle.load_state_dict(states)
+    taken.append(_valid(list(itertools.islice(middle, 2))))
+    state = json.loads(json.dumps(middle.state_dict()))
+    assert len(state["history"]) == 1 and state["history"][0]["topology"] == [2, 2]
+    last = _two_rank_loaders(out.root, 1, 2)[0]
+    last.load_state_dict(state)
+    rest = _valid(list(last))
+    assert all(taken) and rest
+    assert sorted([*itertools.chain(*taken), *rest]) == chosen
+    assert last.dataset.next_epoch == 1
+
+
 def test_a_build_without_an_index_streams_as_before_and_refuses_select(tmp_path: Path) -> None:
     old = sm.make_output(str(tmp_path / "old"), (5, 6))
     assert len(_keys(stream(old.root, batch_size=1, resampled=False))) == 11
@@ -215,8 +291,10 @@ def test_a_build_without_an_index_streams_as_before_and_refuses_select(tmp_path:
 
 
 def test_bad_combinations_are_refused(out: sm.Output) -> None:
-    with pytest.raises(ValueError, match="weights= needs resampled=True"):
-        stream(out.root, batch_size=4, resampled=False, weights="class")
+    with pytest.raises(ValueError, match="epoch_size=1200 counts weighted draws: it needs weights="):
+        stream(out.root, batch_size=4, resampled=False, epoch_size=1200)
+    with pytest.raises(ValueError, match="resampled streams never end"):
+        stream(out.root, batch_size=4, weights="class", epoch_size=1200)
     with pytest.raises(ValueError, match="pad_last=True needs resampled=False"):
         stream(out.root, batch_size=4, pad_last=True)
     with pytest.raises(ValueError, match="weights= must be"):

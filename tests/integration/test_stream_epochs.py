@@ -78,3 +78,34 @@ def test_each_iteration_is_a_new_epoch_and_set_epoch_replays(stream_out: sm.Outp
     ds.set_epoch(0)
     assert keys_of(list(ds)) == first
     assert keys_of(list(ds)) == second  # counting goes on from the epoch that was set
+
+
+def test_a_dataloader_of_the_users_own_gives_an_exact_padded_epoch(stream_out: sm.Output) -> None:
+    """torch's own DataLoader over the stream (no wsishard loader): each worker its share, every sample once, plain
+    batches (no key of the loader's)."""
+    from torch.utils.data import DataLoader
+
+    ds = stream(stream_out.root, batch_size=4, resampled=False, pad_last=True, shuffle=8, seed=2)
+    batches = list(DataLoader(ds, batch_size=None, num_workers=2, collate_fn=lambda b: b))
+    valid = [k for b in batches for k, v in zip(b["key"], b["valid"].tolist(), strict=True) if v]
+    assert sorted(valid) == sorted(stream_out.shard_of)
+    assert len(batches) == ds.batches_per_rank(2) and all(set(b) <= BATCH_KEYS for b in batches)
+
+
+def test_ranks_with_different_worker_counts_plan_one_epoch(stream_out: sm.Output) -> None:
+    """Rank 0 with 1 worker, rank 1 with 3 (as loader() gathers them under torch.distributed): both ranks plan the
+    same epoch, so they yield the same batches and no sample twice (each assuming its own count on every rank, rank 0
+    planned 12 batches and rank 1 11)."""
+    ds = two_ranks(stream_out.root, batch_size=3, resampled=False, shuffle=8, seed=4)
+    ds.workers_by_rank = (1, 3)
+    worlds = [World(rank=0, world_size=2)] + [World(rank=1, world_size=2, worker=w, num_workers=3) for w in range(3)]
+    per_rank, keys = collections.Counter(), []
+    for world in worlds:
+        batches = list(ds.pipeline(world, 0))
+        per_rank[world.rank] += len(batches)
+        keys += keys_of(batches)
+    assert per_rank[0] == per_rank[1] == ds.batches_per_rank(1) == 12
+    assert len(keys) == len(set(keys)) == 2 * 12 * 3
+
+
+BATCH_KEYS = {"image", "label", "meta", "key", "valid", "context"}

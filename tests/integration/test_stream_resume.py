@@ -172,6 +172,9 @@ BAD_FIELDS = {
     "seed as text": ("seed", "5"),
     "resampled as a number": ("resampled", 1),
     "samples of another shape": ("samples", [6]),
+    "history not a list": ("history", {"topology": [2]}),
+    "history of another shape": ("history", [{"topology": [2], "batches": [[1, 2, 3]]}]),
+    "history of no topology": ("history", [{"batches": [[1]]}]),
 }
 
 
@@ -184,6 +187,16 @@ def test_a_damaged_state_is_refused_naming_its_field(out: sm.Output, field: str,
     with pytest.raises(ValueError, match=field):
         again.load_state_dict(state)
     assert again.dataset.next_epoch == 0  # refused before anything changed
+
+
+def test_a_history_beyond_its_plan_is_refused_and_changes_nothing(out: sm.Output) -> None:
+    first = _loader(out.root, 2, resampled=False)
+    list(itertools.islice(first, 3))
+    state = {**first.state_dict(), "history": [{"topology": [1], "batches": [[10**6]]}]}
+    again = _loader(out.root, 2, resampled=False)
+    with pytest.raises(ValueError, match=r"loader state: .*beyond its budget"):
+        again.load_state_dict(state)
+    assert again.dataset.history is None and again.dataset.next_epoch == 0
 
 
 @pytest.mark.parametrize("state", ["epoch 3", None, 7, [], {"format": "wsishard-loader-state"}, ["x"]])

@@ -109,7 +109,7 @@ def test_the_loader_leaves_the_dataset_as_it_was(tmp_path: Path) -> None:
     ds = stream(png.root, batch_size=2, resampled=True, seed=0, shuffle=4)
     started = iter(loader(ds, num_workers=2))
     plain = next(iter(DataLoader(ds, batch_size=None, num_workers=2, collate_fn=lambda b: b)))
-    assert "buffer" not in plain
+    assert "buffer" not in plain and "worker" not in plain  # no key of the loader's own in a user's DataLoader
     _check({"key": plain["key"], "image": plain["image"]}, png)  # an image of its own, not a reference
     _check(next(started), png)  # the loader's own workers lend by reference
     del started

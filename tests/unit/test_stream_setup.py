@@ -3,14 +3,9 @@ split stages (which must split exactly as webdataset's splitters do)."""
 
 from __future__ import annotations
 
-import itertools
-
-import numpy as np
 import pytest
-import webdataset as wds
 
 from wsishard.streaming.config import StreamConfig
-from wsishard.streaming.partition import worker_shards
 from wsishard.streaming.world import World, detect_world
 
 
@@ -34,14 +29,3 @@ def test_detect_world_reads_torchrun_environment(monkeypatch: pytest.MonkeyPatch
     assert detect_world() == World(rank=1, world_size=3)
     monkeypatch.delenv("RANK")
     assert detect_world() == World()
-
-
-def test_split_stages_match_webdataset_splitters(monkeypatch: pytest.MonkeyPatch) -> None:
-    items = list(range(23))
-    for rank, worker in itertools.product(range(3), range(2)):
-        for name, value in (("RANK", rank), ("WORLD_SIZE", 3), ("WORKER", worker), ("NUM_WORKERS", 2)):
-            monkeypatch.setenv(name, str(value))
-        theirs = list(wds.split_by_worker(wds.split_by_node(iter(items))))
-        world = World(rank=rank, world_size=3, worker=worker, num_workers=2)
-        ours = worker_shards(np.asarray(items), world).tolist()
-        assert ours == theirs

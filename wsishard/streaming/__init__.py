@@ -1,4 +1,4 @@
 """Training time: shards streamed into PyTorch with two-level (rank x worker) sharding and a device collate.
 
-world -> partition -> stages (split, read, shuffle) -> decode (batches) -> dataset/loader -> collate
+world -> planner (pieces per reader) -> reader (read, shuffle) -> decode (batches) -> dataset/loader -> collate
 """

@@ -23,9 +23,10 @@ class StreamConfig:
         patch_size_px: width = height of every image, px: the manifests' patch size (:func:`stream` reads it);
             a :class:`ShardStream` needs it. A sample of another size is a broken sample.
         pad_last: epoch mode: every sample exactly once, every rank the same number of batches, the last ones
-            filled with repeats marked ``batch["valid"] == False`` (:func:`~wsishard.streaming.sampling.pad_plan`).
+            filled with repeats marked ``batch["valid"] == False`` (:func:`~wsishard.streaming.planner.budgets`).
         context_scales: context members decoded into ``batch["context"]`` (the build's K; 0: none, not read).
         context_size_px: width = height of every context patch, px (the manifests' ``context_size``).
+        epoch_size: epoch mode with weights: draws per epoch over all ranks (None: the selected samples).
     """
 
     batch_size: int
@@ -38,6 +39,7 @@ class StreamConfig:
     pad_last: bool = False
     context_scales: int = 0
     context_size_px: int | None = None
+    epoch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -53,3 +55,8 @@ class StreamConfig:
         check_context(self.context_scales, self.context_size_px)
         if self.pad_last and self.resampled:
             raise ValueError("pad_last=True needs resampled=False (an exact epoch); resampled streams never end")
+        if self.epoch_size is not None and (self.resampled or isinstance(self.epoch_size, bool) or self.epoch_size < 1):
+            raise ValueError(
+                f"epoch_size={self.epoch_size!r}: an epoch's weighted draws, an integer >= 1 with resampled=False "
+                "(resampled streams never end)"
+            )

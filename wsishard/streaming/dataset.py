@@ -1,16 +1,12 @@
 """The training-time pipeline, composed from webdataset parts and run inside the DataLoader workers.
 
-    manifest shard list -> split by node (rank) -> split by worker
-      -> resampled: endless re-shuffle of this worker's shards, seeded by (seed, rank, worker, pass)
-       | epoch:     this worker's shards of the epoch's plan, capped at its batch budget
-      -> tar -> samples (counted against the manifest) -> shuffle buffer (bytes) -> lean decode
-      -> uint8 batches (b, h, w, 3)
+    the reader's pieces (:mod:`wsishard.streaming.planner`: every mode is a plan)
+      -> ReadPieces: tar -> samples (counted against the manifest) -> shuffle buffer (bytes) -> the piece's share
+      -> (pad_last: repeats up to the budget) -> lean decode -> uint8 batches (b, h, w, 3) -> the batch budget
 
-Ranks and workers split the shard list exactly as ``wds.split_by_node`` and ``wds.split_by_worker`` do
-(``islice(src, index, None, count)``), but from a :class:`~wsishard.streaming.world.World` detected once in the
-main process: webdataset's splitters re-detect the rank in each worker from the environment, which in a
-worker started by ``spawn`` without ``RANK`` silently gives every rank all shards, and would let the epoch
-arithmetic in :mod:`wsishard.streaming.partition` and the actual split disagree.
+Which reader reads what comes from the planner, given a :class:`~wsishard.streaming.world.World` detected once in
+the main process: webdataset's splitters re-detect the rank in each worker from the environment, which in a worker
+started by ``spawn`` without ``RANK`` silently gives every rank all shards.
 
 Error behaviour (``on_error``):
     ``"raise"`` (default): a shard that cannot be opened, is truncated or corrupt, holds a sample with a
@@ -35,8 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -44,56 +39,36 @@ import webdataset as wds
 
 from wsishard.errors import ShardError, TopologyError
 from wsishard.storage.opener import StreamOpener
-from wsishard.streaming import indexed, redeal, selection
+from wsishard.streaming import planner, selection
 from wsishard.streaming.config import StreamConfig
 from wsishard.streaming.context import context_shape
 from wsishard.streaming.decode import Batch, DecodeIntoBatches, EncodedBatches
-from wsishard.streaming.partition import (
-    EpochPlan,
-    check_readers,
-    epoch_order,
-    plan_epoch,
-    reader_slices,
-    resume_position,
-)
+from wsishard.streaming.planner import Plan, Segment, Spec, Work
+from wsishard.streaming.reader import Budget, MarkValid, PadSamples, ReadPieces, Validity
 from wsishard.streaming.ring import UNLENT, Lending
-from wsishard.streaming.sampling import log_dropped, pad_plan
-from wsishard.streaming.stages import (
-    SHUFFLE_STREAM,
-    Budget,
-    Opener,
-    ReadShuffled,
-    Resample,
-    ShardList,
-    ShardRef,
-    slice_refs,
-)
+from wsishard.streaming.stages import Opener, ShardRef
 from wsishard.streaming.world import World, detect_world
 
 logger = logging.getLogger(__name__)
 
-_TOPUP_STREAM = 2  # a seed word keeping the top-up passes' random stream apart from the shuffles' (SHUFFLE_STREAM)
-
-
-# ---- stages: each is picklable and maps an iterator to an iterator -------------------------------------
+_TOPUP_STREAM = 2  # a seed word keeping the top-up passes' random stream apart from the shuffles'
 
 
 @dataclass(frozen=True)
 class _Refill:
-    """Top-up batches for :class:`Budget`: one more reshuffled pass over a worker's own shards."""
+    """Top-up batches for :class:`~wsishard.streaming.reader.Budget`: one more reshuffled pass over a reader's own
+    pieces."""
 
     dataset: ShardStream
-    tasks: tuple[ShardRef, ...]
-    seed: tuple[int, ...]
+    pieces: tuple[planner.Piece, ...]
     lending: Lending
 
     def __call__(self, pass_index: int) -> Iterator[Batch]:
-        order = np.random.default_rng((*self.seed, pass_index)).permutation(len(self.tasks))
-        source = ShardList(tuple(self.tasks[i] for i in order.tolist()))
-        stages = self.dataset.sample_stages(
-            (*self.seed, pass_index), max_failures=len(self.tasks), lending=self.lending
-        )
-        return iter(wds.DataPipeline(source, *stages))
+        seed = (*self.pieces[0].seed, _TOPUP_STREAM, pass_index) if self.pieces else ()
+        order = np.random.default_rng(seed).permutation(len(self.pieces)).tolist()
+        pieces = tuple(replace(self.pieces[i], seed=(*self.pieces[i].seed, _TOPUP_STREAM, pass_index)) for i in order)
+        reader = self.dataset.reader_stage(len(pieces))
+        return iter(wds.DataPipeline(planner.Pieces(pieces), reader, self.dataset.batch_stage(self.lending)))
 
 
 # ---- the dataset ---------------------------------------------------------------------------------------
@@ -105,7 +80,8 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
     Resampled mode never ends: iterate it for a number of steps. Epoch mode yields one exact pass, the
     same number of batches (:meth:`batches_per_rank`) on every rank. Each new iteration is a new epoch
     (counted per process, and by :func:`loader` across worker restarts); :meth:`set_epoch` sets it
-    explicitly. Batch counts assume every rank uses the same ``num_workers``.
+    explicitly. Ranks may use different ``num_workers`` when :func:`~wsishard.streaming.loader.loader` runs under
+    torch.distributed (it gathers them); otherwise batch counts assume every rank uses the same.
 
     Args:
         shards: every shard of the job, in manifest order.
@@ -140,8 +116,22 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         # drawn once here, in the main process, so that every worker of this rank agrees on it
         self.base_seed = config.seed if config.seed is not None else int(np.random.default_rng().integers(2**63))
         self._next_epoch = 0
-        self.redealt: tuple[int, tuple[redeal.Piece, ...]] | None = None  # an epoch begun on another topology
-        self.sampling, self._warned = selection.checked(sampling, config.resampled), False
+        self.history: tuple[int, tuple[Segment, ...]] | None = None  # an epoch's stretches on earlier topologies
+        self.workers_by_rank: planner.Topology | None = None  # every rank's workers, gathered by loader()
+        self.sampling, self._warned = sampling, False
+        totals = None
+        if sampling is not None and sampling.weighted:
+            totals = np.array([sampling.totals[sampling.urls[s.url]] for s in self.shards], dtype=np.float64)
+        self.spec = Spec(
+            counts=self.counts,
+            batch_size=config.batch_size,
+            seed=self.plan_seed,
+            stream_seed=self.base_seed,
+            totals=totals,
+            epoch_size=config.epoch_size,
+            drop_last=config.drop_last and not config.pad_last,
+            pad_last=config.pad_last,
+        )
 
     @property
     def plan_seed(self) -> int:
@@ -165,18 +155,22 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         self._next_epoch = epoch + 1
         return epoch
 
-    def plan(self, epoch: int, num_workers: int) -> EpochPlan:
+    def topology(self, num_workers: int, rank: int | None = None) -> planner.Topology:
+        """This job's readers: the workers of each rank as :func:`~wsishard.streaming.loader.loader` gathered them
+        under torch.distributed (ranks may differ), where they include ``num_workers`` (at least 1) on ``rank``
+        (default: this process's); else ``num_workers`` on each rank."""
+        gathered, rank = self.workers_by_rank, self.world.rank if rank is None else rank
+        if gathered is not None and len(gathered) == self.world.world_size and gathered[rank] == max(num_workers, 1):
+            return gathered
+        return (max(num_workers, 1),) * self.world.world_size
+
+    def segments(self, epoch: int) -> tuple[Segment, ...]:
+        """The stretches of ``epoch`` run on earlier topologies (a resumed job), or none."""
+        return self.history[1] if self.history is not None and self.history[0] == epoch else ()
+
+    def plan(self, epoch: int, num_workers: int) -> Plan:
         """The epoch's plan for this job's ranks with ``num_workers`` workers each (epoch mode)."""
-        plan = plan_epoch(
-            self.counts,
-            world_size=self.world.world_size,
-            num_workers=max(num_workers, 1),
-            batch_size=self.config.batch_size,
-            seed=self.plan_seed,
-            epoch=epoch,
-            drop_last=self.config.drop_last and not self.config.pad_last,
-        )
-        return pad_plan(plan) if self.config.pad_last else plan
+        return planner.plan_epoch(self.spec, self.topology(num_workers), epoch, self.segments(epoch))
 
     def batches_per_rank(self, num_workers: int, epoch: int = 0) -> int:
         """Batches each rank yields in ``epoch`` (epoch mode; varies slightly between epochs)."""
@@ -188,40 +182,29 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         Raises:
             TopologyError: fewer samples than ranks x workers, or an epoch without a single batch.
         """
-        check_readers(self.counts, self.world.world_size, max(num_workers, 1))
-        if not self.config.resampled and self.batches_per_rank(num_workers) == 0:
+        if self.config.resampled:
+            planner.check_readers(int(self.counts.sum()), self.topology(num_workers), len(self.counts))
+            return
+        plan = self.plan(self.next_epoch, num_workers)
+        if plan.batches_per_rank == 0:
             raise TopologyError(
                 f"{int(self.counts.sum())} samples give no batch of {self.config.batch_size} per rank "
                 f"with {self.world.world_size} rank(s) x {max(num_workers, 1)} worker(s)"
             )
-        if not self.config.resampled and not self._warned and self.world.rank == 0:
-            self._warned = log_dropped(self.plan(0, max(num_workers, 1)))
+        if not self._warned and self.world.rank == 0:
+            self._warned = _log_dropped(plan, self.spec)
 
-    def sample_stages(
-        self,
-        seed: tuple[int, ...],
-        max_failures: int = 1,
-        skip: int = 0,
-        read: dict[str, Any] | None = None,
-        lending: Lending = UNLENT,
-    ) -> list[Any]:
-        """The stages from shards to batches: read and shuffle (by ``seed`` and each shard's position, passing over
-        ``skip`` samples first; by the index where the stream has a sampling plan, with ``read``'s extra arguments of
-        :class:`~wsishard.streaming.indexed.ReadIndexed`), decode, batch (into buffers lent as ``lending`` says)."""
+    def reader_stage(self, pieces: int) -> ReadPieces:
+        """The reading stage of a reader with ``pieces`` pieces (that many failing in a row raise)."""
         cfg = self.config
-        drop_last = cfg.drop_last or cfg.resampled
-        shuffle_seed = (*seed, SHUFFLE_STREAM)
-        reader: indexed.ReadIndexed | ReadShuffled | None
-        reader = indexed.read_stage(self.sampling, self.opener, cfg, shuffle_seed, max_failures, skip, read)
-        if reader is None:
-            reader = ReadShuffled(
-                self.opener, cfg.shuffle, shuffle_seed, cfg.on_error, max_failures, skip, cfg.context_scales
-            )
-        return [reader, self._batches(drop_last, lending)]
+        return ReadPieces(
+            self.shards, self.opener, cfg.shuffle, self.sampling, cfg.on_error, max(pieces, 1), cfg.context_scales
+        )
 
-    def _batches(self, drop_last: bool, lending: Lending) -> DecodeIntoBatches | EncodedBatches:
+    def batch_stage(self, lending: Lending) -> DecodeIntoBatches | EncodedBatches:
         """The batching stage: decoded into uint8 batches, or (``lending.encoded``) batches of JPEG bytes."""
         cfg = self.config
+        drop_last = (cfg.drop_last or cfg.resampled) and not cfg.pad_last
         if lending.encoded:
             return EncodedBatches(cfg.batch_size, self.image_hw, drop_last=drop_last, on_error=cfg.on_error)
         return DecodeIntoBatches(
@@ -233,82 +216,56 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
             context=context_shape(cfg),
         )
 
+    def work(self, world: World, epoch: int, done: int = 0) -> Work:
+        """What ``world``'s (rank, worker) reads in ``epoch`` (or for ever) after the ``done`` batches it had yielded
+        (:mod:`~wsishard.streaming.planner`)."""
+        topology = self.topology(world.num_workers, world.rank) if world.world_size == self.world.world_size else ()
+        topology = topology or (world.num_workers,) * world.world_size
+        if self.config.resampled:
+            source = planner.Passes(self.spec, topology, world.rank, world.worker, done * self.config.batch_size)
+            return Work(source, None, None)
+        plan = planner.plan_epoch(self.spec, topology, epoch, self.segments(epoch))
+        return planner.epoch_work(plan, world.rank, world.worker, done)
+
     def pipeline(self, world: World, epoch: int, done: int = 0, lending: Lending = UNLENT) -> wds.DataPipeline:
         """The webdataset pipeline that ``world``'s (rank, worker) runs in ``epoch`` (or for ever), after the
-        ``done`` batches it had yielded (a resumed loader): whole shards before its position are skipped by their
-        manifest counts, unread, and only the shard it stopped in is read again. ``lending``: how its batch buffers
-        are lent (:class:`~wsishard.streaming.ring.Lending`)."""
-        check_readers(self.counts, world.world_size, world.num_workers)
-        seed = (self.base_seed, world.rank, world.worker, epoch)
-        cfg = self.config
-        read: dict[str, Any] | None = None  # the extra arguments of an indexed read (weighted draws)
-        if cfg.resampled:
-            order = epoch_order(
-                self.counts, world_size=world.world_size, num_workers=world.num_workers, seed=self.plan_seed, epoch=0
-            )
-            mine = slice_refs(self.shards, reader_slices(order, self.counts, world))
-            if not any(ref.kept for ref in mine):
-                raise TopologyError(f"rank {world.rank} worker {world.worker} owns only empty shards")
-            start, skip = resume_position(
-                [r.kept for r in mine], done * cfg.batch_size, seed=self.base_seed, rank=world.rank, worker=world.worker
-            )
-            start, skip, read = selection.weighted_start(
-                self.sampling, mine, done * cfg.batch_size, (self.base_seed, world.rank, world.worker), (start, skip)
-            )
-            source: tuple[Any, ...] = (ShardList(mine), Resample(self.base_seed, world.rank, world.worker, start))
-            budget = None
-        elif self.redealt is not None and self.redealt[0] == epoch:
-            return self._redealt_pipeline(world, seed, lending)
-        else:
-            plan = self.plan(epoch, world.num_workers)
-            mine = slice_refs(self.shards, plan.slices_of(world))
-            start, skip = resume_position([r.kept for r in mine], done * cfg.batch_size)
-            topup = cfg.on_error == "skip" and world.world_size > 1
-            refill = _Refill(self, mine, (*seed, _TOPUP_STREAM), lending) if topup else None
-            source, budget = (ShardList(mine, start),), Budget(max(plan.budget_of(world) - done, 0), refill)
-            if cfg.pad_last:
-                return indexed.padded_pipeline(self, world, seed, plan, mine, done, lending)
-        logger.debug(
-            "rank %d worker %d epoch %d: %d shards, from %d (+%d)",
-            world.rank,
-            world.worker,
-            epoch,
-            len(mine),
-            start,
-            skip,
-        )
-        stages = self.sample_stages(seed, max_failures=len(mine), skip=skip, read=read, lending=lending)
-        return wds.DataPipeline(*source, *stages, budget)
-
-    def _redealt_pipeline(self, world: World, seed: tuple[int, ...], lending: Lending) -> wds.DataPipeline:
-        """The rest of an epoch begun on another topology: this reader's share of the old readers' remainders."""
-        assert self.redealt is not None
-        if self.sampling is not None:
-            raise TopologyError("an epoch with select= resumes on the topology it began on only (same ranks, workers)")
-        cfg, pieces = self.config, self.redealt[1]
-        caps = redeal.budgets(
-            pieces, world.world_size, world.num_workers, batch_size=cfg.batch_size, drop_last=cfg.drop_last
-        )
+        ``done`` batches it had yielded (a resumed loader): pieces before its position are skipped unread, and only
+        the piece it stopped in is read again. ``lending``: how its batch buffers are lent
+        (:class:`~wsishard.streaming.ring.Lending`)."""
+        cfg, size = self.config, self.config.batch_size
+        work = self.work(world, epoch, done)
+        pieces = work.source.pieces if isinstance(work.source, planner.Pieces) else ()
+        counter = Validity(work.done)
+        topup = work.budget is not None and cfg.on_error == "skip" and world.world_size > 1
+        refill = _Refill(self, pieces, lending) if topup else None
+        total = (work.budget or 0) * size if cfg.pad_last else 0
+        logger.debug("rank %d worker %d epoch %d: %d pieces", world.rank, world.worker, epoch, len(pieces))
         return wds.DataPipeline(
-            redeal.PieceList(tuple(redeal.share(pieces, world))),
-            redeal.ReadPieces(self.opener, cfg.shuffle, cfg.on_error, cfg.context_scales),
-            self._batches(cfg.drop_last, lending),
-            Budget(int(caps[world.rank, world.worker])),
+            work.source,
+            self.reader_stage(len(pieces)),
+            PadSamples(work.real, total, size, counter),
+            self.batch_stage(lending),
+            *([MarkValid(counter, done * size)] if cfg.pad_last else []),
+            Budget(work.budget, refill),
         )
 
     def __iter__(self) -> Iterator[Batch]:
         """One pass (:meth:`next_pass`): every batch is a fresh buffer of its own."""
         return self.batches(self.next_pass())
 
-    def batches(self, epoch: int, *, resume: Resume | None = None, lending: Lending = UNLENT) -> Iterator[Batch]:
-        """The batches of ``epoch`` that this process reads: in a DataLoader worker, that worker's share, each batch
-        tagged with its (logical) worker and a worker's :class:`~wsishard.errors.ShardError` handed over as the last
-        item (:class:`WorkerShardError`); else the whole rank's.
+    def batches(
+        self, epoch: int, *, resume: Resume | None = None, lending: Lending = UNLENT, handover: bool = False
+    ) -> Iterator[Batch]:
+        """The batches of ``epoch`` that this process reads: in a DataLoader worker, that worker's share; else the
+        whole rank's.
 
         Args:
             epoch: the pass's epoch.
             resume: where each worker of a resumed loader stands in ``epoch``, and which worker the first plays.
             lending: how the batch buffers are lent (:class:`~wsishard.streaming.ring.Lending`).
+            handover: in a worker of a :class:`~wsishard.streaming.loader.ShardLoader`: each batch tagged with its
+                (logical) worker, which the loader takes off again, and a :class:`~wsishard.errors.ShardError` handed
+                over as the last item (:class:`WorkerShardError`). A DataLoader of the user's own gets plain batches.
         """
         info = torch.utils.data.get_worker_info()
         workers = info.num_workers if info is not None else 1
@@ -317,7 +274,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         world = self.world.with_worker(logical, workers)
         done = resumed.batches[logical] if resumed else 0
         batches = iter(self.pipeline(world, epoch, done, lending))
-        return batches if info is None else _from_worker(batches, logical)  # type: ignore[return-value]
+        return _from_worker(batches, logical) if info is not None and handover else batches  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -354,3 +311,25 @@ class Resume:
     batches: tuple[int, ...]
     rotation: int = 0
     last: int | None = None  # the logical worker of the last batch yielded before
+
+
+def _log_dropped(plan: Plan, spec: Spec) -> bool:
+    """Log (a warning) what an epoch of ``plan`` drops, if anything; True."""
+    total = sum(r.items for row in plan.readers for r in row)
+    kept = sum(r.real for row in plan.readers for r in row)
+    if kept < total:
+        logger.warning(
+            "epoch mode reads %d of %d samples each epoch (%d dropped, %.1f%%): every rank yields the same number of "
+            "batches (%d batches of %d samples) with %d rank(s) x %d worker(s)%s; stream(..., pad_last=True) reads "
+            "every sample exactly once, padding with repeats marked batch['valid'] == False",
+            kept,
+            total,
+            total - kept,
+            100 * (total - kept) / total,
+            plan.batches_per_rank,
+            plan.batch_size,
+            len(plan.topology),
+            max(plan.topology),
+            ", and each worker drops its last incomplete batch (drop_last)" if spec.drop_last else "",
+        )
+    return True

@@ -10,15 +10,18 @@ import gc
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from wsishard.errors import ShardError
-from wsishard.streaming import redeal
 from wsishard.streaming.dataset import Resume, ShardStream, WorkerShardError
 from wsishard.streaming.decode import Batch, decode_mode
 from wsishard.streaming.pinning import HostPins, cuda_runtime
+from wsishard.streaming.planner import Segment
 from wsishard.streaming.ring import Lending, Returns
+from wsishard.streaming.state import STATE_FORMAT, STATE_VERSION, a_type, check_state, segments
+from wsishard.streaming.world import rank_share
 
 __all__ = ["ShardLoader", "as_is", "loader"]
 
@@ -81,10 +84,6 @@ def as_is(batch: Batch) -> Batch:
     return batch
 
 
-_STATE_FORMAT, _STATE_VERSION = "wsishard-loader-state", 1
-_MAX_COUNT = 2**48  # epochs or batches a state may name: more is a damaged state, not a long run
-
-
 class _Pass(IterableDataset[Batch]):
     """What the DataLoader iterates: one pass of ``stream`` at ``epoch`` (persistent workers count their later
     passes themselves), resumed where ``resume`` says, its buffers lent as ``lending`` says."""
@@ -97,7 +96,7 @@ class _Pass(IterableDataset[Batch]):
     def __iter__(self) -> Iterator[Batch]:
         epoch = self.epoch + self._passes
         self._passes += 1
-        return self.stream.batches(epoch, resume=self.resume, lending=self.lending)
+        return self.stream.batches(epoch, resume=self.resume, lending=self.lending, handover=True)
 
 
 class ShardLoader:
@@ -125,7 +124,8 @@ class ShardLoader:
 
     Args:
         dataset: from :func:`~wsishard.streaming.sources.stream`.
-        num_workers: DataLoader worker processes (use the same on every rank).
+        num_workers: DataLoader worker processes (ranks may differ when :func:`loader` made it under
+            torch.distributed: it gathers them).
         pin_memory: page-locked batches (in place on CUDA, else by DataLoader's copy).
         reuse_buffers: the ownership rule above (True), or memory of its own for every batch (False).
         decode: ``"worker"`` (pixels), or ``"device"``: batches of JPEG bytes that ``GpuCollate`` decodes on the GPU
@@ -218,8 +218,8 @@ class ShardLoader:
         """Where the training loop stands: plain JSON-able data to save with a checkpoint (never pickled)."""
         ds, cfg = self.dataset, self.dataset.config
         return {
-            "format": _STATE_FORMAT,
-            "version": _STATE_VERSION,
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
             "epoch": self._epoch,
             "batches": list(self._taken),
             "last_worker": self._last,
@@ -231,15 +231,19 @@ class ShardLoader:
             "num_workers": self.num_workers,
             "samples": [len(ds.shards), int(ds.counts.sum())],
             "shuffle": cfg.shuffle,
-            "redealt": ds.redealt is not None and ds.redealt[0] == self._epoch,
+            "history": [
+                {"topology": list(g.topology), "batches": [list(b) for b in g.batches]}
+                for g in ds.segments(self._epoch)
+            ],
         }
 
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
-        """Go on from ``state`` (from :meth:`state_dict` of a loader over the same build, options and topology).
+        """Go on from ``state`` (from :meth:`state_dict` of a loader over the same build and options).
 
         In epoch mode the states of every rank of the old job (a list) may be given instead: the epoch then
-        finishes on this loader's topology (another world size or number of workers), every sample the old job had
-        not yielded dealt to the new readers, none twice. Every field is checked before anything changes.
+        finishes on this loader's topology (another world size or number of workers, the old ranks' worker counts
+        may have differed), every sample the old job had not yielded dealt to the new readers, none twice; a job so
+        resumed may be stopped and resumed again, on any topology. Every field is checked before anything changes.
 
         Raises:
             ValueError: not a loader state (a field missing or of the wrong type or range, named), or one of
@@ -251,18 +255,15 @@ class ShardLoader:
         for i, s in enumerate(states):
             if isinstance(state, list) and not isinstance(s, dict):
                 raise ValueError(
-                    f"not a wsishard loader state: a list whose item {i} is {_a(s)}, not a state (a dict); give "
+                    f"not a wsishard loader state: a list whose item {i} is {a_type(s)}, not a state (a dict); give "
                     "this rank's state_dict(), or a list of every old rank's state_dict()"
                 )
             check_state(s)
         mine = self.state_dict()
         if self.persistent:
             raise ValueError("resuming needs persistent_workers=False (workers that start anew each epoch)")
-        if any(s["redealt"] for s in states):
-            raise ValueError(
-                "the state was saved while an epoch begun on another topology was finishing: resume "
-                "from a checkpoint taken at an epoch's end, or from the states of the older job"
-            )
+        if any(s.get("redealt") for s in states):
+            raise ValueError("the state was saved by an older wsishard while a re-dealt epoch was finishing")
         first = states[0]
         if len(states) > 1 or (first["world_size"], first["num_workers"]) != (mine["world_size"], mine["num_workers"]):
             self._redeal(states, mine)
@@ -271,71 +272,39 @@ class ShardLoader:
         other = [f"{k} {first.get(k)!r} (now {mine[k]!r})" for k in fixed if first.get(k) != mine[k]]
         if other or (not mine["resampled"] and first.get("seed") != mine["seed"]):
             raise ValueError(f"the state is of another stream or topology: {', '.join(other) or 'seed'}")
-        at = _resume(self.dataset, first, max(self.num_workers, 1))
+        before, self.dataset.history = self.dataset.history, (int(first["epoch"]), segments(first))
+        try:
+            at = _resume(self.dataset, first, max(self.num_workers, 1))
+        except ValueError as exc:
+            self.dataset.history = before  # refused: nothing changed
+            raise ValueError(f"loader state: {exc}" if "loader state" not in str(exc) else str(exc)) from exc
         self.dataset.base_seed = int(first["seed"])  # resampled without a seed drew one: go on with it
         self.dataset.set_epoch(at.epoch)
         self._resume, self._epoch = at, at.epoch
 
     def _redeal(self, states: list[dict[str, Any]], mine: dict[str, Any]) -> None:
         first, ds = states[0], self.dataset
-        fixed = ("resampled", "batch_size", "samples", "shuffle", "seed", "epoch", "world_size", "num_workers")
-        other = sorted({k for s in states for k in fixed if s.get(k) != first.get(k)})
+        fixed = ("resampled", "batch_size", "samples", "shuffle", "seed", "epoch", "world_size", "history")
+        other = sorted({k for s in states for k in fixed if s.get(k, []) != first.get(k, [])})
         other += [k for k in ("resampled", "batch_size", "samples", "shuffle", "seed") if first.get(k) != mine[k]]
         if mine["resampled"] or other or sorted(int(s["rank"]) for s in states) != list(range(first["world_size"])):
             raise ValueError(
                 "resuming on another topology needs epoch mode and the states of every rank of the old "
                 f"job, of the same stream{': ' + ', '.join(other) if other else ''}"
             )
-        pieces = redeal.remainders(
-            ds.counts,
-            ds.shards,
-            states,
-            batch_size=ds.config.batch_size,
-            plan_seed=ds.plan_seed,
-            drop_last=ds.config.drop_last,
+        ordered = sorted(states, key=lambda s: int(s["rank"]))
+        segment = Segment(
+            tuple(max(int(s["num_workers"]), 1) for s in ordered), tuple(tuple(s["batches"]) for s in ordered)
         )
         epoch = int(first["epoch"])
-        ds.set_epoch(epoch if pieces else epoch + 1)  # nothing left: the next epoch, from its start
-        ds.redealt = (epoch, tuple(pieces)) if pieces else None
+        ds.history = (epoch, (*segments(first), segment))
+        try:
+            left = ds.batches_per_rank(self.num_workers, epoch)
+        except ValueError as exc:
+            ds.history = None
+            raise ValueError(f"loader state: {exc}") from exc
+        ds.set_epoch(epoch if left else epoch + 1)  # nothing left: the next epoch, from its start
         self._epoch = ds.next_epoch
-
-
-def _is_int(value: Any, low: int, high: int = _MAX_COUNT) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
-
-def _a(value: Any) -> str:
-    """``value``'s type with its article: "an int", "a list"."""
-    name = type(value).__name__
-    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
-
-
-def check_state(state: Any) -> None:
-    """Raise ``ValueError`` naming the first field of ``state`` that a :meth:`ShardLoader.state_dict` could not have
-    written (missing, of another type, out of range), before anything is resumed from it."""
-    if not isinstance(state, dict):
-        raise ValueError(f"not a wsishard loader state: {_a(state)}, not a dict")
-    if state.get("format") != _STATE_FORMAT or state.get("version") != _STATE_VERSION:
-        raise ValueError("not a wsishard loader state (ShardLoader.state_dict())")
-    ints = {"epoch": 0, "batch_size": 1, "rank": 0, "world_size": 1, "num_workers": 0, "seed": 0, "shuffle": 0}
-    for key, low in ints.items():
-        if not _is_int(state.get(key), low, 2**64 - 1 if key == "seed" else _MAX_COUNT):
-            raise ValueError(f"loader state: {key} must be an integer in [{low}, {_MAX_COUNT}], got {state.get(key)!r}")
-    for key in ("resampled", "redealt"):
-        if not isinstance(state.get(key), bool):
-            raise ValueError(f"loader state: {key} must be true or false, got {state.get(key)!r}")
-    if state["rank"] >= state["world_size"]:
-        raise ValueError(f"loader state: rank {state['rank']} is not below world_size {state['world_size']}")
-    readers = max(state["num_workers"], 1)
-    batches = state.get("batches")
-    if not isinstance(batches, list) or len(batches) != readers or not all(_is_int(b, 0) for b in batches):
-        raise ValueError(f"loader state: batches must be {readers} integer(s) in [0, {_MAX_COUNT}], got {batches!r}")
-    last = state.get("last_worker")
-    if last is not None and not _is_int(last, 0, readers - 1):
-        raise ValueError(f"loader state: last_worker must be null or a worker in [0, {readers - 1}], got {last!r}")
-    samples = state.get("samples")
-    if not isinstance(samples, list) or len(samples) != 2 or not all(_is_int(n, 0) for n in samples):
-        raise ValueError(f"loader state: samples must be [shards, samples], two integers >= 0, got {samples!r}")
 
 
 def _resume(dataset: ShardStream, state: dict[str, Any], workers: int) -> Resume:
@@ -348,10 +317,10 @@ def _resume(dataset: ShardStream, state: dict[str, Any], workers: int) -> Resume
     epoch, taken, last = int(state["epoch"]), tuple(int(b) for b in state["batches"]), state["last_worker"]
     left = [1] * workers
     if not dataset.config.resampled:
-        budgets = dataset.plan(epoch, workers).budgets[dataset.world.rank]
-        left = [int(b) - t for b, t in zip(budgets.tolist(), taken, strict=True)]
+        budgets = [r.budget for r in dataset.plan(epoch, workers).readers[dataset.world.rank]]
+        left = [int(b) - t for b, t in zip(budgets, taken, strict=True)]
         if any(n < 0 for n in left):
-            raise ValueError(f"loader state: batches {list(taken)} exceed the epoch's {budgets.tolist()} per worker")
+            raise ValueError(f"loader state: batches {list(taken)} exceed the epoch's {budgets} per worker")
         if not any(n > 0 for n in left):  # the epoch was over: the next one from its start
             return Resume(epoch + 1, (0,) * workers)
     first = 0 if last is None else int(last) + 1
@@ -372,7 +341,8 @@ def loader(
 
     Args:
         dataset: from :func:`~wsishard.streaming.sources.stream`.
-        num_workers: DataLoader worker processes per rank (use the same on every rank).
+        num_workers: DataLoader worker processes per rank; ranks may differ under torch.distributed (this call then
+            gathers them: every rank must call it).
         pin_memory: default: True when CUDA is available. With workers, the batches' images are then the workers'
             buffers page-locked in place (:mod:`wsishard.streaming.pinning`), not DataLoader's copy of each batch.
         reuse_buffers: a batch's images are valid until the loop takes the next batch (True, fast), or every batch
@@ -389,6 +359,12 @@ def loader(
     """
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+    share = rank_share(dataset.world)
+    if share is not None:  # every rank's workers, so that ranks with different numbers plan alike (a collective)
+        rank, size, total = share
+        mine = np.zeros(size)
+        mine[rank] = max(num_workers, 1)
+        dataset.workers_by_rank = tuple(int(k) for k in total(mine))
     dataset.check_topology(num_workers)
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
     return ShardLoader(

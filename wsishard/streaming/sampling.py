@@ -1,37 +1,23 @@
-"""What training sees: per-sample selection and weights, weighted draws, and padded exact epochs.
+"""What ``select=`` and ``weights=`` mean per sample: checked masks and weights, label, slide and source weights.
 
-Pure numpy, no I/O, no global state (as :mod:`wsishard.streaming.partition`): every function takes counts, weights,
-seeds and positions and returns the same answer in every process.
-
-Weighted resampled mode. A reader (rank, worker) keeps the shards (or slices of them) it reads today, disjoint from
-every other reader's, and visits them in its endless seeded passes (:class:`~wsishard.streaming.stages.Resample`).
-At the visit at position ``p`` it draws ``n_p`` samples of that shard, with replacement, each with probability
-proportional to its weight: ``n_p`` is the shard's expected share, ``E[n_p] = W_s / w_bar`` (``W_s`` the shard's
-total weight, ``w_bar`` the reader's mean weight per sample), rounded up or down at random. A sample's chance per
-visit is then ``w_i / w_bar`` whatever its shard, so across the reader's shards every sample is drawn in
-proportion to its weight; readers draw from disjoint shards at the same rate, exact where their shards hold the
-same mix (shards mix slides and labels by construction). Everything drawn at ``p`` comes from
-``rng((seed, rank, worker, p, DRAW_STREAM))``, and ``n_p`` is the first number drawn from it: a resumed reader
-finds its position from the counts alone (:func:`weighted_resume`), no index opened.
+Pure numpy, no I/O, no global state: every function takes counts and weights and returns the same answer in every
+process. How weighted draws are made (resampled visits, weighted epochs) is the planner's
+(:mod:`wsishard.streaming.planner`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Literal
 
 import numpy as np
-
-from wsishard.streaming.partition import EpochPlan, resample_order
 
 Table = Mapping[str, np.ndarray]  # a shard index's columns, as select= and weight functions see them
 Select = Callable[[Table], np.ndarray]
 WeightFunction = Callable[[Table], np.ndarray]
 Weights = Literal["class", "slide"] | Mapping[int, float] | WeightFunction
 logger = logging.getLogger("wsishard.streaming.dataset")  # the stream's own logger: users filter one name
-DRAW_STREAM = 3  # the seed word after a reader's (seed, rank, worker, position) that its weighted draws use
 
 
 def checked_mask(mask: object, n: int, where: str) -> np.ndarray:
@@ -142,27 +128,6 @@ def proportion_scales(totals: Sequence[float] | np.ndarray, proportions: Sequenc
     return np.divide(props / props.sum(), totals_a, out=np.zeros_like(props), where=totals_a > 0)
 
 
-def visit_rng(seed: int, rank: int, worker: int, position: int) -> np.random.Generator:
-    """The generator of every draw a weighted reader makes at ``position`` (its visit's count comes first)."""
-    return np.random.default_rng((seed, rank, worker, position, DRAW_STREAM))
-
-
-def visit_count(expected: float, rng: np.random.Generator) -> int:
-    """``expected`` rounded down or up at random, up with probability its fraction (the first draw of ``rng``)."""
-    return int(np.floor(expected + rng.random()))
-
-
-def draw_counts(weights: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    """(m,) times each of ``m`` samples is drawn in ``n`` draws with replacement, ``P(i) = w_i / sum(w)`` (the
-    weights scaled by their largest first: finite extremes such as 1e308 or 1e-320 neither overflow nor vanish)."""
-    w = np.asarray(weights, dtype=np.float64)
-    top = float(w.max()) if len(w) else 0.0
-    if n <= 0 or top <= 0:
-        return np.zeros(len(w), dtype=np.int64)
-    scaled = w / top
-    return rng.multinomial(n, scaled / float(scaled.sum()))
-
-
 def log_total(weights: np.ndarray) -> float:
     """log(sum(weights)), computed scaled (no overflow at 1e308 each, no loss at 1e-320); -inf for no weight."""
     w = np.asarray(weights, dtype=np.float64)
@@ -175,66 +140,3 @@ def from_log_totals(logs: np.ndarray) -> np.ndarray:
     logs = np.asarray(logs, dtype=np.float64)
     top = float(logs.max()) if len(logs) else -np.inf
     return np.exp(logs - top) if np.isfinite(top) else np.zeros_like(logs)
-
-
-def expected_draws(weights: np.ndarray, kept: np.ndarray) -> np.ndarray:
-    """(n,) expected draws per visit of each of a reader's shards: ``W_s / w_bar``, ``w_bar`` its mean weight per
-    kept sample, so that a pass draws as many samples as its shards keep."""
-    weights = np.asarray(weights, dtype=np.float64)
-    total = float(weights.sum())
-    return weights * (float(np.sum(kept)) / total) if total > 0 else np.zeros_like(weights)
-
-
-def weighted_resume(expected: np.ndarray, samples: int, *, seed: int, rank: int, worker: int) -> tuple[int, int]:
-    """Where a weighted reader is after yielding ``samples`` samples: ``(position, skip)``, the visit it stopped in
-    and the samples of that visit already yielded. Only the visits' counts are drawn again (no index opened)."""
-    n = len(expected)
-    done, position = 0, 0
-    while True:
-        pass_index, j = divmod(position, n)
-        if j == 0:
-            order = resample_order(n, seed=seed, rank=rank, worker=worker, pass_index=pass_index)
-        count = visit_count(float(expected[int(order[j])]), visit_rng(seed, rank, worker, position))
-        if done + count > samples:
-            return position, samples - done
-        done += count
-        position += 1
-
-
-def pad_plan(plan: EpochPlan) -> EpochPlan:
-    """``plan`` made exact: every worker yields all its samples, its last batch filled up with repeats, and a
-    rank with fewer batches than the most gets batches of repeats only, one per worker in turn, so that every rank
-    yields the same number (``batches_per_rank``). ``kept`` is then every sample."""
-    size = plan.batch_size
-    budgets = -(-plan.samples // size)  # (W, K) ceil: every sample, the last batch padded
-    target = int(budgets.sum(axis=1).max())
-    for r in range(budgets.shape[0]):
-        extra = target - int(budgets[r].sum())
-        workers = budgets.shape[1]
-        budgets[r] += extra // workers + (np.arange(workers) < extra % workers)
-    return replace(plan, budgets=budgets, kept=plan.samples.copy(), batches_per_rank=target, drop_last=False)
-
-
-def log_dropped(plan: EpochPlan) -> bool:
-    """Log (a warning) what an epoch of ``plan`` drops, if anything; True."""
-    message = dropped_message(plan)
-    if message is not None:
-        logger.warning(message)
-    return True
-
-
-def dropped_message(plan: EpochPlan) -> str | None:
-    """Why and how many samples an epoch of ``plan`` drops (None when it reads them all)."""
-    total, kept = int(plan.samples.sum()), int(plan.kept.sum())
-    if kept >= total:
-        return None
-    world_size, workers = plan.samples.shape
-    return (
-        f"epoch mode reads {kept} of {total} samples each epoch ({total - kept} dropped, "
-        f"{100 * (total - kept) / total:.1f}%): every rank yields the same number of batches "
-        f"({plan.batches_per_rank} batches of {plan.batch_size} samples) with {world_size} rank(s) x "
-        f"{workers} worker(s)"
-        f"{', and each worker drops its last incomplete batch (drop_last)' if plan.drop_last else ''}; "
-        "stream(..., pad_last=True) reads every sample exactly once, padding with repeats marked "
-        "batch['valid'] == False"
-    )

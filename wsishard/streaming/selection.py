@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from wsishard.errors import TopologyError
 from wsishard.manifest import Manifest
 from wsishard.shards.index import ShardIndex, index_name
 from wsishard.storage.secrets import redact
@@ -198,15 +196,6 @@ def _dense(have: np.ndarray, counts: np.ndarray, labels: np.ndarray) -> np.ndarr
     return out
 
 
-def weights_of_reader(plan: SamplingPlan, refs: Sequence[ShardRef]) -> dict[str, float]:
-    """Expected draws per visit of each of a reader's shards (their slices' share of each shard's total weight)."""
-    s = [plan.urls[r.url] for r in refs]
-    kept = np.array([r.kept for r in refs], dtype=np.float64)
-    share = kept / np.maximum(plan.selected[s], 1)
-    expected = sampling.expected_draws(plan.totals[s] * share, kept)
-    return {r.url: float(e) for r, e in zip(refs, expected.tolist(), strict=True)}
-
-
 def refs_of(plan: SamplingPlan, urls: Sequence[str]) -> list[ShardRef]:
     """The stream's shards under ``plan``: each with its selected count, those with nothing to yield left out."""
     out = []
@@ -215,44 +204,6 @@ def refs_of(plan: SamplingPlan, urls: Sequence[str]) -> list[ShardRef]:
         if plan.selected[s] > 0 and (not plan.weighted or plan.totals[s] > 0):
             out.append(ShardRef(url=url, samples=int(plan.selected[s])))
     return out
-
-
-def checked(plan: SamplingPlan | None, resampled: bool) -> SamplingPlan | None:
-    """``plan``, refused in epoch mode where it weighs samples.
-
-    Raises:
-        ValueError: weights in epoch mode.
-    """
-    if plan is not None and plan.weighted and not resampled:
-        raise ValueError("weights= needs resampled=True (weighted draws never end); select= works in both modes")
-    return plan
-
-
-def weighted_start(
-    plan: SamplingPlan | None,
-    mine: Sequence[ShardRef],
-    samples: int,
-    reader: tuple[int, int, int],
-    unweighted: tuple[int, int],
-) -> tuple[int, int, dict[str, Any] | None]:
-    """Where a resampled reader ``(seed, rank, worker)`` with shards ``mine`` starts after ``samples`` samples, and the
-    extra arguments of its :class:`~wsishard.streaming.indexed.ReadIndexed`: ``unweighted`` and None without
-    weights."""
-    if plan is None or not plan.weighted:
-        return (*unweighted, None)
-    expected = weights_of_reader(plan, mine)
-    seed, rank, worker = reader
-    start, skip = sampling.weighted_resume(
-        np.array([expected[r.url] for r in mine]), samples, seed=seed, rank=rank, worker=worker
-    )
-    return start, skip, {"reader": reader, "expected": expected}
-
-
-def check_redeal(plan: SamplingPlan | None) -> None:
-    """Raises TopologyError for a stream with a sampling plan: an epoch begun on another topology is dealt out again
-    by its shards' raw counts, which ``select`` changes."""
-    if plan is not None:
-        raise TopologyError("an epoch with select= resumes on the topology it began on only (same ranks, workers)")
 
 
 def choose(

@@ -39,9 +39,10 @@ def stream(
     weights: Weights | None = None,
     proportions: Sequence[float] | None = None,
     pad_last: bool = False,
-    split_scan: bool = False,
+    split_scan: bool | None = None,
     context: bool = True,
     mixed_mpp: bool = False,
+    epoch_size: int | None = None,
 ) -> ShardStream:
     """Stream batches from one or more build outputs (folder, manifest path or URL prefix).
 
@@ -57,17 +58,20 @@ def stream(
         world: rank and world size; detected when None.
         select: ``columns -> (n,) bool`` over a shard index's columns (``label``, ``slide_id``, ``tissue``, ``x``...):
             only the samples it keeps are streamed. Deterministic, and it must pickle (the workers call it).
-        weights: resampled mode: ``"class"`` (every label equally likely), ``"slide"`` (every slide equally likely),
-            ``{label: weight}`` (labels not named: 0), or ``columns -> (n,) weights >= 0``.
+        weights: ``"class"`` (every label equally likely), ``"slide"`` (every slide equally likely),
+            ``{label: weight}`` (labels not named: 0), or ``columns -> (n,) weights >= 0``. Resampled: endless draws;
+            epoch mode: ``epoch_size`` draws with replacement per epoch, every rank the same number of batches.
         proportions: with several sources and ``weights``, the share of draws of each (MosaicML's ``proportion``).
         pad_last: epoch mode: every selected sample exactly once over all ranks and workers, every rank the same
             number of batches, the last ones padded with repeats marked ``batch["valid"] == False``.
         split_scan: for ``select``/a weight function under torch.distributed, each rank reads 1/world of the shard
-            indexes and the counts are summed (every rank must then call :func:`stream` alike).
+            indexes and the counts are summed (every rank must then call :func:`stream` alike). None (default):
+            whenever a process group of several ranks is initialised; False: every rank reads every index.
         context: decode a context build's context patches into ``batch["context"]`` (or leave them unread).
         mixed_mpp: stream outputs built at different mpps together (a batch then mixes magnifications; each
             sample's ``.json`` says its ``patch_mpp``). Without it they are refused. A build that records several
             mpps itself (its ``options.patch.target_mpp`` a list) needs it only beside an output of other mpps.
+        epoch_size: epoch mode with ``weights``: draws per epoch over all ranks (default: the selected samples).
 
     Raises:
         ManifestError: a manifest is missing or unreadable, names no shard or a bad one, or the outputs differ in
@@ -92,7 +96,10 @@ def stream(
         pad_last=pad_last,
         context_scales=len(scales.mpp) if scales else 0,
         context_size_px=scales.size_px if scales else None,
+        epoch_size=epoch_size,
     )
+    if epoch_size is not None and weights is None:
+        raise ValueError(f"epoch_size={epoch_size!r} counts weighted draws: it needs weights= (and resampled=False)")
     opener = opener or StreamOpener(dict(storage_options or {}))
     tasks, plan = selection.choose(
         read,
@@ -102,7 +109,7 @@ def stream(
         proportions=proportions,
         storage_options=storage_options,
         opener=opener,
-        share=rank_share(world) if split_scan else None,
+        share=rank_share(world) if split_scan is not False else None,
     )
     return ShardStream(tasks, config, world=world, opener=opener, sampling=plan)
 

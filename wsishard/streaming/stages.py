@@ -1,36 +1,29 @@
-"""The pipeline's stages: each is picklable (DataLoader workers receive it) and maps an iterator to an iterator.
-
-    shard list -> split by node -> split by worker -> (resample) -> read shards -> shuffle -> decode -> (budget)
-
-Shard-level stages split and order :class:`ShardRef` s; :class:`ReadShards` turns them into :class:`RawSample` s
-(still encoded: cheap to hold in the shuffle buffer), counted against the manifest. Only the members wsishard
-writes are read (the image, ``.json``, ``.cls``); ``.pyd``/``.pth``/``.pickle`` members are ignored and nothing
-is ever unpickled. Tar headers are parsed by :func:`wsishard.shards.reader.tar_members` rather than ``tarfile``,
-which costs a worker much more.
+"""Reading a shard: :func:`read_shard` turns a :class:`ShardRef` into :class:`RawSample` s (still encoded: cheap to
+hold in the shuffle buffer), counted against the manifest (the reader stage, :mod:`wsishard.streaming.reader`,
+calls it for each piece). Only the members wsishard writes are read (the image, ``.json``, ``.cls``);
+``.pyd``/``.pth``/``.pickle`` members are ignored and nothing is ever unpickled. Tar headers are parsed by
+:func:`wsishard.shards.reader.tar_members` rather than ``tarfile``, which costs a worker much more.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from itertools import islice
-from typing import IO, Generic, Literal, TypedDict, TypeVar
-
-import numpy as np
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import IO, Literal, TypedDict
 
 from wsishard.errors import ShardError
 from wsishard.format import IMAGE_FORMATS, LABEL_EXT, META_EXT, SAMPLE_EXTS, context_ext, context_exts, is_sample_key
 from wsishard.shards.reader import TarSamples
 from wsishard.storage.secrets import redact
-from wsishard.streaming.partition import Slice, resample_order
+from wsishard.streaming.planner import shuffled
+
+__all__ = ["ErrorMode", "Opener", "RawSample", "ShardRef", "read_shard", "shuffled"]
 
 logger = logging.getLogger(__name__)
 
 ErrorMode = Literal["raise", "skip"]
 Opener = Callable[[str], IO[bytes]]
-B = TypeVar("B")  # a batch
-SHUFFLE_STREAM = 1  # the seed word after a reader's (seed, rank, worker, epoch) that its shards' shuffles use
 
 
 class RawSample(TypedDict):
@@ -49,8 +42,8 @@ class RawSample(TypedDict):
 class ShardRef:
     """One shard to read: its location, the sample count its manifest promises, and which samples to keep.
 
-    A reader keeps samples ``k`` (0-based, in shard order) with ``k % step == phase``: all of them by default, or
-    its own slice when a build has fewer shards than readers (:func:`wsishard.streaming.partition.reader_slices`).
+    :func:`read_shard` keeps samples ``k`` (0-based, in shard order) with ``k % step == phase``: all of them by
+    default.
     """
 
     url: str
@@ -62,130 +55,6 @@ class ShardRef:
     def kept(self) -> int:
         """Samples this reader keeps of the shard."""
         return len(range(self.phase, self.samples, self.step))
-
-
-Unit = tuple[int, ShardRef]  # a reader's shard (or slice of one) and its position in the reader's stream
-
-
-def slice_refs(shards: Sequence[ShardRef], slices: Sequence[Slice]) -> tuple[ShardRef, ...]:
-    """The shards a reader reads (:func:`~wsishard.streaming.partition.reader_slices`), each with its part kept."""
-    return tuple(replace(shards[sl.shard], phase=sl.phase, step=sl.step) for sl in slices)
-
-
-@dataclass(frozen=True)
-class ShardList:
-    """The pipeline's source: a reader's shards in order, numbered from 0, starting at position ``start``."""
-
-    tasks: tuple[ShardRef, ...]
-    start: int = 0
-
-    def __call__(self) -> Iterator[Unit]:
-        return ((i, self.tasks[i]) for i in range(self.start, len(self.tasks)))
-
-
-@dataclass(frozen=True)
-class Resample:
-    """Endless passes over a reader's shards, pass ``p`` ordered by ``rng((seed, rank, worker, p))``, numbered on
-    across passes (pass ``p``'s ``j``-th shard is at position ``p * n + j``); starts at position ``start``."""
-
-    seed: int
-    rank: int
-    worker: int
-    start: int = 0
-
-    def __call__(self, src: Iterator[Unit]) -> Iterator[Unit]:
-        tasks = [ref for _, ref in src]
-        n = len(tasks)
-        for pass_index in range(self.start // n, 2**62):
-            order = resample_order(n, seed=self.seed, rank=self.rank, worker=self.worker, pass_index=pass_index)
-            for j in range(self.start - pass_index * n if pass_index == self.start // n else 0, n):
-                yield pass_index * n + j, tasks[int(order[j])]
-
-
-@dataclass(frozen=True)
-class Budget(Generic[B]):
-    """Yield exactly ``batches`` batches (epoch mode: every rank's batch count stays equal).
-
-    When the stream ends early (skipped shards under DDP), ``refill(p)`` for ``p = 1, 2, ...`` supplies
-    batches re-read from the worker's own shards until the budget is met.
-    """
-
-    batches: int
-    refill: Callable[[int], Iterator[B]] | None = None
-
-    def __call__(self, src: Iterator[B]) -> Iterator[B]:
-        count, pass_index = 0, 0
-        for batch in src if self.batches > 0 else ():
-            yield batch
-            count += 1
-            if count == self.batches:
-                return
-        while count < self.batches and self.refill is not None:
-            pass_index += 1
-            logger.warning(
-                "%d batches short of the epoch budget after skipping; re-reading this worker's shards",
-                self.batches - count,
-            )
-            got = 0
-            for batch in self.refill(pass_index):
-                yield batch
-                count, got = count + 1, got + 1
-                if count == self.batches:
-                    return
-            if got == 0:
-                raise ShardError(
-                    "(every shard of this worker)",
-                    f"re-reading gave no batch; {count} of {self.batches} planned batches",
-                )
-
-
-@dataclass
-class ReadShuffled:
-    """Read each shard (or slice) and shuffle its samples, the buffer re-seeded at every shard: the samples a
-    reader yields from position ``p`` on depend on ``p`` alone, so a resumed reader starts at any position by
-    reading one shard again (``skip`` its first samples) instead of every shard before it.
-
-    Args:
-        opener: ``location -> binary file``.
-        size: shuffle buffer, samples (0 or 1: shard order).
-        seed: the reader's seed words; the shard at position ``p`` is shuffled by ``rng((*seed, p))``.
-        on_error: ``"raise"`` or ``"skip"`` (the rest of a broken shard; what was read before is kept).
-        max_failures: in skip mode, this many failed shards in a row (every shard of the reader) raise.
-        skip: samples of the first shard's shuffled order to pass over (a resumed reader).
-        context: context scales to read with each sample (:func:`read_shard`).
-    """
-
-    opener: Opener
-    size: int
-    seed: tuple[int, ...]
-    on_error: ErrorMode = "raise"
-    max_failures: int = 1
-    skip: int = 0
-    context: int = 0
-    skipped: int = field(default=0, init=False)
-    _in_a_row: int = field(default=0, init=False)
-
-    def __call__(self, src: Iterator[Unit]) -> Iterator[RawSample]:
-        first = True
-        for position, task in src:
-            samples = shuffled(self._read(task), self.size, (*self.seed, position))
-            if first and self.skip:
-                samples = islice(samples, self.skip, None)
-            first = False
-            yield from samples
-
-    def _read(self, task: ShardRef) -> Iterator[RawSample]:
-        try:
-            yield from read_shard(task, self.opener, self.on_error, self.context)
-            self._in_a_row = 0
-        except ShardError as exc:
-            if self.on_error == "raise":
-                raise
-            self.skipped += 1
-            self._in_a_row += 1
-            logger.warning("skipping %s (%d skipped in this worker so far)", exc, self.skipped)
-            if self._in_a_row >= self.max_failures:
-                raise ShardError(task.url, f"all {self._in_a_row} shards of this worker failed") from exc
 
 
 def read_shard(task: ShardRef, opener: Opener, on_error: ErrorMode = "raise", context: int = 0) -> Iterator[RawSample]:
@@ -263,25 +132,3 @@ def _context_members(shard: str, key: str, members: dict[str, bytes], scales: in
             )
         found.append(members[context_ext(k, ext)])
     return tuple(found)
-
-
-def shuffled(src: Iterator[RawSample], size: int, seed: tuple[int, ...]) -> Iterator[RawSample]:
-    """A shuffle buffer of ``size`` samples over ``src``, seeded by ``seed`` (non-negative ints)."""
-    if size <= 1:
-        yield from src
-        return
-    rng = np.random.default_rng(seed)
-    buf: list[RawSample] = []
-    draws, used = rng.random(1024), 0
-    for sample in src:
-        buf.append(sample)
-        if len(buf) < size:
-            continue
-        if used == len(draws):
-            draws, used = rng.random(1024), 0
-        i = int(draws[used] * len(buf))
-        used += 1
-        buf[i], buf[-1] = buf[-1], buf[i]
-        yield buf.pop()
-    for i in rng.permutation(len(buf)).tolist():
-        yield buf[i]

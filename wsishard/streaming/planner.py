@@ -1,0 +1,465 @@
+"""The stream planner: every mode of a stream is a plan of *pieces* per reader, from counts alone.
+
+Pure numpy, no I/O, no torch, no webdataset: from the shards' sample counts (selected counts where ``select=``
+chose), their total weights (``weights=``, already scaled by ``proportions=``), the world (workers per rank), the
+seed, the epoch and the resume position, it returns what each reader (rank, worker) reads and how many batches it
+yields. Every process computes the same plan, so readers agree without communicating::
+
+    shard 0 ──┐  a Piece: (shard, its items [skip, skip + take) of the shuffled order, every step-th from phase)
+    shard 1 ──┼─> deal ─> rank 0: worker 0 [p3, p0]   worker 1 [p5]       budget: 4 batches per rank
+    shard 2 ──┤          rank 1: worker 0 [p1, p4]   (1 worker on rank 1)
+    ...     ──┘
+
+A piece's *items* are the shard's samples (in shard order), or in a weighted epoch ``items`` draws of them by
+weight, with replacement (:func:`draw_counts`, seeded by the piece). A reader reads the piece's shard once,
+sequentially, shuffles its items with a buffer seeded by the piece (:func:`shuffled`) and yields those of
+``[skip, skip + take)`` whose offset ``k`` has ``k % step == phase``. What a reader has yielded is then a count,
+and what it had left is again a list of pieces (:func:`remainder`): an epoch resumed on any topology deals the
+old readers' remainders to the new ones, and a resume of a resume replays the history (:func:`plan_epoch`).
+
+Modes: an exact epoch (every item once; ``pad_last``: the last batches filled with repeats, every rank the same
+number), a weighted epoch of ``epoch_size`` draws (counts per shard drawn by the shards' weights), resampled
+passes (:func:`reader_pass`: a reader's shards in a new order each pass, weighted visits drawing their expected
+share).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol, TypeVar
+
+import numpy as np
+
+from wsishard.errors import TopologyError
+from wsishard.streaming.partition import batch_budgets, deal
+
+T = TypeVar("T")
+
+
+class Where(Protocol):
+    """A reader's place (a :class:`~wsishard.streaming.world.World`, which imports torch: not imported here)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def worker(self) -> int: ...
+
+
+Topology = tuple[int, ...]  # DataLoader workers of each rank (1 without workers)
+EPOCH_DRAWS, VISIT_DRAWS, SHUFFLE = 3, 4, 1  # seed words keeping random streams apart
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Items ``[skip, skip + take)`` of shard ``shard``'s shuffled items, those at offsets ``k % step == phase``.
+
+    ``items``: the shard's samples (``draws`` False: all its selected samples), or that many weighted draws.
+    ``seed``: the shuffle's (and the draws') seed words.
+    """
+
+    shard: int
+    items: int
+    seed: tuple[int, ...]
+    draws: bool = False
+    skip: int = 0
+    take: int = -1  # -1: to the end of the items
+    phase: int = 0
+    step: int = 1
+
+    @property
+    def span(self) -> int:
+        """Items of the shuffled order this piece spans, ``[skip, skip + span)``."""
+        return self.items - self.skip if self.take < 0 else self.take
+
+    @property
+    def count(self) -> int:
+        """Items this piece yields."""
+        return len(range(self.phase, self.span, self.step))
+
+    def after(self, yielded: int) -> Piece | None:
+        """What is left once ``yielded`` of its items were yielded (None: nothing)."""
+        cut = self.phase + self.step * yielded
+        if yielded >= self.count:
+            return None
+        return replace(self, skip=self.skip + cut, take=self.span - cut, phase=0)
+
+    def split(self, phase: int, step: int) -> Piece:
+        """The items ``m`` of this piece (counted in its yield order) with ``m % step == phase``."""
+        return replace(self, phase=self.phase + self.step * phase, step=self.step * step)
+
+
+@dataclass(frozen=True)
+class Reader:
+    """One reader's (rank, worker) work: its pieces in order, its batch budget and how many real items it yields
+    (``real``; with ``pad_last`` the rest of ``budget`` batches are repeats)."""
+
+    pieces: tuple[Piece, ...]
+    budget: int
+    real: int
+
+    @property
+    def items(self) -> int:
+        return sum(p.count for p in self.pieces)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every reader's work: ``readers[rank][worker]``; every rank yields ``batches_per_rank`` batches."""
+
+    readers: tuple[tuple[Reader, ...], ...]
+    batch_size: int
+
+    @property
+    def batches_per_rank(self) -> int:
+        return sum(r.budget for r in self.readers[0]) if self.readers else 0
+
+    @property
+    def topology(self) -> Topology:
+        return tuple(len(workers) for workers in self.readers)
+
+    def reader(self, rank: int, worker: int) -> Reader:
+        return self.readers[rank][worker]
+
+    @property
+    def budgets(self) -> np.ndarray:
+        """(ranks, most workers) batches of each reader (0 for a worker a rank does not have)."""
+        width = max(self.topology, default=0)
+        return np.array([[r.budget for r in row] + [0] * (width - len(row)) for row in self.readers], dtype=np.int64)
+
+    def shards_of(self, world: Where) -> np.ndarray:
+        """The shards ``world``'s (rank, worker) reads (whole or in part), in order."""
+        return np.array([p.shard for p in self.reader(world.rank, world.worker).pieces], dtype=np.int64)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec:
+    """What an epoch is made of: ``counts`` (n,) selected samples per shard; ``totals`` (n,) their weight (None:
+    unweighted); ``epoch_size`` draws per epoch (weighted; default: the selected samples); the batching. ``seed``
+    is shared by every rank (the deal, an epoch's draws and shuffles); ``stream_seed`` (default ``seed``) orders a
+    resampled reader's passes, shuffles and visits."""
+
+    counts: np.ndarray
+    batch_size: int
+    seed: int = 0
+    stream_seed: int | None = None
+    totals: np.ndarray | None = None
+    epoch_size: int | None = None
+    drop_last: bool = True
+    pad_last: bool = False
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of an epoch on one topology: batches each of its readers had yielded when it stopped."""
+
+    topology: Topology
+    batches: tuple[tuple[int, ...], ...]  # [rank][worker]
+
+
+def fresh_pieces(spec: Spec, epoch: int) -> list[Piece]:
+    """The epoch's pieces, one per shard with something to yield: its selected samples, or its weighted draws
+    (``epoch_size`` draws over the shards by weight, with replacement)."""
+    counts = np.asarray(spec.counts, dtype=np.int64)
+    if spec.totals is None:
+        items, draws = counts, False
+    else:
+        totals = np.where(counts > 0, np.asarray(spec.totals, dtype=np.float64), 0.0)
+        if not len(totals) or totals.max() <= 0:
+            raise ValueError("weights= gives every selected sample weight 0: nothing to draw")
+        size = int(counts.sum()) if spec.epoch_size is None else spec.epoch_size
+        rng = np.random.default_rng((spec.seed, epoch, EPOCH_DRAWS))
+        items, draws = rng.multinomial(size, _shares(totals)), True
+    return [Piece(s, int(n), (spec.seed, epoch, s, SHUFFLE), draws) for s, n in enumerate(items.tolist()) if n > 0]
+
+
+def reader_order(topology: Topology) -> list[tuple[int, int]]:
+    """Every (rank, worker), ranks interleaved: reader ``j`` of this list is the ``j``-th to get a sample."""
+    return [(r, w) for w in range(max(topology)) for r, k in enumerate(topology) if w < k]
+
+
+def assign(pieces: Sequence[Piece], topology: Topology, rng: np.random.Generator) -> list[list[list[Piece]]]:
+    """``pieces`` split over the readers, ``[rank][worker]``: whole pieces dealt with balanced counts
+    (:func:`~wsishard.streaming.partition.deal`), or, with fewer pieces than readers, by item: item ``j`` of
+    them (counted across the pieces) to the ``j % readers``-th of :func:`reader_order`."""
+    out: list[list[list[Piece]]] = [[[] for _ in range(k)] for k in topology]
+    order = reader_order(topology)
+    if len(pieces) < len(order):
+        offset = 0
+        for piece in pieces:
+            for j, (rank, worker) in enumerate(order):
+                part = piece.split((j - offset) % len(order), len(order))
+                if part.count:
+                    out[rank][worker].append(part)
+            offset += piece.count
+        return out
+    counts = np.array([p.count for p in pieces], dtype=np.int64)
+    by_rank = deal(counts, len(topology), rng)
+    for rank, workers in enumerate(topology):
+        mine = by_rank[rank :: len(topology)]
+        ordered = mine[deal(counts[mine], workers, rng)]
+        for worker in range(workers):
+            out[rank][worker] = [pieces[i] for i in ordered[worker::workers].tolist()]
+    return out
+
+
+def assign_even(pieces: Sequence[Piece], topology: Topology, rng: np.random.Generator) -> list[list[list[Piece]]]:
+    """``pieces`` (taken in a random order) cut into one contiguous run of items per reader, the runs' sizes
+    differing by at most one: the ``j``-th reader of :func:`reader_order` gets the ``j``-th run. At most one piece
+    per reader is cut in two (then read by both)."""
+    out: list[list[list[Piece]]] = [[[] for _ in range(k)] for k in topology]
+    order = reader_order(topology)
+    shuffled_pieces = [pieces[i] for i in rng.permutation(len(pieces)).tolist()]
+    total, at = sum(p.count for p in pieces), 0
+    for j, (rank, worker) in enumerate(order):
+        size = total // len(order) + (j < total % len(order))
+        out[rank][worker] = _cut(shuffled_pieces, at, at + size)
+        at += size
+    return out
+
+
+def budgets(items: list[list[int]], spec: Spec) -> list[list[int]]:
+    """Batches of each reader, ``[rank][worker]``, every rank the same total: the fewest items dropped
+    (:func:`~wsishard.streaming.partition.batch_budgets`), or with ``pad_last`` every item kept and the short
+    ranks padded with batches of repeats, one per worker in turn."""
+    size, width = spec.batch_size, max(len(row) for row in items)
+    if not spec.pad_last:
+        grid = np.array([row + [0] * (width - len(row)) for row in items], dtype=np.int64)
+        caps = batch_budgets(grid, batch_size=size, drop_last=spec.drop_last)
+        return [caps[r, : len(row)].tolist() for r, row in enumerate(items)]
+    out = [[-(-n // size) for n in row] for row in items]
+    target = max(sum(row) for row in out)
+    for row in out:
+        extra, k = target - sum(row), len(row)
+        for w in range(k):
+            row[w] += extra // k + (w < extra % k)
+    return out
+
+
+def make_plan(assigned: list[list[list[Piece]]], spec: Spec) -> Plan:
+    """The :class:`Plan` of pieces already split over the readers."""
+    items = [[sum(p.count for p in pieces) for pieces in row] for row in assigned]
+    caps = budgets(items, spec)
+    readers = tuple(
+        tuple(
+            Reader(tuple(pieces), cap, min(n, cap * spec.batch_size))
+            for pieces, cap, n in zip(row, cap_row, n_row, strict=True)
+        )
+        for row, cap_row, n_row in zip(assigned, caps, items, strict=True)
+    )
+    return Plan(readers, spec.batch_size)
+
+
+def remainder(plan: Plan, batches: Sequence[Sequence[int]]) -> list[Piece]:
+    """What ``plan``'s readers had left to yield after ``batches[rank][worker]`` batches each, in (rank, worker,
+    piece) order: the rest of the piece each stopped in and the pieces after it, up to its ``real`` items.
+
+    Raises:
+        ValueError: a reader's batches beyond its budget.
+    """
+    left: list[Piece] = []
+    for rank, row in enumerate(plan.readers):
+        for worker, reader in enumerate(row):
+            done = int(batches[rank][worker])
+            if done > reader.budget:
+                raise ValueError(f"rank {rank} worker {worker}: {done} batches, beyond its budget {reader.budget}")
+            left += _cut(reader.pieces, min(done * plan.batch_size, reader.real), reader.real)
+    return left
+
+
+def _cut(pieces: Sequence[Piece], start: int, end: int) -> list[Piece]:
+    """The pieces' items ``[start, end)``, counted across them in order."""
+    out, at = [], 0
+    for piece in pieces:
+        lo, hi = max(start, at), min(end, at + piece.count)
+        if lo < hi:
+            rest = piece.after(lo - at)
+            assert rest is not None
+            out.append(replace(rest, take=min(rest.span, rest.phase + rest.step * (hi - lo - 1) + 1)))
+        at += piece.count
+    return out
+
+
+def check_readers(items: int, topology: Topology, shards: int) -> None:
+    """Raise unless every reader can get an item.
+
+    Raises:
+        TopologyError: fewer items than readers.
+    """
+    readers = sum(topology)
+    if items < readers:
+        raise TopologyError(
+            f"{items} sample(s) in {shards} shard(s) cannot give each of {len(topology)} rank(s) x "
+            f"{max(topology)} worker(s) a sample; use fewer DataLoader workers or fewer ranks"
+        )
+
+
+def plan_epoch(spec: Spec, topology: Topology, epoch: int, history: Sequence[Segment] = ()) -> Plan:
+    """Epoch ``epoch`` on ``topology``: a fresh plan, or, after the stretches ``history`` (each stopped after its
+    readers' batches, on its own topology), what they had left dealt to ``topology``'s readers in even runs
+    (:func:`assign_even`: only partial batches are then dropped).
+
+    Raises:
+        TopologyError: fewer items than readers (of a fresh epoch).
+        ValueError: a segment's batches beyond its plan's budgets.
+    """
+    pieces = fresh_pieces(spec, epoch)
+    check_readers(sum(p.count for p in pieces), topology, len(spec.counts))
+    plan = make_plan(assign(pieces, topology if not history else history[0].topology, _rng(spec, epoch, 0)), spec)
+    for i, segment in enumerate(history):
+        if tuple(len(row) for row in segment.batches) != segment.topology:
+            raise ValueError(f"resume history: segment {i} counts batches of other readers than {segment.topology}")
+        following = history[i + 1].topology if i + 1 < len(history) else topology
+        plan = make_plan(assign_even(remainder(plan, segment.batches), following, _rng(spec, epoch, i + 1)), spec)
+    return plan
+
+
+def _rng(spec: Spec, epoch: int, segment: int) -> np.random.Generator:
+    return np.random.default_rng((spec.seed, epoch, segment))
+
+
+def reader_share(spec: Spec, topology: Topology, rank: int, worker: int) -> list[Piece]:
+    """Resampled mode: reader (``rank``, ``worker``)'s share of the shards (epoch 0's deal: whole shards, or slices
+    of them with fewer shards than readers), which its passes visit."""
+    return assign(fresh_pieces(replace(spec, totals=None), 0), topology, _rng(spec, 0, 0))[rank][worker]
+
+
+def reader_pass(spec: Spec, mine: Sequence[Piece], rank: int, worker: int, pass_index: int) -> list[Piece]:
+    """Resampled mode: the pieces of pass ``pass_index`` of a reader with share ``mine`` (:func:`reader_share`), in
+    a new order each pass; weighted, each visit draws its expected share of the pass (the shard's weight over the
+    reader's mean weight per item), rounded up or down at random, among the shard's selected samples."""
+    seed = spec.seed if spec.stream_seed is None else spec.stream_seed
+    order = np.random.default_rng((seed, rank, worker, pass_index)).permutation(len(mine))
+    expected = _expected(spec, mine) if spec.totals is not None else None
+    out = []
+    for j, i in enumerate(order.tolist()):
+        position = pass_index * len(mine) + j
+        shared = (spec.seed, mine[i].shard, SHUFFLE)  # a shard split over readers: one order, each its own slice
+        piece = replace(mine[i], seed=(seed, rank, worker, position, SHUFFLE) if mine[i].step == 1 else shared)
+        if expected is not None:
+            rng = np.random.default_rng((seed, rank, worker, position, VISIT_DRAWS))
+            draws = int(np.floor(expected[i] + rng.random()))
+            piece = Piece(piece.shard, draws, piece.seed, draws=True)
+        out.append(piece)
+    return out
+
+
+def _expected(spec: Spec, mine: Sequence[Piece]) -> np.ndarray:
+    """(len(mine),) expected draws per visit of each of a reader's pieces: a pass draws as many as they hold."""
+    assert spec.totals is not None
+    counts = np.asarray(spec.counts, dtype=np.float64)
+    kept = np.array([p.count for p in mine], dtype=np.float64)
+    weight = np.array([spec.totals[p.shard] * p.count / max(counts[p.shard], 1) for p in mine])
+    return _shares(weight) * kept.sum() if len(weight) and weight.max() > 0 else np.zeros(len(mine))
+
+
+def resampled_start(spec: Spec, mine: Sequence[Piece], rank: int, worker: int, items: int) -> tuple[int, int]:
+    """Where a resampled reader is after yielding ``items``: ``(pass, items of that pass already yielded)``."""
+    if spec.totals is None:
+        return divmod(items, max(sum(p.count for p in mine), 1))
+    pass_index = 0
+    while True:
+        size = sum(p.count for p in reader_pass(spec, mine, rank, worker, pass_index))
+        if items < size or (size == 0 and pass_index > 64):
+            return pass_index, items
+        items, pass_index = items - size, pass_index + 1
+
+
+@dataclass(frozen=True)
+class Passes:
+    """A pipeline source: a resampled reader's pieces, pass after pass, after its first ``items`` items."""
+
+    spec: Spec
+    topology: Topology
+    rank: int
+    worker: int
+    items: int = 0
+
+    def __call__(self) -> Iterator[Piece]:
+        mine = reader_share(self.spec, self.topology, self.rank, self.worker)
+        if not any(p.count for p in mine):
+            raise TopologyError(f"rank {self.rank} worker {self.worker} owns only empty shards")
+        pass_index, skip = resampled_start(self.spec, mine, self.rank, self.worker, self.items)
+        yield from _cut(reader_pass(self.spec, mine, self.rank, self.worker, pass_index), skip, 2**62)
+        for p in range(pass_index + 1, 2**62):
+            yield from reader_pass(self.spec, mine, self.rank, self.worker, p)
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """A pipeline source: an epoch reader's pieces."""
+
+    pieces: tuple[Piece, ...]
+
+    def __call__(self) -> Iterator[Piece]:
+        return iter(self.pieces)
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a reader does from where it stands: its pieces' source, the real items it has left (None: endless),
+    the batches it has left (None: endless; ``pad_last``: real items, then repeats) and the real items of its
+    batches before."""
+
+    source: Pieces | Passes
+    real: int | None
+    budget: int | None
+    done: int = 0
+
+
+def epoch_work(plan: Plan, rank: int, worker: int, batches: int) -> Work:
+    """Reader (``rank``, ``worker``) of ``plan`` after its first ``batches`` batches (a resumed loader)."""
+    reader, size = plan.reader(rank, worker), plan.batch_size
+    done = min(batches * size, reader.real)
+    rest = _cut(reader.pieces, done, reader.real) if done < reader.real else list(reader.pieces)  # repeats' source
+    return Work(Pieces(tuple(rest)), reader.real - done, max(reader.budget - batches, 0), done)
+
+
+def draw_counts(weights: np.ndarray, n: int, seed: tuple[int, ...]) -> np.ndarray:
+    """(m,) times each of ``m`` samples is drawn in ``n`` draws with replacement, ``P(i) = w_i / sum(w)``."""
+    weights = np.asarray(weights, dtype=np.float64)
+    if n <= 0 or not len(weights) or weights.max() <= 0:
+        return np.zeros(len(weights), dtype=np.int64)
+    return np.random.default_rng((*seed, EPOCH_DRAWS)).multinomial(n, _shares(weights))
+
+
+def _shares(weights: np.ndarray) -> np.ndarray:
+    """``weights`` (finite, >= 0, one > 0) as probabilities, scaled by the largest first: extreme but finite
+    weights (1e308, 1e-320) neither overflow nor vanish."""
+    scaled = np.asarray(weights, dtype=np.float64) / float(np.max(weights))
+    return scaled / scaled.sum()
+
+
+def shuffled(src: Iterable[T], size: int, seed: tuple[int, ...]) -> Iterator[T]:
+    """A shuffle buffer of ``size`` items over ``src``, seeded by ``seed`` (non-negative ints): the order it gives
+    ``n`` items depends on ``n`` and ``seed`` alone, so a plan can name the items a reader yields by their offset."""
+    if size <= 1:
+        yield from src
+        return
+    rng = np.random.default_rng(seed)
+    buf: list[T] = []
+    draws, used = rng.random(1024), 0
+    for item in src:
+        buf.append(item)
+        if len(buf) < size:
+            continue
+        if used == len(draws):
+            draws, used = rng.random(1024), 0
+        i = int(draws[used] * len(buf))
+        used += 1
+        buf[i], buf[-1] = buf[-1], buf[i]
+        yield buf.pop()
+    for i in rng.permutation(len(buf)).tolist():
+        yield buf[i]
+
+
+def piece_items(piece: Piece, items: Iterable[T], size: int) -> Iterator[T]:
+    """What ``piece`` yields of its shard's ``items`` (in read order, repeated draws adjacent), its buffer ``size``."""
+    order = shuffled(items, size, piece.seed)
+    for k, item in enumerate(order):
+        offset = k - piece.skip
+        if offset >= piece.span:
+            return
+        if offset >= 0 and offset % piece.step == piece.phase:
+            yield item
