@@ -44,6 +44,7 @@ from wsishard.streaming.loader import ShardLoader as ShardLoader
 from wsishard.streaming.loader import loader as loader
 from wsishard.streaming.monitor import LoaderReport as LoaderReport
 from wsishard.streaming.monitor import MonitoredLoader as MonitoredLoader
+from wsishard.streaming.multicrop import MultiCrop as MultiCrop
 from wsishard.streaming.partition import EpochPlan as EpochPlan
 from wsishard.streaming.partition import plan_epoch as plan_epoch
 from wsishard.streaming.plain import register_gopen_schemes as register_gopen_schemes
