@@ -23,9 +23,8 @@ import numpy as np
 import torch
 
 from wsishard._native import lut_apply as _lut_apply
-from wsishard.streaming import multicrop
+from wsishard.streaming import multicrop, stain_cpu
 from wsishard.streaming import stain as stain_ops
-from wsishard.streaming import stain_cpu
 from wsishard.streaming.decode import device_decoder
 from wsishard.streaming.multicrop import MultiCrop
 from wsishard.streaming.stain import StainOptions

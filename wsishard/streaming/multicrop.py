@@ -19,6 +19,7 @@ Random parameters come from ``np.random.default_rng((seed, batch, tag, kind))`` 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -28,10 +29,10 @@ import torch
 
 from wsishard.streaming import stain as stain_ops
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the collate imports this module
     from wsishard.streaming.collate import GpuCollate
 
-__all__ = ["MultiCrop", "crop_boxes", "crop_codes", "resize_weights", "views"]
+__all__ = ["MultiCrop", "crop_boxes", "crop_codes", "resize_taps", "resized_crops", "views"]
 
 _TAG_CROPS = 0xC407  # the views' random stream: np.random.default_rng((seed, batch, _TAG_CROPS, kind))
 _RATIO = (3.0 / 4.0, 4.0 / 3.0)  # the aspect-ratio range (width / height), as torchvision's default
@@ -121,9 +122,9 @@ def _centre_box(height: int, width: int) -> tuple[int, int, int, int]:
     """torchvision's fallback: the centre crop, its aspect ratio clamped to the range."""
     ratio = width / height
     if ratio < _RATIO[0]:
-        w, h = width, int(round(width / _RATIO[0]))
+        w, h = width, round(width / _RATIO[0])
     elif ratio > _RATIO[1]:
-        h, w = height, int(round(height * _RATIO[1]))
+        h, w = height, round(height * _RATIO[1])
     else:
         w, h = width, height
     return (height - h) // 2, (width - w) // 2, h, w
@@ -135,8 +136,8 @@ def crop_codes(seed: int, batch: int, kind: int, n: int, b: int) -> np.ndarray:
     return rng.integers(0, 8, (n, b))
 
 
-def resize_weights(start: torch.Tensor, length: torch.Tensor, size: int, extent: int) -> torch.Tensor:
-    """Each crop's antialiased bilinear resize along one axis, as a matrix.
+def resize_taps(start: torch.Tensor, length: torch.Tensor, size: int, extent: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each crop's antialiased bilinear resize along one axis, as ``k`` taps per output pixel.
 
     ``interpolate(mode="bilinear", antialias=True, align_corners=False)``'s weights for ``length`` input pixels to
     ``size`` output pixels: output ``i`` centred at ``c = (i + 0.5) * length / size`` of the crop, a triangle filter
@@ -150,41 +151,79 @@ def resize_weights(start: torch.Tensor, length: torch.Tensor, size: int, extent:
         extent: the image's pixels along the axis.
 
     Returns:
-        (m, size, extent) float32 on ``start``'s device: output pixel by image pixel, zero outside the crop.
+        (m, size, k) int64 image pixels and (m, size, k) float32 weights on ``start``'s device; a tap past the
+        filter's end has weight 0 (and a pixel inside the image).
     """
     dev = start.device
     scale = (length.double() / size).view(-1, 1, 1)  # (m, 1, 1) input pixels per output pixel
     support = scale.clamp(min=1.0)  # the triangle's half-width, in input pixels
-    invscale = 1.0 / support
+    k = math.ceil(2.0 * max(float(length.max()) / size, 1.0)) + 1  # taps enough for the widest filter
     centre = scale * (torch.arange(size, device=dev, dtype=torch.float64).view(1, -1, 1) + 0.5)  # (m, size, 1)
-    j = torch.arange(extent, device=dev, dtype=torch.float64).view(1, 1, -1) - start.view(-1, 1, 1)  # in the crop
     low = torch.floor(centre - support + 0.5).clamp(min=0.0)
     high = torch.minimum(torch.floor(centre + support + 0.5), length.view(-1, 1, 1).double())
-    inside = (j >= low) & (j < high)
-    w = (1.0 - ((j - centre + 0.5) * invscale).abs()).clamp(min=0.0) * inside  # (m, size, extent)
-    return (w / w.sum(dim=-1, keepdim=True)).float()
+    j = low + torch.arange(k, device=dev, dtype=torch.float64)  # (m, size, k) pixels of the crop
+    w = (1.0 - ((j - centre + 0.5) / support).abs()).clamp(min=0.0) * (j < high)
+    w = w / w.sum(dim=-1, keepdim=True)
+    pixel = (j + start.view(-1, 1, 1)).clamp(max=extent - 1).long()
+    return pixel, w.float()
 
 
-def resized_crops(x: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.Tensor:
-    """Every box of every image, resized to ``size`` x ``size``, by two batched matrix products.
+def _filter(
+    start: torch.Tensor, length: torch.Tensor, flip: torch.Tensor, block: torch.Tensor, shape: tuple[int, int, int]
+) -> torch.Tensor:
+    """The sparse (CSR) matrix of one axis's taps for every view: view ``q``'s output pixel ``p`` (row ``q * size + p``,
+    reversed where ``flip[q]``) takes its taps' weights of the input rows ``block[q] * extent + pixel``.
+
+    ``shape``: (size, extent, input rows).
+    """
+    size, extent, rows = shape
+    pixel, weight = resize_taps(start, length, size, extent)  # (views, size, k)
+    flipped = flip.view(-1, 1, 1)
+    pixel = torch.where(flipped, pixel.flip(1), pixel) + block.view(-1, 1, 1) * extent
+    weight = torch.where(flipped, weight.flip(1), weight)
+    k = pixel.shape[-1]
+    crow = torch.arange(0, pixel.numel() + 1, k, device=pixel.device)
+    with warnings.catch_warnings():  # torch's one-time notice that sparse CSR support is in beta
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta", category=UserWarning)
+        return torch.sparse_csr_tensor(
+            crow, pixel.reshape(-1), weight.reshape(-1), (pixel.shape[0] * size, rows), check_invariants=False
+        )
+
+
+def resized_crops(x: torch.Tensor, boxes: torch.Tensor, size: int, codes: torch.Tensor) -> torch.Tensor:
+    """Every box of every image, resized to ``size`` x ``size`` and moved by its dihedral code: two sparse-by-dense
+    matrix products (the rows' taps, then the columns'), every view of every image at once.
+
+    A code's flips reverse the order of a filter's output pixels (free); its transpose picks the output's strides.
 
     Args:
         x: (b, h, w, 3) float32 images, channels last.
         boxes: (n, b, 4) int64 top, left, height, width of each view, on ``x``'s device.
         size: output side, in pixels.
+        codes: (n, b) int64 dihedral codes (:func:`~wsishard.streaming.collate.dihedral`'s), on ``x``'s device.
 
     Returns:
-        (n, b, 3, size, size) float32 (memory laid out as (n, b, size, size, 3)).
+        (n * b, 3, size, size) float32, view-major (view ``v`` of image ``i`` at ``v * b + i``).
     """
     b, h, w, _ = x.shape
-    n = boxes.shape[0]
-    flat = boxes.transpose(0, 1).reshape(b * n, 4)  # (b * n, 4), image-major
-    rows = resize_weights(flat[:, 0], flat[:, 2], size, h).view(b, n * size, h)  # (b, n * size, h)
-    cols = resize_weights(flat[:, 1], flat[:, 3], size, w)  # (b * n, size, w)
-    t = torch.bmm(rows, x.reshape(b, h, w * 3))  # (b, n * size, w * 3): the rows filtered
-    t = t.view(b * n, size, w, 3).transpose(1, 2).reshape(b * n, w, size * 3)  # (b * n, w, size * 3)
-    out = torch.bmm(cols, t).view(b, n, size, size, 3)  # (b, n, x, y, 3)
-    return out.permute(1, 0, 4, 3, 2)  # (n, b, 3, y, x)
+    n, dev = boxes.shape[0], x.device
+    if n * b == 0:
+        return x.new_empty((n * b, 3, size, size))
+    q = torch.arange(n * b, device=dev)  # view-major
+    turn = (codes.reshape(-1) & 1).bool()
+    flip_w, flip_h = (codes.reshape(-1) & 2).bool(), (codes.reshape(-1) & 4).bool()
+    # transposed: the result's rows are the columns' output, so each flip reverses the other filter
+    flip_rows, flip_cols = torch.where(turn, flip_w, flip_h), torch.where(turn, flip_h, flip_w)
+    mine = boxes.transpose(0, 1).reshape(b * n, 4)  # image-major: the first product's rows follow x's images
+    m = torch.arange(b * n, device=dev)
+    rows = _filter(mine[:, 0], mine[:, 2], flip_rows.view(n, b).T.reshape(-1), m // n, (size, h, b * h))
+    t = rows @ x.reshape(b * h, w * 3)  # (b * n * size, w * 3): each view's rows, filtered
+    t = t.view(b * n, size, w, 3).transpose(1, 2).reshape(b * n * w, size * 3)  # (b * n * w, y * 3)
+    flat = boxes.reshape(n * b, 4)
+    cols = _filter(flat[:, 1], flat[:, 3], flip_cols, (q % b) * n + q // b, (size, w, b * n * w))
+    out = (cols @ t).view(n * b, size, size, 3)  # (view, x, y, 3)
+    plain, turned = out.permute(0, 3, 2, 1), out.permute(0, 3, 1, 2)  # (view, 3, y, x), (view, 3, x, y)
+    return torch.where(turn.view(-1, 1, 1, 1), turned, plain)
 
 
 def views(collate: GpuCollate, image: torch.Tensor, slide_ids: Sequence[str] | None) -> dict[str, torch.Tensor]:
@@ -204,26 +243,17 @@ def views(collate: GpuCollate, image: torch.Tensor, slide_ids: Sequence[str] | N
     for kind, name in enumerate(KINDS):
         n, size, scale = crops.kind(name)
         boxes = crop_boxes(collate.seed, collate.batches, kind, n, b, h, w, scale)
-        v = resized_crops(x, torch.from_numpy(boxes).to(collate.device), size).reshape(n * b, 3, size, size)
-        if collate.augment:
-            codes = crop_codes(collate.seed, collate.batches, kind, n, b).reshape(-1)
-            v = _dihedral(v, torch.from_numpy(codes).to(collate.device))
+        codes = crop_codes(collate.seed, collate.batches, kind, n, b) if collate.augment else np.zeros((n, b), int)
+        dev = collate.device
+        v = resized_crops(x, torch.from_numpy(boxes).to(dev), size, torch.from_numpy(codes).to(dev))
         if options is not None and options.jitters:
             jitter = replace(options, normalize=None, slides=None)
             seed = int(np.random.default_rng((collate.seed, _TAG_CROPS, kind, 2)).integers(2**63))
             v = stain_ops.apply(v.contiguous(), jitter, seed=seed, batch=collate.batches, slide_rows=None)
         fmt = torch.channels_last if collate.channels_last else torch.contiguous_format
-        v = ((v - collate.mean) / collate.std).to(dtype=collate.dtype, memory_format=fmt)
+        v = v.sub_(collate.mean).div_(collate.std).to(dtype=collate.dtype, memory_format=fmt)
         out[name] = v.view(n, b, 3, size, size)  # each view's (b, 3, s, s) in the asked memory format
     return out
-
-
-def _dihedral(v: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    """Each view by its own dihedral code (the collate's :func:`~wsishard.streaming.collate.dihedral`; imported
-    here, as the collate imports this module)."""
-    from wsishard.streaming.collate import dihedral
-
-    return dihedral(v, codes)
 
 
 def _normalised(
