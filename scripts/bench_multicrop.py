@@ -90,16 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     image = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (BATCH, PATCH_PX, PATCH_PX, 3), dtype=np.uint8))
     collate = GpuCollate(device, mean=MEAN, std=STD, augment=True, seed=0, crops=MultiCrop())
     rng = random.Random(0)
-    runs = {"MultiCrop (GpuCollate, batched)": collate.views, "per-image loop (interpolate per view)": None}
+    batched, loop = f"MultiCrop (GpuCollate on {device}, batched)", "per-image loop (cpu, interpolate per view)"
     collate.views(image)  # warm-up: first-call allocations
-    figures: dict[str, list[float]] = {name: [] for name in runs}
+    figures: dict[str, list[float]] = {batched: [], loop: []}
     for _ in range(args.rounds):
-        figures["MultiCrop (GpuCollate, batched)"].append(timed(collate.views, image, device))
-        figures["per-image loop (interpolate per view)"].append(timed(lambda b: per_image(b, rng), image, torch.device("cpu")))
+        figures[batched].append(timed(collate.views, image, device))
+        figures[loop].append(timed(lambda b: per_image(b, rng), image, torch.device("cpu")))
     rows = []
     for name, values in figures.items():
-        mid = float(np.median(values))
-        rows.append({"config": name, "images_per_s": round(mid, 1), "range": [round(min(values), 1), round(max(values), 1)]})
+        spread = [round(min(values), 1), round(max(values), 1)]
+        rows.append({"config": name, "images_per_s": round(float(np.median(values)), 1), "range": spread})
     report: dict[str, Any] = {
         "bench": "multicrop",
         "device": str(device),
