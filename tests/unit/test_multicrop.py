@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -11,10 +12,14 @@ import torch
 import torch.nn.functional as F
 
 import wsishard
+from wsishard.manifest import SlideRecord
 from wsishard.streaming.collate import GpuCollate, dihedral
+from wsishard.streaming.decode import Metas
 from wsishard.streaming.multicrop import MultiCrop, crop_boxes, crop_codes
-from wsishard.streaming.stain import StainOptions
+from wsishard.streaming.stain import StainOptions, StainTable
 
+A = [[0.65, 0.18], [0.70, 0.85], [0.29, 0.49]]
+B = [[0.55, 0.25], [0.75, 0.80], [0.37, 0.55]]
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
@@ -191,6 +196,25 @@ def test_reinhard_normalises_each_image_once_before_cropping() -> None:
     whole = GpuCollate("cpu", seed=2, stain=StainOptions(normalize="reinhard")).images(image)
     assert out["global"].shape == (1, 2, 3, 64, 64) and out["local"].shape == (0, 2, 3, 96, 96)
     assert torch.allclose(out["global"][0], whole, atol=1e-4)  # a whole-image view: the whole image's colours
+
+
+def test_macenko_normalises_each_image_by_its_own_slide_when_called_on_a_batch() -> None:
+    stain = {"method": "macenko", "source": "fitted", "reason": "", "pixels": 1}
+    records = [
+        SlideRecord(slide_id="a", file="a.svs", status="ok", stain={**stain, "matrix": A, "max_conc": [2.1, 1.3]}),
+        SlideRecord(slide_id="b", file="b.svs", status="ok", stain={**stain, "matrix": B, "max_conc": [1.6, 0.9]}),
+    ]
+    options = StainOptions(normalize="macenko", slides=StainTable(records))
+    image = torch.from_numpy(np.random.default_rng(3).integers(40, 240, (4, 48, 48, 3), dtype=np.uint8))
+    meta = Metas(json.dumps({"slide_id": "ab"[i % 2]}).encode() for i in range(4))
+    batch = {**_batch(image), "meta": meta}
+    crops = MultiCrop(global_crops=1, global_scale=(1.0, 1.0), global_size=48, local_crops=2, local_size=16)
+    out = GpuCollate("cpu", seed=4, stain=options, crops=crops)(batch)
+    whole = GpuCollate("cpu", seed=4, stain=options).images(image, ["a", "b", "a", "b"])
+    assert torch.allclose(out["global"][0], whole, atol=1e-4)  # a whole-image view: its own slide's colours
+    assert out["local"].shape == (2, 4, 3, 16, 16)
+    with pytest.raises(ValueError, match="needs each sample's slide id"):
+        GpuCollate("cpu", seed=4, stain=options, crops=crops).views(image)
 
 
 @pytest.mark.parametrize(
