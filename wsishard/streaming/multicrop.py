@@ -223,7 +223,8 @@ def resized_crops(x: torch.Tensor, boxes: torch.Tensor, size: int, codes: torch.
     cols = _filter(flat[:, 1], flat[:, 3], flip_cols, (q % b) * n + q // b, (size, w, b * n * w))
     out = (cols @ t).view(n * b, size, size, 3)  # (view, x, y, 3)
     plain, turned = out.permute(0, 3, 2, 1), out.permute(0, 3, 1, 2)  # (view, 3, y, x), (view, 3, x, y)
-    return torch.where(turn.view(-1, 1, 1, 1), turned, plain)
+    laid_out = torch.empty((n * b, 3, size, size), device=dev)  # written once, contiguous, by the choice
+    return torch.where(turn.view(-1, 1, 1, 1), turned, plain, out=laid_out)
 
 
 def views(collate: GpuCollate, image: torch.Tensor, slide_ids: Sequence[str] | None) -> dict[str, torch.Tensor]:
