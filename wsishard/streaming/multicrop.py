@@ -136,8 +136,9 @@ def crop_codes(seed: int, batch: int, kind: int, n: int, b: int) -> np.ndarray:
     return rng.integers(0, 8, (n, b))
 
 
-def resize_taps(start: torch.Tensor, length: torch.Tensor, size: int, extent: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each crop's antialiased bilinear resize along one axis, as ``k`` taps per output pixel.
+def resize_taps(start: np.ndarray, length: np.ndarray, size: int, extent: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each crop's antialiased bilinear resize along one axis, as ``k`` taps per output pixel (on the host: a few
+    hundred kilobytes a batch, cheaper there than as many small device operations).
 
     ``interpolate(mode="bilinear", antialias=True, align_corners=False)``'s weights for ``length`` input pixels to
     ``size`` output pixels: output ``i`` centred at ``c = (i + 0.5) * length / size`` of the crop, a triangle filter
@@ -151,25 +152,29 @@ def resize_taps(start: torch.Tensor, length: torch.Tensor, size: int, extent: in
         extent: the image's pixels along the axis.
 
     Returns:
-        (m, size, k) int64 image pixels and (m, size, k) float32 weights on ``start``'s device; a tap past the
-        filter's end has weight 0 (and a pixel inside the image).
+        (m, size, k) int64 image pixels and (m, size, k) float32 weights; a tap past the filter's end has weight 0
+        (and a pixel inside the image).
     """
-    dev = start.device
-    scale = (length.double() / size).view(-1, 1, 1)  # (m, 1, 1) input pixels per output pixel
-    support = scale.clamp(min=1.0)  # the triangle's half-width, in input pixels
+    scale = (length.astype(np.float64) / size).reshape(-1, 1, 1)  # (m, 1, 1) input pixels per output pixel
+    support = np.maximum(scale, 1.0)  # the triangle's half-width, in input pixels
     k = math.ceil(2.0 * max(float(length.max()) / size, 1.0)) + 1  # taps enough for the widest filter
-    centre = scale * (torch.arange(size, device=dev, dtype=torch.float64).view(1, -1, 1) + 0.5)  # (m, size, 1)
-    low = torch.floor(centre - support + 0.5).clamp(min=0.0)
-    high = torch.minimum(torch.floor(centre + support + 0.5), length.view(-1, 1, 1).double())
-    j = low + torch.arange(k, device=dev, dtype=torch.float64)  # (m, size, k) pixels of the crop
-    w = (1.0 - ((j - centre + 0.5) / support).abs()).clamp(min=0.0) * (j < high)
-    w = w / w.sum(dim=-1, keepdim=True)
-    pixel = (j + start.view(-1, 1, 1)).clamp(max=extent - 1).long()
-    return pixel, w.float()
+    centre = scale * (np.arange(size, dtype=np.float64).reshape(1, -1, 1) + 0.5)  # (m, size, 1)
+    low = np.maximum(np.floor(centre - support + 0.5), 0.0)
+    high = np.minimum(np.floor(centre + support + 0.5), length.reshape(-1, 1, 1))
+    j = low + np.arange(k, dtype=np.float64)  # (m, size, k) pixels of the crop
+    w = np.maximum(1.0 - np.abs((j - centre + 0.5) / support), 0.0) * (j < high)
+    w /= w.sum(axis=-1, keepdims=True)
+    pixel = np.minimum(j + start.reshape(-1, 1, 1), extent - 1).astype(np.int64)
+    return pixel, w.astype(np.float32)
 
 
 def _filter(
-    start: torch.Tensor, length: torch.Tensor, flip: torch.Tensor, block: torch.Tensor, shape: tuple[int, int, int]
+    start: np.ndarray,
+    length: np.ndarray,
+    flip: np.ndarray,
+    block: np.ndarray,
+    shape: tuple[int, int, int],
+    dev: torch.device,
 ) -> torch.Tensor:
     """The sparse (CSR) matrix of one axis's taps for every view: view ``q``'s output pixel ``p`` (row ``q * size + p``,
     reversed where ``flip[q]``) takes its taps' weights of the input rows ``block[q] * extent + pixel``.
@@ -178,19 +183,22 @@ def _filter(
     """
     size, extent, rows = shape
     pixel, weight = resize_taps(start, length, size, extent)  # (views, size, k)
-    flipped = flip.view(-1, 1, 1)
-    pixel = torch.where(flipped, pixel.flip(1), pixel) + block.view(-1, 1, 1) * extent
-    weight = torch.where(flipped, weight.flip(1), weight)
+    pixel[flip], weight[flip] = pixel[flip, ::-1], weight[flip, ::-1]
+    pixel += block.reshape(-1, 1, 1) * extent
     k = pixel.shape[-1]
-    crow = torch.arange(0, pixel.numel() + 1, k, device=pixel.device)
+    crow = np.arange(0, pixel.size + 1, k, dtype=np.int64)
     with warnings.catch_warnings():  # torch's one-time notice that sparse CSR support is in beta
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta", category=UserWarning)
         return torch.sparse_csr_tensor(
-            crow, pixel.reshape(-1), weight.reshape(-1), (pixel.shape[0] * size, rows), check_invariants=False
+            torch.from_numpy(crow).to(dev),
+            torch.from_numpy(pixel.reshape(-1)).to(dev),
+            torch.from_numpy(weight.reshape(-1)).to(dev),
+            (pixel.shape[0] * size, rows),
+            check_invariants=False,
         )
 
 
-def resized_crops(x: torch.Tensor, boxes: torch.Tensor, size: int, codes: torch.Tensor) -> torch.Tensor:
+def resized_crops(x: torch.Tensor, boxes: np.ndarray, size: int, codes: np.ndarray) -> torch.Tensor:
     """Every box of every image, resized to ``size`` x ``size`` and moved by its dihedral code: two sparse-by-dense
     matrix products (the rows' taps, then the columns'), every view of every image at once.
 
@@ -198,33 +206,33 @@ def resized_crops(x: torch.Tensor, boxes: torch.Tensor, size: int, codes: torch.
 
     Args:
         x: (b, h, w, 3) float32 images, channels last.
-        boxes: (n, b, 4) int64 top, left, height, width of each view, on ``x``'s device.
+        boxes: (n, b, 4) int64 top, left, height, width of each view (:func:`crop_boxes`).
         size: output side, in pixels.
-        codes: (n, b) int64 dihedral codes (:func:`~wsishard.streaming.collate.dihedral`'s), on ``x``'s device.
+        codes: (n, b) int64 dihedral codes (:func:`~wsishard.streaming.collate.dihedral`'s).
 
     Returns:
-        (n * b, 3, size, size) float32, view-major (view ``v`` of image ``i`` at ``v * b + i``).
+        (n * b, 3, size, size) float32 on ``x``'s device, view-major (view ``v`` of image ``i`` at ``v * b + i``).
     """
     b, h, w, _ = x.shape
     n, dev = boxes.shape[0], x.device
     if n * b == 0:
         return x.new_empty((n * b, 3, size, size))
-    q = torch.arange(n * b, device=dev)  # view-major
-    turn = (codes.reshape(-1) & 1).bool()
-    flip_w, flip_h = (codes.reshape(-1) & 2).bool(), (codes.reshape(-1) & 4).bool()
+    code = codes.reshape(-1)  # view-major
+    turn, flip_w, flip_h = (code & 1).astype(bool), (code & 2).astype(bool), (code & 4).astype(bool)
     # transposed: the result's rows are the columns' output, so each flip reverses the other filter
-    flip_rows, flip_cols = torch.where(turn, flip_w, flip_h), torch.where(turn, flip_h, flip_w)
-    mine = boxes.transpose(0, 1).reshape(b * n, 4)  # image-major: the first product's rows follow x's images
-    m = torch.arange(b * n, device=dev)
-    rows = _filter(mine[:, 0], mine[:, 2], flip_rows.view(n, b).T.reshape(-1), m // n, (size, h, b * h))
+    flip_rows, flip_cols = np.where(turn, flip_w, flip_h), np.where(turn, flip_h, flip_w)
+    mine = boxes.transpose(1, 0, 2).reshape(b * n, 4)  # image-major: the first product's rows follow x's images
+    m, q = np.arange(b * n), np.arange(n * b)
+    rows = _filter(mine[:, 0], mine[:, 2], flip_rows.reshape(n, b).T.reshape(-1), m // n, (size, h, b * h), dev)
     t = rows @ x.reshape(b * h, w * 3)  # (b * n * size, w * 3): each view's rows, filtered
     t = t.view(b * n, size, w, 3).transpose(1, 2).reshape(b * n * w, size * 3)  # (b * n * w, y * 3)
     flat = boxes.reshape(n * b, 4)
-    cols = _filter(flat[:, 1], flat[:, 3], flip_cols, (q % b) * n + q // b, (size, w, b * n * w))
+    cols = _filter(flat[:, 1], flat[:, 3], flip_cols, (q % b) * n + q // b, (size, w, b * n * w), dev)
     out = (cols @ t).view(n * b, size, size, 3)  # (view, x, y, 3)
     plain, turned = out.permute(0, 3, 2, 1), out.permute(0, 3, 1, 2)  # (view, 3, y, x), (view, 3, x, y)
     laid_out = torch.empty((n * b, 3, size, size), device=dev)  # written once, contiguous, by the choice
-    return torch.where(turn.view(-1, 1, 1, 1), turned, plain, out=laid_out)
+    turned_views = torch.from_numpy(turn).to(dev).view(-1, 1, 1, 1)
+    return torch.where(turned_views, turned, plain, out=laid_out)
 
 
 def views(collate: GpuCollate, image: torch.Tensor, slide_ids: Sequence[str] | None) -> dict[str, torch.Tensor]:
@@ -245,8 +253,7 @@ def views(collate: GpuCollate, image: torch.Tensor, slide_ids: Sequence[str] | N
         n, size, scale = crops.kind(name)
         boxes = crop_boxes(collate.seed, collate.batches, kind, n, b, h, w, scale)
         codes = crop_codes(collate.seed, collate.batches, kind, n, b) if collate.augment else np.zeros((n, b), int)
-        dev = collate.device
-        v = resized_crops(x, torch.from_numpy(boxes).to(dev), size, torch.from_numpy(codes).to(dev))
+        v = resized_crops(x, boxes, size, codes)
         if options is not None and options.jitters:
             jitter = replace(options, normalize=None, slides=None)
             seed = int(np.random.default_rng((collate.seed, _TAG_CROPS, kind, 2)).integers(2**63))
