@@ -84,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (each times both once)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads for both sides (default: torch's)")
     p.add_argument("--json-only", action="store_true", help="print only the final JSON line")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)  # 1: per core, as in a DataLoader worker
     device = torch.device(args.device)
     image = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (BATCH, PATCH_PX, PATCH_PX, 3), dtype=np.uint8))
     collate = GpuCollate(device, mean=MEAN, std=STD, augment=True, seed=0, crops=MultiCrop())
