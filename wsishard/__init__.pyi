@@ -44,6 +44,7 @@ from wsishard.streaming.loader import ShardLoader as ShardLoader
 from wsishard.streaming.loader import loader as loader
 from wsishard.streaming.monitor import LoaderReport as LoaderReport
 from wsishard.streaming.monitor import MonitoredLoader as MonitoredLoader
+from wsishard.streaming.multicrop import MultiCrop as MultiCrop
 from wsishard.streaming.plain import register_gopen_schemes as register_gopen_schemes
 from wsishard.streaming.plain import shard_urls as shard_urls
 from wsishard.streaming.planner import Plan as Plan

@@ -23,22 +23,29 @@ import numpy as np
 import torch
 
 from wsishard._native import lut_apply as _lut_apply
+from wsishard.streaming import multicrop, stain_cpu
 from wsishard.streaming import stain as stain_ops
-from wsishard.streaming import stain_cpu
 from wsishard.streaming.decode import device_decoder
+from wsishard.streaming.multicrop import MultiCrop
 from wsishard.streaming.stain import StainOptions
 
 __all__ = ["DeviceBatch", "GpuCollate", "dihedral"]
 
 
-class DeviceBatch(TypedDict):
-    """A batch on the training device."""
-
-    image: torch.Tensor  # (b, 3, h, w) float, normalized
-    label: torch.Tensor  # (b,) int64 on the device, -1 when unlabelled
-    meta: Sequence[Any]  # the batch's Metas (each sample's .json, parsed when read), passed through
-    key: list[str]
-    context: NotRequired[torch.Tensor]  # (b, K, 3, h', w') float, normalized: builds with context only
+# the functional form: "global" is a Python keyword, so no class body can declare it
+DeviceBatch = TypedDict(
+    "DeviceBatch",
+    {
+        "image": NotRequired[torch.Tensor],  # (b, 3, h, w) float, normalized: every collate but crops=
+        "label": torch.Tensor,  # (b,) int64 on the device, -1 when unlabelled
+        "meta": Sequence[Any],  # the batch's Metas (each sample's .json, parsed when read), passed through
+        "key": list[str],
+        "context": NotRequired[torch.Tensor],  # (b, K, 3, h', w') float, normalized: builds with context only
+        "global": NotRequired[torch.Tensor],  # (G, b, 3, S, S) float, normalized: crops= only
+        "local": NotRequired[torch.Tensor],  # (L, b, 3, s, s) float, normalized: crops= only
+    },
+)
+DeviceBatch.__doc__ = "A batch on the training device."
 
 
 def dihedral(x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
@@ -96,6 +103,11 @@ class GpuCollate:
             others as torch operations.
         reuse_output: on a CPU device, write each output into one of two buffers used in turn (True), or into
             memory of its own (False).
+        crops: multi-crop views (:class:`~wsishard.streaming.multicrop.MultiCrop`): the batch then has
+            ``"global"`` (G, b, 3, S, S) and ``"local"`` (L, b, 3, s, s) instead of ``"image"``, each view a
+            random-resized crop with its own dihedral transform (``augment``) and its own stain jitter (``stain``'s
+            jitter options; its normalisation runs once per image, before cropping), by the same torch code on
+            any device (:meth:`views`).
 
     Raises:
         ValueError: mean or std without 3 values, a non-positive std, or a non-float dtype.
@@ -113,6 +125,7 @@ class GpuCollate:
         seed: int | None = None,
         stain: StainOptions | None = None,
         reuse_output: bool = True,
+        crops: MultiCrop | None = None,
     ) -> None:
         if len(mean) != 3 or len(std) != 3:
             raise ValueError(f"mean and std need 3 values each, got mean={mean!r} std={std!r}")
@@ -136,6 +149,7 @@ class GpuCollate:
         self._decode: Callable[[list[bytes], torch.device], torch.Tensor] | None = None  # decode="device" batches
         self._twin: GpuCollate | None = None  # the context's collate: this one's settings, output buffers of its own
         self.batches = 0  # batches collated so far: the next one's number, which its random parameters follow
+        self.crops = crops
         if stain is not None and stain.slides is not None:
             self.stain = replace(stain, slides=stain.slides.to(self.device))
 
@@ -163,6 +177,14 @@ class GpuCollate:
             raise ValueError(f"expected a uint8 (b, h, w, 3) batch, got {image.dtype} {tuple(image.shape)}")
         try:
             return self._images(image, slide_ids)
+        finally:
+            self.batches += 1
+
+    def views(self, image: torch.Tensor, slide_ids: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+        """uint8 (b, h, w, 3) on any device -> ``{"global": ..., "local": ...}`` (``crops``), normalized ``dtype``
+        on ``self.device`` (:func:`~wsishard.streaming.multicrop.views`)."""
+        try:
+            return multicrop.views(self, image, slide_ids)
         finally:
             self.batches += 1
 
@@ -299,8 +321,11 @@ class GpuCollate:
         if self.stain is not None and self.stain.normalize == "macenko":
             ids = [m.get("slide_id") for m in batch["meta"]]  # each sample's .json, parsed here (~2 us a sample)
         context = None if batch.get("context") is None else self.context(batch["context"], ids)  # before images()
-        image = self.images(batch["image"], ids)
-        out = DeviceBatch(image=image, label=label, meta=batch["meta"], key=batch["key"])
+        out = DeviceBatch(label=label, meta=batch["meta"], key=batch["key"])
+        if self.crops is not None:
+            out.update(self.views(batch["image"], ids))  # type: ignore[typeddict-item]  # "global", "local"
+        else:
+            out["image"] = self.images(batch["image"], ids)
         if context is not None:
             out["context"] = context
         return out
