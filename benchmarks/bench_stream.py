@@ -3,11 +3,11 @@
 
 Example::
 
-    python scripts/bench_stream.py --quick
-    python scripts/bench_stream.py --workdir /data/bench --json-only
-    python scripts/bench_stream.py --quick --profile   # also cProfile one worker's pipeline in-process
-    python scripts/bench_stream.py --quick --context   # only: one context scale against none (bench_stream_context)
-    python scripts/bench_stream.py --quick --sampling  # only: weights= and select= against none (bench_sampling)
+    python benchmarks/bench_stream.py --quick
+    python benchmarks/bench_stream.py --workdir /data/bench --json-only
+    python benchmarks/bench_stream.py --quick --profile   # also cProfile one worker's pipeline in-process
+    python benchmarks/bench_stream.py --quick --context   # only: one context scale against none (bench_stream_context)
+    python benchmarks/bench_stream.py --quick --sampling  # only: weights= and select= against none (bench_sampling)
 
 Synthetic slides are generated and built once, then cached in ``--workdir``. What each figure means and how its
 rounds are taken (the decode floor, rounds sandwiched between floors, interleaved pairs, the user's first build, the
@@ -44,9 +44,8 @@ from typing import Any
 import numpy as np
 import psutil
 import torch
-from benchkit import cpu_s, interleaved, load, logger, markdown, median_range, spread, synthetic_build, verdict
+from benchkit import cpu_s, interleaved, load, logger, markdown, median_range, moto_s3, spread, synthetic_build, verdict
 from benchkit import step as _timed_step
-from benchs3 import moto_s3
 
 SLIDE_MPP = 0.25  # level-0 microns per px of the generated slides (40x)
 TARGET_MPP = 0.5
@@ -87,6 +86,8 @@ class Mode:
     ws_batches: int  # timed wsistream batches of WS_BATCH (after the warm-up)
     rounds: int  # rounds of the floors, loaders alone and device-ready, one after the other: ratios per round
     pairs: int  # interleaved pairs of floor and loader slices (measure_pairs): the steadier second reading
+    resume_rounds: int = 2  # fresh and resumed loaders, interleaved, the least first-batch time of each kept
+    peers: bool = True  # wsistream's row (it is pip-installed on first use) and the user's first build
 
 
 QUICK = Mode(
@@ -110,6 +111,19 @@ FULL = Mode(
     ws_batches=16,
     rounds=5,
     pairs=20,
+)
+SMOKE = Mode(  # the same code path in seconds (tests/integration/test_benchmarks_smoke.py); no peer, nothing saved
+    name="smoke",
+    n_slides=2,
+    size_px=4096,
+    shard_samples=16,
+    batches=1,
+    floor_samples=32,
+    ws_batches=1,
+    rounds=1,
+    pairs=1,
+    resume_rounds=1,
+    peers=False,
 )
 
 
@@ -546,7 +560,8 @@ class _StageProbe(torch.utils.data.IterableDataset[dict[str, float]]):
         def batches() -> tuple[float, int]:
             """Timed from the second batch on: the ring's buffer is made (its pages faulted in) with the first, as a
             loader's worker makes its buffers before its first batch."""
-            made = DecodeIntoBatches(self.batch, hw, drop_last=False)(samples())
+            size = min(self.batch, max(1, n // 4))  # a build of fewer batches (a smoke run's) still times three
+            made = DecodeIntoBatches(size, hw, drop_last=False)(samples())
             _hand_back(next(made))
             c0, done = time.process_time(), 0
             for batch in made:
@@ -1235,7 +1250,10 @@ def measure(mode: Mode, slides: list[str], shards_dir: Path, user_dir: Path | No
     if user_dir is not None:
         r.update(measure_user(mode, user_dir))
     r.update(measure_wide(mode, shards_dir))
-    r["wsistream"] = _step("wsistream, 2 workers", time_wsistream, slides, 2, mode.ws_batches)
+    if mode.peers:
+        r["wsistream"] = _step("wsistream, 2 workers", time_wsistream, slides, 2, mode.ws_batches)
+    else:  # a peer installed apart (pip, on first use): never in a smoke run
+        r["wsistream"] = {"installed": False, "skipped": "--smoke"}
     return r
 
 
@@ -1323,6 +1341,7 @@ def measure_resume_split(mode: Mode, shards_dir: Path) -> dict[str, Any]:
         batch=BATCH,
         seed=SEED,
         steps=RESUME_STEPS,
+        rounds=mode.resume_rounds,
     )
     one_dir = one_shard_copy(shards_dir, shards_dir.parent / "one_shard")
     for key, src in (("many_shards_loader", shards_dir), ("one_shard_loader", one_dir)):
@@ -1435,8 +1454,9 @@ def main(argv: list[str] | None = None) -> int:
         help="only the loader with weights= and select= against none, local and from S3 (saved as bench_sampling.json)",
     )
     parser.add_argument("--no-s3", action="store_true", help="with --sampling: leave out the S3 (moto) rows")
+    parser.add_argument("--smoke", action="store_true", help="tiny build, one batch a run, no peers; nothing saved")
     args = parser.parse_args(argv)
-    mode = QUICK if args.quick else FULL
+    mode = SMOKE if args.smoke else QUICK if args.quick else FULL
     if args.context:
         return run_context(mode, Path(args.workdir))
     if args.sampling:
@@ -1451,7 +1471,8 @@ def main(argv: list[str] | None = None) -> int:
     t_all, load0 = time.perf_counter(), load()
     slides, shards_dir = prepare(Path(args.workdir), mode)
     manifest, _ = load_manifest(str(shards_dir))
-    r = measure(mode, slides, shards_dir, None if args.no_user_build else prepare_user(Path(args.workdir)))
+    user = args.no_user_build or not mode.peers  # the user's build is 6 slides of 8192 px: not in a smoke run
+    r = measure(mode, slides, shards_dir, None if user else prepare_user(Path(args.workdir)))
     counts = [s.patches for s in manifest.slides]
     runs = [rd[key] for rd in r["rounds"] for key in ("w1", "w1_loader", "w2", "w2_loader")]
     seen = [d for run in runs for d in run["distinct_slides"]]
@@ -1511,9 +1532,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import benchresults  # the script's own names stay its own (bench_tissue has a run())
+    import benchkit
 
     alone = {"--context": "bench_stream_context", "--sampling": "bench_sampling"}  # runs of one figure, saved apart
     name = next((alone[flag] for flag in alone if flag in sys.argv), "bench_stream")
     name += "_gpu" if DEVICE.type == "cuda" and name == "bench_stream" else ""  # a GPU machine's run beside this one's
-    sys.exit(benchresults.run(name, main, script="bench_stream"))
+    sys.exit(benchkit.run(name, main, script="bench_stream"))
