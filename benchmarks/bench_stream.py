@@ -88,6 +88,7 @@ class Mode:
     pairs: int  # interleaved pairs of floor and loader slices (measure_pairs): the steadier second reading
     resume_rounds: int = 2  # fresh and resumed loaders, interleaved, the least first-batch time of each kept
     peers: bool = True  # wsistream's row (it is pip-installed on first use) and the user's first build
+    least_rounds: int = 2  # --context and --sampling: at least this many interleaved rounds (--sampling: one more)
 
 
 QUICK = Mode(
@@ -124,6 +125,7 @@ SMOKE = Mode(  # the same code path in seconds (tests/integration/test_benchmark
     pairs=1,
     resume_rounds=1,
     peers=False,
+    least_rounds=0,
 )
 
 
@@ -862,7 +864,7 @@ def labelled(workdir: Path, mode: Mode) -> Path:
     out = workdir / mode.name / "labelled"
     if (out / "manifest.json").exists() and (out / "index.npz").exists():
         return out
-    labels = {p: int(i % 5 == 4) for i, p in enumerate(slides)}
+    labels = {p: int(i % 5 == 4 or i == len(slides) - 1 < 4) for i, p in enumerate(slides)}  # fewer: the last
     opts = BuildOptions(
         patch=PatchOptions(target_mpp=TARGET_MPP, patch_size_px=PATCH_PX),
         jobs=2,
@@ -888,7 +890,8 @@ def sampling_rounds(source: str, mode: Mode, storage_options: dict[str, Any] | N
             ]
         )
 
-    runs = interleaved(max(mode.rounds, 3), {k: partial(run, k) for k in SAMPLING_KINDS}, log)
+    least = mode.least_rounds + 1 if mode.least_rounds else 0
+    runs = interleaved(max(mode.rounds, least), {k: partial(run, k) for k in SAMPLING_KINDS}, log)
     out: dict[str, Any] = {"rounds": runs, "unweighted_samples_per_s": median_range([r["unweighted"] for r in runs])[0]}
     for kind in SAMPLING_KINDS[1:]:
         ratio = median_range([r[kind] / r["unweighted"] for r in runs])[0]
@@ -1368,9 +1371,10 @@ def measure_context(mode: Mode, shards_dir: Path) -> dict[str, Any]:
         )
         for n, src in ((0, shards_dir), (1, ctx_dir))
     }
-    rounds = interleaved(max(mode.rounds, 2), runs)
+    rounds = interleaved(max(mode.rounds, mode.least_rounds), runs)
     median = {key: median_range([rd[key]["samples_per_s"] for rd in rounds])[0] for key in runs}
-    cpu = {key: median_range([rd[key]["cpu_per_worker"] for rd in rounds])[0] for key in runs}
+    # a run whose workers showed no CPU time (a batch or two, prefetched) has none: NaN, not a crash
+    cpu = {key: median_range([rd[key]["cpu_per_worker"] or math.nan for rd in rounds])[0] for key in runs}
     return {
         "rounds": rounds,
         "samples_per_s": median,
@@ -1411,7 +1415,7 @@ def _context_rows(c: dict[str, Any]) -> list[tuple[str, str, str, str]]:
 def run_context(mode: Mode, workdir: Path) -> int:
     """``--context``: the context figure alone (:func:`measure_context`) on the user's first build (a real scanner's
     mpp, every default: :func:`prepare_user`), its table and JSON line."""
-    shards_dir = prepare_user(workdir)
+    shards_dir = prepare_user(workdir) if mode.peers else prepare(workdir, mode)[1]  # smoke: its own small build
     load0, r = load(), {"context": measure_context(mode, shards_dir)}
     r["config"] = {
         "mode": mode.name,

@@ -46,12 +46,22 @@ def test_build(tmp_path: Path) -> None:
     r = _smoke("bench_build", tmp_path, "--workdir", str(tmp_path))
     assert set(r["rates"]) == {"0.2500", "0.2520"} and r["config"]["same_patches"] and not r["config"]["failed"]
     assert all(rates["j1"]["patches"] > 0 and rates["naive"]["patches"] > 0 for rates in r["rates"].values())
+    c = _smoke("bench_build", tmp_path, "--context", "--workdir", str(tmp_path))  # bench_build_context's figures
+    assert [row["context"] for row in c["rows"]] == ["none", "one 4x", "two (4x, 16x)"] and c["rows"][1]["patches"] > 0
 
 
 def test_stream(tmp_path: Path) -> None:
     r = _smoke("bench_stream", tmp_path, "--workdir", str(tmp_path))
     assert r["w2_loader"]["samples_per_s"] > 0 and r["resume"]["check_keys_equal"]
     assert "error" not in r["s3"] and r["wsistream"]["skipped"] == "--smoke" and "user" not in r
+
+
+def test_stream_context_and_sampling(tmp_path: Path) -> None:
+    """bench_stream_context's and bench_sampling's figures (the S3 rows are the main run's code path: left out)."""
+    c = _smoke("bench_stream", tmp_path, "--context", "--workdir", str(tmp_path))
+    assert c["context"]["rounds"] and c["config"]["mode"] == "smoke"
+    s = _smoke("bench_stream", tmp_path, "--sampling", "--no-s3", "--workdir", str(tmp_path))
+    assert s["local"]["unweighted_samples_per_s"] > 0 and {"class", "select"} <= set(s["local"])
 
 
 def test_stain(tmp_path: Path) -> None:
@@ -67,7 +77,9 @@ def test_tissue_and_quality(tmp_path: Path) -> None:
 
 
 def test_scale(tmp_path: Path) -> None:
-    _smoke("bench_scale", tmp_path, "--workdir", str(tmp_path))
+    r = _smoke("bench_scale", tmp_path, "--workdir", str(tmp_path))
+    assert r["sizes"] == [1000] and set(r["rows"]["1000"]) == {"groups", "plan", "state", "manifest", "startup"}
+    assert len(r["s3"]["parts"]) == 4 and all(p["bytes_read"] > 0 for p in r["s3"]["parts"])  # 2 parts, 2 ways
 
 
 def test_native(tmp_path: Path) -> None:
