@@ -75,7 +75,7 @@ def test_epoch_batches_count_only_selected_samples(out: sm.Output) -> None:
 
 def test_class_weights_balance_80_20_labels_over_2_ranks_x_2_workers(out: sm.Output) -> None:
     ds = stream(out.root, batch_size=25, weights="class", seed=11, shuffle=50, world=TWO[0])
-    keys = list(itertools.chain(*(_draw(ds, w, 5_000) for w in TWO)))  # 20,000 samples (scripts: 100,000)
+    keys = list(itertools.chain(*(_draw(ds, w, 5_000) for w in TWO)))  # 20,000 samples
     share = sum(out.labels[k] for k in keys) / len(keys)
     assert len(keys) == 20_000 and abs(share - 0.5) < 0.02
 

@@ -3,7 +3,7 @@
 Each filter's default is justified here: with it, at most 2% of the kept patches are more than 25% ink or artefact
 (true masks) and the clean tissue covered is within 3 points of what detection without the filters covers; without
 it, the slides below keep patches of ink, dots or scanner margin. The same scoring (``tissue_eval.score_slide``)
-feeds ``scripts/bench_tissue.py``.
+feeds ``benchmarks/bench_tissue.py``.
 """
 
 from __future__ import annotations

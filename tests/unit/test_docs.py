@@ -71,7 +71,7 @@ def test_the_performance_page_renders_each_saved_result(hooks: ModuleType, tmp_p
     run = {
         "benchmark": "bench_x",
         "title": "X",
-        "command": "python scripts/bench_x.py --quick",
+        "command": "python benchmarks/bench_x.py --quick",
         "when": "today",
         "machine": "2 cores",
         "output_md": "| a | b |\n|---|---|\n| 1 | 2 |\n",
@@ -79,17 +79,17 @@ def test_the_performance_page_renders_each_saved_result(hooks: ModuleType, tmp_p
     }
     (tmp_path / "bench_x.json").write_text(json.dumps(run))
     text = hooks.results_markdown(tmp_path)
-    assert text.startswith("## X\n") and "`python scripts/bench_x.py --quick`" in text and "| 1 | 2 |" in text
+    assert text.startswith("## X\n") and "`python benchmarks/bench_x.py --quick`" in text and "| 1 | 2 |" in text
     committed = hooks.results_markdown(ROOT / "benchmarks" / "results")
     assert "## Build" in committed and "## Streaming" in committed and "0.2520 (Aperio AT2)" in committed
 
 
 def test_a_benchmark_run_saves_its_tables_and_report(tmp_path: Path) -> None:
-    bench = _load(ROOT / "scripts" / "benchresults.py", "benchresults")
+    bench = _load(ROOT / "benchmarks" / "benchkit.py", "benchkit")
     printed = 'start\nthe table:\n| a | b |\n|---|---|\n| 1 | 2 |\nmore\nJSON: {"a": 1}\n'
     path = bench.save("bench_x", printed, ["--quick"], tmp_path)
     run = json.loads(path.read_text())
-    assert run["command"] == "python scripts/bench_x.py --quick" and run["report"] == {"a": 1}
+    assert run["command"] == "python benchmarks/bench_x.py --quick" and run["report"] == {"a": 1}
     assert run["output_md"] == "the table:\n\n| a | b |\n|---|---|\n| 1 | 2 |\n"
 
 
@@ -109,17 +109,36 @@ def test_the_sampling_guide_has_a_worked_example_of_each_feature() -> None:
     assert 'batch["valid"]' in sections["Exact validation under torchrun"]
 
 
-def test_scripts_save_results_only_through_benchresults() -> None:
-    """The performance page reads every file under benchmarks/results/ as a benchresults run; a script writing its own
-    file there (sampling_checks.py wrote ``sampling_checks-<time>.json``) broke ``mkdocs build --strict``."""
+def test_benchmarks_save_results_only_through_the_harness() -> None:
+    """The performance page reads every file under benchmarks/results/ as a saved run of the harness; a script writing
+    its own file there (sampling_checks.py wrote ``sampling_checks-<time>.json``) broke ``mkdocs build --strict``."""
     writers = []
-    for path in sorted((ROOT / "scripts").glob("*.py")):
+    for path in sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "scripts").glob("*.py")):
         code = "\n".join(ln.split("#", 1)[0] for ln in path.read_text().splitlines())  # comments aside
-        if path.name != "benchresults.py" and re.search(r"""["']results["']""", code):
+        if path.name != "benchkit.py" and re.search(r"""["']results["']""", code):
             writers.append(path.name)
     assert writers == []
-    for name in ("sampling_checks.py", "bench_tissue.py"):
-        assert "benchresults.run(" in (ROOT / "scripts" / name).read_text(), name
+    for path in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+        assert "benchkit.run(" in path.read_text() or "from benchkit import run" in path.read_text(), path.name
+        assert "--smoke" in path.read_text(), path.name  # tests/integration/test_benchmarks_smoke.py runs it
+
+
+def test_the_performance_page_opens_with_headline_figures_drawn_from_the_saved_runs(
+    hooks: ModuleType, tmp_path: Path
+) -> None:
+    """Issue 49: a short table and plots first (build rate against hs2p and the naive loop per scanner mpp; the
+    loader against its decode floor), each figure with when and on what it was measured; method below."""
+    assert "No benchmark results saved yet" in hooks.headline_markdown(tmp_path)
+    text = hooks.headline_markdown(ROOT / "benchmarks" / "results")
+    table = [line for line in text.splitlines() if line.startswith("| ")][1:]
+    assert table and all(re.search(r"\| 20\d\d-\d\d-\d\d, \d+ cores", line) for line in table), table
+    assert text.count("<svg") == 2 and "hs2p, 2 processes" in text and "decode floor (libjpeg-turbo)" in text
+    rates = hooks.build_rates(ROOT / "benchmarks" / "results")
+    assert "0.2520 Aperio AT2" in rates and rates["0.2520 Aperio AT2"]["wsishard, --jobs 2"] > 0
+    page = (ROOT / "docs" / "performance.md").read_text()
+    assert page.index(hooks.HEADLINE_MARK) < page.index("## Method") < page.index(hooks.RESULTS_MARK)
+    svg = hooks.bars_svg({"a": {"x": 2.0, "y": 1.0}}, "unit")
+    assert svg.count("<rect") == 4 and 'width="420.0"' in svg and 'width="210.0"' in svg  # bars to scale
 
 
 def test_no_page_uses_a_deprecated_flag_except_to_name_its_replacement() -> None:

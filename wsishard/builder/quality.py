@@ -4,7 +4,7 @@ optionally used to leave patches out at build time (``--max-background``, ``--ma
 The scores are taken on :data:`SCORE_PX` x :data:`SCORE_PX` pixels sampled evenly from the patch (the pixels
 Pillow's nearest-neighbour resize picks: a box filter would read every pixel and cost three times as much), counted
 in one C pass (:mod:`wsishard._native`), which keeps their cost a small fraction of reading, resampling and encoding
-the patch (``scripts/bench_tissue.py --quality`` measures it):
+the patch (``benchmarks/bench_tissue.py --quality`` measures it):
 
 - ``background``: fraction of pixels that look like glass (HSV saturation below :data:`GLASS_MAX_SATURATION` and
   value above :data:`GLASS_MIN_VALUE`);

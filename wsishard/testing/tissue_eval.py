@@ -3,7 +3,7 @@
 :func:`score_slide` runs the scan's own steps (the low-resolution view, :func:`~wsishard.builder.tissue.find_tissue`,
 :func:`~wsishard.builder.grid.candidates`) on a :class:`~wsishard.testing.synthetic.SyntheticSlide` and measures
 the kept patches with its true masks: how many are mostly artefact, and how much of the clean tissue they cover.
-The tissue tests and ``scripts/bench_tissue.py`` share it.
+The tissue tests and ``benchmarks/bench_tissue.py`` share it.
 """
 
 from __future__ import annotations

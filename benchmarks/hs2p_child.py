@@ -5,7 +5,7 @@ Runs under an interpreter that has hs2p installed (its own virtual environment: 
 pulls pandas and wandb), never imports wsishard::
 
     python3.11 -m venv /tmp/hs2p-venv && /tmp/hs2p-venv/bin/pip install "hs2p[openslide]==6.1.0"
-    /tmp/hs2p-venv/bin/python scripts/hs2p_child.py --mpp 0.2520 --out /tmp/hs2p-out --workers 2 a.svs b.svs
+    /tmp/hs2p-venv/bin/python benchmarks/hs2p_child.py --mpp 0.2520 --out /tmp/hs2p-out --workers 2 a.svs b.svs
 
 hs2p's defaults (``hs2p/configs/default.yaml``) but for the settings the issue's comparison named: Otsu tissue
 segmentation, tiles saved to tar (``save_tiles``), ``--workers`` processes; previews off. That is 256 px tiles at

@@ -3,12 +3,12 @@
 
 Example::
 
-    python scripts/bench_stain.py --quick
-    python scripts/bench_stain.py --device cuda --json-only
+    python benchmarks/bench_stain.py --quick
+    python benchmarks/bench_stain.py --device cuda --json-only
 
 What each figure means and how it is taken is on the docs' performance page.
 
-Prints Markdown tables, then one line ``JSON: {...}``; ``benchresults`` saves both to
+Prints Markdown tables, then one line ``JSON: {...}``; ``benchkit.run`` saves both to
 ``benchmarks/results/bench_stain.json``, which the docs' performance page shows. Wall-clock figures on a shared
 machine are what they are: targets are reported, never asserted.
 """
@@ -129,8 +129,8 @@ def collate_rows(device: torch.device, repeats: int) -> tuple[list[dict[str, Any
     return rows, source
 
 
-def build_output(workdir: Path) -> str:
-    """A small build of synthetic slides (cached): 256 px patches at 0.5 mpp, several shards."""
+def build_output(workdir: Path, smoke: bool = False) -> str:
+    """A small build of synthetic slides (cached; ``smoke``: two of 4096 px): 256 px patches at 0.5 mpp."""
     from wsishard import build
     from wsishard.builder.options import BuildOptions
 
@@ -138,7 +138,9 @@ def build_output(workdir: Path) -> str:
         build(slides, str(out), BuildOptions(shard_samples=200, seed=SEED, jobs=2), overwrite=True)
 
     want = {"n_slides": 4, "size_px": 8192, "slide_mpp": 0.25, "tissue_fraction": 0.4, "shard_samples": 200}
-    return str(synthetic_build(workdir / "stain-bench", want, make)[1])
+    if smoke:
+        want |= {"n_slides": 2, "size_px": 4096}
+    return str(synthetic_build(workdir / ("stain-smoke" if smoke else "stain-bench"), want, make)[1])
 
 
 def _device_ready_run(source: str, options: Any, batches: int) -> dict[str, Any]:
@@ -248,11 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-loader", action="store_true", help="skip part 2 (device-ready loader throughput)")
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "wsishard-bench"))
     p.add_argument("--json-only", action="store_true", help="print only the final JSON line")
+    p.add_argument("--smoke", action="store_true", help="batches of 32, one call a row, a tiny build; not saved")
     args = p.parse_args(argv)
+    if args.smoke:  # batches of 32: the same calls on an eighth of the pixels
+        global BATCH
+        BATCH = 32
     device = torch.device(args.device)
-    repeats = args.repeats or (3 if args.quick else 5)
-    batches = args.batches or (6 if args.quick else 20)
-    rounds = args.rounds or (3 if args.quick else 5)
+    repeats = args.repeats or (1 if args.smoke else 3 if args.quick else 5)
+    batches = args.batches or (2 if args.smoke else 6 if args.quick else 20)
+    rounds = args.rounds or (1 if args.smoke else 3 if args.quick else 5)
     rows, source = collate_rows(device, repeats)
     report: dict[str, Any] = {
         "bench": "stain",
@@ -273,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cpu" and not args.no_loader:
         workdir = Path(args.workdir)
         workdir.mkdir(parents=True, exist_ok=True)
-        ready = device_ready(build_output(workdir), batches, rounds)
+        ready = device_ready(build_output(workdir, args.smoke), batches, rounds)
         report["device_ready"] = ready["rows"]
         report["device_ready_ratio"] = ready["ratio"]
         report["device_ready_ratios"] = ready["ratios"]
@@ -287,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import benchresults  # saves benchmarks/results/bench_stain.json (the docs' performance page reads it)
+    import benchkit
 
     on_gpu = "cuda" in " ".join(sys.argv[1:])  # --device cuda[:N]: the GPU's own result, next to the CPU's
-    sys.exit(benchresults.run("bench_stain_gpu" if on_gpu else "bench_stain", main, script="bench_stain"))
+    sys.exit(benchkit.run("bench_stain_gpu" if on_gpu else "bench_stain", main, script="bench_stain"))

@@ -3,11 +3,10 @@
 
 Example::
 
-    python scripts/bench_stream.py --quick
-    python scripts/bench_stream.py --workdir /data/bench --json-only
-    python scripts/bench_stream.py --quick --profile   # also cProfile one worker's pipeline in-process
-    python scripts/bench_stream.py --quick --context   # only: one context scale against none (bench_stream_context)
-    python scripts/bench_stream.py --quick --sampling  # only: weights= and select= against none (bench_sampling)
+    python benchmarks/bench_stream.py --quick
+    python benchmarks/bench_stream.py --workdir /data/bench --json-only
+    python benchmarks/bench_stream.py --quick --context   # only: one context scale against none (bench_stream_context)
+    python benchmarks/bench_stream.py --quick --sampling  # only: weights= and select= against none (bench_sampling)
 
 Synthetic slides are generated and built once, then cached in ``--workdir``. What each figure means and how its
 rounds are taken (the decode floor, rounds sandwiched between floors, interleaved pairs, the user's first build, the
@@ -18,7 +17,6 @@ Markdown table, then one line ``JSON: {...}``; targets are reported as PASS/MISS
 from __future__ import annotations
 
 import argparse
-import cProfile
 import dataclasses
 import hashlib
 import io
@@ -28,7 +26,6 @@ import math
 import multiprocessing as mp
 import os
 import platform
-import pstats
 import subprocess
 import sys
 import tarfile
@@ -44,9 +41,8 @@ from typing import Any
 import numpy as np
 import psutil
 import torch
-from benchkit import cpu_s, interleaved, load, logger, markdown, median_range, spread, synthetic_build, verdict
+from benchkit import cpu_s, interleaved, load, logger, markdown, median_range, moto_s3, spread, synthetic_build, verdict
 from benchkit import step as _timed_step
-from benchs3 import moto_s3
 
 SLIDE_MPP = 0.25  # level-0 microns per px of the generated slides (40x)
 TARGET_MPP = 0.5
@@ -87,6 +83,9 @@ class Mode:
     ws_batches: int  # timed wsistream batches of WS_BATCH (after the warm-up)
     rounds: int  # rounds of the floors, loaders alone and device-ready, one after the other: ratios per round
     pairs: int  # interleaved pairs of floor and loader slices (measure_pairs): the steadier second reading
+    resume_rounds: int = 2  # fresh and resumed loaders, interleaved, the least first-batch time of each kept
+    peers: bool = True  # wsistream's row (a peer, the bench extra) and the user's first build (6 slides of 8192 px)
+    least_rounds: int = 2  # --context and --sampling: at least this many interleaved rounds (--sampling: one more)
 
 
 QUICK = Mode(
@@ -110,6 +109,20 @@ FULL = Mode(
     ws_batches=16,
     rounds=5,
     pairs=20,
+)
+SMOKE = Mode(  # the same code path in seconds (tests/integration/test_benchmarks_smoke.py); no peer, nothing saved
+    name="smoke",
+    n_slides=2,
+    size_px=4096,
+    shard_samples=16,
+    batches=1,
+    floor_samples=32,
+    ws_batches=1,
+    rounds=1,
+    pairs=1,
+    resume_rounds=1,
+    peers=False,
+    least_rounds=0,
 )
 
 
@@ -235,14 +248,8 @@ def _import_wsistream() -> Any | None:
     try:
         import wsistream
     except ImportError:
-        log("wsistream not importable; trying `pip install wsistream` once (120 s)")
-        try:
-            cmd = [sys.executable, "-m", "pip", "install", "-q", "wsistream"]
-            subprocess.run(cmd, timeout=120, check=True, capture_output=True)
-            import wsistream
-        except (subprocess.SubprocessError, ImportError, OSError) as exc:
-            log(f"wsistream not installed ({type(exc).__name__})")
-            return None
+        log("wsistream not installed (the bench extra has it): no wsistream row")
+        return None
     return wsistream
 
 
@@ -345,52 +352,6 @@ def expected_distinct(counts: list[int], k: int) -> float:
 
     k = min(k, total)
     return sum(1.0 - (math.exp(log_comb(total - n, k) - log_comb(total, k)) if total - n >= k else 0.0) for n in counts)
-
-
-_BUCKETS = [
-    ("jpeg8_decode", "JPEG decode (libjpeg-turbo)"),
-    ("ring", "batch buffers"),
-    ("reader.py", "tar read"),
-    ("stages.py", "samples, shuffle"),
-    ("decode.py", "decode stage python"),
-    ("ImagingDecoder", "PIL decode (C)"),
-    ("ImagingEncoder", "PIL tobytes copy"),
-    ("'join' of 'bytes'", "PIL tobytes copy"),
-    ("/PIL/", "PIL python"),
-    ("shape_base", "np.stack"),
-    ("webdataset", "tar read"),
-    ("tarfile", "tar read"),
-    ("_io.", "file I/O"),
-    ("wsishard", "wsishard python"),
-    ("json", "json"),
-]
-
-
-def profile_pipeline(shards_dir: Path, batches: int) -> tuple[str, dict[str, float]]:
-    """cProfile one worker's pipeline run in-process (``iter(ds)``, no DataLoader): top functions by own time."""
-    from wsishard.streaming.sources import stream
-
-    it: Iterator[Any] = iter(stream(str(shards_dir), batch_size=BATCH, resampled=True, seed=SEED))
-    next(it)  # fill the shuffle buffer outside the profile
-    prof = cProfile.Profile()
-    t0 = time.perf_counter()
-    prof.enable()
-    for _ in range(batches):
-        next(it)
-    prof.disable()
-    wall = time.perf_counter() - t0
-    out = io.StringIO()
-    stats = pstats.Stats(prof, stream=out)
-    stats.sort_stats("tottime").print_stats(14)
-    own: dict[str, float] = {}
-    for (file, _, func), (_, _, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]
-        where = file + func
-        bucket = next((b for k, b in _BUCKETS if k in where), "other")
-        own[bucket] = own.get(bucket, 0.0) + tottime
-    total = sum(own.values())
-    head = f"in-process, {batches} batches in {wall:.2f} s = {batches * BATCH / wall:.0f} samples/s (profiled)\n"
-    head += "own time: " + ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(own.items(), key=lambda kv: -kv[1]))
-    return head + "\n" + "\n".join(out.getvalue().splitlines()[:40]), {k: v / total for k, v in own.items()}
 
 
 # ------------------------------------------------------------------------ the decode floor and stage costs
@@ -546,7 +507,8 @@ class _StageProbe(torch.utils.data.IterableDataset[dict[str, float]]):
         def batches() -> tuple[float, int]:
             """Timed from the second batch on: the ring's buffer is made (its pages faulted in) with the first, as a
             loader's worker makes its buffers before its first batch."""
-            made = DecodeIntoBatches(self.batch, hw, drop_last=False)(samples())
+            size = min(self.batch, max(1, n // 4))  # a build of fewer batches (a smoke run's) still times three
+            made = DecodeIntoBatches(size, hw, drop_last=False)(samples())
             _hand_back(next(made))
             c0, done = time.process_time(), 0
             for batch in made:
@@ -847,7 +809,7 @@ def labelled(workdir: Path, mode: Mode) -> Path:
     out = workdir / mode.name / "labelled"
     if (out / "manifest.json").exists() and (out / "index.npz").exists():
         return out
-    labels = {p: int(i % 5 == 4) for i, p in enumerate(slides)}
+    labels = {p: int(i % 5 == 4 or i == len(slides) - 1 < 4) for i, p in enumerate(slides)}  # fewer: the last
     opts = BuildOptions(
         patch=PatchOptions(target_mpp=TARGET_MPP, patch_size_px=PATCH_PX),
         jobs=2,
@@ -873,7 +835,8 @@ def sampling_rounds(source: str, mode: Mode, storage_options: dict[str, Any] | N
             ]
         )
 
-    runs = interleaved(max(mode.rounds, 3), {k: partial(run, k) for k in SAMPLING_KINDS}, log)
+    least = mode.least_rounds + 1 if mode.least_rounds else 0
+    runs = interleaved(max(mode.rounds, least), {k: partial(run, k) for k in SAMPLING_KINDS}, log)
     out: dict[str, Any] = {"rounds": runs, "unweighted_samples_per_s": median_range([r["unweighted"] for r in runs])[0]}
     for kind in SAMPLING_KINDS[1:]:
         ratio = median_range([r[kind] / r["unweighted"] for r in runs])[0]
@@ -1235,7 +1198,10 @@ def measure(mode: Mode, slides: list[str], shards_dir: Path, user_dir: Path | No
     if user_dir is not None:
         r.update(measure_user(mode, user_dir))
     r.update(measure_wide(mode, shards_dir))
-    r["wsistream"] = _step("wsistream, 2 workers", time_wsistream, slides, 2, mode.ws_batches)
+    if mode.peers:
+        r["wsistream"] = _step("wsistream, 2 workers", time_wsistream, slides, 2, mode.ws_batches)
+    else:  # a peer of the bench extra: never in a smoke run
+        r["wsistream"] = {"installed": False, "skipped": "--smoke"}
     return r
 
 
@@ -1323,6 +1289,7 @@ def measure_resume_split(mode: Mode, shards_dir: Path) -> dict[str, Any]:
         batch=BATCH,
         seed=SEED,
         steps=RESUME_STEPS,
+        rounds=mode.resume_rounds,
     )
     one_dir = one_shard_copy(shards_dir, shards_dir.parent / "one_shard")
     for key, src in (("many_shards_loader", shards_dir), ("one_shard_loader", one_dir)):
@@ -1349,9 +1316,10 @@ def measure_context(mode: Mode, shards_dir: Path) -> dict[str, Any]:
         )
         for n, src in ((0, shards_dir), (1, ctx_dir))
     }
-    rounds = interleaved(max(mode.rounds, 2), runs)
+    rounds = interleaved(max(mode.rounds, mode.least_rounds), runs)
     median = {key: median_range([rd[key]["samples_per_s"] for rd in rounds])[0] for key in runs}
-    cpu = {key: median_range([rd[key]["cpu_per_worker"] for rd in rounds])[0] for key in runs}
+    # a run whose workers showed no CPU time (a batch or two, prefetched) has none: NaN, not a crash
+    cpu = {key: median_range([rd[key]["cpu_per_worker"] or math.nan for rd in rounds])[0] for key in runs}
     return {
         "rounds": rounds,
         "samples_per_s": median,
@@ -1392,7 +1360,7 @@ def _context_rows(c: dict[str, Any]) -> list[tuple[str, str, str, str]]:
 def run_context(mode: Mode, workdir: Path) -> int:
     """``--context``: the context figure alone (:func:`measure_context`) on the user's first build (a real scanner's
     mpp, every default: :func:`prepare_user`), its table and JSON line."""
-    shards_dir = prepare_user(workdir)
+    shards_dir = prepare_user(workdir) if mode.peers else prepare(workdir, mode)[1]  # smoke: its own small build
     load0, r = load(), {"context": measure_context(mode, shards_dir)}
     r["config"] = {
         "mode": mode.name,
@@ -1418,7 +1386,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small workload, under 2 minutes once cached")
     parser.add_argument("--workdir", default="/tmp/wsishard-bench-stream", help="cache of slides and shards")
     parser.add_argument("--json-only", action="store_true", help="print only the final JSON line")
-    parser.add_argument("--profile", action="store_true", help="also cProfile one worker's pipeline in-process")
     parser.add_argument(
         "--no-user-build",
         action="store_true",
@@ -1435,8 +1402,9 @@ def main(argv: list[str] | None = None) -> int:
         help="only the loader with weights= and select= against none, local and from S3 (saved as bench_sampling.json)",
     )
     parser.add_argument("--no-s3", action="store_true", help="with --sampling: leave out the S3 (moto) rows")
+    parser.add_argument("--smoke", action="store_true", help="tiny build, one batch a run, no peers; nothing saved")
     args = parser.parse_args(argv)
-    mode = QUICK if args.quick else FULL
+    mode = SMOKE if args.smoke else QUICK if args.quick else FULL
     if args.context:
         return run_context(mode, Path(args.workdir))
     if args.sampling:
@@ -1451,7 +1419,8 @@ def main(argv: list[str] | None = None) -> int:
     t_all, load0 = time.perf_counter(), load()
     slides, shards_dir = prepare(Path(args.workdir), mode)
     manifest, _ = load_manifest(str(shards_dir))
-    r = measure(mode, slides, shards_dir, None if args.no_user_build else prepare_user(Path(args.workdir)))
+    user = args.no_user_build or not mode.peers  # the user's build is 6 slides of 8192 px: not in a smoke run
+    r = measure(mode, slides, shards_dir, None if user else prepare_user(Path(args.workdir)))
     counts = [s.patches for s in manifest.slides]
     runs = [rd[key] for rd in r["rounds"] for key in ("w1", "w1_loader", "w2", "w2_loader")]
     seen = [d for run in runs for d in run["distinct_slides"]]
@@ -1464,7 +1433,6 @@ def main(argv: list[str] | None = None) -> int:
         "uniform": uniform,
         "ratio": float(np.mean(seen)) / uniform,
     }
-    profile, r["profile_own_time"] = profile_pipeline(shards_dir, 6) if args.profile else ("", {})
     r["targets"], r["versions"] = (
         TARGETS,
         {
@@ -1504,16 +1472,14 @@ def main(argv: list[str] | None = None) -> int:
             f" {r['config']['loadavg_1m_end']:.1f} at end"
         )
         print(markdown(("figure", "value", "target", ""), (_cells(row) for row in _rows(r))))
-        if profile:
-            print("\none worker's pipeline, in-process (no DataLoader), cProfile:\n" + profile)
     print("JSON: " + json.dumps(r, default=float, separators=(",", ":")))
     return 0
 
 
 if __name__ == "__main__":
-    import benchresults  # the script's own names stay its own (bench_tissue has a run())
+    import benchkit
 
     alone = {"--context": "bench_stream_context", "--sampling": "bench_sampling"}  # runs of one figure, saved apart
     name = next((alone[flag] for flag in alone if flag in sys.argv), "bench_stream")
     name += "_gpu" if DEVICE.type == "cuda" and name == "bench_stream" else ""  # a GPU machine's run beside this one's
-    sys.exit(benchresults.run(name, main, script="bench_stream"))
+    sys.exit(benchkit.run(name, main, script="bench_stream"))

@@ -3,8 +3,8 @@
 
 Example::
 
-    python scripts/bench_scale.py --sizes 10000,100000
-    python scripts/bench_scale.py --sizes 10000,100000,1000000 --no-s3
+    python benchmarks/bench_scale.py --sizes 10000,100000
+    python benchmarks/bench_scale.py --sizes 10000,100000,1000000 --no-s3
 
 What each figure means and how it is taken is on the docs' performance page.
 """
@@ -253,7 +253,7 @@ def _run_child(stage: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     return child_json(__file__, [stage, *flags, *(["--workdir", args.workdir] if args.workdir else [])])
 
 
-def s3_two_parts(workdir: str | None) -> dict[str, Any]:
+def s3_two_parts(workdir: str | None, smoke: bool = False) -> dict[str, Any]:
     """Two parts of a build of generated slides read from a local moto S3 server: slide bytes sent per part."""
     import s3fs
     from moto.server import ThreadedMotoServer
@@ -295,7 +295,8 @@ def s3_two_parts(workdir: str | None) -> dict[str, Any]:
     fs.mkdir("bench")
     try:
         with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-            slides = make_slides(Path(tmp, "slides"), 6, seed=3, width=4096, height=4096)
+            n, px = (4, 2048) if smoke else (6, 4096)
+            slides = make_slides(Path(tmp, "slides"), n, seed=3, width=px, height=px)
             for s in slides:
                 fs.put_file(s.path, f"bench/slides/{Path(s.path).name}")
             total = sum(os.path.getsize(s.path) for s in slides)
@@ -341,8 +342,11 @@ def main() -> None:
     ap.add_argument("--state-slides", type=int, default=10_000, help="write at most this many scan files")
     ap.add_argument("--workdir", default=None, help="where temporary files go (default: the system's)")
     ap.add_argument("--no-s3", action="store_true", help="skip the real 2-part build from a local S3 server")
+    ap.add_argument("--smoke", action="store_true", help="1,000 slides, small samples and S3 build; nothing saved")
     ap.add_argument("--child", choices=(*STAGES, "baseline"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.smoke:
+        args.sizes, args.plan_groups, args.state_slides = "1000", 8, 50
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.child:
         child(args.child, sizes[0], args)
@@ -378,7 +382,7 @@ def main() -> None:
     )
     growth = _growth_table(rows, sizes)
     verdicts = _verdicts(rows, sizes)
-    s3 = None if args.no_s3 else s3_two_parts(args.workdir)
+    s3 = None if args.no_s3 else s3_two_parts(args.workdir, args.smoke)
     if s3:
         cells = [
             (
@@ -453,6 +457,6 @@ def _verdicts(rows: dict[int, dict[str, dict[str, Any]]], sizes: list[int]) -> d
 
 
 if __name__ == "__main__":
-    import benchresults  # the script's own names stay its own (bench_tissue has a run())
+    import benchkit
 
-    sys.exit(benchresults.run("bench_scale", main))
+    sys.exit(benchkit.run("bench_scale", main))

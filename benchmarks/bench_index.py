@@ -3,12 +3,12 @@
 
 Example::
 
-    python scripts/bench_index.py --quick            # start-up at 3e7 samples; index rows at 1k, 100k, 1M
-    python scripts/bench_index.py                    # start-up at 3e8 samples (a TCGA-sized build)
+    python benchmarks/bench_index.py --quick            # start-up at 3e7 samples; index rows at 1k, 100k, 1M
+    python benchmarks/bench_index.py                    # start-up at 3e8 samples (a TCGA-sized build)
 
 What each figure means and how it is taken is on the docs' performance page.
 
-Prints a table and one line ``JSON: {...}``, saved as ``benchmarks/results/bench_index.json`` (benchresults.py).
+Prints a table and one line ``JSON: {...}``, saved as ``benchmarks/results/bench_index.json`` (benchkit.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ TARGETS = {"startup_s": 10.0, "startup_rss_mb": 1024.0}
 def _index_bytes(n: int, seed: int = 0) -> bytes:
     """A shard index of ``n`` samples: its rows filled in directly (the build's cost of making them, parsing its
     tar records back, is :func:`_build_cost`'s)."""
-    from wsishard.shards.index import IndexWriter
+    from wsishard.shards.index import COLUMNS, IndexWriter
 
     rng = np.random.default_rng(seed)
     writer = IndexWriter()
@@ -42,23 +42,22 @@ def _index_bytes(n: int, seed: int = 0) -> bytes:
     x, y = rng.integers(0, 100_000, n), rng.integers(0, 80_000, n)
     tissue, background, sharp = rng.random(n).round(4), (rng.random(n) * 0.2).round(4), rng.gamma(4, 50, n).round(2)
     size = 14_000 + 3 * 512
-    for i in range(n):
-        writer._rows.append(
-            (
-                i * size,
-                size,
-                i % GROUP_SLIDES,
-                int(i % 5 == 4),
-                int(x[i]),
-                int(y[i]),
-                0.5039,
-                float(tissue[i]),
-                float(background[i]),
-                0.0,
-                float(sharp[i]),
-            )
-        )
-        writer._keys.append(f"{slides[i % GROUP_SLIDES]}_x{x[i]}_y{y[i]}".encode())
+    values = {  # by column name: a column added to the index since is filled with NaN (unknown), never misplaced
+        "offset": np.arange(n) * size,
+        "size": np.full(n, size),
+        "slide": np.arange(n) % GROUP_SLIDES,
+        "label": (np.arange(n) % 5 == 4).astype(int),
+        "x": x,
+        "y": y,
+        "patch_mpp": np.full(n, 0.5039),
+        "tissue": tissue,
+        "background": background,
+        "dark": np.zeros(n),
+        "sharpness": sharp,
+    }
+    columns = [values[c].tolist() if c in values else [float("nan")] * n for c in COLUMNS]
+    writer._rows.extend(zip(*columns, strict=True))
+    writer._keys.extend(f"{slides[i % GROUP_SLIDES]}_x{x[i]}_y{y[i]}".encode() for i in range(n))
     return writer.to_bytes()
 
 
@@ -232,6 +231,7 @@ def _child(part: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="start-up at 3e7 samples instead of 3e8")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, the same code path, nothing saved (the tests')")
     ap.add_argument("--samples", type=int, default=300_000_000, help="samples of the start-up build")
     ap.add_argument("--rows", default="1000,100000,1000000", help="index sizes (samples), comma-separated")
     ap.add_argument("--workdir", default=None, help="where temporary files go (default: the system's)")
@@ -241,8 +241,8 @@ def main() -> None:
     if args.child:
         print(json.dumps(PARTS[args.child](args.n, args)))
         return
-    sizes = [int(s) for s in args.rows.split(",")]
-    total = 30_000_000 if args.quick else args.samples
+    sizes = [1000, SHARD_SAMPLES] if args.smoke else [int(s) for s in args.rows.split(",")]
+    total = 20 * SHARD_SAMPLES if args.smoke else 30_000_000 if args.quick else args.samples
     result: dict[str, Any] = {"baseline": _child("baseline", 0, args), "build_us_per_sample": 1e6 * _build_cost()}
     result["rows"] = [_child("rows", n, args) for n in sizes]
     result["scan"] = [_child("scan", n, args) for n in sizes if n >= SHARD_SAMPLES]
@@ -323,6 +323,6 @@ def _print(r: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    from benchresults import run
+    from benchkit import run
 
     raise SystemExit(run("bench_index", main))

@@ -3,8 +3,8 @@
 
 Example::
 
-    python scripts/bench_build.py --quick
-    python scripts/bench_build.py --workdir /data/bench --json-only
+    python benchmarks/bench_build.py --quick
+    python benchmarks/bench_build.py --workdir /data/bench --json-only
 
 Per scanner mpp (0.2500, 0.2520, 0.2631, 0.2265, 0.2425): ``build`` with default options at ``--jobs 1`` and
 ``--jobs 2``, the naive CLAM/Trident-style loop and the floor, each in a child process whose tree is polled (peak
@@ -69,6 +69,10 @@ class Mode:
 
 QUICK = Mode(name="quick", size=(16384, 12288), n_slides=6, small=(8192, 8192), naive_max=200, many_shards=10)
 FULL = Mode(name="full", size=(40960, 30720), n_slides=4, small=(16384, 12288), naive_max=600, many_shards=12)
+SMOKE = Mode(
+    name="smoke", size=(4096, 4096), n_slides=2, small=(2048, 2048), naive_max=8, many_shards=2, floor_rounds=1
+)
+SMOKE_SCANNERS = (0.25, 0.2520)  # --smoke: the exact 2x and one scanner's mpp, every run kind at each
 
 
 # ---------------------------------------------------------------------------------------------- child side
@@ -514,7 +518,7 @@ def _check_hs2p(python: str) -> None:
 
 
 def run_hs2p(python: str, spec: dict[str, Any], log: Any) -> dict[str, Any] | None:
-    """hs2p over the same slides at the same level-0 mpp with 2 workers (``scripts/hs2p_child.py`` under ``python``,
+    """hs2p over the same slides at the same level-0 mpp with 2 workers (``benchmarks/hs2p_child.py`` under ``python``,
     an interpreter with hs2p installed), its process tree polled as the children's are; None (logged) when it
     failed a slide or wrote nothing: the run goes on without that row."""
     shutil.rmtree(spec["output"], ignore_errors=True)
@@ -1004,12 +1008,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--json-only", action="store_true", help="print only the final JSON line")
     p.add_argument("--context", action="store_true", help="only the context rows: build cost of 0, 1 and 2 scales")
+    p.add_argument("--smoke", action="store_true", help="tiny slides, two mpp, one round, no hs2p; nothing saved")
     p.add_argument(
         "--hs2p",
         metavar="PYTHON",
         default=os.environ.get("WSISHARD_BENCH_HS2P"),
-        help="an interpreter with hs2p installed (its own venv: see scripts/hs2p_child.py): adds hs2p's row per mpp, "
-        "2 processes against jobs 2 (default: $WSISHARD_BENCH_HS2P; none: no hs2p row)",
+        help="an interpreter with hs2p installed (its own venv: see benchmarks/hs2p_child.py): adds hs2p's row per "
+        "mpp, 2 processes against jobs 2 (default: $WSISHARD_BENCH_HS2P; none: no hs2p row)",
     )
     p.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
@@ -1021,7 +1026,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(CHILDREN[args.child](json.loads(Path(args.spec).read_text()))))
         return 0
-    mode = QUICK if args.quick else FULL
+    mode = SMOKE if args.smoke else QUICK if args.quick else FULL
+    if args.smoke:  # the same runs at two mpp; hs2p needs its own interpreter and venv: never in a smoke run
+        global SCANNERS
+        SCANNERS, args.hs2p = {m: SCANNERS[m] for m in SMOKE_SCANNERS}, None
 
     log = (lambda _msg: None) if args.json_only else logger("bench_build")
 
@@ -1092,7 +1100,7 @@ def context_main(mode: Mode, workdir: Path, log: Any, json_only: bool) -> int:
     one 4x scale (2.0 mpp) and with two (2.0, 8.0), each run ``repeats`` times interleaved (the least time kept: a
     shared machine only adds). Saved as ``bench_build_context.json``."""
     slides = ensure_slides(workdir / "slides", mode.size, 2 if mode is QUICK else mode.n_slides, log)
-    repeats = 2 if mode is QUICK else 3
+    repeats = 1 if mode is SMOKE else 2 if mode is QUICK else 3
 
     def run(mpps: tuple[float, ...]) -> dict[str, Any]:
         spec = {
@@ -1163,7 +1171,7 @@ def context_main(mode: Mode, workdir: Path, log: Any, json_only: bool) -> int:
 
 
 if __name__ == "__main__":
-    import benchresults  # the script's own names stay its own (bench_tissue has a run())
+    import benchkit
 
     name = "bench_build_context" if "--context" in sys.argv else "bench_build"
-    sys.exit(benchresults.run(name, main, script="bench_build"))
+    sys.exit(benchkit.run(name, main, script="bench_build"))

@@ -1,7 +1,7 @@
 """Device-ready throughput on a GPU: JPEG decode in the workers against decode on the device, with and without stain.
 
-    python scripts/bench_gpu_loader.py             # on a machine with CUDA (and torchvision for decode="device")
-    python scripts/bench_gpu_loader.py --quick     # fewer batches
+    python benchmarks/bench_gpu_loader.py             # on a machine with CUDA (and torchvision for decode="device")
+    python benchmarks/bench_gpu_loader.py --quick     # fewer batches
 
 Each row is one loader (resampled, batch 256, 256 px patches at 0.5 mpp) into ``GpuCollate`` on the device: warm-up
 batches, then samples/s over the timed batches with the device synchronised at both ends. Rows: decode ``"worker"``
@@ -30,7 +30,7 @@ BATCH = 256
 SEED = 0
 
 
-def build_output(workdir: Path, jobs: int) -> str:
+def build_output(workdir: Path, jobs: int, smoke: bool = False) -> str:
     """A cached build of synthetic slides at a scanner's 0.2520 mpp: 256 px patches at 0.5 mpp in shards of 200."""
     from wsishard import build
 
@@ -38,7 +38,9 @@ def build_output(workdir: Path, jobs: int) -> str:
         build(slides, str(out), shard_samples=200, seed=SEED, jobs=jobs, overwrite=True, qc=False)
 
     want = {"n_slides": 8, "size_px": 8192, "slide_mpp": 0.2520, "tissue_fraction": 0.4, "shard_samples": 200}
-    return str(synthetic_build(workdir / "gpu-loader", want, make)[1])
+    if smoke:  # two small slides
+        want |= {"n_slides": 2, "size_px": 4096}
+    return str(synthetic_build(workdir / ("gpu-loader-smoke" if smoke else "gpu-loader"), want, make)[1])
 
 
 def run_one(
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer timed batches (8 instead of 30)")
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "wsishard-bench"))
     p.add_argument("--json-only", action="store_true", help="print only the final JSON line")
+    p.add_argument("--smoke", action="store_true", help="a tiny build, one timed batch, 2 workers; nothing saved")
     args = p.parse_args(argv)
     from wsishard.streaming.stain import StainOptions, StainTable
 
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     cpus = os.cpu_count() or 1
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    source = build_output(workdir, jobs=cpus)
+    source = build_output(workdir, jobs=min(cpus, 2) if args.smoke else cpus, smoke=args.smoke)
     stained = StainOptions(
         normalize="macenko",
         slides=StainTable.from_build(source),
@@ -92,12 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         brightness=0.1,
         contrast=0.1,
     )
-    timed = 8 if args.quick else 30
+    timed = 1 if args.smoke else 8 if args.quick else 30
     rows = []
     for decode in ("worker", "device") if cuda else ("worker",):
-        for workers in sorted({w for w in (2, 8) if w <= max(cpus - 1, 2)}):
+        for workers in (2,) if args.smoke else sorted({w for w in (2, 8) if w <= max(cpus - 1, 2)}):
             for stain in (None, stained):
-                rows.append(run_one(source, device, decode, workers, stain, warm=3, timed=timed))
+                rows.append(run_one(source, device, decode, workers, stain, warm=1 if args.smoke else 3, timed=timed))
                 if not args.json_only:
                     r = rows[-1]
                     print(
@@ -139,6 +142,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import benchresults
+    import benchkit
 
-    sys.exit(benchresults.run("bench_gpu_loader", main))
+    sys.exit(benchkit.run("bench_gpu_loader", main))
