@@ -90,3 +90,8 @@ def test_native(tmp_path: Path) -> None:
 def test_gpu_loader(tmp_path: Path) -> None:
     r = _smoke("bench_gpu_loader", tmp_path, "--workdir", str(tmp_path))
     assert [row["decode"] for row in r["rows"]] == ["worker", "worker"] and r["rows"][0]["samples"] > 0
+
+
+def test_multicrop(tmp_path: Path) -> None:
+    r = _smoke("bench_multicrop", tmp_path, "--device", "cpu")
+    assert r["batch"] == 4 and [row["images_per_s"] > 0 for row in r["rows"]] == [True, True]

@@ -3,8 +3,8 @@
 
 Example::
 
-    python scripts/bench_multicrop.py
-    python scripts/bench_multicrop.py --device cuda --json-only
+    python benchmarks/bench_multicrop.py
+    python benchmarks/bench_multicrop.py --device cuda --json-only
 
 Both sides make DINOv2's views (2 global of 224 px, 8 local of 96 px, each with a random flip, normalised) of a
 batch of 64 uint8 images of 256 px. The loop is what a torchvision pipeline in a DataLoader worker does, written
@@ -12,7 +12,7 @@ with torch ops: per image and per view, torchvision's ``RandomResizedCrop`` box 
 ``interpolate(antialias=True)``, a flip, then mean and std. Rounds are interleaved (each round runs both, one after
 the other), so a ratio sees one machine.
 
-Prints a Markdown table, then one line ``JSON: {...}``; ``benchresults`` saves both to
+Prints a Markdown table, then one line ``JSON: {...}``; ``benchkit`` saves both to
 ``benchmarks/results/bench_multicrop.json``. Wall-clock figures on a shared machine are what they are: reported,
 never asserted.
 """
@@ -86,11 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (each times both once)")
     p.add_argument("--threads", type=int, default=None, help="torch threads for both sides (default: torch's)")
     p.add_argument("--json-only", action="store_true", help="print only the final JSON line")
+    p.add_argument("--smoke", action="store_true", help="a few seconds: B=4, one round, nothing saved (CI)")
     args = p.parse_args(argv)
+    batch = 4 if args.smoke else BATCH
+    if args.smoke:
+        args.rounds = 1
     if args.threads:
         torch.set_num_threads(args.threads)  # 1: per core, as in a DataLoader worker
     device = torch.device(args.device)
-    image = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (BATCH, PATCH_PX, PATCH_PX, 3), dtype=np.uint8))
+    image = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (batch, PATCH_PX, PATCH_PX, 3), dtype=np.uint8))
     collate = GpuCollate(device, mean=MEAN, std=STD, augment=True, seed=0, crops=MultiCrop())
     rng = random.Random(0)
     batched, loop = f"MultiCrop (GpuCollate on {device}, batched)", "per-image loop (cpu, interpolate per view)"
@@ -106,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "bench": "multicrop",
         "device": str(device),
-        "batch": BATCH,
+        "batch": batch,
         "patch_px": PATCH_PX,
         "views": "2 x 224 px + 8 x 96 px",
         "rounds": args.rounds,
@@ -119,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if not args.json_only:
         caption = (
-            f"Multi-crop views of B={BATCH} uint8 {PATCH_PX} px images on {device} (the loop on cpu), "
+            f"Multi-crop views of B={batch} uint8 {PATCH_PX} px images on {device} (the loop on cpu), "
             f"{torch.get_num_threads()} threads, median of {args.rounds} interleaved rounds [range]"
         )
         table = [(r["config"], f"{r['images_per_s']:.1f} [{r['range'][0]:.1f}-{r['range'][1]:.1f}]") for r in rows]
@@ -132,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import benchresults  # saves benchmarks/results/bench_multicrop.json
+    import benchkit  # saves benchmarks/results/bench_multicrop.json
 
     on_gpu = "cuda" in " ".join(sys.argv[1:])
-    sys.exit(benchresults.run("bench_multicrop_gpu" if on_gpu else "bench_multicrop", main, script="bench_multicrop"))
+    sys.exit(benchkit.run("bench_multicrop_gpu" if on_gpu else "bench_multicrop", main, script="bench_multicrop"))
