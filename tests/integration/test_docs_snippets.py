@@ -8,12 +8,14 @@ and ``data/slides``), their build ``shards`` (with slide labels), a copy ``shard
 - ``<!-- docs-test: skip (reason) -->``: not run, for the reason given (a cluster, a network, a GPU, minutes);
 - ``<!-- docs-test: continues -->``: the block goes on from the page's previous Python block (run as one script);
 - ``<!-- docs-test: given model, preprocess -->``: names the reader brings (stubs: a model giving 2 logits);
-- ``<!-- docs-test: torchrun 2 -->``: run under ``torchrun --standalone --nproc_per_node=2`` (gloo on a CPU).
+- ``<!-- docs-test: torchrun 2 -->``: run under ``torchrun --standalone --nproc_per_node=2`` (gloo on a CPU);
+- ``<!-- docs-test: file NAME -->``: a file the reader writes (a ``toml`` recipe), written as ``NAME`` for the
+  commands after it.
 
 What a reader would change is changed here, and nothing else: the paths in :data:`PATHS`, a training length
 (``steps = N``) of 2 batches and batches of 32 instead of 256. The quick starts that ``test_readme`` runs (the
 getting-started page, and the "Quick start" sections of its other pages) are left to it. Blocks without a
-language, and ``json``, are not code.
+language, ``json`` and ``text`` (what a command prints) are not code.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ RUN_BY_TEST_README = {"docs/getting-started.md"}  # whole pages; the Quick start
 PATHS = [  # (page or "*", old, new): applied in order
     ("docs/guide/building.md", "/data/", "data/"),
     ("docs/guide/building.md", "--jobs 16", "--jobs 2"),
+    ("docs/guide/building.md", "new_slides/", "data/slides/"),
     ("*", "s3://bucket/shards", "shards"),
     ("*", "/data/shards", "shards"),
     ("*", "/data/val_shards", "shards"),
@@ -71,7 +74,9 @@ def blocks(page: str) -> list[tuple[str, str, str]]:
         return []
     if page.endswith(("plain-webdataset.md", "python-api.md")):  # test_readme runs their Quick start sections
         text = _QUICK_START.sub("", text)
-    return [(m["how"] or "", m["lang"], m["code"]) for m in _BLOCK.finditer(text) if m["lang"] not in ("", "json")]
+    return [
+        (m["how"] or "", m["lang"], m["code"]) for m in _BLOCK.finditer(text) if m["lang"] not in ("", "json", "text")
+    ]
 
 
 def _adapt(page: str, code: str) -> str:
@@ -93,6 +98,9 @@ def scripts(page: str) -> list[tuple[str, str, str]]:
             out.append((lang, code, reason[1]))
             continue
         hows = [h.strip() for h in how.split(";") if h.strip()]
+        if files := [h[len("file ") :].strip() for h in hows if h.startswith("file ")]:
+            out.append((f"file {files[0]}", code, ""))
+            continue
         given = [n.strip() for h in hows if h.startswith("given ") for n in h[len("given ") :].split(",")]
         prelude = "".join(_GIVEN[n] for n in given)
         if lang == "bash":
@@ -161,6 +169,9 @@ def test_every_block_of_the_page_runs(page: str, site: Path) -> None:
         if skip:
             continue
         name = f"{Path(page).stem}-{i}.py"
+        if kind.startswith("file "):
+            (site / kind[len("file ") :]).write_text(code)
+            continue
         lines = [ln for ln in code.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
         for command in lines if kind == "bash" else [code]:
             out = _run(kind, command, site, name)
