@@ -9,6 +9,7 @@ exactly the bad sample, and nothing half-read reaches a batch."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import pickle
@@ -292,3 +293,14 @@ def test_a_label_outside_int64_is_a_shard_error_naming_the_sample(tmp_path: Path
     assert info.value.shard.endswith(out.manifest.shards[1].name)
     assert bad in info.value.reason and "outside int64" in info.value.reason and "\n" not in str(info.value)
     _check_batches(_epoch(out.root, on_error="skip"), out, [k for k in out.shard_of if k != bad])
+
+
+def test_resampled_skip_goes_past_a_broken_shard(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Review of the merged planner: a resampled reader gave up at its first broken shard ("all 1 shards of this
+    worker failed") under on_error="skip", however many good shards it had."""
+    bad = sm.make_output(str(tmp_path / "o"), (6, 6, 6))
+    _break("truncated", bad, 1)
+    ds = stream(bad.root, batch_size=2, resampled=True, shuffle=0, seed=0, on_error="skip")
+    batches = list(itertools.islice(iter(ds), 30))  # 60 samples: passes over the 12 good ones and more
+    assert len(batches) == 30 and "skipping" in caplog.text
+    assert {bad.shard_of[k] for k in keys_of(batches)} >= {bad.manifest.shards[0].name, bad.manifest.shards[2].name}

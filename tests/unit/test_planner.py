@@ -282,3 +282,28 @@ def test_the_shuffle_depends_on_the_count_and_seed_only() -> None:
     a = list(shuffled(range(100), 16, (1, 2)))
     assert sorted(a) == list(range(100)) and a != list(range(100))
     assert [x * 2 for x in a] == list(shuffled((x * 2 for x in range(100)), 16, (1, 2)))
+
+
+def _pass_items(
+    spec: Spec, topology: tuple[int, ...], rank: int, worker: int, p: int, weights: list[np.ndarray] | None
+) -> list[tuple[int, int]]:
+    mine = reader_share(spec, topology, rank, worker)
+    return [item for piece in reader_pass(spec, mine, rank, worker, p) for item in _items(piece, weights)]
+
+
+def test_readers_sharing_a_shard_in_resampled_mode_read_different_samples_each_pass() -> None:
+    """Review of the merged planner: with fewer shards than readers, a weighted visit of a shard split over readers
+    took the shard's shared seed, so all 4 readers drew the same samples in the same order, every pass; unweighted,
+    each reader's slice was the same every pass."""
+    weights, totals = _weights([50], 3)
+    topology = (2, 2)
+    for spec, w in (
+        (Spec(counts=np.array([50]), batch_size=4, seed=1, totals=totals), weights),
+        (Spec(counts=np.array([50]), batch_size=4, seed=1), None),
+    ):
+        readers = [(r, k) for r in range(2) for k in range(2)]
+        first = [_pass_items(spec, topology, r, k, 0, w) for r, k in readers]
+        assert all(first) and len({tuple(x) for x in first}) == 4  # no two readers alike
+        if w is None:  # unweighted: disjoint slices of one order per pass, a new order the next pass
+            assert len(set().union(*map(set, first))) == sum(map(len, first))
+        assert _pass_items(spec, topology, 0, 0, 1, w) != first[0]

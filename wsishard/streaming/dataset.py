@@ -114,7 +114,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         self.opener: Opener = opener or StreamOpener()
         self.counts = np.array([s.samples for s in self.shards], dtype=np.int64)  # (n,)
         # drawn once here, in the main process, so that every worker of this rank agrees on it
-        self.base_seed = config.seed if config.seed is not None else int(np.random.default_rng().integers(2**63))
+        self._base_seed = config.seed if config.seed is not None else int(np.random.default_rng().integers(2**63))
         self._next_epoch = 0
         self.history: tuple[int, tuple[Segment, ...]] | None = None  # an epoch's stretches on earlier topologies
         self.workers_by_rank: planner.Topology | None = None  # every rank's workers, gathered by loader()
@@ -126,12 +126,22 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
             counts=self.counts,
             batch_size=config.batch_size,
             seed=self.plan_seed,
-            stream_seed=self.base_seed,
+            stream_seed=self._base_seed,
             totals=totals,
             epoch_size=config.epoch_size,
             drop_last=config.drop_last and not config.pad_last,
             pad_last=config.pad_last,
         )
+
+    @property
+    def base_seed(self) -> int:
+        """The seed of this rank's resampled passes: ``seed``, or one drawn once in the main process."""
+        return self._base_seed
+
+    @base_seed.setter
+    def base_seed(self, value: int) -> None:  # a resumed loader goes on with the seed its state drew
+        self._base_seed = int(value)
+        self.spec = replace(self.spec, stream_seed=int(value))
 
     @property
     def plan_seed(self) -> int:
@@ -242,12 +252,20 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         logger.debug("rank %d worker %d epoch %d: %d pieces", world.rank, world.worker, epoch, len(pieces))
         return wds.DataPipeline(
             work.source,
-            self.reader_stage(len(pieces)),
+            self.reader_stage(len(pieces) or self._share_size(work.source)),
             PadSamples(work.real, total, size, counter),
             self.batch_stage(lending),
             *([MarkValid(counter, done * size)] if cfg.pad_last else []),
             Budget(work.budget, refill),
         )
+
+    @staticmethod
+    def _share_size(source: object) -> int:
+        """The shards a resampled reader visits (``source`` a :class:`~wsishard.streaming.planner.Passes`): how many
+        may fail in a row under ``on_error="skip"`` before it gives up; 1 otherwise."""
+        if isinstance(source, planner.Passes):
+            return len(planner.reader_share(source.spec, source.topology, source.rank, source.worker))
+        return 1
 
     def __iter__(self) -> Iterator[Batch]:
         """One pass (:meth:`next_pass`): every batch is a fresh buffer of its own."""

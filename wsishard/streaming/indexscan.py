@@ -122,7 +122,7 @@ def scan_shared(
 class _ScanFailure(Exception):
     """A scan's error (``error``) at shard ``shard``, on its way to every process."""
 
-    def __init__(self, shard: int, error: ShardError | ValueError) -> None:
+    def __init__(self, shard: int, error: Exception) -> None:
         super().__init__(str(error))
         self.shard, self.error = shard, error
 
@@ -154,8 +154,8 @@ def _scan_mine(
                 slide_count[lo:hi] = np.bincount(index.columns["slide"][mask], minlength=hi - lo)[: hi - lo]
                 if callable(plan.weights):  # its log: 1e308 a sample would overflow a sum
                     totals[s] = sampling.log_total(plan.sample_weights(s, index, table)[mask])
-            except (ShardError, ValueError) as exc:
-                raise _ScanFailure(s, exc) from exc
+            except Exception as exc:  # the user's select/weights too (a KeyError for a misspelt column): no rank
+                raise _ScanFailure(s, exc) from exc  # may leave the collective below without the others knowing
 
 
 def _raise_failed(plan: SamplingPlan, flags: np.ndarray, failed: _ScanFailure | None) -> None:
@@ -187,7 +187,7 @@ def _read_ahead(
         s, future = pending.popleft()
         try:
             return s, future.result()
-        except ShardError as exc:
+        except Exception as exc:
             raise _ScanFailure(s, exc) from exc
 
     for s in range(rank, len(plan.rows), size):

@@ -335,12 +335,14 @@ def reader_pass(spec: Spec, mine: Sequence[Piece], rank: int, worker: int, pass_
     out = []
     for j, i in enumerate(order.tolist()):
         position = pass_index * len(mine) + j
-        shared = (spec.seed, mine[i].shard, SHUFFLE)  # a shard split over readers: one order, each its own slice
-        piece = replace(mine[i], seed=(seed, rank, worker, position, SHUFFLE) if mine[i].step == 1 else shared)
+        own = (seed, rank, worker, position, SHUFFLE)
+        # a shard split over readers: one order per pass for all of them (each its own slice), new every pass
+        shared = (spec.seed, mine[i].shard, pass_index, SHUFFLE)
+        piece = replace(mine[i], seed=own if mine[i].step == 1 else shared)
         if expected is not None:
             rng = np.random.default_rng((seed, rank, worker, position, VISIT_DRAWS))
             draws = int(np.floor(expected[i] + rng.random()))
-            piece = Piece(piece.shard, draws, piece.seed, draws=True)
+            piece = Piece(piece.shard, draws, own, draws=True)  # draws of its own: readers sharing a shard differ
         out.append(piece)
     return out
 
