@@ -294,7 +294,7 @@ def _pass_items(
 def test_readers_sharing_a_shard_in_resampled_mode_read_different_samples_each_pass() -> None:
     """Review of the merged planner: with fewer shards than readers, a weighted visit of a shard split over readers
     took the shard's shared seed, so all 4 readers drew the same samples in the same order, every pass; unweighted,
-    each reader's slice was the same every pass."""
+    each reader keeps its own slice of the shard (disjoint from the others') every pass."""
     weights, totals = _weights([50], 3)
     topology = (2, 2)
     for spec, w in (
@@ -304,6 +304,8 @@ def test_readers_sharing_a_shard_in_resampled_mode_read_different_samples_each_p
         readers = [(r, k) for r in range(2) for k in range(2)]
         first = [_pass_items(spec, topology, r, k, 0, w) for r, k in readers]
         assert all(first) and len({tuple(x) for x in first}) == 4  # no two readers alike
-        if w is None:  # unweighted: disjoint slices of one order per pass, a new order the next pass
+        if w is None:  # unweighted: disjoint slices of one order, the same slices every pass
             assert len(set().union(*map(set, first))) == sum(map(len, first))
-        assert _pass_items(spec, topology, 0, 0, 1, w) != first[0]
+            assert set(_pass_items(spec, topology, 0, 0, 1, w)) == set(first[0])
+        else:  # weighted: each visit draws anew
+            assert _pass_items(spec, topology, 0, 0, 1, w) != first[0]

@@ -336,8 +336,9 @@ def reader_pass(spec: Spec, mine: Sequence[Piece], rank: int, worker: int, pass_
     for j, i in enumerate(order.tolist()):
         position = pass_index * len(mine) + j
         own = (seed, rank, worker, position, SHUFFLE)
-        # a shard split over readers: one order per pass for all of them (each its own slice), new every pass
-        shared = (spec.seed, mine[i].shard, pass_index, SHUFFLE)
+        # a shard split over readers: one order for all of them, each its own slice of it, the same every pass (the
+        # slices stay disjoint however far apart the readers' passes are; the shuffle buffer reorders within them)
+        shared = (spec.seed, mine[i].shard, SHUFFLE)
         piece = replace(mine[i], seed=own if mine[i].step == 1 else shared)
         if expected is not None:
             rng = np.random.default_rng((seed, rank, worker, position, VISIT_DRAWS))
