@@ -198,6 +198,42 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_build_parser(sub)
+    _add_inspect_parser(sub)
+    p = sub.add_parser(
+        "verify",
+        help="re-read every shard and check sizes, sha256 and sample counts",
+        description="Re-read every shard of a build and check it against the manifest: size, sha256, sample "
+        "count, and each sample's members (image size and format, .json, .cls). Exit 0 when all match, 1 when not.",
+    )
+    p.add_argument("output", help="build output folder, manifest.json path, or URL prefix")
+    p.add_argument("--jobs", type=cliargs.positive(int), default=4, metavar="N", help="shards read at once")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_storage_option(p)
+    p.set_defaults(func=_cmd_verify)
+    p = sub.add_parser(
+        "merge",
+        help="join the part manifests of a cluster build (build --part I/N) into one",
+        description="Join the part manifests of a cluster build (build --part I/N, every part finished) into one "
+        "manifest, slide records file and index summary, as a one-machine build of the same slides writes.",
+    )
+    p.add_argument("output", help="the build output all parts wrote to (folder or URL prefix)")
+    add_storage_option(p)
+    p.set_defaults(func=_cmd_merge)
+    p = sub.add_parser(
+        "demo",
+        help="generate demo slides offline, build them into shards, stream a few batches",
+        description="Generate synthetic slides (offline, no download), build them into shards with QC pictures, "
+        "then stream a few batches through the loader and GPU-side collate (on the CPU without a GPU).",
+    )
+    p.add_argument("-o", "--output", default="wsishard-demo", help="folder for the demo slides and shards")
+    p.add_argument("--slides", type=cliargs.positive(int), default=8, help="demo slides to generate")
+    p.add_argument("--jobs", type=cliargs.positive(int), default=None, help="worker processes (default: all cores)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cmd_demo)
+    return top
+
+
+def _add_inspect_parser(sub: Any) -> None:
     p = sub.add_parser(
         "inspect",
         help="print a readable summary of a build output's manifest",
@@ -233,38 +269,6 @@ def parser() -> argparse.ArgumentParser:
     )
     add_storage_option(p)
     p.set_defaults(func=_cmd_inspect)
-    p = sub.add_parser(
-        "verify",
-        help="re-read every shard and check sizes, sha256 and sample counts",
-        description="Re-read every shard of a build and check it against the manifest: size, sha256, sample "
-        "count, and each sample's members (image size and format, .json, .cls). Exit 0 when all match, 1 when not.",
-    )
-    p.add_argument("output", help="build output folder, manifest.json path, or URL prefix")
-    p.add_argument("--jobs", type=cliargs.positive(int), default=4, metavar="N", help="shards read at once")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    add_storage_option(p)
-    p.set_defaults(func=_cmd_verify)
-    p = sub.add_parser(
-        "merge",
-        help="join the part manifests of a cluster build (build --part I/N) into one",
-        description="Join the part manifests of a cluster build (build --part I/N, every part finished) into one "
-        "manifest, slide records file and index summary, as a one-machine build of the same slides writes.",
-    )
-    p.add_argument("output", help="the build output all parts wrote to (folder or URL prefix)")
-    add_storage_option(p)
-    p.set_defaults(func=_cmd_merge)
-    p = sub.add_parser(
-        "demo",
-        help="generate demo slides offline, build them into shards, stream a few batches",
-        description="Generate synthetic slides (offline, no download), build them into shards with QC pictures, "
-        "then stream a few batches through the loader and GPU-side collate (on the CPU without a GPU).",
-    )
-    p.add_argument("-o", "--output", default="wsishard-demo", help="folder for the demo slides and shards")
-    p.add_argument("--slides", type=cliargs.positive(int), default=8, help="demo slides to generate")
-    p.add_argument("--jobs", type=cliargs.positive(int), default=None, help="worker processes (default: all cores)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=_cmd_demo)
-    return top
 
 
 def main(argv: Sequence[str] | None = None) -> int:

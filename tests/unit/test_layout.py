@@ -84,6 +84,7 @@ DEFERRED_IMPORTS = {
             "wsishard.qc_html",
             "wsishard.report",
             "wsishard.shards.verify",
+            "wsishard.shards.summary",
             "wsishard.storage.opener",
         )
     },

@@ -10,19 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wsishard.errors import TopologyError
+from wsishard.streaming.draws import draw_counts, piece_items, shuffled
 from wsishard.streaming.planner import (
-    Passes,
     Piece,
     Plan,
     Segment,
     Spec,
-    draw_counts,
-    piece_items,
     plan_epoch,
     reader_pass,
     reader_share,
-    shuffled,
 )
+from wsishard.streaming.work import Passes
 
 BUFFER = 7  # the readers' shuffle buffer in these tests: small, so that it reorders across a piece
 

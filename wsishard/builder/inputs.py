@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import codecs
-import contextlib
 import csv
-import hashlib
 import io
 import logging
 import os
@@ -14,6 +12,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TypeVar
 
+from wsishard.builder.copies import warn_copies
 from wsishard.builder.options import MPP_RULE, BuildOptions, valid_label, valid_mpp
 from wsishard.errors import OptionError
 from wsishard.slide import SLIDE_SUFFIXES
@@ -50,34 +49,8 @@ def find_slides(inputs: Sequence[str], storage_options: StorageOptions | None = 
     paths = _distinct(sorted(dict.fromkeys(p if is_url(p) else os.path.normpath(p) for p in found)))
     if not paths:
         raise OptionError(f"no slide files ({', '.join(SLIDE_SUFFIXES)}) found in: {', '.join(inputs)}")
-    _warn_copies(paths)
+    warn_copies(paths)
     return paths
-
-
-_ENDS_BYTES = 1 << 20  # a copy is told by its size and a hash of its first and last MB
-
-
-def _warn_copies(paths: Sequence[str]) -> None:
-    """Warn about local files with the same bytes under other names (a copy, not a link: built twice): files of
-    one size are compared by a hash of their first and last MB, so only files of equal sizes are read at all."""
-    by_size: dict[int, list[str]] = {}
-    for path in paths:
-        with contextlib.suppress(OSError):
-            if not is_url(path):
-                by_size.setdefault(os.path.getsize(path), []).append(path)
-    for size, same_size in by_size.items():
-        by_hash: dict[bytes, list[str]] = {}
-        for path in same_size if len(same_size) > 1 and size > 0 else ():
-            with contextlib.suppress(OSError), open(path, "rb") as fh:
-                digest = hashlib.sha256(fh.read(_ENDS_BYTES))
-                fh.seek(max(0, size - _ENDS_BYTES))
-                digest.update(fh.read(_ENDS_BYTES))
-                by_hash.setdefault(digest.digest(), []).append(path)
-        for copies in (c for c in by_hash.values() if len(c) > 1):
-            logger.warning(
-                "%s hold the same bytes (size and first and last MB): copies of one slide, each built as its own",
-                ", ".join(copies),
-            )
 
 
 def _distinct(paths: list[str]) -> list[str]:

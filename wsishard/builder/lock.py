@@ -24,13 +24,15 @@ from typing import Any
 
 from wsishard import format as fmt
 from wsishard.errors import OptionError
+from wsishard.storage.holders import LOCK_LEASE_S as LOCK_LEASE_S
+from wsishard.storage.holders import live as _live
+from wsishard.storage.holders import where as _where
 from wsishard.storage.output import Destination
 from wsishard.storage.secrets import describe
 
 logger = logging.getLogger(__name__)
 
 LOCK_REFRESH_S = 120.0  # a running build re-writes its lock at most this often, when it records progress
-LOCK_LEASE_S = 3600.0  # another host's lock not re-written for this long is stale
 
 
 class OutputLock:
@@ -181,48 +183,9 @@ class OutputLock:
         )
 
 
-def running_builds(dest: Destination) -> list[str]:
-    """The builds (or parts) that hold a live lock on ``dest``, in words (``a build, pid 12 on host, started ...``):
-    why an output has no manifest yet. Unreadable or stale locks are left out (and left in place)."""
-    found = []
-    for name in sorted(dest.listdir(fmt.STATE_DIR)):
-        if not (name.startswith("lock.") and name.endswith(".json")):
-            continue
-        with contextlib.suppress(ValueError, OSError):
-            holder = json.loads(dest.read_bytes(f"{fmt.STATE_DIR}/{name}") or b"null")
-            if isinstance(holder, dict) and _live(holder):
-                part = holder.get("part")
-                build = (
-                    f"part {part[0]}/{part[1]} of a build" if isinstance(part, list) and len(part) == 2 else "a build"
-                )
-                found.append(f"{build}, {_where(holder)}")
-    return found
-
-
 def who(holder: Mapping[str, Any], digest: str) -> str:
     """The holder of a lock in words, relative to the build of fingerprint ``digest``."""
     same, part = holder.get("fingerprint") == digest, holder.get("part")
     build = "this build" if same else "another build (other slides or options)"
     holder_is = f"part {part[0]}/{part[1]} of {build}" if part else "another run of this build" if same else build
     return f"{holder_is}, {_where(holder)}"
-
-
-def _where(holder: Mapping[str, Any]) -> str:
-    return f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
-
-
-def _live(holder: Mapping[str, Any]) -> bool:
-    """Whether a lock's holder may run: its process exists (same host; a pid reused since keeps the lock, and the
-    refusal says how to remove it), or it re-wrote the lock less than ``LOCK_LEASE_S`` ago (another host)."""
-    pid, refreshed = holder.get("pid"), holder.get("refreshed_s")
-    if holder.get("host") != socket.gethostname():
-        return isinstance(refreshed, int | float) and time.time() - refreshed < LOCK_LEASE_S
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        pass
-    return True

@@ -21,6 +21,7 @@ from wsishard.errors import IndexFileError
 from wsishard.format import part_label
 from wsishard.shards.index import INDEX_VERSION, IndexWriter, index_bytes, index_digest, index_name, index_shard_file
 from wsishard.storage.output import Destination
+from wsishard.storage.urls import manifest_location
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +206,6 @@ def index_build(output: str, storage_options: Mapping[str, Any] | None = None) -
         ManifestError: no readable manifest in ``output``.
     """
     from wsishard.storage.opener import StreamOpener, load_manifest  # here: the opener is not needed to build
-    from wsishard.storage.urls import manifest_location
 
     manifest, root = load_manifest(output, storage_options)
     dest = Destination(root, storage_options)

@@ -27,6 +27,7 @@ import fsspec.core
 
 from wsishard.errors import ManifestError
 from wsishard.manifest import Manifest, parse_slide_lines
+from wsishard.storage.holders import running_builds
 from wsishard.storage.retry import RetryPolicy, call_with_retries, is_past_end
 from wsishard.storage.secrets import describe, redact, redacted_options, refuse_url_credentials
 from wsishard.storage.urls import StorageOptions, is_url, join, local_path, manifest_location
@@ -142,7 +143,7 @@ def load_manifest(
     try:
         text = _read_text(url, storage_options)
     except ManifestError as exc:
-        running = _running_builds(root, storage_options) if isinstance(exc.__cause__, FileNotFoundError) else []
+        running = running_builds(root, storage_options) if isinstance(exc.__cause__, FileNotFoundError) else []
         if running:
             reason = f"not written yet: {' and '.join(running)} is still writing this output; wait for it to end"
             raise ManifestError(exc.location, reason) from exc
@@ -153,18 +154,6 @@ def load_manifest(
         records = parse_slide_lines(_read_text(where, storage_options), redact(where, storage_options))
         manifest = dataclasses.replace(manifest, slides=records)
     return manifest, root
-
-
-def _running_builds(root: str, storage_options: StorageOptions | None) -> list[str]:
-    """The builds that hold ``root``'s lock (their state folder's ``lock*.json``), in words; empty when none is
-    running or the folder cannot be read."""
-    from wsishard.builder.lock import running_builds  # here: only a missing manifest asks
-    from wsishard.storage.output import Destination
-
-    try:
-        return running_builds(Destination(root, storage_options))
-    except (OSError, ValueError):
-        return []
 
 
 def _read_text(url: str, storage_options: StorageOptions | None) -> str:

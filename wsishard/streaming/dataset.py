@@ -43,10 +43,11 @@ from wsishard.streaming import planner, selection
 from wsishard.streaming.config import StreamConfig
 from wsishard.streaming.context import context_shape
 from wsishard.streaming.decode import Batch, DecodeIntoBatches, EncodedBatches
-from wsishard.streaming.planner import Plan, Segment, Spec, Work
+from wsishard.streaming.planner import Plan, Segment, Spec
 from wsishard.streaming.reader import Budget, MarkValid, PadSamples, ReadPieces, Validity
 from wsishard.streaming.ring import UNLENT, Lending
 from wsishard.streaming.stages import Opener, ShardRef
+from wsishard.streaming.work import Passes, Pieces, Work, epoch_work
 from wsishard.streaming.world import World, detect_world
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class _Refill:
         order = np.random.default_rng(seed).permutation(len(self.pieces)).tolist()
         pieces = tuple(replace(self.pieces[i], seed=(*self.pieces[i].seed, _TOPUP_STREAM, pass_index)) for i in order)
         reader = self.dataset.reader_stage(len(pieces))
-        return iter(wds.DataPipeline(planner.Pieces(pieces), reader, self.dataset.batch_stage(self.lending)))
+        return iter(wds.DataPipeline(Pieces(pieces), reader, self.dataset.batch_stage(self.lending)))
 
 
 # ---- the dataset ---------------------------------------------------------------------------------------
@@ -232,10 +233,10 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         topology = self.topology(world.num_workers, world.rank) if world.world_size == self.world.world_size else ()
         topology = topology or (world.num_workers,) * world.world_size
         if self.config.resampled:
-            source = planner.Passes(self.spec, topology, world.rank, world.worker, done * self.config.batch_size)
+            source = Passes(self.spec, topology, world.rank, world.worker, done * self.config.batch_size)
             return Work(source, None, None)
         plan = planner.plan_epoch(self.spec, topology, epoch, self.segments(epoch))
-        return planner.epoch_work(plan, world.rank, world.worker, done)
+        return epoch_work(plan, world.rank, world.worker, done)
 
     def pipeline(self, world: World, epoch: int, done: int = 0, lending: Lending = UNLENT) -> wds.DataPipeline:
         """The webdataset pipeline that ``world``'s (rank, worker) runs in ``epoch`` (or for ever), after the
@@ -244,7 +245,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         (:class:`~wsishard.streaming.ring.Lending`)."""
         cfg, size = self.config, self.config.batch_size
         work = self.work(world, epoch, done)
-        pieces = work.source.pieces if isinstance(work.source, planner.Pieces) else ()
+        pieces = work.source.pieces if isinstance(work.source, Pieces) else ()
         counter = Validity(work.done)
         topup = work.budget is not None and cfg.on_error == "skip" and world.world_size > 1
         refill = _Refill(self, pieces, lending) if topup else None
@@ -261,9 +262,9 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
 
     @staticmethod
     def _share_size(source: object) -> int:
-        """The shards a resampled reader visits (``source`` a :class:`~wsishard.streaming.planner.Passes`): how many
+        """The shards a resampled reader visits (``source`` a :class:`~wsishard.streaming.work.Passes`): how many
         may fail in a row under ``on_error="skip"`` before it gives up; 1 otherwise."""
-        if isinstance(source, planner.Passes):
+        if isinstance(source, Passes):
             return len(planner.reader_share(source.spec, source.topology, source.rank, source.worker))
         return 1
 

@@ -11,8 +11,9 @@ yields. Every process computes the same plan, so readers agree without communica
     ...     ──┘
 
 A piece's *items* are the shard's samples (in shard order), or in a weighted epoch ``items`` draws of them by
-weight, with replacement (:func:`draw_counts`, seeded by the piece). A reader reads the piece's shard once,
-sequentially, shuffles its items with a buffer seeded by the piece (:func:`shuffled`) and yields those of
+weight, with replacement (:func:`~wsishard.streaming.draws.draw_counts`, seeded by the piece). A reader reads the
+piece's shard once, sequentially, shuffles its items with a buffer seeded by the piece
+(:func:`~wsishard.streaming.draws.shuffled`) and yields those of
 ``[skip, skip + take)`` whose offset ``k`` has ``k % step == phase``. What a reader has yielded is then a count,
 and what it had left is again a list of pieces (:func:`remainder`): an epoch resumed on any topology deals the
 old readers' remainders to the new ones, and a resume of a resume replays the history (:func:`plan_epoch`).
@@ -25,16 +26,15 @@ share).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import numpy as np
 
 from wsishard.errors import TopologyError
+from wsishard.streaming.draws import EPOCH_DRAWS, SHUFFLE, VISIT_DRAWS, shares
 from wsishard.streaming.partition import batch_budgets, deal
-
-T = TypeVar("T")
 
 
 class Where(Protocol):
@@ -48,7 +48,6 @@ class Where(Protocol):
 
 
 Topology = tuple[int, ...]  # DataLoader workers of each rank (1 without workers)
-EPOCH_DRAWS, VISIT_DRAWS, SHUFFLE = 3, 4, 1  # seed words keeping random streams apart
 
 
 @dataclass(frozen=True)
@@ -170,7 +169,7 @@ def fresh_pieces(spec: Spec, epoch: int) -> list[Piece]:
             raise ValueError("weights= gives every selected sample weight 0: nothing to draw")
         size = int(counts.sum()) if spec.epoch_size is None else spec.epoch_size
         rng = np.random.default_rng((spec.seed, epoch, EPOCH_DRAWS))
-        items, draws = rng.multinomial(size, _shares(totals)), True
+        items, draws = rng.multinomial(size, shares(totals)), True
     return [Piece(s, int(n), (spec.seed, epoch, s, SHUFFLE), draws) for s, n in enumerate(items.tolist()) if n > 0]
 
 
@@ -214,7 +213,7 @@ def assign_even(pieces: Sequence[Piece], topology: Topology, rng: np.random.Gene
     total, at = sum(p.count for p in pieces), 0
     for j, (rank, worker) in enumerate(order):
         size = total // len(order) + (j < total % len(order))
-        out[rank][worker] = _cut(shuffled_pieces, at, at + size)
+        out[rank][worker] = cut(shuffled_pieces, at, at + size)
         at += size
     return out
 
@@ -264,11 +263,11 @@ def remainder(plan: Plan, batches: Sequence[Sequence[int]]) -> list[Piece]:
             done = int(batches[rank][worker])
             if done > reader.budget:
                 raise ValueError(f"rank {rank} worker {worker}: {done} batches, beyond its budget {reader.budget}")
-            left += _cut(reader.pieces, min(done * plan.batch_size, reader.real), reader.real)
+            left += cut(reader.pieces, min(done * plan.batch_size, reader.real), reader.real)
     return left
 
 
-def _cut(pieces: Sequence[Piece], start: int, end: int) -> list[Piece]:
+def cut(pieces: Sequence[Piece], start: int, end: int) -> list[Piece]:
     """The pieces' items ``[start, end)``, counted across them in order."""
     out, at = [], 0
     for piece in pieces:
@@ -354,7 +353,7 @@ def _expected(spec: Spec, mine: Sequence[Piece]) -> np.ndarray:
     counts = np.asarray(spec.counts, dtype=np.float64)
     kept = np.array([p.count for p in mine], dtype=np.float64)
     weight = np.array([spec.totals[p.shard] * p.count / max(counts[p.shard], 1) for p in mine])
-    return _shares(weight) * kept.sum() if len(weight) and weight.max() > 0 else np.zeros(len(mine))
+    return shares(weight) * kept.sum() if len(weight) and weight.max() > 0 else np.zeros(len(mine))
 
 
 def resampled_start(spec: Spec, mine: Sequence[Piece], rank: int, worker: int, items: int) -> tuple[int, int]:
@@ -367,102 +366,3 @@ def resampled_start(spec: Spec, mine: Sequence[Piece], rank: int, worker: int, i
         if items < size or (size == 0 and pass_index > 64):
             return pass_index, items
         items, pass_index = items - size, pass_index + 1
-
-
-@dataclass(frozen=True)
-class Passes:
-    """A pipeline source: a resampled reader's pieces, pass after pass, after its first ``items`` items."""
-
-    spec: Spec
-    topology: Topology
-    rank: int
-    worker: int
-    items: int = 0
-
-    def __call__(self) -> Iterator[Piece]:
-        mine = reader_share(self.spec, self.topology, self.rank, self.worker)
-        if not any(p.count for p in mine):
-            raise TopologyError(f"rank {self.rank} worker {self.worker} owns only empty shards")
-        pass_index, skip = resampled_start(self.spec, mine, self.rank, self.worker, self.items)
-        yield from _cut(reader_pass(self.spec, mine, self.rank, self.worker, pass_index), skip, 2**62)
-        for p in range(pass_index + 1, 2**62):
-            yield from reader_pass(self.spec, mine, self.rank, self.worker, p)
-
-
-@dataclass(frozen=True)
-class Pieces:
-    """A pipeline source: an epoch reader's pieces."""
-
-    pieces: tuple[Piece, ...]
-
-    def __call__(self) -> Iterator[Piece]:
-        return iter(self.pieces)
-
-
-@dataclass(frozen=True)
-class Work:
-    """What a reader does from where it stands: its pieces' source, the real items it has left (None: endless),
-    the batches it has left (None: endless; ``pad_last``: real items, then repeats) and the real items of its
-    batches before."""
-
-    source: Pieces | Passes
-    real: int | None
-    budget: int | None
-    done: int = 0
-
-
-def epoch_work(plan: Plan, rank: int, worker: int, batches: int) -> Work:
-    """Reader (``rank``, ``worker``) of ``plan`` after its first ``batches`` batches (a resumed loader)."""
-    reader, size = plan.reader(rank, worker), plan.batch_size
-    done = min(batches * size, reader.real)
-    rest = _cut(reader.pieces, done, reader.real) if done < reader.real else list(reader.pieces)  # repeats' source
-    return Work(Pieces(tuple(rest)), reader.real - done, max(reader.budget - batches, 0), done)
-
-
-def draw_counts(weights: np.ndarray, n: int, seed: tuple[int, ...]) -> np.ndarray:
-    """(m,) times each of ``m`` samples is drawn in ``n`` draws with replacement, ``P(i) = w_i / sum(w)``."""
-    weights = np.asarray(weights, dtype=np.float64)
-    if n <= 0 or not len(weights) or weights.max() <= 0:
-        return np.zeros(len(weights), dtype=np.int64)
-    return np.random.default_rng((*seed, EPOCH_DRAWS)).multinomial(n, _shares(weights))
-
-
-def _shares(weights: np.ndarray) -> np.ndarray:
-    """``weights`` (finite, >= 0, one > 0) as probabilities, scaled by the largest first: extreme but finite
-    weights (1e308, 1e-320) neither overflow nor vanish."""
-    scaled = np.asarray(weights, dtype=np.float64) / float(np.max(weights))
-    return scaled / scaled.sum()
-
-
-def shuffled(src: Iterable[T], size: int, seed: tuple[int, ...]) -> Iterator[T]:
-    """A shuffle buffer of ``size`` items over ``src``, seeded by ``seed`` (non-negative ints): the order it gives
-    ``n`` items depends on ``n`` and ``seed`` alone, so a plan can name the items a reader yields by their offset."""
-    if size <= 1:
-        yield from src
-        return
-    rng = np.random.default_rng(seed)
-    buf: list[T] = []
-    draws, used = rng.random(1024), 0
-    for item in src:
-        buf.append(item)
-        if len(buf) < size:
-            continue
-        if used == len(draws):
-            draws, used = rng.random(1024), 0
-        i = int(draws[used] * len(buf))
-        used += 1
-        buf[i], buf[-1] = buf[-1], buf[i]
-        yield buf.pop()
-    for i in rng.permutation(len(buf)).tolist():
-        yield buf[i]
-
-
-def piece_items(piece: Piece, items: Iterable[T], size: int) -> Iterator[T]:
-    """What ``piece`` yields of its shard's ``items`` (in read order, repeated draws adjacent), its buffer ``size``."""
-    order = shuffled(items, size, piece.seed)
-    for k, item in enumerate(order):
-        offset = k - piece.skip
-        if offset >= piece.span:
-            return
-        if offset >= 0 and offset % piece.step == piece.phase:
-            yield item

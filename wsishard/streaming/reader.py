@@ -4,7 +4,7 @@
            -> PadSamples (the real items, then repeats up to the budget) -> decode -> MarkValid -> Budget
 
 A piece's items are its shard's samples in shard order (those ``select=`` keeps, by the shard's index), or in a
-weighted epoch its draws (:func:`~wsishard.streaming.planner.draw_counts` over the kept samples' weights, each
+weighted epoch its draws (:func:`~wsishard.streaming.draws.draw_counts` over the kept samples' weights, each
 drawn sample yielded as often as it was drawn). A piece that yields nothing is not read.
 """
 
@@ -23,7 +23,8 @@ import torch
 from wsishard.errors import ShardError
 from wsishard.storage.secrets import redact
 from wsishard.streaming.decode import Batch
-from wsishard.streaming.planner import Piece, draw_counts, piece_items
+from wsishard.streaming.draws import draw_counts, piece_items
+from wsishard.streaming.planner import Piece
 from wsishard.streaming.selection import SamplingPlan, load_shard_index, shard_of
 from wsishard.streaming.stages import ErrorMode, Opener, RawSample, ShardRef, read_shard
 
@@ -40,7 +41,7 @@ class _Chosen:
 
 @dataclass
 class ReadPieces:
-    """Read each piece's shard and yield the piece's items (:func:`~wsishard.streaming.planner.piece_items`).
+    """Read each piece's shard and yield the piece's items (:func:`~wsishard.streaming.draws.piece_items`).
 
     Args:
         shards: the stream's shards (a piece names one by its position); ``samples`` their selected counts.

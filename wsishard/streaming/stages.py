@@ -16,7 +16,7 @@ from wsishard.errors import ShardError
 from wsishard.format import IMAGE_FORMATS, LABEL_EXT, META_EXT, SAMPLE_EXTS, context_ext, context_exts, is_sample_key
 from wsishard.shards.reader import TarSamples
 from wsishard.storage.secrets import redact
-from wsishard.streaming.planner import shuffled
+from wsishard.streaming.draws import shuffled
 
 __all__ = ["ErrorMode", "Opener", "RawSample", "ShardRef", "read_shard", "shuffled"]
 

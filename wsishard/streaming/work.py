@@ -1,0 +1,69 @@
+"""What each reader runs, from the plan: a source of pieces (an epoch's, or a resampled reader's endless passes)
+and the items and batches it has left. Plain data that pickles into DataLoader workers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from wsishard.errors import TopologyError
+from wsishard.streaming.planner import (
+    Piece,
+    Plan,
+    Spec,
+    Topology,
+    cut,
+    reader_pass,
+    reader_share,
+    resampled_start,
+)
+
+
+@dataclass(frozen=True)
+class Passes:
+    """A pipeline source: a resampled reader's pieces, pass after pass, after its first ``items`` items."""
+
+    spec: Spec
+    topology: Topology
+    rank: int
+    worker: int
+    items: int = 0
+
+    def __call__(self) -> Iterator[Piece]:
+        mine = reader_share(self.spec, self.topology, self.rank, self.worker)
+        if not any(p.count for p in mine):
+            raise TopologyError(f"rank {self.rank} worker {self.worker} owns only empty shards")
+        pass_index, skip = resampled_start(self.spec, mine, self.rank, self.worker, self.items)
+        yield from cut(reader_pass(self.spec, mine, self.rank, self.worker, pass_index), skip, 2**62)
+        for p in range(pass_index + 1, 2**62):
+            yield from reader_pass(self.spec, mine, self.rank, self.worker, p)
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """A pipeline source: an epoch reader's pieces."""
+
+    pieces: tuple[Piece, ...]
+
+    def __call__(self) -> Iterator[Piece]:
+        return iter(self.pieces)
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a reader does from where it stands: its pieces' source, the real items it has left (None: endless),
+    the batches it has left (None: endless; ``pad_last``: real items, then repeats) and the real items of its
+    batches before."""
+
+    source: Pieces | Passes
+    real: int | None
+    budget: int | None
+    done: int = 0
+
+
+def epoch_work(plan: Plan, rank: int, worker: int, batches: int) -> Work:
+    """Reader (``rank``, ``worker``) of ``plan`` after its first ``batches`` batches (a resumed loader)."""
+    reader, size = plan.reader(rank, worker), plan.batch_size
+    done = min(batches * size, reader.real)
+    rest = cut(reader.pieces, done, reader.real) if done < reader.real else list(reader.pieces)  # repeats' source
+    return Work(Pieces(tuple(rest)), reader.real - done, max(reader.budget - batches, 0), done)
