@@ -114,6 +114,10 @@ def _rank_main(build: str, result_dir: str) -> None:
     from wsishard.streaming.loader import loader
     from wsishard.streaming.sources import stream
 
+    import hangdump
+
+    hangdump.arm()  # a hang prints every rank's (and worker's) stacks, not only the rank that timed out
+    watch: dict[str, Any] = {"timeout": 60, "worker_init_fn": hangdump.worker}  # a hung worker fails its rank
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=90))
     rank = dist.get_rank()
 
@@ -126,15 +130,15 @@ def _rank_main(build: str, result_dir: str) -> None:
         return out
 
     weighted = stream(build, weights="class", epoch_size=1200, seed=7, **OPTIONS)
-    batches = steps(loader(weighted, num_workers=2))
+    batches = steps(loader(weighted, num_workers=2, **watch))
     labels = [int(lab) for b in batches for lab, v in zip(b["label"].tolist(), b["valid"].tolist(), strict=True) if v]
-    selected = loader(stream(build, seed=4, select=_keep, **OPTIONS), num_workers=2)
+    selected = loader(stream(build, seed=4, select=_keep, **OPTIONS), num_workers=2, **watch)
     taken = _valid(steps(itertools.islice(selected, 3)))
     Path(result_dir, f"state{rank}.json").write_text(json.dumps(selected.state_dict()))
     plain = stream(build, seed=9, **OPTIONS)
-    persistent = loader(plain, num_workers=2, persistent_workers=True)
+    persistent = loader(plain, num_workers=2, persistent_workers=True, **watch)
     epochs = [_valid(steps(persistent)) for _ in range(2)]
-    ragged = loader(stream(build, seed=5, **OPTIONS), num_workers=1 if rank == 0 else 3)
+    ragged = loader(stream(build, seed=5, **OPTIONS), num_workers=1 if rank == 0 else 3, **watch)
     ragged_batches = steps(ragged)
     results = {
         "ragged": _valid(ragged_batches),
