@@ -190,9 +190,10 @@ def part_startup(n: int, args: argparse.Namespace) -> dict[str, Any]:
         _write_build(Path(tmp), shards, with_indexes=False)
         out["summary_bytes"] = os.path.getsize(Path(tmp) / "index.npz")
         base = rss_mb()
-        for weights in ("class", "slide"):
+        for weights in ("class", "slide", "select"):
             t0 = time.perf_counter()
-            ds = stream(tmp, batch_size=256, weights=weights, seed=1, world=World(rank=3, world_size=64))
+            how = {"select": _tissue} if weights == "select" else {"weights": weights}  # select: no index read
+            ds = stream(tmp, batch_size=256, seed=1, world=World(rank=3, world_size=64), **how)  # type: ignore[arg-type]
             stream_s = time.perf_counter() - t0
             t0 = time.perf_counter()
             ds.pipeline(World(rank=3, world_size=64, worker=5, num_workers=8), 0, done=1000)  # a resumed reader
@@ -203,6 +204,10 @@ def part_startup(n: int, args: argparse.Namespace) -> dict[str, Any]:
             }
     out.update(rss_mb=rss_mb(), rss_before_mb=base)
     return out
+
+
+def _tissue(t: dict[str, np.ndarray]) -> np.ndarray:
+    return t["tissue"] >= 0.5
 
 
 def _pickled(obj: Any) -> bytes:
@@ -284,24 +289,33 @@ def _print(r: dict[str, Any]) -> None:
         )
     if r["scan"]:
         x = r["scan"][-1]
-        per = x["scan_s"] / x["samples"]
         total = r["startup"]["samples"]
+        alone, shared = x["scan_s"] / x["samples"] * total, x["split_of_8_s"] / x["samples"] * 8 * total / 64
         rows.append(
             (
-                f"select= start-up at {total:.1e} samples (extrapolated from {x['samples']:,})",
-                f"{per * total:.0f} s per rank",
-                f"split_scan, 64 ranks: {per * total / 64:.1f} s",
-                "MISS" if per * total >= TARGETS["startup_s"] else "PASS",
+                f"select= epoch start-up at {total:.1e} samples, one process (extrapolated from {x['samples']:,})",
+                f"{alone:.0f} s",
+                "",
+                "",
+            )
+        )
+        rows.append(
+            (
+                "the same under torchrun, 64 ranks (default: the scan split over them)",
+                f"{shared:.1f} s per rank",
+                "(one rank's share, measured)",
+                "MISS" if shared >= TARGETS["startup_s"] else "PASS",
             )
         )
     s = r["startup"]
     summary = f"{s['summary_bytes'] / 1e6:.1f} MB"
     rows.append((f"summary of {s['samples']:.2e} samples / {s['shards']:,} shards", summary, "", ""))
-    for w in ("class", "slide"):
+    for w in ("class", "slide", "select"):
         ok = s[w]["stream_s"] + s[w]["reader_s"] < TARGETS["startup_s"]
+        what = "select=, resampled (default: no index read)" if w == "select" else f"weights={w!r}"
         rows.append(
             (
-                f"weights={w!r} start-up (stream + one reader)",
+                f"{what} start-up (stream + one reader)",
                 f"{s[w]['stream_s']:.2f} s + {s[w]['reader_s']:.2f} s",
                 f"plan pickled {s[w]['plan_pickle_bytes'] / 1e6:.1f} MB",
                 "PASS" if ok else "MISS",

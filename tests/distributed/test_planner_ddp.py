@@ -108,13 +108,12 @@ def _valid(batches: Any) -> list[str]:
 
 
 def _rank_main(build: str, result_dir: str) -> None:
+    import hangdump
     import torch
     import torch.distributed as dist
 
     from wsishard.streaming.loader import loader
     from wsishard.streaming.sources import stream
-
-    import hangdump
 
     hangdump.arm()  # a hang prints every rank's (and worker's) stacks, not only the rank that timed out
     watch: dict[str, Any] = {"timeout": 60, "worker_init_fn": hangdump.worker}  # a hung worker fails its rank

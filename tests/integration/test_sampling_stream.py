@@ -4,10 +4,12 @@ build's own index, on moto S3; 2 ranks x 2 workers simulated in one process (tes
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import numpy as np
 import pytest
 import shardmaker as sm
 
-from wsishard.errors import ManifestError
+from wsishard.errors import IndexFileError, ManifestError
 from wsishard.shards.index import index_name, load_index
 from wsishard.shards.reader import TarSamples
 from wsishard.shards.summary import SUMMARY_NAME, Summary, index_build
@@ -184,6 +186,59 @@ def test_weighted_and_selected_streams_resume_exactly(out: sm.Output, kw: dict[s
     assert taken + [tuple(b["key"]) for b in itertools.islice(again, 17)] == reference
 
 
+def test_a_resampled_select_reads_no_index_at_start_up_and_resumes_across_passes(
+    out: sm.Output, tmp_path: Path
+) -> None:
+    def fresh(root: str = out.root) -> Any:
+        return loader(stream(root, batch_size=5, shuffle=8, seed=2, select=_quarter_select), num_workers=2)
+
+    chosen = {k for keys in out.keys.values() for i, k in enumerate(keys) if i % 4 == 0}
+    reference = [tuple(b["key"]) for b in itertools.islice(fresh(), 60)]
+    first = fresh()
+    taken = [tuple(b["key"]) for b in itertools.islice(first, 37)]
+    assert len(chosen) / 2 < 37 * 5 / 2  # each worker stopped in its second pass over its shards
+    again = fresh()
+    again.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    assert taken + [tuple(b["key"]) for b in itertools.islice(again, 23)] == reference
+    assert {k for b in reference for k in b} <= chosen
+    root = tmp_path / "out"
+    shutil.copytree(out.root, root)
+    gone = root / index_name(sorted(out.keys)[3])
+    gone.unlink()
+    lazy = stream(str(root), batch_size=5, select=_quarter_select)  # no index is read here
+    with pytest.raises(IndexFileError, match=gone.name):
+        list(itertools.islice(lazy, 200))  # until a reader visits that shard
+    with pytest.raises(IndexFileError, match=gone.name):
+        stream(str(root), batch_size=5, resampled=False, select=_quarter_select)  # an epoch counts at start-up
+
+
+def test_a_resampled_reader_whose_shards_select_keeps_nothing_of_fails_instead_of_spinning(out: sm.Output) -> None:
+    first = sorted(out.keys)[0]
+    only_first = stream(out.root, batch_size=5, seed=1, select=functools.partial(_in_shard, first))
+    readers = [World(rank=0, world_size=1, worker=w, num_workers=2) for w in range(2)]
+    lone = [
+        w for w in readers if first not in {only_first.shards[s].url.rsplit("/", 1)[1] for s in _share(only_first, w)}
+    ]
+    with pytest.raises(ValueError, match=r"select= keeps no sample of the 8 shard.*lazy_select=False"):
+        next(iter(only_first.pipeline(lone[0], 0)))
+    eager = stream(out.root, batch_size=5, seed=1, select=functools.partial(_in_shard, first), lazy_select=False)
+    assert len(eager.shards) == 1 and set(_draw(eager, lone[0], 20)) <= set(out.keys[first])
+
+
+def _share(ds: ShardStream, world: World) -> list[int]:
+    from wsishard.streaming.planner import reader_share
+
+    return [p.shard for p in reader_share(ds.spec, (world.num_workers,), world.rank, world.worker)]
+
+
+def _in_shard(name: str, t: dict[str, np.ndarray]) -> np.ndarray:
+    return np.asarray(t["shard"]) == name
+
+
+def _quarter_select(t: dict[str, np.ndarray]) -> np.ndarray:
+    return t["position"] % 4 == 0
+
+
 def _tissue_select(t: dict[str, np.ndarray]) -> np.ndarray:
     return t["tissue"] >= 0.5
 
@@ -299,10 +354,12 @@ def test_bad_combinations_are_refused(out: sm.Output) -> None:
         stream(out.root, batch_size=4, pad_last=True)
     with pytest.raises(ValueError, match="weights= must be"):
         stream(out.root, batch_size=4, weights="balanced")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="bool array"):
-        stream(out.root, batch_size=4, select=lambda t: t["tissue"])
-    with pytest.raises(ValueError, match="keeps no sample"):
-        stream(out.root, batch_size=4, select=lambda t: t["label"] > 5)
+    for bad, message in ((lambda t: t["tissue"], "bool array"), (lambda t: t["label"] > 5, "keeps no sample")):
+        with pytest.raises(ValueError, match=message):  # an epoch reads every index at start-up
+            stream(out.root, batch_size=4, resampled=False, select=bad)
+        lazy = stream(out.root, batch_size=4, select=bad)  # resampled: no index read until a reader visits
+        with pytest.raises(ValueError, match=message):
+            next(iter(lazy))
 
 
 def test_a_build_writes_an_index_of_its_shards_and_a_summary(cohort_build: Path) -> None:

@@ -233,8 +233,9 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         topology = self.topology(world.num_workers, world.rank) if world.world_size == self.world.world_size else ()
         topology = topology or (world.num_workers,) * world.world_size
         if self.config.resampled:
-            source = Passes(self.spec, topology, world.rank, world.worker, done * self.config.batch_size)
-            return Work(source, None, None)
+            sizes = self._true_sizes if self.sampling is not None and self.sampling.lazy else None
+            items = done * self.config.batch_size
+            return Work(Passes(self.spec, topology, world.rank, world.worker, items, sizes), None, None)
         plan = planner.plan_epoch(self.spec, topology, epoch, self.segments(epoch))
         return epoch_work(plan, world.rank, world.worker, done)
 
@@ -259,6 +260,11 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
             *([MarkValid(counter, done * size)] if cfg.pad_last else []),
             Budget(work.budget, refill),
         )
+
+    def _true_sizes(self, shards: Sequence[int]) -> list[int]:
+        """The samples ``select`` keeps in each of ``shards`` (positions in :attr:`shards`): a lazy plan's counts."""
+        assert self.sampling is not None
+        return selection.selected_counts(self.sampling, self.opener, [self.shards[s].url for s in shards])
 
     @staticmethod
     def _share_size(source: object) -> int:

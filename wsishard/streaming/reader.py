@@ -65,9 +65,21 @@ class ReadPieces:
     _chosen: OrderedDict[int, _Chosen] = field(default_factory=OrderedDict, init=False)
 
     def __call__(self, src: Iterable[Piece]) -> Iterator[RawSample]:
+        lazy, empty = self.sampling is not None and self.sampling.lazy, 0
         for piece in src:
-            if piece.count:
-                yield from piece_items(piece, self._items(piece), self.size)
+            if not piece.count:
+                continue
+            yielded = 0
+            for raw in piece_items(piece, self._items(piece), self.size):
+                yielded += 1
+                yield raw
+            empty = 0 if yielded else empty + 1
+            if lazy and empty > len(self.shards):  # a whole pass of its shards, and select= kept nothing
+                raise ValueError(
+                    f"select= keeps no sample of the {len(self.shards)} shard(s) this reader visits (a resampled "
+                    "stream applies it as readers visit their shards): pass lazy_select=False to stream() (every "
+                    "index read at start-up, the shards without a selected sample left out), or use fewer workers"
+                )
 
     def _items(self, piece: Piece) -> Iterator[RawSample]:
         ref = self.shards[piece.shard]
@@ -114,7 +126,7 @@ class ReadPieces:
         index = load_shard_index(plan, s, self.opener)
         table = index.table(shard_of(plan.index_urls[s])) if plan.select or callable(plan.weights) else None
         mine = np.flatnonzero(plan.mask(s, index, table))
-        if len(mine) != ref.samples:
+        if len(mine) != ref.samples and not plan.lazy:
             raise ShardError(
                 redact(ref.url),
                 f"select= keeps {len(mine)} samples now, {ref.samples} when the stream was planned "

@@ -1,5 +1,6 @@
-"""The sampling plan of ``select=``/``weights=``/``proportions=``, made once in the main process (see
-:mod:`wsishard.streaming.indexed`): a few numbers per shard and per slide, never a row per sample.
+"""The sampling plan of ``select=``/``weights=``/``proportions=``, made once in the main process (read by the
+planner and by :class:`~wsishard.streaming.reader.ReadPieces`): a few numbers per shard and per slide, never a row
+per sample.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class SamplingPlan:
         slide_ptr, slide_global: shard ``s``'s slides (in its index's order) are global slides
             ``slide_global[slide_ptr[s]:slide_ptr[s + 1]]``.
         slide_weight: (S,) the weight of one sample of each global slide (``"slide"``).
+        lazy: ``select`` is applied as each reader visits a shard (a resampled, unweighted stream: no shard index is
+            read at start-up); ``selected`` are then the shards' rows, an upper bound.
     """
 
     select: Select | None
@@ -54,6 +57,7 @@ class SamplingPlan:
     slide_global: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     slide_weight: np.ndarray = field(default_factory=lambda: np.zeros(0))
     index_digests: tuple[str, ...] = ()
+    lazy: bool = False
 
     @property
     def weighted(self) -> bool:
@@ -135,10 +139,13 @@ def plan_sampling(
     storage_options: StorageOptions | None,
     opener: Opener,
     share: Share | None = None,
+    lazy: bool = False,
 ) -> SamplingPlan:
     """The :class:`SamplingPlan` of ``sources`` (main process): summaries read, and every shard index read once
     only where ``select`` or a weight function needs the samples: by this process alone, or with ``share`` (in a
     DDP job, :func:`~wsishard.streaming.world.rank_share`) each rank reads its share and the counts are summed.
+    ``lazy`` (a resampled stream with ``select`` and no weights): no index is read here, the readers apply
+    ``select`` as they visit each shard.
 
     Raises:
         ManifestError: a source without an index summary (built by a wsishard without indexes).
@@ -171,9 +178,10 @@ def plan_sampling(
         slide_ptr=slide_ptr.astype(np.int64),
         slide_global=slide_global,
         index_digests=tuple(rec.index_sha256 for src in sources for rec in src.manifest.shards),
+        lazy=lazy and select is not None and weights is None,
     )
     totals = np.zeros(len(rows))
-    if select is not None or callable(weights):
+    if (select is not None or callable(weights)) and not plan.lazy:
         label_counts, slide_count, totals = scan_shared(plan, opener, len(labels), share)
         plan.selected[:] = label_counts.sum(axis=1)
     if weights is None:
@@ -216,8 +224,10 @@ def choose(
     storage_options: StorageOptions | None,
     opener: Opener,
     share: Share | None = None,
+    resampled: bool = False,
 ) -> tuple[list[ShardRef], SamplingPlan | None]:
-    """The stream's shards and sampling plan: ``tasks`` and None without ``select``/``weights``.
+    """The stream's shards and sampling plan: ``tasks`` and None without ``select``/``weights``. A ``resampled``
+    stream with ``select`` and no weights reads no shard index here (:attr:`SamplingPlan.lazy`).
 
     Raises:
         ValueError: ``proportions`` without ``weights``, or a ``select`` keeping nothing; as :func:`plan_sampling`.
@@ -234,8 +244,22 @@ def choose(
         storage_options=storage_options,
         opener=opener,
         share=share,
+        lazy=resampled,
     )
     chosen = refs_of(plan, [t.url for t in tasks])
     if not chosen:
         raise ValueError(f"select= keeps no sample of {', '.join(s.where for s in sources)}")
     return chosen, plan
+
+
+def selected_counts(plan: SamplingPlan, opener: Opener, urls: Sequence[str]) -> list[int]:
+    """The samples ``select`` keeps in each of the shards ``urls`` (their indexes read): a lazy plan's true counts.
+
+    Raises:
+        IndexFileError: an index that cannot be read or does not match its shard.
+    """
+    out = []
+    for url in urls:
+        s = plan.urls[url]
+        out.append(int(plan.mask(s, load_shard_index(plan, s, opener)).sum()))
+    return out

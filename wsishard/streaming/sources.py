@@ -40,6 +40,7 @@ def stream(
     proportions: Sequence[float] | None = None,
     pad_last: bool = False,
     split_scan: bool | None = None,
+    lazy_select: bool | None = None,
     context: bool = True,
     mixed_mpp: bool = False,
     epoch_size: int | None = None,
@@ -57,7 +58,10 @@ def stream(
         opener: ``location -> binary file`` replacing the fsspec/local opener (must pickle).
         world: rank and world size; detected when None.
         select: ``columns -> (n,) bool`` over a shard index's columns (``label``, ``slide_id``, ``tissue``, ``x``...):
-            only the samples it keeps are streamed. Deterministic, and it must pickle (the workers call it).
+            only the samples it keeps are streamed. Deterministic, and it must pickle (the workers call it). A
+            resampled stream without weights reads no index at start-up: each reader applies it as it visits a
+            shard (its errors then come from the reader; see ``lazy_select``); epoch mode and weights read every
+            index once at start-up (see ``split_scan``).
         weights: ``"class"`` (every label equally likely), ``"slide"`` (every slide equally likely),
             ``{label: weight}`` (labels not named: 0), or ``columns -> (n,) weights >= 0``. Resampled: endless draws;
             epoch mode: ``epoch_size`` draws with replacement per epoch, every rank the same number of batches.
@@ -67,6 +71,9 @@ def stream(
         split_scan: for ``select``/a weight function under torch.distributed, each rank reads 1/world of the shard
             indexes and the counts are summed (every rank must then call :func:`stream` alike). None (default):
             whenever a process group of several ranks is initialised; False: every rank reads every index.
+        lazy_select: None (default): a resampled stream with ``select`` and no weights applies it as its readers
+            visit their shards; False: it reads every index at start-up, as epoch mode does, and leaves out the
+            shards it keeps nothing of (a ``select`` so sparse that some reader's shards hold no selected sample).
         context: decode a context build's context patches into ``batch["context"]`` (or leave them unread).
         mixed_mpp: stream outputs built at different mpps together (a batch then mixes magnifications; each
             sample's ``.json`` says its ``patch_mpp``). Without it they are refused. A build that records several
@@ -110,6 +117,7 @@ def stream(
         storage_options=storage_options,
         opener=opener,
         share=rank_share(world) if split_scan is not False else None,
+        resampled=resampled and lazy_select is not False,
     )
     return ShardStream(tasks, config, world=world, opener=opener, sampling=plan)
 

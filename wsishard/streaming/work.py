@@ -3,8 +3,8 @@ and the items and batches it has left. Plain data that pickles into DataLoader w
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 
 from wsishard.errors import TopologyError
 from wsishard.streaming.planner import (
@@ -21,18 +21,24 @@ from wsishard.streaming.planner import (
 
 @dataclass(frozen=True)
 class Passes:
-    """A pipeline source: a resampled reader's pieces, pass after pass, after its first ``items`` items."""
+    """A pipeline source: a resampled reader's pieces, pass after pass, after its first ``items`` items.
+
+    ``sizes``: where ``select`` is applied as shards are visited (the spec's counts then are the shards' rows), the
+    items each of the given shards really has (their indexes read): called to find a resumed reader's place."""
 
     spec: Spec
     topology: Topology
     rank: int
     worker: int
     items: int = 0
+    sizes: Callable[[Sequence[int]], Sequence[int]] | None = None
 
     def __call__(self) -> Iterator[Piece]:
         mine = reader_share(self.spec, self.topology, self.rank, self.worker)
         if not any(p.count for p in mine):
             raise TopologyError(f"rank {self.rank} worker {self.worker} owns only empty shards")
+        if self.sizes is not None and self.items:
+            mine = [replace(p, items=n) for p, n in zip(mine, self.sizes([p.shard for p in mine]), strict=True)]
         pass_index, skip = resampled_start(self.spec, mine, self.rank, self.worker, self.items)
         yield from cut(reader_pass(self.spec, mine, self.rank, self.worker, pass_index), skip, 2**62)
         for p in range(pass_index + 1, 2**62):
