@@ -163,3 +163,23 @@ def test_workers_never_collect_what_the_parent_left(tmp_path: Path) -> None:
     gc.collect()  # here, in the parent: not marked
     assert batches and not marker.exists(), f"a worker (pid {marker.read_text()}) collected the parent's garbage"
     assert gc.isenabled() and gc.get_freeze_count() == frozen  # this process's collector as it was
+
+
+def test_a_worker_hands_its_batches_over_with_no_key_of_the_loaders_own(tmp_path: Path) -> None:
+    """What a worker sends the loader: the batch's keys only; its buffer ticket and worker travel as attributes
+    (:class:`~wsishard.streaming.ring.Handed`), so no stage between the reader and the user sees a hidden key."""
+    from torch.utils.data import DataLoader
+
+    from wsishard.streaming.loader import _Pass, as_is
+    from wsishard.streaming.ring import Handed, Lending, Lent
+
+    png = sm.make_output(str(tmp_path / "png"), (9, 7), image_format="png")
+    ds = stream(png.root, batch_size=4, resampled=False, seed=0, shuffle=4, pad_last=True)
+    lending = Lending(reuse=True, by_reference=True, prefill=2)
+    sent = list(DataLoader(_Pass(ds, 0, None, lending), batch_size=None, num_workers=1, collate_fn=as_is))
+    assert len(sent) == ds.batches_per_rank(num_workers=1) > 2
+    for item in sent:
+        assert isinstance(item, Handed) and isinstance(item.ticket, Lent) and item.worker == 0
+        assert set(item) == {"label", "meta", "key", "valid"}  # by reference: the image is in the buffer
+    got = list(loader(ds, num_workers=1))
+    assert all(type(b) is dict and set(b) == {"image", "label", "meta", "key", "valid"} for b in got)

@@ -45,7 +45,7 @@ from wsishard.streaming.context import context_shape
 from wsishard.streaming.decode import Batch, DecodeIntoBatches, EncodedBatches
 from wsishard.streaming.planner import Plan, Segment, Spec
 from wsishard.streaming.reader import Budget, MarkValid, PadSamples, ReadPieces, Validity
-from wsishard.streaming.ring import UNLENT, Lending
+from wsishard.streaming.ring import UNLENT, Handed, Lending
 from wsishard.streaming.stages import Opener, ShardRef
 from wsishard.streaming.work import Passes, Pieces, Work, epoch_work
 from wsishard.streaming.world import World, detect_world
@@ -321,8 +321,9 @@ def _from_worker(batches: Iterator[Batch], worker: int) -> Iterator[Batch | Work
     for its state), then, if a ShardError ends the batches, that error as the stream's last item."""
     try:
         for batch in batches:
-            batch["worker"] = worker  # type: ignore[typeddict-unknown-key]  # taken off again by the loader
-            yield batch
+            handed = batch if isinstance(batch, Handed) else Handed(batch)
+            handed.worker = worker
+            yield handed  # type: ignore[misc]
     except ShardError as exc:
         yield WorkerShardError(exc.shard, exc.reason)
 

@@ -23,7 +23,7 @@ from PIL import Image
 from wsishard.errors import ShardError
 from wsishard.format import LABEL_RANGE, PatchMeta, image_header, patch_meta
 from wsishard.streaming.context import decode_context_into
-from wsishard.streaming.ring import BatchBuffers, Lending, Lent
+from wsishard.streaming.ring import BatchBuffers, Handed, Lending, Lent
 from wsishard.streaming.stages import ErrorMode, RawSample
 
 logger = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ class DecodeIntoBatches:
     """Decode samples straight into uint8 batches of ``size``; a last incomplete one is kept unless ``drop_last``.
 
     Each batch's ``(size, h, w, 3)`` tensor is a buffer of a :class:`~wsishard.streaming.ring.BatchBuffers` ring
-    (in shared memory inside a DataLoader worker, where the batch carries a ``"buffer"`` ticket that
+    (in shared memory inside a DataLoader worker, where the batch (a :class:`Handed`) carries a ``ticket`` that
     :class:`~wsishard.streaming.loader.ShardLoader` takes off and hands back at the loop's next batch), and every
     image is decoded into its own slot of it (:func:`decode_into`): no per-sample array, no stack, no copy on the
     way to the main process, no fresh pages per batch. ``image_hw`` is every image's ``(h, w)``: the manifest's
@@ -304,7 +304,8 @@ def _batch(
     sent, lent = buffers.hand_over(image, lent, context)
     # by reference (no image sent): the loader puts the image (and context) back and makes the labels (b,) a tensor
     label = np.array(labels, dtype=np.int64) if sent is None else torch.tensor(labels, dtype=torch.int64)
-    batch: dict[str, Any] = {"label": label, "meta": Metas(metas), "key": keys, "buffer": lent}  # buffer: loader's
+    batch = Handed(label=label, meta=Metas(metas), key=keys)
+    batch.ticket = lent
     if sent is not None:
         batch["image"] = sent
         if context is not None:

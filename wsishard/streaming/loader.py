@@ -19,7 +19,7 @@ from wsishard.streaming.dataset import Resume, ShardStream, WorkerShardError
 from wsishard.streaming.decode import Batch, decode_mode
 from wsishard.streaming.pinning import HostPins, cuda_runtime
 from wsishard.streaming.planner import Segment
-from wsishard.streaming.ring import Lending, Returns
+from wsishard.streaming.ring import Lending, Lent, Returns
 from wsishard.streaming.state import STATE_FORMAT, STATE_VERSION, a_type, check_state, segments
 from wsishard.streaming.world import rank_share
 
@@ -198,11 +198,13 @@ class ShardLoader:
     def _count(self, batches: Iterator[Batch], pins: HostPins[Any] | None) -> Iterator[Batch]:
         returns = Returns(pins)  # the workers' buffers lent with the batches, handed back at the next request
         try:
-            for batch in batches:
-                worker = int(batch.pop("worker", 0))  # type: ignore[typeddict-item]
-                ticket = batch.pop("buffer", None)  # type: ignore[typeddict-item]
+            for handed in batches:
+                worker, ticket = int(getattr(handed, "worker", 0)), getattr(handed, "ticket", None)
+                assert ticket is None or isinstance(ticket, Lent)
+                batch: Batch = dict(handed)  # type: ignore[assignment]  # the keys alone, as a plain dict
+                del handed
                 image = None if ticket is None else returns.add(ticket)
-                if image is not None:  # a batch by reference: its image in the buffer, its labels (b,) as sent
+                if image is not None and ticket is not None:  # by reference: its image in the buffer
                     batch["image"], batch["label"] = image, torch.from_numpy(batch["label"])
                     if ticket.context_shape is not None:  # and its context, in the same buffer
                         batch["context"] = returns.context(ticket)  # type: ignore[typeddict-item]

@@ -26,13 +26,14 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from wsishard.streaming.pinning import HostPins
 
-__all__ = ["ROW_OFFSET", "UNLENT", "BatchBuffers", "Lending", "Lent", "Returns"]
+__all__ = ["ROW_OFFSET", "UNLENT", "BatchBuffers", "Handed", "Lending", "Lent", "Returns"]
 
 RING_SLOTS = 8  # buffers a worker keeps at most: 1 being filled, prefetched ones, the ones on their way to the loop
 # A batch starts 16 bytes past a 32-byte boundary (so does every image and row of it when the row's bytes are a multiple
@@ -109,6 +110,16 @@ class Lent:
     start: int = 0  # by reference: the batch's first byte in the buffer
     context_shape: tuple[int, ...] | None = None  # by reference, with context: the batch's (b, K, h, w, 3)
     context_start: int = 0  # by reference: the context's first byte in the buffer
+
+
+class Handed(dict[str, Any]):
+    """A batch on its way from a DataLoader worker to :class:`~wsishard.streaming.loader.ShardLoader`: a plain dict
+    of the batch's keys, with what only the loader reads as attributes (they pickle with it), never as keys:
+    ``ticket``, the :class:`Lent` buffer the batch lies in (None: a buffer of its own), and
+    ``worker``, the logical worker that made it. The loader yields a plain ``dict`` of the keys."""
+
+    ticket: Lent | None = None
+    worker: int = 0
 
 
 UNLENT = Lending()  # no reuse: every batch a fresh buffer of its own
