@@ -80,6 +80,29 @@ def test_an_epoch_resumed_mid_way_finishes_as_the_uninterrupted_one_and_the_next
     assert _sig(list(again)) == reference[1]  # and the next epoch is the uninterrupted run's next
 
 
+@pytest.mark.parametrize(("resampled", "steps"), [(False, 3), (False, 8), (True, 5)])
+def test_persistent_workers_resume_mid_epoch_and_go_on(out: sm.Output, resampled: bool, steps: int) -> None:
+    def persistent() -> ShardLoader:
+        ds = stream(out.root, batch_size=3, shuffle=6, seed=5, resampled=resampled, drop_last=False)
+        return loader(ds, num_workers=2, persistent_workers=True)
+
+    def epochs(dl: ShardLoader, n: int) -> list[list[tuple[str, ...]]]:
+        return [_sig(list(itertools.islice(dl, 14 if resampled else None))) for _ in range(n)]
+
+    reference = epochs(persistent(), 2)
+    first = persistent()
+    taken = _sig(list(itertools.islice(first, steps)))
+    state = json.loads(json.dumps(first.state_dict()))
+    again = persistent()
+    again.load_state_dict(state)  # refused before: persistent workers could not be resumed
+    rest, following = epochs(again, 2)
+    if resampled:
+        assert taken + rest[: 14 - steps] == reference[0]
+    else:
+        assert taken + rest == reference[0]  # the epoch finishes in its workers: no sample repeated or lost
+        assert following == reference[1]  # and the same workers go on with the uninterrupted run's next epoch
+
+
 def test_a_state_at_an_epochs_end_resumes_with_the_next_epoch(out: sm.Output) -> None:
     first = _loader(out.root, 2, resampled=False, drop_last=False)
     epoch0 = _sig(list(first))

@@ -262,8 +262,6 @@ class ShardLoader:
                 )
             check_state(s)
         mine = self.state_dict()
-        if self.persistent:
-            raise ValueError("resuming needs persistent_workers=False (workers that start anew each epoch)")
         if any(s.get("redealt") for s in states):
             raise ValueError("the state was saved by an older wsishard while a re-dealt epoch was finishing")
         first = states[0]
