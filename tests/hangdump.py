@@ -12,7 +12,7 @@ import faulthandler
 import signal
 import sys
 
-AFTER_S = 75.0  # longer than any healthy step of these tests, shorter than gloo's 90 s timeout
+AFTER_S = 45.0  # longer than any healthy worker of these tests lives, shorter than their DataLoader timeout (60 s)
 
 
 def arm() -> None:
