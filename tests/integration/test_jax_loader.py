@@ -1,0 +1,64 @@
+"""wsishard.jax.loader in one process: the torch loader's batches as global jax.Arrays, copied out of its reused
+buffers, padded epochs marked valid, and its position saved and restored. Two processes:
+tests/integration/test_jax_distributed.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import shardmaker as sm
+from streamtools import COUNTS
+
+from wsishard.streaming.loader import loader as torch_loader
+from wsishard.streaming.sources import stream
+
+jax = pytest.importorskip("jax")
+wjax = pytest.importorskip("wsishard.jax")
+
+
+def _epoch(out: sm.Output, **kw: object):  # type: ignore[no-untyped-def]
+    return stream(out.root, batch_size=4, resampled=False, shuffle=8, seed=3, **kw)  # type: ignore[arg-type]
+
+
+def test_kept_batches_equal_the_torch_loaders_own_copies(stream_out: sm.Output) -> None:
+    """Reused buffers (the default) under 2 workers: every jax batch kept in a list still holds its own pixels."""
+    kept = list(wjax.loader(_epoch(stream_out), num_workers=2))
+    fresh = list(torch_loader(_epoch(stream_out), num_workers=2, reuse_buffers=False, pin_memory=False))
+    assert len(kept) == len(fresh) > 3
+    for mine, ref in zip(kept, fresh, strict=True):
+        assert isinstance(mine["image"], jax.Array) and mine["image"].dtype == np.uint8
+        assert mine["image"].sharding.is_equivalent_to(wjax.default_sharding(), 4)
+        assert np.array_equal(np.asarray(mine["image"]), ref["image"].numpy())
+        assert np.asarray(mine["label"]).tolist() == ref["label"].tolist()
+        assert mine["key"] == ref["key"] and np.asarray(mine["valid"]).all()
+        assert [m["slide_id"] for m in mine["meta"]] == [m["slide_id"] for m in ref["meta"]]
+    assert {k for b in kept for k in b["key"]} <= set(stream_out.shard_of)
+
+
+def test_pad_last_marks_the_repeats_and_yields_every_sample_once(stream_out: sm.Output) -> None:
+    batches = list(wjax.loader(_epoch(stream_out, pad_last=True), num_workers=2))
+    valid = [k for b in batches for k, v in zip(b["key"], np.asarray(b["valid"]).tolist(), strict=True) if v]
+    assert sorted(valid) == sorted(stream_out.shard_of) and len(valid) == sum(COUNTS)
+    assert all(b["image"].shape == (4, 16, 16, 3) for b in batches)
+    assert sum(len(b["key"]) for b in batches) > sum(COUNTS)  # sum(COUNTS) = 74 is no multiple of 4: repeats
+
+
+def test_state_dict_resumes_where_the_loop_stood(stream_out: sm.Output) -> None:
+    whole = [b["key"] for b in wjax.loader(_epoch(stream_out), num_workers=2)]
+    first = wjax.loader(_epoch(stream_out), num_workers=2)
+    it = iter(first)
+    taken = [next(it)["key"] for _ in range(3)]
+    state = first.state_dict()
+    del it
+    again = wjax.loader(_epoch(stream_out), num_workers=2)
+    again.load_state_dict(state)
+    rest = [b["key"] for b in again]
+    assert taken + rest == whole
+
+
+def test_torch_only_options_and_a_sharding_of_another_kind_are_refused(stream_out: sm.Output) -> None:
+    with pytest.raises(ValueError, match="decode"):
+        wjax.loader(_epoch(stream_out), num_workers=0, decode="device")
+    single = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    with pytest.raises(ValueError, match=r"NamedSharding .*got SingleDeviceSharding"):
+        wjax.loader(_epoch(stream_out), num_workers=0, sharding=single)
