@@ -1,6 +1,6 @@
 """wsishard.jax.loader in one process: the torch loader's batches as global jax.Arrays, copied out of its reused
 buffers, padded epochs marked valid, and its position saved and restored. Two processes:
-tests/integration/test_jax_distributed.py."""
+tests/distributed/test_jax_distributed.py."""
 
 from __future__ import annotations
 
