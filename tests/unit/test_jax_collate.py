@@ -18,19 +18,21 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 @pytest.mark.parametrize("augment", [False, True])
-def test_the_output_is_gpu_collates_for_the_same_seed_to_float_tolerance(augment: bool) -> None:
-    """Batch after batch: the same dihedral codes (drawn alike from (seed, batch number)) and the same values
-    within 1e-6 (XLA may divide by multiplying by the reciprocal: a rounding apart); a wrong transform is far off."""
+@pytest.mark.parametrize(("dtype", "torch_dtype"), [("float32", torch.float32), ("bfloat16", torch.bfloat16)])
+def test_the_output_is_gpu_collates_for_the_same_seed_bit_for_bit(
+    augment: bool, dtype: str, torch_dtype: torch.dtype
+) -> None:
+    """Batch after batch: the same dihedral codes (drawn alike from (seed, batch number)) and the same values."""
     rng = np.random.default_rng(0)
-    torch_side = GpuCollate("cpu", mean=MEAN, std=STD, augment=augment, seed=11)
-    jax_side = wjax.Collate(mean=MEAN, std=STD, augment=augment, seed=11)
+    torch_side = GpuCollate("cpu", mean=MEAN, std=STD, augment=augment, seed=11, dtype=torch_dtype)
+    jax_side = wjax.Collate(mean=MEAN, std=STD, augment=augment, seed=11, dtype=getattr(jnp, dtype))
     for _ in range(4):
         x = rng.integers(0, 256, (8, 16, 16, 3), dtype=np.uint8)
-        ref = torch_side.images(torch.from_numpy(x)).permute(0, 2, 3, 1).numpy()  # (8, 16, 16, 3) float32
-        out = jax_side.images(jax.device_put(x, wjax.default_sharding()))
-        assert out.dtype == jnp.float32 and out.shape == (8, 16, 16, 3)
+        ref = torch_side.images(torch.from_numpy(x)).permute(0, 2, 3, 1).float().numpy()  # (8, 16, 16, 3)
+        out = jax_side.images(jax.device_put(x, wjax.default_sharding())).astype(jnp.float32)
+        assert out.shape == (8, 16, 16, 3)
         assert out.sharding.is_equivalent_to(wjax.default_sharding(), 4)
-        np.testing.assert_allclose(np.asarray(out), ref, rtol=0, atol=1e-6)
+        assert np.array_equal(np.asarray(out), ref)  # bit for bit
 
 
 def test_augment_gives_each_of_the_8_dihedral_transforms_about_equally() -> None:

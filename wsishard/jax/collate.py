@@ -17,9 +17,9 @@ __all__ = ["Collate"]
 
 
 @partial(jax.jit, static_argnames=("augment", "dtype"))
-def _collate(image: jax.Array, codes: jax.Array, mean: jax.Array, std: jax.Array, augment: bool, dtype: Any) -> Any:
-    """uint8 (B, h, w, 3) -> ``dtype`` (B, h, w, 3): each sample by its dihedral code (``augment``), then
-    ``((x / 255) - mean) / std`` in float32, GpuCollate's operations in its order."""
+def _collate(image: jax.Array, codes: jax.Array, table: jax.Array, augment: bool, dtype: Any) -> Any:
+    """uint8 (B, h, w, 3) -> ``dtype`` (B, h, w, 3): each sample by its dihedral code (``augment``), then each
+    value looked up in ``table`` (256, 3): ``((v / 255) - mean) / std`` of every uint8 value ``v``, per channel."""
     x = image
     if augment:
         c = codes[:, None, None, None]  # (B, 1, 1, 1) int32
@@ -27,7 +27,7 @@ def _collate(image: jax.Array, codes: jax.Array, mean: jax.Array, std: jax.Array
             x = jnp.where((c & 1) != 0, jnp.swapaxes(x, 1, 2), x)
         x = jnp.where((c & 2) != 0, jnp.flip(x, 2), x)  # bit 1: flip width
         x = jnp.where((c & 4) != 0, jnp.flip(x, 1), x)  # bit 2: flip height
-    y = ((x.astype(jnp.float32) / 255) - mean) / std  # (B, h, w, 3) float32
+    y = table[x.astype(jnp.int32), jnp.arange(3)]  # (B, h, w, 3) float32: a gather from 768 values
     return y.astype(dtype)
 
 
@@ -36,9 +36,11 @@ class Collate:
     on the same devices and sharding, each sample optionally moved by a random dihedral transform.
 
     The same results as :class:`~wsishard.streaming.collate.GpuCollate` given the same global batch (NHWC instead of
-    NCHW): the ``n``-th batch's codes are ``np.random.default_rng((seed, n, tag)).integers(0, 8, B)`` over the global
-    batch of ``B``, as GpuCollate draws them for a batch of ``B``; bit 0 of a code swaps height and width, bit 1
-    flips the width, bit 2 the height.
+    NCHW), bit for bit: each value is looked up in a table of the 256 uint8 values' results per channel, computed
+    by the reference's own float32 operations ``((v / 255) - mean) / std`` (then rounded to ``dtype``), as
+    GpuCollate's CPU pass does. The ``n``-th batch's codes are
+    ``np.random.default_rng((seed, n, tag)).integers(0, 8, B)`` over the global batch of ``B``, as GpuCollate draws
+    them for a batch of ``B``; bit 0 of a code swaps height and width, bit 1 flips the width, bit 2 the height.
 
     Args:
         mean: per-channel mean, in [0, 1] units.
@@ -70,6 +72,8 @@ class Collate:
             raise ValueError("augment=True under several processes needs seed= (the same on every process)")
         self.mean = np.asarray(mean, dtype=np.float32)  # (3,)
         self.std = np.asarray(std, dtype=np.float32)  # (3,)
+        values = np.arange(256, dtype=np.float32)[:, None]  # (256, 1)
+        self.table = ((values / np.float32(255)) - self.mean) / self.std  # (256, 3) float32, GpuCollate's operations
         self.dtype = dtype
         self.augment = augment
         self.seed = seed if seed is not None else int(np.random.default_rng().integers(2**63))
@@ -97,7 +101,7 @@ class Collate:
             sharding = NamedSharding(sharding.mesh, PartitionSpec(sharding.spec[0] if len(sharding.spec) else None))
         codes = jax.make_array_from_callback(drawn.shape, sharding, lambda index: drawn[index])
         try:
-            return _collate(image, codes, self.mean, self.std, self.augment, self.dtype)
+            return _collate(image, codes, self.table, self.augment, self.dtype)
         finally:
             self.batches += 1
 
