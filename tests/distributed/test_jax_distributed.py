@@ -1,8 +1,8 @@
 """Issue 46's done-when: two ``jax.distributed`` processes of 2 CPU devices each, no torch.distributed, stream one
-padded epoch through ``wsishard.jax.loader``: every batch one global (2 x B, h, w, 3) array over the 4 devices, every
-sample valid exactly once over both processes, as many batches on each, and ``wsishard.jax.Collate`` of the global
-batch bit for bit ``GpuCollate``'s. Hard time limits: a hang fails. Run as a script, this file is
-the per-process program.
+padded epoch through ``wsishard.jax.loader`` (process 0 with 2 DataLoader workers, process 1 with 1: gathered and
+planned alike): every batch one global (2 x B, h, w, 3) array over the 4 devices, every sample valid exactly once
+over both processes, as many batches on each, and ``wsishard.jax.Collate`` of the global batch bit for bit
+``GpuCollate``'s. Hard time limits: a hang fails. Run as a script, this file is the per-process program.
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ def test_one_padded_epoch_over_two_processes_and_four_devices(processes: list[di
     a, b = processes
     assert a["rank"] == 0 and b["rank"] == 1 and a["world_size"] == b["world_size"] == 2  # from jax.distributed
     assert a["batches"] == b["batches"] > 0
+    assert a["workers_by_rank"] == b["workers_by_rank"] == [2, 1]  # gathered over jax: both plan the same readers
     for p in processes:
         assert p["shapes"] == [[2 * BATCH, 16, 16, 3]] * p["batches"]
         assert p["devices"] == [4] * p["batches"] and p["local_shards"] == [2] * p["batches"]
@@ -116,7 +117,7 @@ def _process_main(build: str, result: str, process_id: int, port: int) -> None:
     rec: dict = {"rank": ds.world.rank, "world_size": ds.world.world_size, "keys": [], "valid": []}
     for name in ("shapes", "devices", "local_shards", "rows_match", "valid_sums", "collate_diff"):
         rec[name] = []
-    for batch in wjax.loader(ds, num_workers=WORKERS):
+    for batch in wjax.loader(ds, num_workers=WORKERS - process_id):  # 2 and 1: gathered, planned alike
         image, valid = batch["image"], batch["valid"]
         mine = sorted(image.addressable_shards, key=lambda s: s.index[0].start)
         rows = np.concatenate([np.asarray(s.data) for s in mine])  # this process's rows of the global batch
@@ -137,6 +138,7 @@ def _process_main(build: str, result: str, process_id: int, port: int) -> None:
         diff = max(float(np.abs(np.asarray(s.data) - ref[s.index]).max()) for s in out.addressable_shards)
         rec["collate_diff"].append(diff)
     rec["batches"] = len(rec["shapes"])
+    rec["workers_by_rank"] = list(ds.workers_by_rank or ())
     Path(result, f"process{process_id}.json").write_text(json.dumps(rec))
     jax.distributed.shutdown()
 

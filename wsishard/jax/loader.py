@@ -12,6 +12,8 @@ from typing import Any, TypedDict
 
 import jax
 import numpy as np
+import torch
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from wsishard.streaming.dataset import ShardStream
@@ -133,6 +135,10 @@ def loader(dataset: ShardStream, *, num_workers: int = 4, sharding: Sharding | N
         **kwargs: passed to :func:`wsishard.loader` (``prefetch_factor``, ``reuse_buffers``...); ``decode`` and
             ``pin_memory`` are the torch loader's (refused here: workers decode, jax copies).
 
+    Under ``jax.distributed`` without torch.distributed, every process's ``num_workers`` is gathered (a JAX
+    collective, ``multihost_utils.process_allgather``: every process must call this), so that processes with
+    different numbers plan their epochs alike, as :func:`wsishard.loader` does under torch.distributed.
+
     Raises:
         ValueError: ``decode`` or ``pin_memory`` given, a bad ``num_workers``, a sharding that is not a
             ``NamedSharding``.
@@ -141,4 +147,19 @@ def loader(dataset: ShardStream, *, num_workers: int = 4, sharding: Sharding | N
     refused = sorted(k for k in ("decode", "pin_memory") if k in kwargs)
     if refused:
         raise ValueError(f"{', '.join(refused)}: not options of the jax loader (workers decode, jax copies)")
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+    _gather_workers(dataset, num_workers)
     return JaxLoader(torch_loader(dataset, num_workers=num_workers, pin_memory=False, **kwargs), sharding)
+
+
+def _gather_workers(dataset: ShardStream, num_workers: int) -> None:
+    """Every process's workers into ``dataset.workers_by_rank`` when the stream's ranks are JAX's processes and
+    torch.distributed (which :func:`wsishard.loader` gathers them with) is not initialised."""
+    dist = torch.distributed
+    count = jax.process_count()
+    if count == 1 or dataset.world.world_size != count or (dist.is_available() and dist.is_initialized()):
+        return
+    mine = np.array([max(num_workers, 1)], dtype=np.int32)  # (1,)
+    every = np.asarray(multihost_utils.process_allgather(mine)).reshape(count)  # (P,) in process order
+    dataset.workers_by_rank = tuple(int(k) for k in every)
