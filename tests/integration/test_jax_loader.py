@@ -4,6 +4,12 @@ tests/distributed/test_jax_distributed.py."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import shardmaker as sm
@@ -62,3 +68,41 @@ def test_torch_only_options_and_a_sharding_of_another_kind_are_refused(stream_ou
     single = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     with pytest.raises(ValueError, match=r"NamedSharding .*got SingleDeviceSharding"):
         wjax.loader(_epoch(stream_out), num_workers=0, sharding=single)
+
+
+_FOUR_DEVICES = """
+import json, sys
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+import wsishard.jax as wjax
+from wsishard.streaming.sources import stream
+
+mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "model"))
+ds = stream(sys.argv[1], batch_size=2, resampled=False, shuffle=0, seed=0, drop_last=False)
+batch = next(iter(wjax.loader(ds, num_workers=0, sharding=NamedSharding(mesh, PartitionSpec("data")))))
+out = {"shape": list(batch["image"].shape), "devices": len(batch["image"].sharding.device_set)}
+try:
+    next(iter(wjax.loader(ds, num_workers=0)))  # 2 rows over 4 devices, each its own block
+except ValueError as exc:
+    out["refused"] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def test_a_two_axis_mesh_splits_the_batch_over_its_data_axis_and_an_unsplittable_batch_is_named(
+    stream_out: sm.Output, tmp_path: Path
+) -> None:
+    """4 CPU devices (a fresh interpreter: the device count is fixed when jax starts)."""
+    script = tmp_path / "four.py"
+    script.write_text(_FOUR_DEVICES)
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    cmd = [sys.executable, str(script), stream_out.root]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["shape"] == [2, 16, 16, 3] and out["devices"] == 4
+    assert out["refused"] == (
+        "a global batch of 2 samples (2 a process) does not split into the sharding's 4 blocks along the batch: give "
+        "each process a batch_size that is a multiple of 4"
+    )

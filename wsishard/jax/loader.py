@@ -55,6 +55,14 @@ def _batch_only(sharding: Sharding) -> Sharding:
     return NamedSharding(sharding.mesh, PartitionSpec(spec[0] if len(spec) else None))
 
 
+def _batch_blocks(sharding: NamedSharding) -> int:
+    """Blocks of rows the global batch is cut into: the product of the sizes of the mesh axes its first dimension
+    is sharded over (1: replicated)."""
+    first = sharding.spec[0] if len(sharding.spec) else None
+    axes = () if first is None else (first,) if isinstance(first, str) else tuple(first)
+    return int(np.prod([sharding.mesh.shape[a] for a in axes], dtype=np.int64))
+
+
 class JaxLoader:
     """Iterate a :class:`~wsishard.streaming.loader.ShardLoader`'s batches as global ``jax.Array`` s.
 
@@ -96,9 +104,12 @@ class JaxLoader:
                 f"a batch of {b} samples, not batch_size={size}: a global batch needs every process's batch full "
                 "(stream with pad_last=True, or resampled=True)"
             )
-        local = self.sharding.addressable_devices
-        if b % len(local):
-            raise ValueError(f"a batch of {b} samples does not split over this process's {len(local)} devices")
+        blocks = _batch_blocks(self.sharding)  # type: ignore[arg-type]  # a NamedSharding: checked when made
+        if (b * count) % blocks:
+            raise ValueError(
+                f"a global batch of {b * count} samples ({b} a process) does not split into the sharding's {blocks} "
+                f"blocks along the batch: give each process a batch_size that is a multiple of {-(-blocks // count)}"
+            )
         label = batch["label"].numpy().astype(np.int32)  # (b,)
         valid = batch.get("valid")
         valid_np = np.ones(b, dtype=bool) if valid is None else np.asarray(valid, dtype=bool)  # (b,)
