@@ -106,3 +106,14 @@ def test_a_two_axis_mesh_splits_the_batch_over_its_data_axis_and_an_unsplittable
         "a global batch of 2 samples (2 a process) does not split into the sharding's 4 blocks along the batch: give "
         "each process a batch_size that is a multiple of 4"
     )
+
+
+def test_a_short_batch_under_several_processes_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under several processes every process's batch must be full (a global array of P x B rows): the one short
+    batch of a 3-sample epoch is refused by name, before any array is made. (One real process, told there are
+    two: the two-process run is tests/distributed/test_jax_distributed.py's.)"""
+    out = sm.make_output(str(tmp_path / "out"), (3,))
+    ds = stream(out.root, batch_size=4, resampled=False, drop_last=False, shuffle=0, seed=0)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"a batch of 3 samples, not batch_size=4: .*pad_last=True"):
+        next(iter(wjax.JaxLoader(torch_loader(ds, num_workers=0, pin_memory=False))))
