@@ -95,3 +95,15 @@ def test_gpu_loader(tmp_path: Path) -> None:
 def test_multicrop(tmp_path: Path) -> None:
     r = _smoke("bench_multicrop", tmp_path, "--device", "cpu")
     assert r["batch"] == 4 and [row["images_per_s"] > 0 for row in r["rows"]] == [True, True]
+
+
+def test_jax(tmp_path: Path) -> None:
+    pytest.importorskip("jax")
+    r = _smoke("bench_jax", tmp_path, "--workdir", str(tmp_path))
+    assert [row["config"] for row in r["rows"]] == [
+        "torch loader",
+        "jax loader",
+        "torch loader + GpuCollate (cpu)",
+        "jax loader + jax Collate",
+    ]
+    assert all(row["samples_per_s"] > 0 for row in r["rows"]) and set(r["jax_over_torch"]) == {"bare", "collate"}

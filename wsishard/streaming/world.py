@@ -7,6 +7,7 @@ stages never re-read it from the environment.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -51,23 +52,47 @@ class World:
         """The same rank, seen from DataLoader worker ``worker`` of ``num_workers``."""
         return replace(self, worker=worker, num_workers=num_workers)
 
+    @classmethod
+    def jax(cls) -> World:
+        """This JAX process's place: rank ``jax.process_index()`` of ``jax.process_count()`` (imports jax; after
+        ``jax.distributed.initialize``, or a single process)."""
+        import jax
+
+        return cls(rank=jax.process_index(), world_size=jax.process_count())
+
+
+def _jax_distributed() -> tuple[int, int] | None:
+    """``(jax.process_index(), jax.process_count())`` when jax is imported already and ``jax.distributed`` is
+    initialised; None otherwise (jax is never imported here: it costs seconds, and a GPU's memory on first use)."""
+    jax = sys.modules.get("jax")
+    initialised = getattr(getattr(jax, "distributed", None), "is_initialized", None)
+    if jax is None or initialised is None or not initialised():
+        return None
+    return int(jax.process_index()), int(jax.process_count())
+
 
 def detect_world() -> World:
-    """This process's rank and world size (torch.distributed, else torchrun's RANK/WORLD_SIZE) and worker.
+    """This process's rank and world size and its worker.
+
+    The rank and world size come from torch.distributed when it is initialised, else from ``jax.distributed`` when
+    jax is imported and that is initialised (``jax.process_index()`` of ``jax.process_count()``), else from
+    torchrun's RANK/WORLD_SIZE, else rank 0 of 1.
 
     Raises:
-        TopologyError: torch.distributed and RANK/WORLD_SIZE disagree.
+        TopologyError: torch.distributed (or jax.distributed) and RANK/WORLD_SIZE disagree.
     """
     env = (os.environ.get("RANK"), os.environ.get("WORLD_SIZE"))
     rank, size = (int(env[0]), int(env[1])) if env[0] is not None and env[1] is not None else (0, 1)
     dist = torch.distributed
+    found: tuple[str, tuple[int, int]] | None = None
     if dist.is_available() and dist.is_initialized():
-        if env[0] is not None and (rank, size) != (dist.get_rank(), dist.get_world_size()):
-            raise TopologyError(
-                f"RANK/WORLD_SIZE say {rank}/{size} but torch.distributed says "
-                f"{dist.get_rank()}/{dist.get_world_size()}"
-            )
-        rank, size = dist.get_rank(), dist.get_world_size()
+        found = ("torch.distributed", (dist.get_rank(), dist.get_world_size()))
+    elif (jax_place := _jax_distributed()) is not None:
+        found = ("jax.distributed", jax_place)
+    if found is not None:
+        if env[0] is not None and (rank, size) != found[1]:
+            raise TopologyError(f"RANK/WORLD_SIZE say {rank}/{size} but {found[0]} says {found[1][0]}/{found[1][1]}")
+        rank, size = found[1]
     info = torch.utils.data.get_worker_info()
     worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
     return World(rank=rank, world_size=size, worker=worker, num_workers=workers)
