@@ -65,9 +65,19 @@ class ReadPieces:
     _chosen: OrderedDict[int, _Chosen] = field(default_factory=OrderedDict, init=False)
 
     def __call__(self, src: Iterable[Piece]) -> Iterator[RawSample]:
-        for piece in src:
-            if piece.count:
-                yield from piece_items(piece, self._items(piece), self.size)
+        ahead = getattr(self.opener, "ahead", None)  # StreamOpener's: the next shard opened while one is read
+        pieces = (p for p in src if p.count)
+        piece = next(pieces, None)
+        while piece is not None:
+            following = next(pieces, None)
+            items = piece_items(piece, self._items(piece), self.size)
+            first = next(items, None)  # the current shard is open (and read up to its first item)
+            if ahead is not None and following is not None and following.shard != piece.shard:
+                ahead(self.shards[following.shard].url)
+            if first is not None:
+                yield first
+                yield from items
+            piece = following
 
     def _items(self, piece: Piece) -> Iterator[RawSample]:
         ref = self.shards[piece.shard]
