@@ -95,3 +95,10 @@ def test_gpu_loader(tmp_path: Path) -> None:
 def test_multicrop(tmp_path: Path) -> None:
     r = _smoke("bench_multicrop", tmp_path, "--device", "cpu")
     assert r["batch"] == 4 and [row["images_per_s"] > 0 for row in r["rows"]] == [True, True]
+
+
+def test_storage(tmp_path: Path) -> None:
+    r = _smoke("bench_storage", tmp_path, "--workdir", str(tmp_path))
+    assert r["in_place_0"]["identical"] and r["in_place_20"]["identical"]  # read in place: the local build's shards
+    assert r["in_place_20"]["gets"] > 0 and r["copy_20"]["bytes"] >= r["copy_20"]["slide_bytes"]  # proxy's counts
+    assert r["stream_0"][0] > 0 and r["stream_20"][0] > 0 and r["stream_local_20"][0] > 0

@@ -72,7 +72,7 @@ class ReadPieces:
             following = next(pieces, None)
             items = piece_items(piece, self._items(piece), self.size)
             first = next(items, None)  # the current shard is open (and read up to its first item)
-            if ahead is not None and following is not None and following.shard != piece.shard:
+            if ahead is not None and following is not None:  # (the same shard again too: a read of its own)
                 ahead(self.shards[following.shard].url)
             if first is not None:
                 yield first
