@@ -4,6 +4,7 @@ file; a request that fails names the slide. Against the HTTP test server, whose 
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -125,3 +126,30 @@ def test_a_slide_built_in_place_makes_far_fewer_requests_than_tiles_and_the_loca
     assert single.shards == local.shards
     per_tile = len(_gets(server, name))
     assert coalesced * 2.5 < per_tile, (coalesced, per_tile)  # 24 against 72, the same directory reads (~9) in both
+
+
+def test_a_slide_under_half_a_megabyte_is_copied_and_recorded_so_and_its_shards_equal_the_local_builds(
+    http_serve: Any, cohort: Path, tmp_path: Path
+) -> None:
+    import dataclasses
+
+    from buildtools import SMALL_BUILD
+
+    from wsishard.builder.run import build
+    from wsishard.slide.remote_tiff import COPY_BELOW_BYTES
+    from wsishard.testing.synthetic import make_slides
+
+    folder = tmp_path / "slides"
+    make_slides(folder, 1, seed=3, width=1024, height=1024, tissue_fraction=0.6)
+    tiny = next(folder.iterdir())
+    shutil.copy(next(p for p in sorted(cohort.iterdir()) if p.suffix == ".svs"), folder / "big.svs")
+    assert tiny.stat().st_size < COPY_BELOW_BYTES < (folder / "big.svs").stat().st_size
+    server: HttpServer = http_serve(str(folder))
+    opts = dataclasses.replace(SMALL_BUILD, jobs=1)
+    remote = build([f"{server.url}/{tiny.name}", f"{server.url}/big.svs"], str(tmp_path / "remote"), opts)
+    local = build([str(tiny), str(folder / "big.svs")], str(tmp_path / "local"), opts)
+    read = {Path(s.file).name: (s.read, s.bytes_read) for s in remote.slides}
+    assert read[tiny.name] == ("copied", tiny.stat().st_size)  # one whole download, read by the direct-tile reader
+    assert read["big.svs"][0] == "in place"
+    assert {s.read for s in local.slides} == {""}
+    assert remote.shards == local.shards and sum(s.patches for s in remote.slides) > 0

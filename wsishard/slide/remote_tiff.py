@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 
 REMOTE_SUFFIXES = (".svs", ".tif", ".tiff")
 _BLOCK_BYTES = 64 * 1024  # fsspec block size for the header and directories
+# A slide under this size is copied (one request): read in place, its directories alone (~6 blocks of 64 KB, read by
+# the scan and again to stage) would be most of its bytes, in ten times the requests.
+COPY_BELOW_BYTES = 512 << 10
 _APERIO_MPP = re.compile(r"\|\s*MPP\s*=\s*([0-9.eE+-]+)")
 
 
@@ -51,6 +54,7 @@ class RemoteTiffReader(TiffTileReader):
         scratch: str,
         storage_options: StorageOptions | None = None,
         policy: RangePolicy | None = None,
+        copy_below_bytes: int = 0,
     ) -> None:
         self.path = url
         self._closed_bytes: int | None = None  # directory bytes fetched, kept when the file closes (its cache goes)
@@ -59,6 +63,9 @@ class RemoteTiffReader(TiffTileReader):
             self._file: Any = fs.open(path, "rb", block_size=_BLOCK_BYTES, cache_type="blockcache")
         except (OSError, ValueError) as exc:
             raise SlideError(url, f"cannot be opened ({type(exc).__name__})") from exc
+        if self._file.size is not None and self._file.size < copy_below_bytes:
+            self._file.close()
+            raise SlideError(url, f"{self._file.size} bytes, under {copy_below_bytes}: a copy is one request")
         try:
             self._tif = tifffile.TiffFile(self._file)
             pages = _level_pages(self._tif)
@@ -184,11 +191,12 @@ def open_in_place(
     url: str, scratch: str, storage_options: StorageOptions | None, *, fast: bool
 ) -> RemoteTiffReader | None:
     """A URL slide read by range (SVS, pyramidal TIFF), or None when it needs a local copy: the direct-tile path
-    is off (``fast`` False), its suffix is another format's, or :class:`RemoteTiffReader` cannot read it."""
+    is off (``fast`` False), its suffix is another format's, :class:`RemoteTiffReader` cannot read it, or it is
+    smaller than :data:`COPY_BELOW_BYTES` (in place cannot win; the copy is read by the same direct-tile reader)."""
     if not (fast and public_location(url).lower().endswith(REMOTE_SUFFIXES)):  # a presigned URL's query aside
         return None
     try:
-        return RemoteTiffReader(url, scratch, storage_options)
+        return RemoteTiffReader(url, scratch, storage_options, copy_below_bytes=COPY_BELOW_BYTES)
     except SlideError as exc:
         logger.debug("%s is copied: %s", public_location(url), exc.reason)
         return None
