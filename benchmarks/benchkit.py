@@ -45,6 +45,7 @@ TITLES = {  # each saved run's section on the performance page
     "bench_stream_gpu": "Streaming on a GPU machine",
     "bench_gpu_loader": "Decode on the GPU",
     "bench_jax": "JAX loader against the torch loader",
+    "bench_storage": "Object storage behind a request delay",
 }
 
 

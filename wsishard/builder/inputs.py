@@ -16,6 +16,7 @@ from wsishard.builder.copies import warn_copies
 from wsishard.builder.options import MPP_RULE, BuildOptions, valid_label, valid_mpp
 from wsishard.errors import OptionError
 from wsishard.slide import SLIDE_SUFFIXES
+from wsishard.slide.dicom import group_series
 from wsishard.storage.secrets import refuse_url_credentials
 from wsishard.storage.urls import StorageOptions, is_url, public_location
 
@@ -28,7 +29,7 @@ def find_slides(inputs: Sequence[str], storage_options: StorageOptions | None = 
     """Slide files from folders (recursive), slide files, text files listing slides (one per line), and URLs
     (``s3://bucket/slides/``: every slide under the prefix; or one object), sorted, each file once (the same file
     under two paths, a symlink or a hard link is built once, with a warning; a dangling symlink is kept, for its
-    scan to record it failed).
+    scan to record it failed), each local DICOM series once (its first file; a warning names the files).
 
     Raises:
         OptionError: an input does not exist, or nothing that looks like a slide was found.
@@ -47,6 +48,7 @@ def find_slides(inputs: Sequence[str], storage_options: StorageOptions | None = 
         else:
             raise OptionError(f"no such file or folder: {item}")
     paths = _distinct(sorted(dict.fromkeys(p if is_url(p) else os.path.normpath(p) for p in found)))
+    paths = group_series(paths)  # a DICOM series' files are one slide
     if not paths:
         raise OptionError(f"no slide files ({', '.join(SLIDE_SUFFIXES)}) found in: {', '.join(inputs)}")
     warn_copies(paths)

@@ -181,12 +181,12 @@ def _scan_url(task: ScanTask, record: SlideRecord) -> ScanResult:
     if remote is not None:
         with remote:
             result = _scan_open(task, remote, record)
-        return replace(result, record=replace(result.record, bytes_read=remote.bytes_read))
+        return replace(result, record=replace(result.record, bytes_read=remote.bytes_read, read="in place"))
     with local_copy(task.path, scratch.folder, scratch.storage_options) as local:
         result = _scan_path(task, local, record)
         copied = os.path.getsize(local)
         staged = stage_scanned(local, result.work, task.index, task.path, scratch.folder, task.options.encode)
-    return replace(result, staged=staged, record=replace(result.record, bytes_read=copied))
+    return replace(result, staged=staged, record=replace(result.record, bytes_read=copied, read="copied"))
 
 
 def _scan_path(task: ScanTask, path: str, record: SlideRecord) -> ScanResult:

@@ -3,9 +3,10 @@
 The TIFF header and directories are read through an fsspec file object (small blocks); the levels, their
 downsamples and the resolution come from the TIFF pages themselves, as OpenSlide would report them, so a slide
 read here plans and extracts exactly as its local copy would through :class:`~wsishard.slide.tiff.TiffTileReader`.
-Tile bytes are fetched by range as the direct-tile reader asks for them and kept in a sparse scratch file at their
-own offsets (holes take no disk), which the direct-tile reader's decoding reads unchanged. ``bytes_read`` counts
-every byte fetched.
+Tile bytes are fetched by range (:mod:`wsishard.slide.ranges`: the tiles of a read coalesced into large requests,
+several in flight, the planned reads' tiles fetched ahead) and kept in a sparse scratch file at their own offsets
+(holes take no disk), which the direct-tile reader's decoding reads unchanged. ``bytes_read`` counts every byte
+fetched, ``requests`` every tile request.
 """
 
 from __future__ import annotations
@@ -15,21 +16,25 @@ import logging
 import os
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import fsspec
 import tifffile
 
 from wsishard.errors import SlideError
-from wsishard.slide.reader import one_line
-from wsishard.slide.tiff import Into, TiffTileReader, _TiledLevel
+from wsishard.slide.ranges import RangeFetcher, RangePolicy, Span
+from wsishard.slide.reader import Rect, one_line
+from wsishard.slide.tiff import Into, TiffTileReader, _TiledLevel, _tiles_needed
 from wsishard.storage.urls import StorageOptions, public_location
 
 logger = logging.getLogger(__name__)
 
 REMOTE_SUFFIXES = (".svs", ".tif", ".tiff")
 _BLOCK_BYTES = 64 * 1024  # fsspec block size for the header and directories
+# A slide under this size is copied (one request): read in place, its directories alone (~6 blocks of 64 KB, read by
+# the scan and again to stage) would be most of its bytes, in ten times the requests.
+COPY_BELOW_BYTES = 512 << 10
 _APERIO_MPP = re.compile(r"\|\s*MPP\s*=\s*([0-9.eE+-]+)")
 
 
@@ -43,16 +48,24 @@ class RemoteTiffReader(TiffTileReader):
 
     backend = "tifffile-remote"
 
-    def __init__(self, url: str, scratch: str, storage_options: StorageOptions | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        scratch: str,
+        storage_options: StorageOptions | None = None,
+        policy: RangePolicy | None = None,
+        copy_below_bytes: int = 0,
+    ) -> None:
         self.path = url
         self._closed_bytes: int | None = None  # directory bytes fetched, kept when the file closes (its cache goes)
-        self._tile_bytes = 0
-        self._fetched: set[int] = set()  # offsets of the tiles already in the sparse file
         try:
             fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
-            self._file: Any = fs.open(path, "rb", block_size=_BLOCK_BYTES, cache_type="readahead")
+            self._file: Any = fs.open(path, "rb", block_size=_BLOCK_BYTES, cache_type="blockcache")
         except (OSError, ValueError) as exc:
             raise SlideError(url, f"cannot be opened ({type(exc).__name__})") from exc
+        if self._file.size is not None and self._file.size < copy_below_bytes:
+            self._file.close()
+            raise SlideError(url, f"{self._file.size} bytes, under {copy_below_bytes}: a copy is one request")
         try:
             self._tif = tifffile.TiffFile(self._file)
             pages = _level_pages(self._tif)
@@ -70,16 +83,51 @@ class RemoteTiffReader(TiffTileReader):
         os.makedirs(scratch, exist_ok=True)
         self._sparse = os.path.join(scratch, f"{uuid.uuid4().hex[:12]}.tiles")
         self._fd = os.open(self._sparse, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        tiles = ((o, c) for lv in self._levels for o, c in zip(lv.offsets, lv.bytecounts, strict=True))
+        self._ranges = RangeFetcher(self._get_range, self._fd, policy, tiles)
         self._start_tiles()
 
     @property
     def bytes_read(self) -> int:
         """Bytes fetched from the object so far (also once closed): directories and tiles."""
-        return (self._directory_bytes() if self._closed_bytes is None else self._closed_bytes) + self._tile_bytes
+        return (self._directory_bytes() if self._closed_bytes is None else self._closed_bytes) + self._ranges.bytes
+
+    @property
+    def requests(self) -> int:
+        """Tile requests made so far (the directories' reads aside)."""
+        return self._ranges.requests
 
     def _directory_bytes(self) -> int:
         cache = getattr(self._file, "cache", None)
         return int(getattr(cache, "total_requested_bytes", 0))
+
+    def _get_range(self, start: int, end: int) -> bytes:
+        return bytes(self._file.fs.cat_file(self._file.path, start=start, end=end))
+
+    def _spans(
+        self, lv: _TiledLevel, l_x: int, l_y: int, width: int, height: int, needed: Sequence[Rect] | None
+    ) -> list[Span]:
+        tiles = (ty * lv.tiles_across + tx for ty, tx in _tiles_needed(lv, l_x, l_y, width, height, needed))
+        return [(lv.offsets[i], lv.bytecounts[i]) for i in tiles]
+
+    def plan_read(
+        self, level: int, l_x: int, l_y: int, width: int, height: int, factor: int, needed: Sequence[Rect] | None
+    ) -> None:
+        """As the direct-tile reader's, and the read's tiles are fetched ahead of it."""
+        super().plan_read(level, l_x, l_y, width, height, factor, needed)
+        self._ranges.plan(self._spans(self._levels[level], l_x, l_y, width, height, needed))
+
+    def _read(
+        self, lv: _TiledLevel, l_x: int, l_y: int, width: int, height: int, needed: Sequence[Rect] | None, f: int
+    ) -> Any:
+        self._fetch(self._spans(lv, l_x, l_y, width, height, needed), "a region's tiles")
+        return super()._read(lv, l_x, l_y, width, height, needed, f)
+
+    def _fetch(self, spans: list[Span], what: str) -> None:
+        try:
+            self._ranges.ensure(spans)
+        except Exception as exc:  # the store client's own errors too (aiohttp's ClientResponseError, botocore's)
+            raise SlideError(self.path, f"{what} cannot be read ({type(exc).__name__})") from exc  # no URL: secrets
 
     def _tile(
         self,
@@ -90,15 +138,7 @@ class RemoteTiffReader(TiffTileReader):
         into: Into | None = None,
         last: bool = False,
     ) -> Any:
-        offset, count = level.offsets[index], level.bytecounts[index]
-        if count and offset not in self._fetched:
-            try:
-                data = self._file.fs.cat_file(self._file.path, start=offset, end=offset + count)
-            except (OSError, ValueError) as exc:
-                raise SlideError(self.path, f"tile {index} cannot be read ({type(exc).__name__})") from exc
-            self._tile_bytes += len(data)
-            os.pwrite(self._fd, data, offset)
-            self._fetched.add(offset)
+        self._fetch([(level.offsets[index], level.bytecounts[index])], f"tile {index}")  # (fetched by _read, as a rule)
         return super()._tile(level, index, factor, keep, into, last)
 
     def _close_remote(self) -> None:
@@ -110,6 +150,7 @@ class RemoteTiffReader(TiffTileReader):
 
     def close(self) -> None:
         self._stop_tiles()
+        self._ranges.close()
         os.close(self._fd)
         with contextlib.suppress(FileNotFoundError):
             os.remove(self._sparse)
@@ -150,11 +191,12 @@ def open_in_place(
     url: str, scratch: str, storage_options: StorageOptions | None, *, fast: bool
 ) -> RemoteTiffReader | None:
     """A URL slide read by range (SVS, pyramidal TIFF), or None when it needs a local copy: the direct-tile path
-    is off (``fast`` False), its suffix is another format's, or :class:`RemoteTiffReader` cannot read it."""
+    is off (``fast`` False), its suffix is another format's, :class:`RemoteTiffReader` cannot read it, or it is
+    smaller than :data:`COPY_BELOW_BYTES` (in place cannot win; the copy is read by the same direct-tile reader)."""
     if not (fast and public_location(url).lower().endswith(REMOTE_SUFFIXES)):  # a presigned URL's query aside
         return None
     try:
-        return RemoteTiffReader(url, scratch, storage_options)
+        return RemoteTiffReader(url, scratch, storage_options, copy_below_bytes=COPY_BELOW_BYTES)
     except SlideError as exc:
         logger.debug("%s is copied: %s", public_location(url), exc.reason)
         return None

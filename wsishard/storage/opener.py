@@ -2,11 +2,12 @@
 
 Remote objects are read by :func:`open_remote`: it asks for the object's size once, then fetches ``block_size``
 byte ranges one after another in a background thread that stays ``prefetch`` blocks ahead of the reader, so a
-DataLoader worker decodes while the next block is in flight. Transient failures are retried as
-:mod:`wsishard.storage.retry` says, at open time and mid-stream (the failed block is fetched again from the same
-offset); errors are one-line ``OSError``s without credentials (:mod:`wsishard.storage.secrets`). Credentials and
-endpoints come from the ecosystem's own sources (botocore's environment variables and config files,
-``AWS_ENDPOINT_URL``) plus explicit ``storage_options``.
+DataLoader worker decodes while the next block is in flight; :meth:`StreamOpener.ahead` opens the next shard
+(its size asked for, its first blocks fetched) while the current one is read: a shard's start waits for no request.
+Transient failures are retried as :mod:`wsishard.storage.retry` says, at open time and mid-stream (the failed block
+is fetched again from the same offset); errors are one-line ``OSError``s without credentials
+(:mod:`wsishard.storage.secrets`). Credentials and endpoints come from the ecosystem's own sources (botocore's
+environment variables and config files, ``AWS_ENDPOINT_URL``) plus explicit ``storage_options``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar, cast
 
@@ -76,10 +78,47 @@ class StreamOpener:
     def __call__(self, location: str) -> IO[bytes]:
         if not is_url(location):
             return open(local_path(location), "rb")  # the caller closes it
-        reader = open_remote(
+        key = (os.getpid(), id(self))
+        opened = _AHEAD.get(key)
+        if opened is not None and opened[0] == location:
+            del _AHEAD[key]
+            return cast(IO[bytes], opened[1].result())  # its errors are raised here, as open_remote's
+        return cast(IO[bytes], self._open(location))
+
+    def _open(self, location: str) -> RemoteReader:
+        return open_remote(
             location, self.storage_options, block_size=self.block_size, prefetch=self.prefetch, retry=self.retry
         )
-        return cast(IO[bytes], reader)
+
+    def ahead(self, location: str) -> None:
+        """Start opening ``location`` (a URL; nothing for a local path, nor with ``prefetch`` 0) in the background:
+        the next call for it returns that reader, its size known and its first blocks fetched or on their way. One
+        shard at a time per opener and process: a shard opened ahead and not read next is closed. Memory: one more
+        reader's ``prefetch`` blocks."""
+        if not is_url(location) or self.prefetch == 0:
+            return
+        key = (os.getpid(), id(self))  # a forked worker never takes its parent's (its thread is not there)
+        stale = _AHEAD.pop(key, None)
+        if stale is not None:
+            stale[1].add_done_callback(_close_opened)
+        future: Future[RemoteReader] = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(self._open(location))
+            except BaseException as exc:  # raised in the reading thread when it asks for this shard
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name="wsishard-open-ahead", daemon=True).start()
+        _AHEAD[key] = (location, future)
+
+
+_AHEAD: dict[tuple[int, int], tuple[str, Future[RemoteReader]]] = {}  # (pid, opener): the shard it opened ahead
+
+
+def _close_opened(future: Future[RemoteReader]) -> None:
+    if future.exception() is None:
+        future.result().close()
 
 
 # ---- small files, listings, manifests ------------------------------------------------------------------

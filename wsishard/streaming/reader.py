@@ -65,21 +65,27 @@ class ReadPieces:
     _chosen: OrderedDict[int, _Chosen] = field(default_factory=OrderedDict, init=False)
 
     def __call__(self, src: Iterable[Piece]) -> Iterator[RawSample]:
+        ahead = getattr(self.opener, "ahead", None)  # StreamOpener's: the next shard opened while one is read
         lazy, empty = self.sampling is not None and self.sampling.lazy, 0
-        for piece in src:
-            if not piece.count:
-                continue
-            yielded = 0
-            for raw in piece_items(piece, self._items(piece), self.size):
-                yielded += 1
-                yield raw
-            empty = 0 if yielded else empty + 1
+        pieces = (p for p in src if p.count)
+        piece = next(pieces, None)
+        while piece is not None:
+            following = next(pieces, None)
+            items = piece_items(piece, self._items(piece), self.size)
+            first = next(items, None)  # the current shard is open (and read up to its first item)
+            if ahead is not None and following is not None:  # (the same shard again too: a read of its own)
+                ahead(self.shards[following.shard].url)
+            if first is not None:
+                yield first
+                yield from items
+            empty = 0 if first is not None else empty + 1
             if lazy and empty > len(self.shards):  # a whole pass of its shards, and select= kept nothing
                 raise ValueError(
                     f"select= keeps no sample of the {len(self.shards)} shard(s) this reader visits (a resampled "
                     "stream applies it as readers visit their shards): pass lazy_select=False to stream() (every "
                     "index read at start-up, the shards without a selected sample left out), or use fewer workers"
                 )
+            piece = following
 
     def _items(self, piece: Piece) -> Iterator[RawSample]:
         ref = self.shards[piece.shard]
