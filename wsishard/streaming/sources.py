@@ -7,6 +7,7 @@ import math
 import os
 from collections.abc import Sequence
 
+from wsishard.embed.output import refuse_embeddings
 from wsishard.errors import ManifestError
 from wsishard.manifest import build_mpps, expected_patch_size
 from wsishard.storage.opener import StreamOpener, load_manifest
@@ -168,6 +169,7 @@ def _read_manifests(
     for src in sources:
         manifest, root = load_manifest(os.fspath(src), storage_options, slides=False)
         where = redact(os.fspath(src), storage_options)
+        refuse_embeddings(manifest, where, "its samples are slides' features, not images to stream as patches")
         sizes[where] = expected_patch_size(manifest, where)
         tasks += [ShardRef(url=join(root, rec.name), samples=rec.samples) for rec in manifest.shards]
         read.append(selection.Source(root, manifest, where))

@@ -1,0 +1,82 @@
+"""``wsishard embed`` and ``wsishard export``: their flags (plain Python, so ``wsishard --help`` loads no torch) and
+their commands, which import the embedding pass when they run."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from wsishard import cliargs
+from wsishard.buildflags import add_storage_option
+from wsishard.embed.options import DTYPES, IMAGENET_MEAN, IMAGENET_STD, EmbedOptions
+
+__all__ = ["add_embed_parser", "embed_options"]
+
+
+def add_embed_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "embed",
+        help="run a model over every patch of a build: one sample of features per slide",
+        description="Run MODEL over every patch of a build, each exactly once (under torchrun each rank embeds "
+        "its own share), and write one sample per slide (features.npy (N, D) float16, coords.npy (N, 2) level-0 "
+        "x, y, keys.json) as an output of its own. A killed run, run again, embeds only what it had not.",
+    )
+    p.add_argument("shards", help="the build output (folder, manifest.json path or URL prefix)")
+    p.add_argument("-o", "--output", required=True, help="the embeddings output (folder or URL prefix)")
+    p.add_argument("--model", required=True, metavar="MODULE:CALLABLE", help="CALLABLE() returns a torch.nn.Module")
+    p.add_argument("--mean", type=float, nargs=3, default=IMAGENET_MEAN, metavar=("R", "G", "B"))
+    p.add_argument("--std", type=float, nargs=3, default=IMAGENET_STD, metavar=("R", "G", "B"))
+    p.add_argument("--device", default=None, help="cuda, cuda:1, cpu... (default: CUDA when present)")
+    p.add_argument("--batch-size", type=cliargs.positive(int), default=64, help="patches per forward pass")
+    p.add_argument("--dtype", choices=DTYPES, default="fp32", help="bf16/fp16: autocast (a CPU takes bf16 only)")
+    p.add_argument("--num-workers", type=int, default=2, metavar="N", help="DataLoader workers decoding JPEGs")
+    p.add_argument("--resize", type=cliargs.positive(int), default=None, metavar="PX", help="resize patches to PX")
+    p.add_argument("--part-samples", type=cliargs.positive(int), default=8192, help="patches per resume unit")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_storage_option(p)
+    p.set_defaults(func=_cmd_embed)
+
+
+def embed_options(args: argparse.Namespace) -> EmbedOptions:
+    return EmbedOptions(
+        mean=tuple(args.mean),
+        std=tuple(args.std),
+        device=args.device,
+        batch_size=args.batch_size,
+        dtype=args.dtype,
+        num_workers=args.num_workers,
+        resize_px=args.resize,
+        part_samples=args.part_samples,
+    )
+
+
+def _cmd_embed(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from wsishard.embed.run import EmbedProgress, embed
+
+    options = embed_options(args)
+    bar: tqdm | None = None
+
+    def progress(event: EmbedProgress) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=event.total, desc="embed", unit="patch", disable=args.quiet or None)
+        bar.update(event.done - bar.n)  # tqdm's rate: patches/s
+
+    try:
+        manifest = embed(
+            args.shards,
+            args.output,
+            model=args.model,
+            options=options,
+            storage_options=dict(args.storage_option),
+            progress=progress,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    if manifest is not None:
+        dim = manifest.extra["embed"]["dim"]
+        print(f"{args.output}: {len(manifest.slides)} slides, {manifest.total_samples} samples, D={dim}")
+    return 0
