@@ -16,7 +16,7 @@ from wsishard.builder.inputs import check_output
 from wsishard.builder.options import BuildProgress
 from wsishard.builder.parts import array_part
 from wsishard.buildflags import add_build_flags, add_storage_option, build_options
-from wsishard.embed.flags import add_embed_parser
+from wsishard.embedding.flags import add_embed_parser
 from wsishard.errors import OptionError, WsiShardError
 from wsishard.storage.secrets import redact
 from wsishard.storage.urls import public_location

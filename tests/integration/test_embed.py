@@ -17,8 +17,8 @@ from buildtools import SMALL_BUILD, read_output
 from embedmodels import DIM, MeanLinear
 from PIL import Image
 
-from wsishard.embed.options import IMAGENET_MEAN, IMAGENET_STD, EmbedOptions
-from wsishard.embed.run import EmbedProgress, embed
+from wsishard.embedding.options import IMAGENET_MEAN, IMAGENET_STD, EmbedOptions
+from wsishard.embedding.run import EmbedProgress, embed
 from wsishard.errors import ManifestError, ModelError, OptionError
 
 OPTS = EmbedOptions(device="cpu", batch_size=16, num_workers=1, part_samples=60)
@@ -84,7 +84,7 @@ def test_every_patch_is_embedded_once_with_the_models_features_and_its_coords(so
 
 
 def test_the_manifest_marks_an_embeddings_output_and_its_source(source: Path, embedded: Path) -> None:
-    from wsishard.embed.parts import source_id
+    from wsishard.embedding.parts import source_id
     from wsishard.storage.opener import load_manifest
 
     manifest, _ = load_manifest(str(embedded))
@@ -156,7 +156,7 @@ def test_an_embeddings_output_is_refused_by_embed_and_by_the_pixel_stream(embedd
     import wsishard
 
     with pytest.raises(ManifestError, match="an embeddings output") as err:
-        embed(embedded, tmp_path / "again", model="embedmodels:mean_linear", options=OPTS)
+        wsishard.embed(embedded, tmp_path / "again", model="embedmodels:mean_linear", options=OPTS)
     assert "\n" not in str(err.value) and not (tmp_path / "again").exists()
     with pytest.raises(ManifestError, match="an embeddings output"):
         wsishard.stream(str(embedded), batch_size=4)
@@ -190,3 +190,33 @@ def test_the_cli_embeds_and_a_bad_model_is_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("wsishard embed: error: model 'embedmodels:wrong_shape' returned shape")
     assert not (tmp_path / "bad" / "manifest.json").exists()
+
+
+def test_export_h5_writes_one_file_per_slide_in_the_trident_layout(embedded: Path, tmp_path: Path) -> None:
+    import h5py
+
+    from wsishard.cli import main
+    from wsishard.storage.opener import load_manifest
+
+    assert main(["export", str(embedded), "--format", "h5", "-o", str(tmp_path / "h5")]) == 0
+    slides = _slides(embedded)
+    manifest, _ = load_manifest(str(embedded))
+    records = {s.slide_id: s for s in manifest.slides}
+    assert sorted(p.name for p in (tmp_path / "h5").iterdir()) == sorted(f"{k}.h5" for k in slides)
+    for slide_id, s in slides.items():
+        with h5py.File(tmp_path / "h5" / f"{slide_id}.h5", "r") as f:
+            assert np.array_equal(f["features"][:], s["features"]) and f["features"].shape == (len(s["keys"]), DIM)
+            assert np.array_equal(f["coords"][:], s["coords"]) and f["coords"].dtype == np.int32
+            attrs = dict(f["coords"].attrs)
+            rec = records[slide_id]
+            assert attrs["patch_size"] == 64 and attrs["patch_level"] == 0 and attrs["name"] == slide_id
+            assert attrs["patch_size_level0"] == round(64 * rec.patch_mpp / rec.slide_mpp)
+            assert attrs["patch_mpp"] == pytest.approx(rec.patch_mpp)
+
+
+def test_export_refuses_a_pixel_build(source: Path, tmp_path: Path) -> None:
+    from wsishard.embedding.export import export_h5
+
+    with pytest.raises(ManifestError, match="not an embeddings output"):
+        export_h5(source, tmp_path / "h5")
+    assert not (tmp_path / "h5").exists()

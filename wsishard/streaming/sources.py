@@ -7,7 +7,7 @@ import math
 import os
 from collections.abc import Sequence
 
-from wsishard.embed.output import refuse_embeddings
+from wsishard.embedding.output import refuse_embeddings
 from wsishard.errors import ManifestError
 from wsishard.manifest import build_mpps, expected_patch_size
 from wsishard.storage.opener import StreamOpener, load_manifest

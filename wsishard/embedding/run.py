@@ -3,7 +3,7 @@
 source manifest -> parts (consecutive shards, ~part_samples patches) dealt to ranks
   -> per part: stream(..., resampled=False, pad_last=True) over its shards -> loader -> GpuCollate -> model
      -> the part written atomically (skipped by a resumed run when present and of the same pass)
-  -> (barrier) rank 0 joins every part into one sample per slide (:mod:`wsishard.embed.output`)
+  -> (barrier) rank 0 joins every part into one sample per slide (:mod:`wsishard.embedding.output`)
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from wsishard.embed.model import check_features, load_model, model_name
-from wsishard.embed.options import EmbedOptions
-from wsishard.embed.output import refuse_embeddings, write_output
-from wsishard.embed.parts import Part, PartData, deal_parts, read_part, source_id, write_part
+from wsishard.embedding.model import check_features, load_model, model_name
+from wsishard.embedding.options import EmbedOptions
+from wsishard.embedding.output import refuse_embeddings, write_output
+from wsishard.embedding.parts import Part, PartData, deal_parts, read_part, source_id, write_part
 from wsishard.errors import ManifestError, OptionError
 from wsishard.manifest import Manifest, expected_patch_size
 from wsishard.progress import ProgressCallback, ignore_progress
@@ -83,7 +83,7 @@ def embed(
         out: the embeddings output (folder or URL prefix).
         model: a ``torch.nn.Module`` mapping normalized float images (B, 3, H, W) to features (B, D), or
             ``"MODULE:CALLABLE"`` whose call returns one.
-        options: :class:`~wsishard.embed.options.EmbedOptions`.
+        options: :class:`~wsishard.embedding.options.EmbedOptions`.
         storage_options: fsspec options for URLs.
         world: rank and world size; detected (torch.distributed, torchrun) when None.
         progress: called with an :class:`EmbedProgress` after every batch.

@@ -14,13 +14,13 @@ DTYPES = ("fp32", "bf16", "fp16")
 
 @dataclass(frozen=True, kw_only=True)
 class EmbedOptions:
-    """Options of :func:`wsishard.embed.run.embed`.
+    """Options of :func:`wsishard.embedding.run.embed`.
 
     Attributes:
         mean: per-channel mean the images are normalized with, in [0, 1] units (ImageNet's by default).
         std: per-channel standard deviation, in [0, 1] units.
         device: ``"cuda"``, ``"cuda:1"``, ``"cpu"``...; None: CUDA when present (this rank's ``LOCAL_RANK`` GPU under
-            torchrun, as :func:`wsishard.embed.run.embed` is told), else the CPU.
+            torchrun, as :func:`wsishard.embedding.run.embed` is told), else the CPU.
         batch_size: patches per forward pass.
         dtype: ``"fp32"``; ``"bf16"``/``"fp16"`` run the model under autocast (on a CPU: ``bf16`` only; ``fp16`` is
             refused).

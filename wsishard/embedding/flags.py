@@ -8,7 +8,8 @@ from typing import Any
 
 from wsishard import cliargs
 from wsishard.buildflags import add_storage_option
-from wsishard.embed.options import DTYPES, IMAGENET_MEAN, IMAGENET_STD, EmbedOptions
+from wsishard.embedding.options import DTYPES, IMAGENET_MEAN, IMAGENET_STD, EmbedOptions
+from wsishard.errors import OptionError
 
 __all__ = ["add_embed_parser", "embed_options"]
 
@@ -35,6 +36,27 @@ def add_embed_parser(sub: Any) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_storage_option(p)
     p.set_defaults(func=_cmd_embed)
+    p = sub.add_parser(
+        "export",
+        help="write an embeddings output as one h5 file per slide (CLAM / TRIDENT layout)",
+        description="Write every slide of an embeddings output (wsishard embed) as DIR/<slide_id>.h5 with datasets "
+        "features (N, D) and coords (N, 2) (level-0 x, y), the patch size and mpp as attributes (needs h5py).",
+    )
+    p.add_argument("output", help="the embeddings output (folder, manifest.json path or URL prefix)")
+    p.add_argument("--format", choices=("h5",), default="h5", help="one h5 file per slide")
+    p.add_argument("-o", "--dir", required=True, help="local folder the files are written to")
+    add_storage_option(p)
+    p.set_defaults(func=_cmd_export)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    try:
+        from wsishard.embedding.export import export_h5
+    except ModuleNotFoundError as exc:
+        raise OptionError(f"export --format h5 needs h5py ({exc}): pip install 'wsishard[h5]'") from exc
+    written = export_h5(args.output, args.dir, dict(args.storage_option))
+    print(f"{args.dir}: {len(written)} h5 files")
+    return 0
 
 
 def embed_options(args: argparse.Namespace) -> EmbedOptions:
@@ -53,7 +75,7 @@ def embed_options(args: argparse.Namespace) -> EmbedOptions:
 def _cmd_embed(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from wsishard.embed.run import EmbedProgress, embed
+    from wsishard.embedding.run import EmbedProgress, embed
 
     options = embed_options(args)
     bar: tqdm | None = None

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from wsishard import __version__
-from wsishard.embed.parts import PartData
+from wsishard.embedding.parts import PartData
 from wsishard.errors import ManifestError
 from wsishard.format import shard_name
 from wsishard.manifest import Manifest, SlideRecord, manifest_files
