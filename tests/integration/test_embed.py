@@ -21,18 +21,20 @@ from wsishard.embedding.options import IMAGENET_MEAN, IMAGENET_STD, EmbedOptions
 from wsishard.embedding.run import EmbedProgress, embed
 from wsishard.errors import ManifestError, ModelError, OptionError
 
+LABELS = {"slide-000": 1, "slide-001": 0}  # slide-002 unlabelled
 OPTS = EmbedOptions(device="cpu", batch_size=16, num_workers=1, part_samples=60)
 
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Three generated slides built into six shards of 40 patches or fewer (64 px)."""
+    """Three generated slides built into six shards of 40 patches or fewer (64 px), two of them labelled."""
     from wsishard.builder.run import build
     from wsishard.testing.synthetic import make_slides
 
     root = tmp_path_factory.mktemp("embed-src")
     make_slides(root / "slides", 3, seed=21, width=2048, height=2048)
-    manifest = build([str(root / "slides")], str(root / "out"), replace(SMALL_BUILD, shard_samples=40))
+    options = replace(SMALL_BUILD, shard_samples=40, labels=LABELS)
+    manifest = build([str(root / "slides")], str(root / "out"), options)
     assert len(manifest.shards) >= 4 and not manifest.failed_slides
     return root / "out"
 
@@ -58,7 +60,9 @@ def _slides(out: Path) -> dict[str, dict]:
     for s in samples:
         feats = np.load(io.BytesIO(s.members["features.npy"]), allow_pickle=False)
         coords = np.load(io.BytesIO(s.members["coords.npy"]), allow_pickle=False)
-        slides[s.key] = {"features": feats, "coords": coords, "keys": json.loads(s.members["keys.json"]), **s.meta}
+        cls = int(s.members["cls"]) if "cls" in s.members else None
+        keys = json.loads(s.members["keys.json"])
+        slides[s.key] = {"features": feats, "coords": coords, "keys": keys, "cls": cls, **s.meta}
     return slides
 
 
@@ -75,6 +79,7 @@ def test_every_patch_is_embedded_once_with_the_models_features_and_its_coords(so
         assert s["coords"].shape == (n, 2) and s["coords"].dtype == np.int32
         assert s["patches"] == n and s["dim"] == DIM and s["model"] == "embedmodels:mean_linear"
         assert s["slide_id"] == slide_id and s["patch_size"] == 64
+        assert s["cls"] == s["label"] == LABELS.get(slide_id)  # .cls only where labelled
         for row, key in enumerate(s["keys"]):
             meta = by_key[key].meta
             assert meta["slide_id"] == slide_id

@@ -32,7 +32,7 @@ from wsishard.storage.output import Destination
 from wsishard.storage.secrets import redact
 from wsishard.streaming.collate import GpuCollate
 from wsishard.streaming.dataset import ShardStream
-from wsishard.streaming.loader import loader
+from wsishard.streaming.loader import ShardLoader
 from wsishard.streaming.sources import stream
 from wsishard.streaming.world import World, detect_world
 
@@ -174,6 +174,7 @@ def _embed_parts(
                     storage_options=storage_options,
                     context=False,
                     mixed_mpp=True,
+                    split_scan=False,
                 )
             found = _embed_part(
                 run, base, part, lambda n: progress(EmbedProgress(n, total, time.perf_counter() - start)), done
@@ -191,7 +192,11 @@ def _embed_part(run: _Pass, base: ShardStream, part: Part, progress: ProgressCal
     """The patches of ``part``'s shards, each exactly once (epoch mode, ``pad_last``: the repeats padding the last
     batch are marked not valid and dropped), through the loader and the collate into the model."""
     ds = ShardStream([base.shards[i] for i in part.shards], base.config, world=World(), opener=base.opener)
-    batches = loader(ds, num_workers=run.options.num_workers, reuse_buffers=True)
+    ds.check_topology(run.options.num_workers)
+    # ShardLoader itself, not loader(): this rank reads its parts alone (a world of one), while loader() would gather
+    # every rank's workers over the process group, a collective the other ranks, on parts of their own, are not in
+    pin = run.device.type == "cuda"
+    batches = ShardLoader(ds, num_workers=run.options.num_workers, pin_memory=pin, reuse_buffers=True)
     keys: list[str] = []
     slides: list[str] = []
     coords: list[tuple[int, int]] = []
