@@ -6,6 +6,9 @@ patch are computable by hand from its decoded JPEG.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import torch
 
 DIM = 8
@@ -41,3 +44,18 @@ def wrong_shape() -> torch.nn.Module:
 
 def not_a_module() -> object:
     return "a string"
+
+
+def make_source(root: Path, labels: dict[str, int] | None = None) -> Path:
+    """Three generated slides (2048 px a side) built into shards of 40 patches or fewer (64 px) under ``root``."""
+    from buildtools import SMALL_BUILD
+
+    from wsishard.builder.run import build
+    from wsishard.testing.synthetic import make_slides
+
+    make_slides(root / "slides", 3, seed=21, width=2048, height=2048)
+    manifest = build(
+        [str(root / "slides")], str(root / "out"), replace(SMALL_BUILD, shard_samples=40, labels=labels or {})
+    )
+    assert len(manifest.shards) >= 4 and not manifest.failed_slides
+    return root / "out"

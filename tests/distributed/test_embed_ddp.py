@@ -1,12 +1,12 @@
 """``wsishard.embed`` under torchrun, 2 ranks (gloo): each rank embeds the parts dealt to it, rank 0 joins them, and
-the output is the single-process run's, every source patch exactly once. Run as a script (under torchrun) this file
-is the per-rank program."""
+the output is the single-process run's, every source patch exactly once; then both ranks stream it as bags (an exact
+epoch with pad_last: every slide once, over both ranks). Run as a script (under torchrun) this file is the per-rank
+program."""
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,15 +17,9 @@ PART_SAMPLES = 50
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from buildtools import SMALL_BUILD
+    from embedmodels import make_source
 
-    from wsishard.builder.run import build
-    from wsishard.testing.synthetic import make_slides
-
-    root = tmp_path_factory.mktemp("embed-ddp")
-    make_slides(root / "slides", 3, seed=21, width=2048, height=2048)
-    build([str(root / "slides")], str(root / "out"), replace(SMALL_BUILD, shard_samples=40))
-    return root / "out"
+    return make_source(tmp_path_factory.mktemp("embed-ddp"))
 
 
 def _options():
@@ -58,6 +52,14 @@ def test_two_ranks_embed_their_own_parts_and_rank_0_writes_the_single_process_ou
     keys = [k for s in ddp for k in json.loads(s.members["keys.json"])]
     assert sorted(keys) == sorted(p.key for p in patches)
 
+    # bags under 2 ranks, epoch mode, pad_last: every slide exactly once, each bag its slide's patch count
+    assert ranks[0]["batches"] == ranks[1]["batches"] > 0
+    seen = sorted(tuple(b) for r in ranks for b in r["bags"])
+    counts: dict[str, int] = {}
+    for p in patches:
+        counts[p.meta["slide_id"]] = counts.get(p.meta["slide_id"], 0) + 1
+    assert seen == sorted(counts.items())
+
 
 def _rank_main(source: str, out: str, result: str) -> None:
     import torch.distributed as dist
@@ -70,7 +72,14 @@ def _rank_main(source: str, out: str, result: str) -> None:
     manifest = wsishard.embed(
         source, out, model="embedmodels:mean_linear", options=_options(), progress=lambda e: totals.append(e.total)
     )
-    Path(result, f"rank{rank}.json").write_text(json.dumps({"total": totals[-1], "wrote": manifest is not None}))
+    dist.barrier()  # the output is written (rank 0): stream it as bags, an exact epoch over both ranks
+    ds = wsishard.stream(out, batch_size=1, resampled=False, pad_last=True, seed=3)
+    bags, batches = [], 0
+    for batch in wsishard.loader(ds, num_workers=1):
+        batches += 1
+        bags += [[k, int(m.sum())] for k, m, v in zip(batch["key"], batch["mask"], batch["valid"], strict=True) if v]
+    record = {"total": totals[-1], "wrote": manifest is not None, "bags": bags, "batches": batches}
+    Path(result, f"rank{rank}.json").write_text(json.dumps(record))
     dist.destroy_process_group()
 
 

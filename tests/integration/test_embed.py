@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from buildtools import SMALL_BUILD, read_output
-from embedmodels import DIM, MeanLinear
+from buildtools import read_output
+from embedmodels import DIM, MeanLinear, make_source
 from PIL import Image
 
 from wsishard.embedding.options import IMAGENET_MEAN, IMAGENET_STD, EmbedOptions
@@ -27,16 +27,8 @@ OPTS = EmbedOptions(device="cpu", batch_size=16, num_workers=1, part_samples=60)
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Three generated slides built into six shards of 40 patches or fewer (64 px), two of them labelled."""
-    from wsishard.builder.run import build
-    from wsishard.testing.synthetic import make_slides
-
-    root = tmp_path_factory.mktemp("embed-src")
-    make_slides(root / "slides", 3, seed=21, width=2048, height=2048)
-    options = replace(SMALL_BUILD, shard_samples=40, labels=LABELS)
-    manifest = build([str(root / "slides")], str(root / "out"), options)
-    assert len(manifest.shards) >= 4 and not manifest.failed_slides
-    return root / "out"
+    """Three generated slides built into shards of 40 patches or fewer (64 px), two of them labelled."""
+    return make_source(tmp_path_factory.mktemp("embed-src"), LABELS)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +71,7 @@ def test_every_patch_is_embedded_once_with_the_models_features_and_its_coords(so
         assert s["coords"].shape == (n, 2) and s["coords"].dtype == np.int32
         assert s["patches"] == n and s["dim"] == DIM and s["model"] == "embedmodels:mean_linear"
         assert s["slide_id"] == slide_id and s["patch_size"] == 64
-        assert s["cls"] == s["label"] == LABELS.get(slide_id)  # .cls only where labelled
+        assert s["cls"] == s.get("label") == LABELS.get(slide_id)  # .cls only where labelled
         for row, key in enumerate(s["keys"]):
             meta = by_key[key].meta
             assert meta["slide_id"] == slide_id
@@ -157,14 +149,12 @@ def test_a_bad_model_is_one_line_and_writes_nothing(source: Path, tmp_path: Path
     assert not list((tmp_path / "emb").rglob("*.npz"))
 
 
-def test_an_embeddings_output_is_refused_by_embed_and_by_the_pixel_stream(embedded: Path, tmp_path: Path) -> None:
+def test_an_embeddings_output_is_refused_by_embed(embedded: Path, tmp_path: Path) -> None:
     import wsishard
 
     with pytest.raises(ManifestError, match="an embeddings output") as err:
         wsishard.embed(embedded, tmp_path / "again", model="embedmodels:mean_linear", options=OPTS)
     assert "\n" not in str(err.value) and not (tmp_path / "again").exists()
-    with pytest.raises(ManifestError, match="an embeddings output"):
-        wsishard.stream(str(embedded), batch_size=4)
 
 
 def test_fp16_on_a_cpu_is_refused(source: Path, tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from wsishard.embedding.parts import PartData
 from wsishard.errors import ManifestError
 from wsishard.format import shard_name
 from wsishard.manifest import Manifest, SlideRecord, manifest_files
+from wsishard.shards.summary import summary_name, write_summary
 from wsishard.shards.writer import ShardWriter
 from wsishard.storage.output import Destination
 
@@ -53,10 +54,12 @@ def _npy(array: np.ndarray) -> bytes:
 
 
 def slide_meta(record: SlideRecord | None, slide_id: str, embed: dict[str, Any], patches: int) -> dict[str, Any]:
-    """A slide sample's ``.json``: its id, label, patch mpp and size, patches, the model, D and the source build."""
+    """A slide sample's ``.json``: its id, label (when labelled), patch mpp and size, patches, the model, D and the
+    source build."""
+    labelled = record is not None and record.label is not None
     return {
         "slide_id": slide_id,
-        "label": record.label if record is not None else None,
+        **({"label": record.label} if labelled and record is not None else {}),  # as .cls: only when labelled
         "patch_mpp": record.patch_mpp if record is not None else None,
         "patch_size": embed["patch_size"],
         "patches": patches,
@@ -110,6 +113,7 @@ def write_output(
         assert writer.record is not None  # committed on a clean exit
         shards.append(writer.record)
     out_slides = [replace(records[s], patches=len(slides[s][0])) for s in names if s in records]
+    summary = write_summary(dest, [s.name for s in shards], summary_name())  # select= / weights= on slides
     manifest = Manifest(
         options={"patch": source.options.get("patch", {}), "embed": options},
         shards=shards,
@@ -118,6 +122,7 @@ def write_output(
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         wsishard_version=__version__,
         extra={"kind": KIND, "embed": embed},
+        index_sha256=summary.digest() if summary is not None else "",
     )
     for name, data in manifest_files(manifest):
         dest.write_bytes(name, data)
