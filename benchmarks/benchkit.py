@@ -44,6 +44,8 @@ TITLES = {  # each saved run's section on the performance page
     "bench_stain_gpu": "Stain on a GPU",
     "bench_stream_gpu": "Streaming on a GPU machine",
     "bench_gpu_loader": "Decode on the GPU",
+    "bench_embed": "Embedding a build",
+    "bench_embed_gpu": "Embedding a build on a GPU",
 }
 
 

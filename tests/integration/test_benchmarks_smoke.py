@@ -95,3 +95,9 @@ def test_gpu_loader(tmp_path: Path) -> None:
 def test_multicrop(tmp_path: Path) -> None:
     r = _smoke("bench_multicrop", tmp_path, "--device", "cpu")
     assert r["batch"] == 4 and [row["images_per_s"] > 0 for row in r["rows"]] == [True, True]
+
+
+def test_embed(tmp_path: Path) -> None:
+    r = _smoke("bench_embed", tmp_path, "--workdir", str(tmp_path), "--device", "cpu")
+    run = r["rounds"][0]
+    assert run["embed"]["patches"] > 0 and run["model"]["patches_per_s"] > 0 and r["ratio"] > 0
