@@ -61,6 +61,21 @@ def test_two_ranks_embed_their_own_parts_and_rank_0_writes_the_single_process_ou
     assert seen == sorted(counts.items())
 
 
+@pytest.mark.timeout(300)
+def test_the_cli_under_torchrun_waits_for_every_rank_before_joining(source: Path, tmp_path: Path) -> None:
+    from buildtools import read_output
+
+    cli = ["-m", "wsishard.cli", "embed", str(source), "-o", str(tmp_path / "cli")]
+    cli += ["--model", "embedmodels:mean_linear"]
+    flags = ["--device", "cpu", "--batch-size", "16", "--num-workers", "1", "--part-samples", str(PART_SAMPLES), "-q"]
+    done = _torchrun(*cli, *flags, timeout=240)
+    assert "slides" in done.stdout  # rank 0's summary line
+    _, patches = read_output(str(source))
+    _, slides = read_output(str(tmp_path / "cli"))
+    keys = [k for s in slides for k in json.loads(s.members["keys.json"])]
+    assert sorted(keys) == sorted(p.key for p in patches)
+
+
 def _rank_main(source: str, out: str, result: str) -> None:
     import torch.distributed as dist
 

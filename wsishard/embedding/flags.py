@@ -4,6 +4,7 @@ their commands, which import the embedding pass when they run."""
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from wsishard import cliargs
@@ -72,7 +73,21 @@ def embed_options(args: argparse.Namespace) -> EmbedOptions:
     )
 
 
+def _torchrun_group() -> bool:
+    """Under torchrun (its ``WORLD_SIZE`` > 1), a gloo process group for the ranks to wait for each other before
+    rank 0 joins their parts (the ranks may finish hours apart: no timeout short of a day); True if made here."""
+    import datetime
+
+    import torch.distributed
+
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or torch.distributed.is_initialized():
+        return False
+    torch.distributed.init_process_group("gloo", timeout=datetime.timedelta(days=1))
+    return True
+
+
 def _cmd_embed(args: argparse.Namespace) -> int:
+    import torch.distributed
     from tqdm import tqdm
 
     from wsishard.embedding.run import EmbedProgress, embed
@@ -83,9 +98,12 @@ def _cmd_embed(args: argparse.Namespace) -> int:
     def progress(event: EmbedProgress) -> None:
         nonlocal bar
         if bar is None:
-            bar = tqdm(total=event.total, desc="embed", unit="patch", disable=args.quiet or None)
+            rank = os.environ.get("RANK")
+            desc = "embed" if rank is None else f"embed rank {rank}"
+            bar = tqdm(total=event.total, desc=desc, unit="patch", disable=args.quiet or None)
         bar.update(event.done - bar.n)  # tqdm's rate: patches/s
 
+    group = _torchrun_group()
     try:
         manifest = embed(
             args.shards,
@@ -98,6 +116,8 @@ def _cmd_embed(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+        if group:
+            torch.distributed.destroy_process_group()
     if manifest is not None:
         dim = manifest.extra["embed"]["dim"]
         print(f"{args.output}: {len(manifest.slides)} slides, {manifest.total_samples} samples, D={dim}")

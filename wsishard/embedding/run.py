@@ -117,7 +117,11 @@ def embed(
     joined = [data.get(p.index) or read_part(dest, p.index, fingerprint, p.samples) for p in parts]
     missing = [p.index for p, d in zip(parts, joined, strict=True) if d is None]
     if missing:
-        raise ManifestError(os.fspath(out), f"parts {missing[:5]} not embedded yet (ranks still running or killed)")
+        raise ManifestError(
+            os.fspath(out),
+            f"parts {missing[:5]} not embedded yet: other ranks still running or killed (under torchrun, initialise a "
+            "process group so that rank 0 waits for them; or run embed again once every rank is done)",
+        )
     dims = {d.features.shape[1] for d in joined if d is not None}
     record = {
         "source": where,
