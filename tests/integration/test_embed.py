@@ -157,6 +157,13 @@ def test_an_embeddings_output_is_refused_by_embed(embedded: Path, tmp_path: Path
     assert "\n" not in str(err.value) and not (tmp_path / "again").exists()
 
 
+def test_an_output_holding_a_build_is_refused_and_left_as_it_was(source: Path) -> None:
+    before = {p.name: p.stat().st_mtime_ns for p in source.iterdir()}
+    with pytest.raises(ManifestError, match="holds a build of pixel patches"):
+        embed(source, source, model="embedmodels:mean_linear", options=OPTS)
+    assert {p.name: p.stat().st_mtime_ns for p in source.iterdir()} == before
+
+
 def test_fp16_on_a_cpu_is_refused(source: Path, tmp_path: Path) -> None:
     with pytest.raises(OptionError, match="dtype fp16 on a CPU"):
         embed(source, tmp_path / "emb", model="embedmodels:mean_linear", options=replace(OPTS, dtype="fp16"))

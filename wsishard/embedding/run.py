@@ -22,9 +22,10 @@ import torch
 
 from wsishard.embedding.model import check_features, load_model, model_name
 from wsishard.embedding.options import EmbedOptions
-from wsishard.embedding.output import refuse_embeddings, write_output
+from wsishard.embedding.output import is_embeddings, refuse_embeddings, write_output
 from wsishard.embedding.parts import Part, PartData, deal_parts, read_part, source_id, write_part
 from wsishard.errors import ManifestError, OptionError
+from wsishard.format import MANIFEST_NAME
 from wsishard.manifest import Manifest, expected_patch_size
 from wsishard.progress import ProgressCallback, ignore_progress
 from wsishard.storage.opener import load_manifest
@@ -103,8 +104,9 @@ def embed(
     if not source.shards:
         raise ManifestError(where, "lists no shards")
     world = world or detect_world()
-    run = _start(model, opts)
     dest = Destination(os.fspath(out), storage_options)
+    _check_output(dest, redact(os.fspath(out), storage_options))
+    run = _start(model, opts)
     sid = source_id(source)
     fingerprint = _fingerprint(sid, run.name, opts)
     mine = deal_parts(source.shards, opts.part_samples, world.world_size)[world.rank]
@@ -132,6 +134,17 @@ def embed(
     }
     chosen = {**opts.record(), "dtype": opts.dtype, "slides_per_shard": opts.slides_per_shard, "model": run.name}
     return write_output(dest, [d for d in joined if d is not None], source, record, chosen)
+
+
+def _check_output(dest: Destination, where: str) -> None:
+    """Refuse an output that holds something else than an embeddings output (a build's shards would be overwritten).
+
+    Raises:
+        ManifestError: ``out`` holds a manifest that is not an embeddings output's.
+    """
+    text = dest.read_bytes(MANIFEST_NAME)
+    if text is not None and not is_embeddings(Manifest.from_json(text.decode(), where)):
+        raise ManifestError(where, "holds a build of pixel patches: embed writes an output of its own (another -o)")
 
 
 def _start(model: torch.nn.Module | str, opts: EmbedOptions) -> _Pass:
