@@ -222,3 +222,25 @@ def test_export_refuses_a_pixel_build(source: Path, tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match="not an embeddings output"):
         export_h5(source, tmp_path / "h5")
     assert not (tmp_path / "h5").exists()
+
+
+def test_verify_checks_an_embeddings_outputs_slide_samples(embedded: Path) -> None:
+    from buildtools import read_output
+
+    from wsishard.shards.samplerules import SampleRules, sample_problems
+    from wsishard.shards.verify import verify
+    from wsishard.storage.opener import load_manifest
+
+    assert verify(str(embedded)).ok
+    manifest, _ = load_manifest(str(embedded))
+    rules = SampleRules.of(manifest, str(embedded))
+    assert rules.bags
+    sample = next(s for s in read_output(str(embedded))[1] if s.key == "slide-000")  # labelled 1
+    assert sample_problems(sample.key, sample.members, rules) == []
+    pickled = io.BytesIO()
+    np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    broken = {**sample.members, "features.npy": pickled.getvalue()}
+    assert "not (N, D) and (N, 2) plain npy arrays" in sample_problems(sample.key, broken, rules)[0][0]
+    unlabelled = {k: v for k, v in sample.members.items() if k != "cls"}
+    assert sample_problems(sample.key, unlabelled, rules)  # its slide has a label: .cls is missing
+    assert sample_problems("../evil", sample.members, rules)[0][0].startswith("samples are not named <slide_id>")

@@ -21,20 +21,20 @@ import numpy as np
 from wsishard import __version__
 from wsishard.embedding.parts import PartData
 from wsishard.errors import ManifestError
-from wsishard.format import shard_name
+from wsishard.format import EMBEDDINGS_KIND, is_embeddings_extra, shard_name
 from wsishard.manifest import Manifest, SlideRecord, manifest_files
 from wsishard.shards.summary import summary_name, write_summary
 from wsishard.shards.writer import ShardWriter
 from wsishard.storage.output import Destination
 
-KIND = "embeddings"
+KIND = EMBEDDINGS_KIND
 
 __all__ = ["KIND", "is_embeddings", "refuse_embeddings", "write_output"]
 
 
 def is_embeddings(manifest: Manifest) -> bool:
     """Whether ``manifest`` is an embeddings output's (``wsishard embed``), not a pixel build's."""
-    return isinstance(manifest.extra, dict) and manifest.extra.get("kind") == KIND
+    return is_embeddings_extra(manifest.extra)
 
 
 def refuse_embeddings(manifest: Manifest, where: str, what: str) -> None:
