@@ -46,6 +46,8 @@ TITLES = {  # each saved run's section on the performance page
     "bench_gpu_loader": "Decode on the GPU",
     "bench_jax": "JAX loader against the torch loader",
     "bench_storage": "Object storage behind a request delay",
+    "bench_embed": "Embedding a build",
+    "bench_embed_gpu": "Embedding a build on a GPU",
 }
 
 

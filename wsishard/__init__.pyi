@@ -11,8 +11,11 @@ from wsishard.builder.patchopts import PatchOptions as PatchOptions
 from wsishard.builder.run import build as build
 from wsishard.builder.tissue import detect_tissue as detect_tissue
 from wsishard.builder.tissueopts import TissueOptions as TissueOptions
+from wsishard.embedding.options import EmbedOptions as EmbedOptions
+from wsishard.embedding.run import embed as embed
 from wsishard.errors import ManifestError as ManifestError
 from wsishard.errors import MissingMppError as MissingMppError
+from wsishard.errors import ModelError as ModelError
 from wsishard.errors import OptionError as OptionError
 from wsishard.errors import OutputError as OutputError
 from wsishard.errors import ResourceError as ResourceError

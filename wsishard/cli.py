@@ -16,6 +16,7 @@ from wsishard.builder.inputs import check_output
 from wsishard.builder.options import BuildProgress
 from wsishard.builder.parts import array_part
 from wsishard.buildflags import add_build_flags, add_storage_option, build_options
+from wsishard.embedding.flags import add_embed_parser
 from wsishard.errors import OptionError, WsiShardError
 from wsishard.storage.secrets import redact
 from wsishard.storage.urls import public_location
@@ -199,6 +200,7 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_build_parser(sub)
     _add_inspect_parser(sub)
+    add_embed_parser(sub)
     p = sub.add_parser(
         "verify",
         help="re-read every shard and check sizes, sha256 and sample counts",

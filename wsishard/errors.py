@@ -242,3 +242,8 @@ class OutputError(_Located, OSError):
 
 class TopologyError(WsiShardError, ValueError):
     """Too few shards for the ranks x workers reading them (the message says how many are needed)."""
+
+
+class ModelError(WsiShardError, ValueError):
+    """The model given to ``wsishard embed`` does not import, is not a ``torch.nn.Module``, or maps a batch to
+    another shape than ``(batch, D)`` (the message names the model string and what is wrong)."""

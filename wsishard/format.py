@@ -153,6 +153,20 @@ def is_sample_key(key: str) -> bool:
 
 
 SAMPLE_EXTS: frozenset[str] = frozenset((*IMAGE_FORMATS, META_EXT, LABEL_EXT))  # the members a reader uses
+# an embeddings output's slide sample (wsishard embed), keyed by its slide id: the members a bag reader uses
+FEATURES_EXT, COORDS_EXT, KEYS_EXT = "features.npy", "coords.npy", "keys.json"
+BAG_EXTS: frozenset[str] = frozenset((FEATURES_EXT, COORDS_EXT, META_EXT, LABEL_EXT))
+EMBEDDINGS_KIND = "embeddings"  # an embeddings output's manifest says so in extra["kind"]
+
+
+def is_embeddings_extra(extra: object) -> bool:
+    """Whether a manifest's ``extra`` marks an embeddings output (``wsishard embed``), not a build of pixel patches."""
+    return isinstance(extra, dict) and extra.get("kind") == EMBEDDINGS_KIND
+
+
+def is_slide_id(key: str) -> bool:
+    """True for a key that is a slide id as :func:`sanitize_slide_id` makes them (an embeddings sample's key)."""
+    return bool(key) and sanitize_slide_id(key) == key
 
 
 def context_exts(scales: int) -> frozenset[str]:

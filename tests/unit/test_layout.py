@@ -65,6 +65,8 @@ def test_the_build_side_never_names_torch_or_webdataset() -> None:
 # package's rooms (move the helper to the module that owns it instead).
 DEFERRED_IMPORTS = {
     ("cli.py", "wsishard.demo"): "the demo pulls in torch; the other commands do not",
+    ("embedding/flags.py", "wsishard.embedding.run"): "torch: the CLI starts without it",
+    ("embedding/flags.py", "wsishard.embedding.export"): "h5py: only when exporting",
     ("demo.py", "wsishard.streaming.collate"): "torch: only once the demo streams",
     ("demo.py", "wsishard.streaming.loader"): "torch: only once the demo streams",
     ("demo.py", "wsishard.streaming.sources"): "torch: only once the demo streams",

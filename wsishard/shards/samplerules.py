@@ -7,16 +7,24 @@ slide's annotations gave one). :func:`sample_problems` names what a sample gets 
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from wsishard.format import (
+    COORDS_EXT,
+    FEATURES_EXT,
     IMAGE_FORMATS,
+    KEYS_EXT,
     LABEL_EXT,
     LABEL_RANGE,
     META_EXT,
     image_header,
+    is_embeddings_extra,
     is_sample_key,
+    is_slide_id,
     patch_mpp_name,
 )
 from wsishard.manifest import Manifest, expected_patch_size
@@ -52,6 +60,7 @@ class SampleRules:
     roi_classes: int = 0
     context_scales: int = 0  # len(options.context_mpp): the ctx<i> members every sample holds
     context_size_px: int = 0  # options.context_size
+    bags: bool = False  # an embeddings output: one slide per sample (features.npy, coords.npy, keys.json, .json)
 
     @classmethod
     def of(cls, manifest: Manifest, location: str) -> SampleRules:
@@ -77,6 +86,7 @@ class SampleRules:
             roi_classes=len(roi_labels),
             context_scales=len(_list(options.get("context_mpp"))),
             context_size_px=int(_number(options.get("context_size")) or 0),
+            bags=is_embeddings_extra(manifest.extra),
         )
 
 
@@ -92,6 +102,8 @@ def _number(value: object) -> float | None:
 def sample_problems(key: str, members: dict[str, bytes], rules: SampleRules | None) -> list[tuple[str, str]]:
     """``(problem, detail)`` for each way a sample breaks the format or, with ``rules``, the manifest's options
     (empty: it matches). ``problem`` reads after a count ("3 samples ..."); ``detail`` describes this sample."""
+    if rules is not None and rules.bags:
+        return _bag_problems(key, members, rules)
     if not is_sample_key(key):
         return [("samples are not named <slide>_x<X>_y<Y>.<ext> (a path, or not a wsishard sample)", "")]
     image_ext = next((ext for ext in IMAGE_FORMATS if ext in members), None)
@@ -105,6 +117,35 @@ def sample_problems(key: str, members: dict[str, bytes], rules: SampleRules | No
         *_label_problems(key, members.get(LABEL_EXT), rules),
         *context_problems(members, rules.image_format, rules.context_scales, rules.context_size_px),
     ]
+
+
+def _npy_shape(data: bytes) -> tuple[tuple[int, ...], str] | None:
+    """An npy member's shape and dtype from its header alone (None: not a plain npy array)."""
+    try:
+        stream = io.BytesIO(data)
+        version = np.lib.format.read_magic(stream)
+        shape, _, dtype = _header(stream, version)
+    except (ValueError, EOFError):
+        return None
+    return (tuple(shape), dtype.str) if not dtype.hasobject else None
+
+
+def _header(stream: io.BytesIO, version: tuple[int, int]) -> tuple[tuple[int, ...], bool, np.dtype]:
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    return read(stream)
+
+
+def _bag_problems(key: str, members: dict[str, bytes], rules: SampleRules) -> list[tuple[str, str]]:
+    """How a slide sample of an embeddings output breaks its format (its npy members checked by their headers)."""
+    if not is_slide_id(key):
+        return [("samples are not named <slide_id>.<ext> (a path, or not an embeddings sample)", "")]
+    lacking = [ext for ext in (FEATURES_EXT, COORDS_EXT, KEYS_EXT, META_EXT) if ext not in members]
+    if lacking:
+        return [(f"slide samples lack .{lacking[0]}", "")]
+    features, coords = _npy_shape(members[FEATURES_EXT]), _npy_shape(members[COORDS_EXT])
+    if features is None or coords is None or len(features[0]) != 2 or coords[0] != (features[0][0], 2):
+        return [("slide samples' features.npy and coords.npy are not (N, D) and (N, 2) plain npy arrays", "")]
+    return list(_label_problems(key, members.get(LABEL_EXT), rules))
 
 
 def _image_problems(data: bytes, ext: str, rules: SampleRules) -> list[tuple[str, str]]:

@@ -25,8 +25,11 @@ from dataclasses import dataclass, field
 from typing import IO, Any, cast
 
 from wsishard.format import (
+    BAG_EXTS,
+    KEYS_EXT,
     is_sample_member,
     is_shard_name,
+    split_member,
     temp_target,
 )
 from wsishard.manifest import ShardRecord
@@ -168,7 +171,7 @@ def check_shard(
     found: dict[str, tuple[int, str, str]] = {}  # sample problem -> (samples, first key, its detail)
     try:
         try:
-            for key, members in _samples(hashing):
+            for key, members in _samples(hashing, rules is not None and rules.bags):
                 samples += 1
                 keys.update(key.encode("utf-8", "surrogateescape") + b"\n")
                 for problem, detail in sample_problems(key, members, rules):
@@ -235,12 +238,19 @@ def _compare(record: ShardRecord, samples: int, nbytes: int, sha256: str) -> lis
     return reasons
 
 
-def _samples(fileobj: HashingFile) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """``(key, {ext: data})`` per sample: runs of wanted regular members sharing a key, in order; of each member
-    its first :data:`_MAX_READ` bytes (the rest is read past, and hashed, by ``tarfile``)."""
+def _samples(fileobj: HashingFile, bags: bool = False) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """``(key, {ext: data})`` per sample: runs of wanted regular members (with ``bags``, an embeddings output's) sharing
+    a key, in order; of each member its first :data:`_MAX_READ` bytes (the rest is read past, and hashed, by
+    ``tarfile``)."""
+    wants = _bag_member if bags else is_sample_member
     with tarfile.open(fileobj=cast(Any, fileobj), mode="r|") as tar:
-        wanted = ((m.name, _head(tar, m)) for m in tar if m.isfile() and is_sample_member(m.name))
+        wanted = ((m.name, _head(tar, m)) for m in tar if m.isfile() and wants(m.name))
         yield from group_members(wanted)
+
+
+def _bag_member(name: str) -> bool:
+    parts = split_member(name)
+    return parts is not None and parts[1] in (*BAG_EXTS, KEYS_EXT)
 
 
 def _head(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:

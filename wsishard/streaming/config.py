@@ -27,6 +27,9 @@ class StreamConfig:
         context_scales: context members decoded into ``batch["context"]`` (the build's K; 0: none, not read).
         context_size_px: width = height of every context patch, px (the manifests' ``context_size``).
         epoch_size: epoch mode with weights: draws per epoch over all ranks (None: the selected samples).
+        bags: the shards are an embeddings output's: one slide per sample, batched as padded bags
+            (:mod:`~wsishard.streaming.bags`).
+        max_patches: with ``bags``: at most this many patches per bag per draw, a seeded random subset (None: all).
     """
 
     batch_size: int
@@ -40,6 +43,8 @@ class StreamConfig:
     context_scales: int = 0
     context_size_px: int | None = None
     epoch_size: int | None = None
+    bags: bool = False
+    max_patches: int | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -55,6 +60,8 @@ class StreamConfig:
         check_context(self.context_scales, self.context_size_px)
         if self.pad_last and self.resampled:
             raise ValueError("pad_last=True needs resampled=False (an exact epoch); resampled streams never end")
+        if self.max_patches is not None and (not self.bags or self.max_patches < 1):
+            raise ValueError(f"max_patches={self.max_patches!r}: patches per bag, >= 1, for an embeddings output only")
         if self.epoch_size is not None and (self.resampled or isinstance(self.epoch_size, bool) or self.epoch_size < 1):
             raise ValueError(
                 f"epoch_size={self.epoch_size!r}: an epoch's weighted draws, an integer >= 1 with resampled=False "

@@ -40,6 +40,7 @@ import webdataset as wds
 from wsishard.errors import ShardError, TopologyError
 from wsishard.storage.opener import StreamOpener
 from wsishard.streaming import planner, selection
+from wsishard.streaming.bags import BagBatches
 from wsishard.streaming.config import StreamConfig
 from wsishard.streaming.context import context_shape
 from wsishard.streaming.decode import Batch, DecodeIntoBatches, EncodedBatches
@@ -63,13 +64,14 @@ class _Refill:
     dataset: ShardStream
     pieces: tuple[planner.Piece, ...]
     lending: Lending
+    epoch: int = 0
 
     def __call__(self, pass_index: int) -> Iterator[Batch]:
         seed = (*self.pieces[0].seed, _TOPUP_STREAM, pass_index) if self.pieces else ()
         order = np.random.default_rng(seed).permutation(len(self.pieces)).tolist()
         pieces = tuple(replace(self.pieces[i], seed=(*self.pieces[i].seed, _TOPUP_STREAM, pass_index)) for i in order)
         reader = self.dataset.reader_stage(len(pieces))
-        return iter(wds.DataPipeline(Pieces(pieces), reader, self.dataset.batch_stage(self.lending)))
+        return iter(wds.DataPipeline(Pieces(pieces), reader, self.dataset.batch_stage(self.lending, self.epoch)))
 
 
 # ---- the dataset ---------------------------------------------------------------------------------------
@@ -209,13 +211,24 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         """The reading stage of a reader with ``pieces`` pieces (that many failing in a row raise)."""
         cfg = self.config
         return ReadPieces(
-            self.shards, self.opener, cfg.shuffle, self.sampling, cfg.on_error, max(pieces, 1), cfg.context_scales
+            self.shards,
+            self.opener,
+            cfg.shuffle,
+            self.sampling,
+            cfg.on_error,
+            max(pieces, 1),
+            cfg.context_scales,
+            cfg.bags,
         )
 
-    def batch_stage(self, lending: Lending) -> DecodeIntoBatches | EncodedBatches:
-        """The batching stage: decoded into uint8 batches, or (``lending.encoded``) batches of JPEG bytes."""
+    def batch_stage(self, lending: Lending, epoch: int = 0) -> DecodeIntoBatches | EncodedBatches | BagBatches:
+        """The batching stage: decoded into uint8 batches, or (``lending.encoded``) batches of JPEG bytes, or for an
+        embeddings output padded bags (their subsets seeded by the seed and ``epoch``)."""
         cfg = self.config
         drop_last = (cfg.drop_last or cfg.resampled) and not cfg.pad_last
+        if cfg.bags:
+            seed = (self.base_seed, epoch)
+            return BagBatches(cfg.batch_size, drop_last, cfg.on_error, cfg.max_patches, seed)
         if lending.encoded:
             return EncodedBatches(cfg.batch_size, self.image_hw, drop_last=drop_last, on_error=cfg.on_error)
         return DecodeIntoBatches(
@@ -249,14 +262,14 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         pieces = work.source.pieces if isinstance(work.source, Pieces) else ()
         counter = Validity(work.done)
         topup = work.budget is not None and cfg.on_error == "skip" and world.world_size > 1
-        refill = _Refill(self, pieces, lending) if topup else None
+        refill = _Refill(self, pieces, lending, epoch) if topup else None
         total = (work.budget or 0) * size if cfg.pad_last else 0
         logger.debug("rank %d worker %d epoch %d: %d pieces", world.rank, world.worker, epoch, len(pieces))
         return wds.DataPipeline(
             work.source,
             self.reader_stage(len(pieces) or self._share_size(work.source)),
             PadSamples(work.real, total, size, counter),
-            self.batch_stage(lending),
+            self.batch_stage(lending, epoch),
             *([MarkValid(counter, done * size)] if cfg.pad_last else []),
             Budget(work.budget, refill),
         )

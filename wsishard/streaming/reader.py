@@ -51,6 +51,7 @@ class ReadPieces:
         on_error: ``"raise"`` or ``"skip"`` (the rest of a broken shard; what was read before is kept).
         max_failures: in skip mode, this many failed pieces in a row raise.
         context: context scales to read with each sample (:func:`~wsishard.streaming.stages.read_shard`).
+        bags: the shards hold an embeddings output's slide samples (read as bags).
     """
 
     shards: tuple[ShardRef, ...]
@@ -60,6 +61,7 @@ class ReadPieces:
     on_error: ErrorMode = "raise"
     max_failures: int = 1
     context: int = 0
+    bags: bool = False
     skipped: int = field(default=0, init=False)
     _in_a_row: int = field(default=0, init=False)
     _chosen: OrderedDict[int, _Chosen] = field(default_factory=OrderedDict, init=False)
@@ -104,7 +106,7 @@ class ReadPieces:
     def _read(self, piece: Piece, ref: ShardRef) -> Iterator[RawSample]:
         plan = self.sampling
         if plan is None:  # every sample once (draws need weights, hence a plan)
-            yield from read_shard(ref, self.opener, self.on_error, self.context)
+            yield from read_shard(ref, self.opener, self.on_error, self.context, self.bags)
             return
         s = plan.urls[ref.url]
         chosen = self._choose(s, ref)
@@ -115,7 +117,7 @@ class ReadPieces:
         else:
             wanted = dict.fromkeys(chosen.keys, 1)
         whole, found = ShardRef(ref.url, int(plan.rows[s])), 0
-        for raw in read_shard(whole, self.opener, self.on_error, self.context):
+        for raw in read_shard(whole, self.opener, self.on_error, self.context, self.bags):
             found += raw["key"] in wanted
             for _ in range(wanted.get(raw["key"], 0)):
                 yield raw

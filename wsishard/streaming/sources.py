@@ -7,6 +7,7 @@ import math
 import os
 from collections.abc import Sequence
 
+from wsishard.embedding.output import is_embeddings
 from wsishard.errors import ManifestError
 from wsishard.manifest import build_mpps, expected_patch_size
 from wsishard.storage.opener import StreamOpener, load_manifest
@@ -44,6 +45,7 @@ def stream(
     context: bool = True,
     mixed_mpp: bool = False,
     epoch_size: int | None = None,
+    max_patches: int | None = None,
 ) -> ShardStream:
     """Stream batches from one or more build outputs (folder, manifest path or URL prefix).
 
@@ -79,6 +81,9 @@ def stream(
             sample's ``.json`` says its ``patch_mpp``). Without it they are refused. A build that records several
             mpps itself (its ``options.patch.target_mpp`` a list) needs it only beside an output of other mpps.
         epoch_size: epoch mode with ``weights``: draws per epoch over all ranks (default: the selected samples).
+        max_patches: an embeddings output (``wsishard embed``), streamed as bags (one slide per sample:
+            :mod:`~wsishard.streaming.bags`): at most this many patches per bag per draw, a random subset seeded by
+            (seed, epoch, slide id). None: every patch.
 
     Raises:
         ManifestError: a manifest is missing or unreadable, names no shard or a bad one, or the outputs differ in
@@ -89,6 +94,8 @@ def stream(
     sources = [source] if isinstance(source, str | os.PathLike) else list(source)
     tasks, sizes, read = _read_manifests(sources, storage_options)
     patch_size_px = _one_patch_size(sizes)
+    bags = _bags(read)
+    context = context and not bags
     if not mixed_mpp:
         _one_mpp({s.where: build_mpps(s.manifest, s.where) for s in read})
     scales = one_context({s.where: read_context(s.manifest, s.where, patch_size_px) for s in read}) if context else None
@@ -104,6 +111,8 @@ def stream(
         context_scales=len(scales.mpp) if scales else 0,
         context_size_px=scales.size_px if scales else None,
         epoch_size=epoch_size,
+        bags=bags,
+        max_patches=max_patches,
     )
     if epoch_size is not None and weights is None:
         raise ValueError(f"epoch_size={epoch_size!r} counts weighted draws: it needs weights= (and resampled=False)")
@@ -120,6 +129,19 @@ def stream(
         resampled=resampled and lazy_select is not False,
     )
     return ShardStream(tasks, config, world=world, opener=opener, sampling=plan)
+
+
+def _bags(read: list[selection.Source]) -> bool:
+    """Whether the sources are embeddings outputs (streamed as bags) rather than pixel builds.
+
+    Raises:
+        ManifestError: some are and some are not.
+    """
+    kinds = {s.where: is_embeddings(s.manifest) for s in read}
+    if len(set(kinds.values())) > 1:
+        bags = ", ".join(w for w, k in kinds.items() if k)
+        raise ManifestError(bags, "an embeddings output (bags of slides) streamed with pixel builds: stream each alone")
+    return any(kinds.values())
 
 
 def _one_patch_size(sizes: dict[str, int]) -> int:

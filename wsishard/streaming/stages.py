@@ -10,10 +10,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, Literal, TypedDict
+from typing import IO, Literal, NotRequired, TypedDict
 
 from wsishard.errors import ShardError
-from wsishard.format import IMAGE_FORMATS, LABEL_EXT, META_EXT, SAMPLE_EXTS, context_ext, context_exts, is_sample_key
+from wsishard.format import (
+    BAG_EXTS,
+    COORDS_EXT,
+    FEATURES_EXT,
+    IMAGE_FORMATS,
+    LABEL_EXT,
+    META_EXT,
+    SAMPLE_EXTS,
+    context_ext,
+    context_exts,
+    is_sample_key,
+    is_slide_id,
+)
 from wsishard.shards.reader import TarSamples
 from wsishard.storage.secrets import redact
 from wsishard.streaming.draws import shuffled
@@ -36,6 +48,7 @@ class RawSample(TypedDict):
     meta: bytes
     label: bytes | None
     context: tuple[bytes, ...]  # the context members (ctx0, ctx1, ...) the stream reads; () without context
+    coords: NotRequired[bytes]  # a bag (an embeddings output's slide sample): its coords.npy; its image: features.npy
 
 
 @dataclass(frozen=True)
@@ -57,11 +70,14 @@ class ShardRef:
         return len(range(self.phase, self.samples, self.step))
 
 
-def read_shard(task: ShardRef, opener: Opener, on_error: ErrorMode = "raise", context: int = 0) -> Iterator[RawSample]:
+def read_shard(
+    task: ShardRef, opener: Opener, on_error: ErrorMode = "raise", context: int = 0, bags: bool = False
+) -> Iterator[RawSample]:
     """The samples of one shard, in order; never one with a missing member or a key outside the key grammar.
 
     With ``context`` scales, each sample's context members ``ctx0.<ext>`` ... are read too (and must be there);
-    without, they are read past uncopied.
+    without, they are read past uncopied. With ``bags`` (an embeddings output), each sample is a slide keyed by its
+    slide id: its ``features.npy``, ``coords.npy``, ``.json`` and ``.cls`` are read (:func:`_raw_bag`), nothing else.
 
     A sample whose member names are not ``<key>.<ext>`` with a :func:`~wsishard.format.is_sample_key` key (a
     path such as ``../../evil.jpg``, or a name wsishard never writes) is counted, but raised as broken
@@ -77,15 +93,18 @@ def read_shard(task: ShardRef, opener: Opener, on_error: ErrorMode = "raise", co
         stream = opener(task.url)
     except (OSError, ValueError) as exc:
         raise ShardError(name, f"cannot be opened ({type(exc).__name__}: {exc})") from exc
-    keep = TarSamples(stream, SAMPLE_EXTS | context_exts(context) if context else SAMPLE_EXTS, task.phase, task.step)
+    exts = BAG_EXTS if bags else SAMPLE_EXTS | context_exts(context) if context else SAMPLE_EXTS
+    keep = TarSamples(stream, exts, task.phase, task.step)
     try:
         for key, members in keep:
-            if is_sample_key(key):
+            if bags and is_slide_id(key):
+                yield _raw_bag(name, key, members)
+                continue
+            if not bags and is_sample_key(key):
                 yield _raw_sample(name, key, members, context)
                 continue
-            bad = ShardError(
-                name, f"sample {key[:120]!r} is not named <slide>_x<X>_y<Y>.<ext> (a path, or not a wsishard sample)"
-            )
+            grammar = "<slide_id>.<ext>" if bags else "<slide>_x<X>_y<Y>.<ext>"
+            bad = ShardError(name, f"sample {key[:120]!r} is not named {grammar} (a path, or not a wsishard sample)")
             if on_error == "raise":
                 raise bad
             logger.warning("skipping %s", bad)
@@ -112,6 +131,24 @@ def _raw_sample(shard: str, key: str, members: dict[str, bytes], context: int = 
         meta=members[META_EXT],
         label=members.get(LABEL_EXT),
         context=_context_members(shard, key, members, context) if context else (),
+    )
+
+
+def _raw_bag(shard: str, key: str, members: dict[str, bytes]) -> RawSample:
+    """A slide sample of an embeddings output: ``image`` holds its ``features.npy``, ``coords`` its ``coords.npy``
+    (parsed by :mod:`wsishard.streaming.bags` with ``allow_pickle=False``)."""
+    lacking = [ext for ext in (FEATURES_EXT, COORDS_EXT, META_EXT) if ext not in members]
+    if lacking:
+        raise ShardError(shard, f"sample {key} lacks .{lacking[0]} (truncated, or not an embeddings shard)")
+    return RawSample(
+        key=key,
+        shard=shard,
+        image_ext="npy",
+        image=members[FEATURES_EXT],
+        meta=members[META_EXT],
+        label=members.get(LABEL_EXT),
+        context=(),
+        coords=members[COORDS_EXT],
     )
 
 
