@@ -81,9 +81,8 @@ def stream(
             sample's ``.json`` says its ``patch_mpp``). Without it they are refused. A build that records several
             mpps itself (its ``options.patch.target_mpp`` a list) needs it only beside an output of other mpps.
         epoch_size: epoch mode with ``weights``: draws per epoch over all ranks (default: the selected samples).
-        max_patches: an embeddings output (``wsishard embed``), streamed as bags (one slide per sample:
-            :mod:`~wsishard.streaming.bags`): at most this many patches per bag per draw, a random subset seeded by
-            (seed, epoch, slide id). None: every patch.
+        max_patches: bags (an embeddings output, :mod:`~wsishard.streaming.bags`): at most this many patches per bag
+            per draw, a subset seeded by (seed, epoch, slide id). None: every patch.
 
     Raises:
         ManifestError: a manifest is missing or unreadable, names no shard or a bad one, or the outputs differ in
