@@ -113,8 +113,7 @@ def stream(
         bags=bags,
         max_patches=max_patches,
     )
-    if epoch_size is not None and weights is None:
-        raise ValueError(f"epoch_size={epoch_size!r} counts weighted draws: it needs weights= (and resampled=False)")
+    _check_epoch_size(epoch_size, weights)
     opener = opener or StreamOpener(dict(storage_options or {}))
     tasks, plan = selection.choose(
         read,
@@ -128,6 +127,12 @@ def stream(
         resampled=resampled and lazy_select is not False,
     )
     return ShardStream(tasks, config, world=world, opener=opener, sampling=plan)
+
+
+def _check_epoch_size(epoch_size: int | None, weights: Weights | None) -> None:
+    """Refuse ``epoch_size`` without ``weights`` (it counts weighted draws)."""
+    if epoch_size is not None and weights is None:
+        raise ValueError(f"epoch_size={epoch_size!r} counts weighted draws: it needs weights= (and resampled=False)")
 
 
 def _bags(read: list[selection.Source]) -> bool:
