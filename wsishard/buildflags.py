@@ -16,8 +16,9 @@ from wsishard import cliargs
 from wsishard.builder.config import with_config
 from wsishard.builder.inputs import mpp_table
 from wsishard.builder.keywords import OPTION_GROUPS, apply_changes, label_value, option_fields, option_flag
-from wsishard.builder.options import BuildOptions, context_mpps
+from wsishard.builder.options import BuildOptions
 from wsishard.builder.tissueopts import parse_names
+from wsishard.builder.values import context_mpps
 from wsishard.cliargs import format_size, parse_size
 from wsishard.deprecation import OldFlag, add_old_flag
 from wsishard.errors import OptionError
@@ -100,7 +101,7 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
     if given.get("config") is not None:
         base = with_config(None, given["config"])
     changes: dict[str, Any] = {}
-    for dest, _, f in option_fields():
+    for dest, _, f in option_fields(BuildOptions):
         if dest in given:
             prefix, fills = dest.rpartition(".")[0], f.metadata.get("fills")
             for name, value in zip(fills, given[dest], strict=True) if fills else [(f.name, given[dest])]:
@@ -138,7 +139,7 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
         "the file that repeats a build",
     )
     groups = {key: p.add_argument_group(title) for key, title in OPTION_GROUPS.items()}
-    for dest, group, f in sorted(option_fields(), key=lambda item: list(OPTION_GROUPS).index(item[1])):
+    for dest, group, f in sorted(option_fields(BuildOptions), key=lambda item: list(OPTION_GROUPS).index(item[1])):
         add_option(groups[group], dest, f, _owner(dest))
     groups["output"].add_argument(  # the default since 0.3: pictures drawn on demand (inspect --qc)
         "--no-qc", dest="qc", action="store_false", default=argparse.SUPPRESS, help=argparse.SUPPRESS

@@ -20,7 +20,7 @@ from wsishard.buildflags import add_option, build_options
 from wsishard.cli import parser
 from wsishard.cliargs import format_size, parse_size
 
-FLAGGED = list(option_fields())
+FLAGGED = list(option_fields(BuildOptions))
 
 
 def _non_default(f: dataclasses.Field[Any], tmp_path: Path) -> tuple[list[str], dict[str, Any]]:

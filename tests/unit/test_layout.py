@@ -70,7 +70,6 @@ DEFERRED_IMPORTS = {
     ("demo.py", "wsishard.streaming.sources"): "torch: only once the demo streams",
     ("shards/summary.py", "wsishard.storage.opener"): "the build writes indexes without the opener",
     ("streaming/stain.py", "wsishard.storage.opener"): "slide records are read only for a stain table",
-    ("builder/options.py", "wsishard.builder.keywords"): "a cycle: keywords maps BuildOptions' fields (left)",
     ("builder/tissue.py", "wsishard.builder.artefacts"): "scipy and scikit-image: not at CLI start-up",
     ("builder/tissue.py", "wsishard.builder.morphology"): "OpenCV: not at CLI start-up",
     ("slide/__init__.py", "wsishard.slide.openslide_backend"): "OpenSlide: not at CLI start-up",

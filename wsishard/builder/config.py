@@ -52,7 +52,7 @@ def config_keys() -> Keys:
     """Every config table and its keys, in ``--help`` order: ``{"patches": {"mpp": ("patch.target_mpp", field),
     ...}, ...}``."""
     tables: Keys = {group: {} for group in OPTION_GROUPS}
-    for dest, group, f in option_fields():
+    for dest, group, f in option_fields(BuildOptions):
         tables[group][option_keyword(f)] = (dest, f)
     return tables
 
@@ -162,7 +162,7 @@ def with_config(options: BuildOptions | None, path: str | os.PathLike[str]) -> B
     """
     given = read_config(path)
     try:
-        return with_keywords(options, given)
+        return with_keywords(options or BuildOptions(), given)
     except OptionError as exc:
         raise OptionError(f"config {os.fspath(path)}: {exc}{_key_of(str(exc), given)}") from None
 
@@ -250,7 +250,7 @@ def _keyword_value(record: Mapping[str, Any], f: Field[Any], value: Any) -> Any:
 
 def _not_settable(record: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """``(dest, value)`` of the recorded options no key sets whose value is not their default."""
-    keyed = {dest for dest, _, _ in option_fields()} | {"label_names"}
+    keyed = {dest for dest, _, _ in option_fields(BuildOptions)} | {"label_names"}
     defaults = json.loads(json.dumps(dataclasses.asdict(BuildOptions())))
     out = []
     for dest in _dests(BuildOptions):

@@ -10,14 +10,17 @@ import logging
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from wsishard.builder.copies import warn_copies
-from wsishard.builder.options import MPP_RULE, BuildOptions, valid_label, valid_mpp
+from wsishard.builder.values import MPP_RULE, valid_label, valid_mpp
 from wsishard.errors import OptionError
 from wsishard.slide import SLIDE_SUFFIXES
 from wsishard.storage.secrets import refuse_url_credentials
 from wsishard.storage.urls import StorageOptions, is_url, public_location
+
+if TYPE_CHECKING:  # the options read the tables' values; the tables only check against them
+    from wsishard.builder.options import BuildOptions
 
 _LIST_SUFFIXES = (".txt", ".lst", ".list", ".csv")
 T = TypeVar("T")
@@ -250,7 +253,7 @@ def mpp_table(path: str) -> dict[str, float]:
 
     Raises:
         OptionError: unreadable, no mpp at all, a slide listed twice, or an mpp that is not a number, not finite, or not
-            above 0 and below :data:`~wsishard.builder.options.MAX_MPP` (naming the slide, line and value).
+            above 0 and below :data:`~wsishard.builder.values.MAX_MPP` (naming the slide, line and value).
     """
     out = {}
     for i, (line, slide, value) in enumerate(_rows(path, "--mpp-csv")):

@@ -17,12 +17,15 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import Field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wsishard.builder.inputs import label_table, mpp_table
-from wsishard.builder.options import BuildOptions, context_mpps
 from wsishard.builder.tissueopts import parse_names
+from wsishard.builder.values import context_mpps
 from wsishard.errors import OptionError
+
+if TYPE_CHECKING:  # the options map their keywords through this module
+    from wsishard.builder.options import BuildOptions
 
 OPTION_GROUPS = {  # "group" in a field's metadata -> its --help section (and config-file table), in the order shown
     "patches": "patches",
@@ -36,7 +39,7 @@ OPTION_GROUPS = {  # "group" in a field's metadata -> its --help section (and co
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
 
 
-def option_fields(cls: Any = BuildOptions, prefix: str = "", group: str = "") -> Iterator[tuple[str, str, Field[Any]]]:
+def option_fields(cls: Any, prefix: str = "", group: str = "") -> Iterator[tuple[str, str, Field[Any]]]:
     """``(dest, group, field)`` for every option field with a ``build`` flag, in declared order.
 
     A field has a flag when its ``metadata`` has ``help``; the metadata may also name ``flag`` (default:
@@ -75,9 +78,9 @@ def flips(f: Field[Any]) -> bool:
     return f.default is True and not option_flag(f).startswith("--no-")
 
 
-def keywords() -> dict[str, tuple[str, Field[Any]]]:
-    """Every build keyword -> ``(dest, field)``, in the flags' declared order."""
-    return {option_keyword(f): (dest, f) for dest, _, f in option_fields()}
+def keywords(cls: Any) -> dict[str, tuple[str, Field[Any]]]:
+    """Every keyword of the option class ``cls`` -> ``(dest, field)``, in the flags' declared order."""
+    return {option_keyword(f): (dest, f) for dest, _, f in option_fields(cls)}
 
 
 def size_bytes(text: str) -> int:
@@ -141,14 +144,15 @@ def _value(dest: str, f: Field[Any], value: Any) -> list[tuple[str, Any]]:
     return [(f.name, value)]
 
 
-def with_keywords(options: BuildOptions | None, given: Mapping[str, Any], caller: str = "build") -> BuildOptions:
-    """``options`` (default: every default) with the flat keywords ``given`` applied on top.
+def with_keywords(options: BuildOptions, given: Mapping[str, Any], caller: str = "build") -> BuildOptions:
+    """``options`` with the flat keywords ``given`` applied on top (``BuildOptions.from_keywords`` starts from the
+    defaults).
 
     Raises:
         TypeError: a keyword that is no build option, naming it and the close matches.
         OptionError: (a ``ValueError``) a value the option refuses, naming it.
     """
-    known = keywords()
+    known = keywords(type(options))
     changes: dict[str, Any] = {}  # dest -> value
     for name, value in given.items():
         if name not in known:
@@ -160,7 +164,7 @@ def with_keywords(options: BuildOptions | None, given: Mapping[str, Any], caller
         prefix = dest.rpartition(".")[0]
         for field_name, v in _value(dest, f, value):
             changes[f"{prefix}.{field_name}" if prefix else field_name] = v
-    return apply_changes(options or BuildOptions(), changes)
+    return apply_changes(options, changes)
 
 
 def apply_changes(obj: Any, changes: Mapping[str, Any]) -> Any:
