@@ -32,7 +32,7 @@ def _keep(t: dict) -> Any:
 def labelled_build(cohort: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from buildtools import SMALL_BUILD
 
-    from wsishard.builder.run import build
+    from wsishard.builder.run.orchestrate import build
 
     out = tmp_path_factory.mktemp("labelled") / "out"
     labels = {**LABELLED, "slide-006": 0, "slide-007": 0}
@@ -108,13 +108,12 @@ def _valid(batches: Any) -> list[str]:
 
 
 def _rank_main(build: str, result_dir: str) -> None:
+    import hangdump
     import torch
     import torch.distributed as dist
 
     from wsishard.streaming.loader import loader
     from wsishard.streaming.sources import stream
-
-    import hangdump
 
     hangdump.arm()  # a hang prints every rank's (and worker's) stacks, not only the rank that timed out
     watch: dict[str, Any] = {"timeout": 60, "worker_init_fn": hangdump.worker}  # a hung worker fails its rank
