@@ -87,17 +87,17 @@ SMOKE_SCANNERS = (0.25, 0.2520)  # --smoke: the exact 2x and one scanner's mpp, 
 STAGES = ("scan", "qc", "decode", "resample", "scores", "encode", "write")
 # (module, attribute (Class.method allowed), stage); the units end with a dump of this process's figures
 _WRAPPED = [
-    ("wsishard.builder.scan", "scan_slide", "scan"),
-    ("wsishard.builder.scan", "_write_qc", "qc"),
-    ("wsishard.builder.patches", "reduced_read", "decode"),
-    ("wsishard.builder.context", "reduced_read", "decode"),
-    ("wsishard.builder.resample", "Reduced.cut", "resample"),
-    ("wsishard.builder.patches", "quality_scores", "scores"),
-    ("wsishard.builder.patches", "encode_image", "encode"),
-    ("wsishard.builder.context", "encode_image", "encode"),
-    ("wsishard.builder.extract", "sample_records", "write"),
-    ("wsishard.builder.extract", "ShardWriter.append", "write"),
-    ("wsishard.builder.extract", "ShardWriter.commit", "write"),
+    ("wsishard.builder.scan.scan", "scan_slide", "scan"),
+    ("wsishard.builder.scan.scan", "_write_qc", "qc"),
+    ("wsishard.builder.extract.patches", "reduced_read", "decode"),
+    ("wsishard.builder.extract.context", "reduced_read", "decode"),
+    ("wsishard.builder.extract.resample", "Reduced.cut", "resample"),
+    ("wsishard.builder.extract.patches", "quality_scores", "scores"),
+    ("wsishard.builder.extract.patches", "encode_image", "encode"),
+    ("wsishard.builder.extract.context", "encode_image", "encode"),
+    ("wsishard.builder.extract.extract", "sample_records", "write"),
+    ("wsishard.builder.extract.extract", "ShardWriter.append", "write"),
+    ("wsishard.builder.extract.extract", "ShardWriter.commit", "write"),
 ]
 _UNITS = {"scan_slide", "extract_segment"}
 
@@ -149,13 +149,13 @@ def install_stage_timers(folder: str) -> None:
 
     TIMER.folder = Path(folder)
     TIMER.folder.mkdir(parents=True, exist_ok=True)
-    for module_name, attr, stage in [*_WRAPPED, ("wsishard.builder.extract", "extract_segment", None)]:
+    for module_name, attr, stage in [*_WRAPPED, ("wsishard.builder.extract.extract", "extract_segment", None)]:
         module = importlib.import_module(module_name)
         owner, name = (getattr(module, attr.split(".")[0]), attr.split(".")[1]) if "." in attr else (module, attr)
         setattr(owner, name, TIMER.wrap(getattr(owner, name), stage, name in _UNITS))
-    import wsishard.builder.extract as extract
-    import wsishard.builder.run as run  # it calls these two through names of its own
-    import wsishard.builder.scan as scan
+    import wsishard.builder.extract.extract as extract
+    import wsishard.builder.run.orchestrate as run  # it calls these two through names of its own
+    import wsishard.builder.scan.scan as scan
 
     run.scan_slide, run.extract_segment = scan.scan_slide, extract.extract_segment
 
@@ -293,8 +293,8 @@ def _rss_mb() -> float:
 
 def child_build(spec: dict[str, Any]) -> dict[str, Any]:
     """``build`` with default options but ``jobs``, the mpp tag and (for the many-shard run) ``shard_samples``."""
-    from wsishard.builder.options import BuildOptions, BuildProgress
-    from wsishard.builder.run import build
+    from wsishard.builder.options.buildopts import BuildOptions, BuildProgress
+    from wsishard.builder.run.orchestrate import build
 
     stages_dir = spec["output"] + ".stages"
     shutil.rmtree(stages_dir, ignore_errors=True)
@@ -425,7 +425,7 @@ def child_floor(spec: dict[str, Any]) -> dict[str, Any]:
     import cv2
     import tifffile
 
-    from wsishard.builder.resample import encode_image
+    from wsishard.builder.extract.resample import encode_image
 
     cv2.setNumThreads(1)  # one core, as a build worker
     scale = TARGET_MPP / spec["mpp"]  # level-0 px per output px

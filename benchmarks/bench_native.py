@@ -105,8 +105,8 @@ def _build_side(patches: list[np.ndarray], view: np.ndarray) -> dict[str, float]
     process loaded before the C median) in a fresh interpreter that has loaded the build."""
     from skimage.filters.rank import median as rank_median
 
-    from wsishard.builder.morphology import disk, median
-    from wsishard.builder.quality import quality_scores
+    from wsishard.builder.extract.quality import quality_scores
+    from wsishard.builder.scan.morphology import disk, median
 
     out = {}
     for name, fn in (("scores_c", quality_scores), ("scores_numpy", _scores_numpy)):
@@ -118,7 +118,7 @@ def _build_side(patches: list[np.ndarray], view: np.ndarray) -> dict[str, float]
         t = time.process_time()
         fn(view, disk(3))
         out[name] = time.process_time() - t
-    from wsishard.builder.artefacts import hsv_planes
+    from wsishard.builder.scan.artefacts import hsv_planes
 
     big = np.random.default_rng(2).integers(0, 256, (960, 1280, 3), dtype=np.uint8)  # a 40960x30720 slide's view
     for name, fn in (("hsv_c", hsv_planes), ("hsv_numpy", _hsv_numpy)):
@@ -126,7 +126,7 @@ def _build_side(patches: list[np.ndarray], view: np.ndarray) -> dict[str, float]
         fn(big)
         out[name] = time.process_time() - t
     probe = (
-        "import time, wsishard.builder.run\nt = time.process_time()\n"
+        "import time, wsishard.builder.run.orchestrate\nt = time.process_time()\n"
         "import skimage.filters.rank, scipy.ndimage\nprint(time.process_time() - t)"
     )
     out["import_scipy_skimage"] = float(

@@ -64,7 +64,7 @@ def _file_sizes(n: int) -> list[int]:
 
 
 def stage_groups(n: int, _args: argparse.Namespace) -> dict[str, Any]:
-    from wsishard.builder.plan import make_groups, part_groups
+    from wsishard.builder.plan.plan import make_groups, part_groups
 
     t = time.perf_counter()
     groups = make_groups(n, GROUP_SLIDES, SEED)
@@ -82,7 +82,7 @@ def stage_groups(n: int, _args: argparse.Namespace) -> dict[str, Any]:
 
 
 def stage_plan(n: int, args: argparse.Namespace) -> dict[str, Any]:
-    from wsishard.builder.plan import make_groups, plan_group
+    from wsishard.builder.plan.plan import make_groups, plan_group
 
     t = time.perf_counter()
     groups = make_groups(n, GROUP_SLIDES, SEED)
@@ -132,8 +132,8 @@ def _record(slide: int) -> Any:
 
 
 def _scan(slide: int) -> Any:
-    from wsishard.builder.grid import Candidates
-    from wsishard.builder.scan import ScanResult
+    from wsishard.builder.scan.grid import Candidates
+    from wsishard.builder.scan.scan import ScanResult
 
     record = _record(slide)
     count = record.patches
@@ -153,7 +153,7 @@ def _scan(slide: int) -> Any:
 
 
 def stage_state(n: int, args: argparse.Namespace) -> dict[str, Any]:
-    from wsishard.builder.scanstate import ScanStore
+    from wsishard.builder.scan.scanstate import ScanStore
     from wsishard.storage.output import Destination
 
     sample = min(n, args.state_slides)
@@ -258,9 +258,9 @@ def s3_two_parts(workdir: str | None, smoke: bool = False) -> dict[str, Any]:
     import s3fs
     from moto.server import ThreadedMotoServer
 
-    from wsishard.builder.merge import merge
-    from wsishard.builder.options import BuildOptions, PatchOptions
-    from wsishard.builder.run import build
+    from wsishard.builder.options.buildopts import BuildOptions, PatchOptions
+    from wsishard.builder.run.merge import merge
+    from wsishard.builder.run.orchestrate import build
     from wsishard.testing.synthetic import make_slides
 
     sent: dict[str, int] = {}

@@ -132,7 +132,7 @@ def collate_rows(device: torch.device, repeats: int) -> tuple[list[dict[str, Any
 def build_output(workdir: Path, smoke: bool = False) -> str:
     """A small build of synthetic slides (cached; ``smoke``: two of 4096 px): 256 px patches at 0.5 mpp."""
     from wsishard import build
-    from wsishard.builder.options import BuildOptions
+    from wsishard.builder.options.buildopts import BuildOptions
 
     def make(slides: list[str], out: Path) -> None:
         build(slides, str(out), BuildOptions(shard_samples=200, seed=SEED, jobs=2), overwrite=True)

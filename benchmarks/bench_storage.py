@@ -141,9 +141,9 @@ def _stats(port: int, reset: bool = False) -> dict[str, int]:
 
 
 def _build(inputs: list[str], out: Path, options: dict[str, Any] | None, fast: bool, sizes: dict[str, int]) -> dict:
-    from wsishard.builder.grid import PatchOptions
-    from wsishard.builder.options import BuildOptions
-    from wsishard.builder.run import build
+    from wsishard.builder.options.buildopts import BuildOptions
+    from wsishard.builder.run.orchestrate import build
+    from wsishard.builder.scan.grid import PatchOptions
 
     opts = BuildOptions(patch=PatchOptions(patch_size_px=256), shard_samples=128, jobs=2, fast_path=fast)
     shutil.rmtree(out, ignore_errors=True)

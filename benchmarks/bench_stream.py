@@ -138,9 +138,9 @@ SAMPLING_TARGET = 0.8  # --sampling: weighted or selected samples/s against unwe
 
 def prepare(workdir: Path, mode: Mode) -> tuple[list[str], Path]:
     """Slides and shards for ``mode``, generated and built once and reused while their parameters match."""
-    from wsishard.builder.grid import PatchOptions
-    from wsishard.builder.options import BuildOptions
-    from wsishard.builder.run import build
+    from wsishard.builder.options.buildopts import BuildOptions
+    from wsishard.builder.run.orchestrate import build
+    from wsishard.builder.scan.grid import PatchOptions
 
     want = {
         "n_slides": mode.n_slides,
@@ -801,9 +801,9 @@ def _tissue(t: Any) -> Any:
 
 def labelled(workdir: Path, mode: Mode) -> Path:
     """bench_stream's build for ``mode``, rebuilt once with slide labels (every fifth slide label 1), and indexed."""
-    from wsishard.builder.grid import PatchOptions
-    from wsishard.builder.options import BuildOptions
-    from wsishard.builder.run import build
+    from wsishard.builder.options.buildopts import BuildOptions
+    from wsishard.builder.run.orchestrate import build
+    from wsishard.builder.scan.grid import PatchOptions
 
     slides, _ = prepare(workdir, mode)
     out = workdir / mode.name / "labelled"

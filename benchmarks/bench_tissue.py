@@ -31,11 +31,11 @@ from typing import Any
 from benchkit import markdown
 from PIL import Image
 
-from wsishard.builder.grid import PatchOptions
-from wsishard.builder.options import BuildOptions
-from wsishard.builder.quality import quality_scores
-from wsishard.builder.run import build
-from wsishard.builder.tissue import TissueOptions, find_tissue
+from wsishard.builder.extract.quality import quality_scores
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.run.orchestrate import build
+from wsishard.builder.scan.grid import PatchOptions
+from wsishard.builder.scan.tissue import TissueOptions, find_tissue
 from wsishard.slide import open_slide, read_lowres
 from wsishard.testing.artefacts import ARTEFACT_KINDS, patch_fractions
 from wsishard.testing.pigment import PIGMENT_KINDS

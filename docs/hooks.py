@@ -93,10 +93,10 @@ def cli_markdown() -> str:
 def config_markdown() -> str:
     """Every key of a build's config file: its table, its flag, and its default as the file spells it (the file
     ``inspect --options`` writes for a build with every default, read back line by line)."""
-    from wsishard.builder.config import config_keys, options_toml
-    from wsishard.builder.keywords import option_flag
-    from wsishard.builder.options import BuildOptions
-    from wsishard.builder.records import options_dict
+    from wsishard.builder.options.buildopts import BuildOptions
+    from wsishard.builder.options.config import config_keys, options_toml
+    from wsishard.builder.options.keywords import option_flag
+    from wsishard.builder.run.records import options_dict
 
     shown: dict[tuple[str, str], str] = {}
     table = ""

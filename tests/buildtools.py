@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from wsishard.builder.grid import PatchOptions
-from wsishard.builder.options import BuildOptions
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.scan.grid import PatchOptions
 from wsishard.manifest import Manifest
 from wsishard.shards.reader import group_members
 from wsishard.storage.opener import load_manifest

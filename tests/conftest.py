@@ -64,7 +64,7 @@ def cohort_build(cohort: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     reference that resumed, part/merge and object-storage builds of the same slides must equal."""
     from buildtools import SMALL_BUILD
 
-    from wsishard.builder.run import build
+    from wsishard.builder.run.orchestrate import build
 
     out = tmp_path_factory.mktemp("cohort-build") / "out"
     manifest = build([str(cohort)], str(out), SMALL_BUILD)

@@ -50,7 +50,7 @@ def make_source(root: Path, labels: dict[str, int] | None = None) -> Path:
     """Three generated slides (2048 px a side) built into shards of 40 patches or fewer (64 px) under ``root``."""
     from buildtools import SMALL_BUILD
 
-    from wsishard.builder.run import build
+    from wsishard.builder.run.orchestrate import build
     from wsishard.testing.synthetic import make_slides
 
     make_slides(root / "slides", 3, seed=21, width=2048, height=2048)

@@ -3,14 +3,14 @@ reads it too and loads each name from its module on first use (``import wsishard
 
 __version__: str
 
-from wsishard.builder.inputs import find_slides as find_slides
-from wsishard.builder.merge import merge as merge
-from wsishard.builder.options import BuildOptions as BuildOptions
-from wsishard.builder.options import BuildProgress as BuildProgress
-from wsishard.builder.patchopts import PatchOptions as PatchOptions
-from wsishard.builder.run import build as build
-from wsishard.builder.tissue import detect_tissue as detect_tissue
-from wsishard.builder.tissueopts import TissueOptions as TissueOptions
+from wsishard.builder.inputs.sources import find_slides as find_slides
+from wsishard.builder.options.buildopts import BuildOptions as BuildOptions
+from wsishard.builder.options.buildopts import BuildProgress as BuildProgress
+from wsishard.builder.options.patchopts import PatchOptions as PatchOptions
+from wsishard.builder.options.tissueopts import TissueOptions as TissueOptions
+from wsishard.builder.run.merge import merge as merge
+from wsishard.builder.run.orchestrate import build as build
+from wsishard.builder.scan.tissue import detect_tissue as detect_tissue
 from wsishard.embedding.options import EmbedOptions as EmbedOptions
 from wsishard.embedding.run import embed as embed
 from wsishard.errors import ManifestError as ManifestError

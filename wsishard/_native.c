@@ -75,7 +75,7 @@
  * image are <= v (scikit-image's rule: pixels outside the image are not counted). A histogram slides along each
  * row; the median is found through 16 coarse bins.
  */
-/* 5. quality_counts: the counts behind a patch's quality scores (wsishard.builder.quality), in one pass over its
+/* 5. quality_counts: the counts behind a patch's quality scores (wsishard.builder.extract.quality), in one pass over its
  * sampled pixels instead of a dozen numpy passes.
  *
  * quality_counts(patch, ys, xs, glass_saturation, glass_value, dark_value) -> (glass, dark, lap_sum, lap_squares)
@@ -89,7 +89,7 @@
  * lap_sum and lap_squares: the sum and the sum of squares of the 4-neighbour Laplacian of hi over the inner
  * (h - 2) x (w - 2) sampled pixels (exact integers).
  */
-/* 6. hsv_planes: the HSV planes the tissue scan's artefact and stain steps read (wsishard.builder.artefacts), in one
+/* 6. hsv_planes: the HSV planes the tissue scan's artefact and stain steps read (wsishard.builder.scan.artefacts), in one
  * pass, bit for bit what the numpy expressions there gave (float32 throughout: the same operations in the same
  * order, numpy's remainder for the hue's modulo).
  *

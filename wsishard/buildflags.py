@@ -1,7 +1,8 @@
-"""The build's command-line flags, derived from the option dataclasses (:mod:`wsishard.builder.options`): each
+"""The build's command-line flags, derived from the option dataclasses (:mod:`wsishard.builder.options.buildopts`): each
 field's flag, help, value type and default come from the field and its metadata, and a value the option class
 refuses is refused as a usage error naming the flag. :func:`build_options` turns the parsed flags back into
-:class:`~wsishard.builder.options.BuildOptions`, over the ``--config`` file's (:mod:`wsishard.builder.config`).
+:class:`~wsishard.builder.options.buildopts.BuildOptions`, over the ``--config`` file's
+(:mod:`wsishard.builder.options.config`).
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from dataclasses import Field
 from typing import Any
 
 from wsishard import cliargs
-from wsishard.builder.config import with_config
-from wsishard.builder.inputs import mpp_table
-from wsishard.builder.keywords import OPTION_GROUPS, apply_changes, label_value, option_fields, option_flag
-from wsishard.builder.options import BuildOptions, context_mpps
-from wsishard.builder.tissueopts import parse_names
+from wsishard.builder.inputs.sources import mpp_table
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.options.config import with_config
+from wsishard.builder.options.keywords import OPTION_GROUPS, apply_changes, label_value, option_fields, option_flag
+from wsishard.builder.options.tissueopts import parse_names
+from wsishard.builder.options.values import context_mpps
 from wsishard.cliargs import format_size, parse_size
 from wsishard.deprecation import OldFlag, add_old_flag
 from wsishard.errors import OptionError
@@ -92,15 +94,15 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
     dataclass default.
 
     Raises:
-        OptionError: (a ``ValueError``) the config file's (:func:`~wsishard.builder.config.read_config`), or a flag's
-            value that clashes with the file's (``--labels`` and the file's ``roi_labels``).
+        OptionError: (a ``ValueError``) the config file's (:func:`~wsishard.builder.options.config.read_config`), or a
+            flag's value that clashes with the file's (``--labels`` and the file's ``roi_labels``).
     """
     given = vars(args)
     base = BuildOptions()
     if given.get("config") is not None:
         base = with_config(None, given["config"])
     changes: dict[str, Any] = {}
-    for dest, _, f in option_fields():
+    for dest, _, f in option_fields(BuildOptions):
         if dest in given:
             prefix, fills = dest.rpartition(".")[0], f.metadata.get("fills")
             for name, value in zip(fills, given[dest], strict=True) if fills else [(f.name, given[dest])]:
@@ -138,7 +140,7 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
         "the file that repeats a build",
     )
     groups = {key: p.add_argument_group(title) for key, title in OPTION_GROUPS.items()}
-    for dest, group, f in sorted(option_fields(), key=lambda item: list(OPTION_GROUPS).index(item[1])):
+    for dest, group, f in sorted(option_fields(BuildOptions), key=lambda item: list(OPTION_GROUPS).index(item[1])):
         add_option(groups[group], dest, f, _owner(dest))
     groups["output"].add_argument(  # the default since 0.3: pictures drawn on demand (inspect --qc)
         "--no-qc", dest="qc", action="store_false", default=argparse.SUPPRESS, help=argparse.SUPPRESS

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from wsishard import __version__, cliargs
-from wsishard.builder.config import options_toml
-from wsishard.builder.inputs import check_output
-from wsishard.builder.options import BuildProgress
-from wsishard.builder.parts import array_part
+from wsishard.builder.inputs.sources import check_output
+from wsishard.builder.options.buildopts import BuildProgress
+from wsishard.builder.options.config import options_toml
+from wsishard.builder.plan.parts import array_part
 from wsishard.buildflags import add_build_flags, add_storage_option, build_options
 from wsishard.embedding.flags import add_embed_parser
 from wsishard.errors import OptionError, WsiShardError
@@ -78,8 +78,9 @@ class _Bars:
 
 
 def build(*args: Any, **kwargs: Any) -> Manifest:
-    """:func:`wsishard.builder.run.build`, imported when a build runs (the CLI starts without the builder)."""
-    from wsishard.builder.run import build as run_build
+    """:func:`wsishard.builder.run.orchestrate.build`, imported when a build runs (the CLI starts without the
+    builder)."""
+    from wsishard.builder.run.orchestrate import build as run_build
 
     return run_build(*args, **kwargs)
 
@@ -109,7 +110,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from wsishard.builder.merge import merge
+    from wsishard.builder.run.merge import merge
     from wsishard.report import summary
 
     manifest = merge(args.output, dict(args.storage_option))
@@ -156,7 +157,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if args.html is not None:
         check_page_target(root, args.html)  # before anything is drawn
     if args.qc:
-        from wsishard.builder.qcdraw import draw_pictures
+        from wsishard.builder.qc.qcdraw import draw_pictures
 
         print(draw_pictures(manifest, root, dict(args.storage_option), jobs=args.jobs).line())
     if args.html is not None:

@@ -8,8 +8,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from wsishard.builder.keywords import format_size as format_size  # beside size_bytes, which it spells back
-from wsishard.builder.keywords import size_bytes
+from wsishard.builder.options.keywords import format_size as format_size  # beside size_bytes, which it spells back
+from wsishard.builder.options.keywords import size_bytes
 from wsishard.errors import OptionError
 
 

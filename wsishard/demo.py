@@ -10,9 +10,9 @@ import os
 import time
 from collections.abc import Callable
 
-from wsishard.builder.grid import PatchOptions
-from wsishard.builder.options import BuildOptions, BuildProgress
-from wsishard.builder.run import build
+from wsishard.builder.options.buildopts import BuildOptions, BuildProgress
+from wsishard.builder.run.orchestrate import build
+from wsishard.builder.scan.grid import PatchOptions
 from wsishard.progress import ProgressCallback, ignore_progress
 from wsishard.report import plural, summary
 from wsishard.testing.synthetic import make_slides

@@ -44,7 +44,7 @@ NAMED_MPP_VERSION = 3  # the first version naming each mpp by whose it is: slide
 MANIFEST_NAME = "manifest.json"
 SLIDES_NAME = "slides.jsonl"
 QC_INDEX_NAME = "qc/index.html"  # the QC review page (beside the qc/<slide_id>.png pictures)
-STATE_DIR = ".wsishard"  # a build's resume state and lock (wsishard.builder.state, wsishard.builder.lock)
+STATE_DIR = ".wsishard"  # a build's resume state and lock (wsishard.builder.run.state, wsishard.builder.run.lock)
 SHARD_PREFIX = "shard-"
 SHARD_SUFFIX = ".tar"
 IMAGE_FORMATS: tuple[str, ...] = ("jpg", "png", "webp")
@@ -90,7 +90,7 @@ class PatchMeta(TypedDict, total=False):
     level: int  # pyramid level the pixels were read from
     patch_size: int  # px, width = height of the written image
     tissue: float  # fraction of the patch inside the tissue mask, 0..1
-    background: float  # fraction of the patch that looks like glass, 0..1 (builder/quality.py)
+    background: float  # fraction of the patch that looks like glass, 0..1 (builder/extract/quality.py)
     dark: float  # fraction of the patch that is very dark, 0..1
     pigment: float  # fraction of the patch that tissue detection found to be dark pigment (kept as tissue), 0..1
     sharpness: float  # variance of the Laplacian of the grey patch (reduced to 64 px): low is blurred

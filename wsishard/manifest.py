@@ -85,7 +85,7 @@ class SlideRecord:
     label: int | None = None
     bytes_read: int = 0  # bytes of the slide file downloaded (scan and extraction); 0: a local file
     read: str = ""  # a URL slide's scan: "in place" (ranged reads) or "copied" (downloaded first); "": a local file
-    stain: dict[str, Any] = field(default_factory=dict)  # H&E stain: builder/stain.py StainFit.to_record; {}: none
+    stain: dict[str, Any] = field(default_factory=dict)  # H&E stain: builder/scan/stain.py StainFit.to_record; {}: none
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,7 +32,7 @@ def _keep(t: dict) -> Any:
 def labelled_build(cohort: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from buildtools import SMALL_BUILD
 
-    from wsishard.builder.run import build
+    from wsishard.builder.run.orchestrate import build
 
     out = tmp_path_factory.mktemp("labelled") / "out"
     labels = {**LABELLED, "slide-006": 0, "slide-007": 0}

@@ -48,12 +48,12 @@ def test_build_side_imports_neither_torch_nor_webdataset() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     lines = out.stdout.split("\n")
-    assert "wsishard.builder.run" in lines and "wsishard.storage.opener" in lines  # the walk found the modules
+    assert "wsishard.builder.run.orchestrate" in lines and "wsishard.storage.opener" in lines  # the walk found them
     assert lines[-2].split() == ["False", "False"]
 
 
 def test_build_takes_one_path_and_the_cli_options_as_keywords(tmp_path: Path) -> None:
-    from wsishard.builder.grid import PatchOptions
+    from wsishard.builder.scan.grid import PatchOptions
     from wsishard.testing.synthetic import make_slides
 
     make_slides(tmp_path / "in", 2, seed=3, width=1024, height=1024, tissue_fraction=0.5)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from wsishard.builder.options import BuildOptions
-from wsishard.builder.patchopts import PatchOptions
-from wsishard.builder.run import build
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.options.patchopts import PatchOptions
+from wsishard.builder.run.orchestrate import build
 from wsishard.errors import OptionError
 from wsishard.slide.tiff import TILES
 from wsishard.testing.synthetic import make_slide

@@ -15,10 +15,10 @@ import pytest
 import tifffile
 from buildtools import read_output
 
-from wsishard.builder.grid import PatchOptions
-from wsishard.builder.options import BuildOptions
-from wsishard.builder.roi import RoiOptions
-from wsishard.builder.run import build
+from wsishard.builder.inputs.roi import RoiOptions
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.run.orchestrate import build
+from wsishard.builder.scan.grid import PatchOptions
 from wsishard.errors import OptionError, SlideError
 from wsishard.report import summary
 from wsishard.slide import open_slide
@@ -212,7 +212,7 @@ def test_slide_list_file(many_slides: Path, tmp_path: Path) -> None:
 def test_workers_see_the_environment_of_their_pool_not_of_the_forkserver(monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from wsishard.builder.pool import WorkerPool, _fork_is_safe
+    from wsishard.builder.run.pool import WorkerPool, _fork_is_safe
 
     stop = threading.Event()
     other = threading.Thread(target=stop.wait, daemon=True)  # a second thread: the pool must not fork directly

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from buildtools import SMALL_BUILD, SMALL_BUILD_ARGS, read_output
 
-from wsishard.builder.qcdraw import draw_pictures
-from wsishard.builder.run import build
+from wsishard.builder.qc.qcdraw import draw_pictures
+from wsishard.builder.run.orchestrate import build
 from wsishard.shards.index import index_name
 from wsishard.shards.summary import SUMMARY_NAME
 from wsishard.storage.output import Destination
@@ -174,14 +174,14 @@ def test_credentials_never_reach_output_or_logs(s3: S3Server, s3_bucket: str, co
 def test_slides_read_from_a_bucket_through_bounded_scratch(
     s3: S3Server, s3_bucket: str, cohort: Path, cohort_build: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import wsishard.builder.scan
-    import wsishard.builder.staging
+    import wsishard.builder.inputs.staging
+    import wsishard.builder.scan.scan
 
     s3.fs().mkdir(f"{s3_bucket}/cohort/slides")
     s3.upload(str(cohort), f"s3://{s3_bucket}/cohort/slides")
     live: list[int] = [0, 0]  # copies on disk now, most at once
     copied: list[str] = []  # the URL of every copy made
-    original = wsishard.builder.staging.local_copy
+    original = wsishard.builder.inputs.staging.local_copy
 
     @contextlib.contextmanager
     def spy(*args: object, **kwargs: object) -> Iterator[str]:
@@ -194,8 +194,8 @@ def test_slides_read_from_a_bucket_through_bounded_scratch(
             finally:
                 live[0] -= 1
 
-    monkeypatch.setattr(wsishard.builder.staging, "local_copy", spy)
-    monkeypatch.setattr(wsishard.builder.scan, "local_copy", spy)
+    monkeypatch.setattr(wsishard.builder.inputs.staging, "local_copy", spy)
+    monkeypatch.setattr(wsishard.builder.scan.scan, "local_copy", spy)
     scratch = tmp_path / "scratch"
     opts = dataclasses.replace(OPTS, jobs=1)  # in-process, so the spy sees every copy
     out = tmp_path / "out"
@@ -235,7 +235,7 @@ def test_slides_read_from_a_bucket_through_bounded_scratch(
 def test_a_copied_slide_is_downloaded_again_only_by_a_resumed_build(
     s3: S3Server, s3_bucket: str, cohort: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import wsishard.builder.run
+    import wsishard.builder.run.orchestrate
 
     s3.fs().mkdir(f"{s3_bucket}/resumed/slides")
     s3.upload(str(cohort), f"s3://{s3_bucket}/resumed/slides")
@@ -249,7 +249,7 @@ def test_a_copied_slide_is_downloaded_again_only_by_a_resumed_build(
         raise KeyboardInterrupt  # after every scan was saved, before any shard
 
     with monkeypatch.context() as patch:
-        patch.setattr(wsishard.builder.run, "_extract_groups", interrupted)
+        patch.setattr(wsishard.builder.run.orchestrate, "_extract_groups", interrupted)
         with pytest.raises(KeyboardInterrupt):
             build(slides, str(tmp_path / "resumed"), opts, storage_options=s3.storage_options)
     resumed = build(slides, str(tmp_path / "resumed"), opts, storage_options=s3.storage_options)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from buildtools import usage_error
 
-from wsishard.builder.options import BuildOptions
-from wsishard.builder.patchopts import PatchOptions
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.options.patchopts import PatchOptions
 from wsishard.cli import main
 from wsishard.cliargs import parse_size
 from wsishard.errors import OptionError
@@ -303,8 +303,8 @@ def test_every_command_help_has_a_description_line(command: str, capsys: pytest.
 
 
 def test_the_progress_ends_at_every_shard_written(tmp_path: Path) -> None:
-    from wsishard.builder.options import BuildProgress
-    from wsishard.builder.run import build
+    from wsishard.builder.options.buildopts import BuildProgress
+    from wsishard.builder.run.orchestrate import build
 
     make_slides(tmp_path / "in", 2, seed=3, width=1536, height=1536)
     events: list[BuildProgress] = []

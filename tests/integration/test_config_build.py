@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import wsishard
-from wsishard.builder.config import tomllib  # tomli before Python 3.11
+from wsishard.builder.options.config import tomllib  # tomli before Python 3.11
 from wsishard.cli import main
 from wsishard.testing.synthetic import make_slides
 

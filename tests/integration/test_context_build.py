@@ -18,11 +18,11 @@ from cmu import cmu_path
 from PIL import Image
 from scipy import ndimage as ndi
 
-from wsishard.builder.grid import PatchOptions
-from wsishard.builder.merge import merge
-from wsishard.builder.options import BuildOptions
-from wsishard.builder.roi import RoiOptions
-from wsishard.builder.run import build
+from wsishard.builder.inputs.roi import RoiOptions
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.run.merge import merge
+from wsishard.builder.run.orchestrate import build
+from wsishard.builder.scan.grid import PatchOptions
 from wsishard.errors import OptionError
 from wsishard.report import details
 from wsishard.shards.index import index_name, load_index
@@ -363,7 +363,7 @@ def test_the_fast_path_reads_aperio_rgb_jpeg_tiles_reduced_in_their_own_colours(
 
 
 def test_the_qc_picture_outlines_one_samples_context_fields() -> None:
-    from wsishard.builder.qc import CONTEXT_RGB, QcLayers, qc_picture
+    from wsishard.builder.qc.qc import CONTEXT_RGB, QcLayers, qc_picture
 
     view = np.full((200, 300, 3), 255, np.uint8)  # a 3000 x 2000 px slide seen at 10 level-0 px per px
     layers = QcLayers(tissue=np.zeros((200, 300), bool), l0_per_m=10.0)

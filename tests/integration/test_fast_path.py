@@ -12,9 +12,9 @@ import pytest
 from buildtools import read_output
 from PIL import Image
 
-from wsishard.builder.options import BuildOptions
-from wsishard.builder.patchopts import PatchOptions
-from wsishard.builder.run import build
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.options.patchopts import PatchOptions
+from wsishard.builder.run.orchestrate import build
 from wsishard.testing.synthetic import make_slides
 
 ROOT = Path(__file__).resolve().parents[2]

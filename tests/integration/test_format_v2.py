@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from wsishard.builder.merge import _join, merge
+from wsishard.builder.run.merge import _join, merge
 from wsishard.cli import main
 from wsishard.errors import ManifestError
 from wsishard.format import FORMAT_VERSION, patch_meta

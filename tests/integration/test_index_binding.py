@@ -18,7 +18,7 @@ import pytest
 import shardmaker as sm
 from buildtools import SMALL_BUILD
 
-from wsishard.builder.run import build
+from wsishard.builder.run.orchestrate import build
 from wsishard.errors import IndexFileError, ShardError
 from wsishard.shards.index import index_name, load_index
 from wsishard.shards.summary import SUMMARY_NAME, Summary, index_build

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from buildtools import read_output, usage_error
 
-from wsishard.builder.options import BuildOptions
-from wsishard.builder.run import build
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.run.orchestrate import build
 from wsishard.manifest import Manifest
 from wsishard.report import summary
 from wsishard.testing.synthetic import make_slides

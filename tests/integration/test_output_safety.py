@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 import pytest
 from buildtools import read_output
 
-from wsishard.builder.grid import PatchOptions
-from wsishard.builder.options import BuildOptions
-from wsishard.builder.run import build
-from wsishard.builder.stamps import input_stamps
-from wsishard.builder.state import BuildState
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.run.orchestrate import build
+from wsishard.builder.run.stamps import input_stamps
+from wsishard.builder.run.state import BuildState
+from wsishard.builder.scan.grid import PatchOptions
 from wsishard.errors import OptionError, OutputError, WsiShardError
 from wsishard.storage.output import Destination
 from wsishard.testing.synthetic import make_slides
@@ -136,9 +136,9 @@ def test_overwriting_a_previous_build_removes_its_files_and_nothing_else(
 
 _HOLDER = """
 import sys
-from wsishard.builder.grid import PatchOptions
-from wsishard.builder.options import BuildOptions
-from wsishard.builder.run import build
+from wsishard.builder.scan.grid import PatchOptions
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.run.orchestrate import build
 
 held = []
 

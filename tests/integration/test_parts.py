@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from buildtools import SMALL_BUILD, read_output
 
-from wsishard.builder.inputs import find_slides
-from wsishard.builder.merge import merge
-from wsishard.builder.options import BuildProgress
-from wsishard.builder.plan import make_groups, part_groups
-from wsishard.builder.qcdraw import draw_pictures
-from wsishard.builder.run import build
+from wsishard.builder.inputs.sources import find_slides
+from wsishard.builder.options.buildopts import BuildProgress
+from wsishard.builder.plan.plan import make_groups, part_groups
+from wsishard.builder.qc.qcdraw import draw_pictures
+from wsishard.builder.run.merge import merge
+from wsishard.builder.run.orchestrate import build
 from wsishard.errors import ManifestError
 from wsishard.format import MANIFEST_NAME, SLIDES_NAME, unique_slide_ids
 from wsishard.manifest import Manifest, parse_slide_lines

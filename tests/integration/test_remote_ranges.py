@@ -107,7 +107,7 @@ def test_a_slide_built_in_place_makes_far_fewer_requests_than_tiles_and_the_loca
     from buildtools import SMALL_BUILD, read_output
 
     import wsishard.slide.ranges
-    from wsishard.builder.run import build
+    from wsishard.builder.run.orchestrate import build
 
     server: HttpServer = http_serve(str(cohort))
     name = next(p.name for p in sorted(cohort.iterdir()) if p.suffix == ".svs")
@@ -135,7 +135,7 @@ def test_a_slide_under_half_a_megabyte_is_copied_and_recorded_so_and_its_shards_
 
     from buildtools import SMALL_BUILD
 
-    from wsishard.builder.run import build
+    from wsishard.builder.run.orchestrate import build
     from wsishard.slide.remote_tiff import COPY_BELOW_BYTES
     from wsishard.testing.synthetic import make_slides
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from buildtools import SMALL_BUILD, SMALL_BUILD_ARGS, read_output
 
-from wsishard.builder.grid import PatchOptions
-from wsishard.builder.merge import merge
-from wsishard.builder.options import BuildOptions
-from wsishard.builder.run import build
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.run.merge import merge
+from wsishard.builder.run.orchestrate import build
+from wsishard.builder.scan.grid import PatchOptions
 from wsishard.errors import ManifestError, OptionError
 
 ARGS = SMALL_BUILD_ARGS  # the CLI spelling of SMALL_BUILD: a CLI build must equal the API-built reference
@@ -179,7 +179,7 @@ def test_merge_names_a_part_whose_slide_records_are_missing(cohort: Path, tmp_pa
 
 
 def test_slurm_array_environment_gives_the_part() -> None:
-    from wsishard.builder.parts import slurm_part
+    from wsishard.builder.plan.parts import slurm_part
 
     assert slurm_part({"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "4"}) == (1, 4)
     assert slurm_part({"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "4"}) == (

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from buildtools import read_output
 
-from wsishard.builder.grid import PatchOptions
-from wsishard.builder.options import BuildOptions
-from wsishard.builder.roi import RoiOptions
-from wsishard.builder.run import build
+from wsishard.builder.inputs.roi import RoiOptions
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.run.orchestrate import build
+from wsishard.builder.scan.grid import PatchOptions
 from wsishard.cli import main
 from wsishard.testing.synthetic import make_slides
 
@@ -128,7 +128,7 @@ def test_tissue_report_in_the_manifest(slides: Path, tmp_path: Path) -> None:
 
 
 def test_quality_scores_recorded_and_filters_leave_patches_out(slides: Path, tmp_path: Path) -> None:
-    from wsishard.builder.quality import QualityOptions
+    from wsishard.builder.extract.quality import QualityOptions
 
     plain = build([str(slides)], str(tmp_path / "a"), BuildOptions(patch=PATCH, jobs=1, qc=False))
     _, all_samples = read_output(str(tmp_path / "a"))

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-from wsishard.builder.extract import SEGMENT_PATCHES, SlideSource, segment_tasks
-from wsishard.builder.grid import PatchOptions
-from wsishard.builder.options import BuildOptions
-from wsishard.builder.patches import EncodeOptions, SlideWork
-from wsishard.builder.plan import make_plan
-from wsishard.builder.run import build
-from wsishard.builder.scan import ScanResult
+from wsishard.builder.extract.extract import SEGMENT_PATCHES, SlideSource, segment_tasks
+from wsishard.builder.extract.patches import EncodeOptions, SlideWork
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.plan.plan import make_plan
+from wsishard.builder.run.orchestrate import build
+from wsishard.builder.scan.grid import PatchOptions
+from wsishard.builder.scan.scan import ScanResult
 from wsishard.testing.synthetic import make_slides
 
 SMALL = PatchOptions(target_mpp=0.5, patch_size_px=64)
@@ -33,7 +33,7 @@ def test_a_one_shard_build_is_the_same_bytes_with_one_and_two_jobs(tmp_path: Pat
 
 
 def test_segments_cover_a_shard_in_order_in_whole_blocks(cohort: Path, tmp_path: Path) -> None:
-    from wsishard.builder.state import BuildState
+    from wsishard.builder.run.state import BuildState
     from wsishard.storage.output import Destination
 
     build([str(cohort)], str(tmp_path / "out"), BuildOptions(patch=SMALL, jobs=1, qc=False))

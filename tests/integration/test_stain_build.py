@@ -13,9 +13,9 @@ from buildtools import read_output
 from cmu import cmu_rgb, write_tiff
 
 from wsishard import build
-from wsishard.builder.grid import PatchOptions
-from wsishard.builder.options import BuildOptions
-from wsishard.builder.stain import IO, REFERENCE_MATRIX, macenko, optical_density
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.scan.grid import PatchOptions
+from wsishard.builder.scan.stain import IO, REFERENCE_MATRIX, macenko, optical_density
 from wsishard.streaming.collate import GpuCollate
 from wsishard.streaming.decode import Metas
 from wsishard.streaming.stain import StainOptions, StainTable

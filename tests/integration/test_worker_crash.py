@@ -22,8 +22,8 @@ from wsishard.testing.synthetic import make_slides
 _KILLER = textwrap.dedent(
     """
     import os, signal
-    import wsishard.builder.extract as extract
-    import wsishard.builder.scan as scan
+    import wsishard.builder.extract.extract as extract
+    import wsishard.builder.scan.scan as scan
 
     read, scan_open = extract.block_samples, scan._scan_open
 
@@ -43,9 +43,9 @@ _KILLER = textwrap.dedent(
 _SCRIPT = textwrap.dedent(
     """
     import json, sys
-    from wsishard.builder.grid import PatchOptions
-    from wsishard.builder.options import BuildOptions
-    from wsishard.builder.run import build
+    from wsishard.builder.scan.grid import PatchOptions
+    from wsishard.builder.options.buildopts import BuildOptions
+    from wsishard.builder.run.orchestrate import build
 
     options = BuildOptions(patch=PatchOptions(patch_size_px=64), shard_samples=64, jobs=2, qc=False)
     manifest = build([sys.argv[1]], sys.argv[2], options)
@@ -83,7 +83,7 @@ def test_killed_workers_fail_their_slides_and_the_build_finishes(tmp_path: Path)
 _STALL = textwrap.dedent(
     """
     import os, time
-    import wsishard.builder.scan as scan
+    import wsishard.builder.scan.scan as scan
 
     def stalled_scan(task, reader, record):  # a worker that says it is scanning, then scans for a long time
         open(os.path.join(os.environ["WSISHARD_TEST_MARKS"], str(os.getpid())), "w").close()
@@ -95,8 +95,8 @@ _STALL = textwrap.dedent(
 _BUILD = textwrap.dedent(
     """
     import sys, threading, time
-    from wsishard.builder.options import BuildOptions
-    from wsishard.builder.run import build
+    from wsishard.builder.options.buildopts import BuildOptions
+    from wsishard.builder.run.orchestrate import build
 
     if sys.argv[3] == "threads":  # a caller running threads gets workers from a forkserver
         threading.Thread(target=time.sleep, args=(600,), daemon=True).start()

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from wsishard.builder.parts import array_part
+from wsishard.builder.plan.parts import array_part
 from wsishard.errors import OptionError
 
 

@@ -16,9 +16,9 @@ import openslide
 import pytest
 from scipy import ndimage as ndi
 
-from wsishard.builder.artefacts import find_artefacts, hsv_planes, in_hue_band
-from wsishard.builder.grid import PatchOptions
-from wsishard.builder.tissue import TissueOptions, find_tissue
+from wsishard.builder.scan.artefacts import find_artefacts, hsv_planes, in_hue_band
+from wsishard.builder.scan.grid import PatchOptions
+from wsishard.builder.scan.tissue import TissueOptions, find_tissue
 from wsishard.slide.reader import composite_on_white
 from wsishard.testing.artefacts import ARTEFACT_KINDS, patch_fractions
 from wsishard.testing.synthetic import SyntheticSlide, make_slide

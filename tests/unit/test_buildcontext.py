@@ -1,16 +1,16 @@
-"""What the steps of a build share (:mod:`wsishard.builder.buildcontext`): the record of failed slides, and the scan
-tasks made from the build's options (:func:`wsishard.builder.scan.scan_tasks`)."""
+"""What the steps of a build share (:mod:`wsishard.builder.run.buildcontext`): the record of failed slides, and the scan
+tasks made from the build's options (:func:`wsishard.builder.scan.scan.scan_tasks`)."""
 
 from __future__ import annotations
 
 import pickle
 from pathlib import Path
 
-from wsishard.builder.buildcontext import Failures
-from wsishard.builder.options import BuildOptions
-from wsishard.builder.scan import scan_tasks
-from wsishard.builder.staging import Scratch
-from wsishard.builder.state import BuildState
+from wsishard.builder.inputs.staging import Scratch
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.run.buildcontext import Failures
+from wsishard.builder.run.state import BuildState
+from wsishard.builder.scan.scan import scan_tasks
 from wsishard.format import qc_picture_name
 from wsishard.storage.output import Destination
 

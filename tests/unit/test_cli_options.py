@@ -12,15 +12,15 @@ from typing import Any, cast
 import pytest
 
 import wsishard.builder
-from wsishard.builder.grid import PatchOptions
-from wsishard.builder.keywords import option_fields, option_flag
-from wsishard.builder.options import BuildOptions
-from wsishard.builder.tissue import TissueOptions
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.options.keywords import option_fields, option_flag
+from wsishard.builder.scan.grid import PatchOptions
+from wsishard.builder.scan.tissue import TissueOptions
 from wsishard.buildflags import add_option, build_options
 from wsishard.cli import parser
 from wsishard.cliargs import format_size, parse_size
 
-FLAGGED = list(option_fields())
+FLAGGED = list(option_fields(BuildOptions))
 
 
 def _non_default(f: dataclasses.Field[Any], tmp_path: Path) -> tuple[list[str], dict[str, Any]]:
@@ -247,7 +247,7 @@ def test_parts_is_part_count_and_the_old_spelling_still_works_with_a_warning(
 def test_each_flag_is_a_keyword_of_the_python_api_giving_the_same_options(
     dest: str, f: dataclasses.Field[Any], tmp_path: Path
 ) -> None:
-    from wsishard.builder.keywords import option_keyword
+    from wsishard.builder.options.keywords import option_keyword
 
     words, expected = _non_default(f, tmp_path)
     from_cli = build_options(parser().parse_args(["build", "SLIDES", "-o", "OUT", option_flag(f), *words]))
@@ -279,7 +279,7 @@ def test_keywords_take_python_values_for_tables_sizes_and_names() -> None:
     assert options.labels == {"a.svs": 1, "b.svs": 0} and options.label_names == ("normal", "tumour")
     assert (options.qc, options.jobs) == (False, 3)
     base = BuildOptions.from_keywords(seed=5)
-    from wsishard.builder.keywords import with_keywords
+    from wsishard.builder.options.keywords import with_keywords
 
     assert with_keywords(base, {"mpp": 1.0}) == BuildOptions.from_keywords(seed=5, mpp=1.0)  # on top of options
 

@@ -11,10 +11,17 @@ import pytest
 from buildtools import usage_error
 from test_cli_options import FLAGGED, _non_default
 
-from wsishard.builder.config import build_arguments, config_keys, options_toml, read_config, tomllib, with_config
-from wsishard.builder.keywords import OPTION_GROUPS, option_flag, option_keyword
-from wsishard.builder.options import BuildOptions
-from wsishard.builder.records import options_dict
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.options.config import (
+    build_arguments,
+    config_keys,
+    options_toml,
+    read_config,
+    tomllib,
+    with_config,
+)
+from wsishard.builder.options.keywords import OPTION_GROUPS, option_flag, option_keyword
+from wsishard.builder.run.records import options_dict
 from wsishard.buildflags import build_options
 from wsishard.cli import parser
 from wsishard.errors import OptionError

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from wsishard import build
-from wsishard.builder.grid import PatchOptions
-from wsishard.builder.inputs import find_slides
-from wsishard.builder.options import BuildOptions
+from wsishard.builder.inputs.sources import find_slides
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.scan.grid import PatchOptions
 from wsishard.slide.dicom import group_series, series_uids
 
 FIXTURES = Path(__file__).parent.parent / "data" / "dicom"

@@ -52,8 +52,8 @@ def test_the_cli_reference_lists_every_command_and_every_flag(hooks: ModuleType)
 
 
 def test_the_cli_reference_lists_every_config_key_with_its_flag_and_default(hooks: ModuleType) -> None:
-    from wsishard.builder.config import config_keys
-    from wsishard.builder.keywords import option_flag
+    from wsishard.builder.options.config import config_keys
+    from wsishard.builder.options.keywords import option_flag
 
     text = hooks.config_markdown()
     rows = [line for line in text.splitlines() if line.startswith("| `[")]

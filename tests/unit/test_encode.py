@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from wsishard.builder.grid import PatchOptions, blocks, candidates
-from wsishard.builder.patches import patch_images, read_block_image
-from wsishard.builder.tissue import detect_tissue
+from wsishard.builder.extract.patches import patch_images, read_block_image
+from wsishard.builder.scan.grid import PatchOptions, blocks, candidates
+from wsishard.builder.scan.tissue import detect_tissue
 from wsishard.slide import OpenSlideReader, TiffTileReader, open_slide, read_lowres
 from wsishard.testing.synthetic import make_slide
 
@@ -234,7 +234,7 @@ def test_planned_reads_decode_every_tile_once_and_leave_nothing_cached(
 ) -> None:
     """Blocks announced before they are read (as a build worker does for its slide): the same patches and tiles as
     unplanned reads, each tile decoded once, and every tile leaves the cache at its last planned use."""
-    from wsishard.builder.patches import SlideWork, plan_block
+    from wsishard.builder.extract.patches import SlideWork, plan_block
     from wsishard.slide import tiff
 
     cands = _cands(slide, 0.2425, PatchOptions(target_mpp=0.5, patch_size_px=128, min_tissue=0.5))
@@ -328,7 +328,7 @@ def test_jpeg_patches_are_pillows_bytes(quality: int) -> None:
     from cmu import cmu_rgb
     from PIL import Image
 
-    from wsishard.builder.resample import encode_image
+    from wsishard.builder.extract.resample import encode_image
 
     rng = np.random.default_rng(quality)
     tissue = cmu_rgb()

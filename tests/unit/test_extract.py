@@ -1,9 +1,9 @@
-"""Shard extraction (:mod:`wsishard.builder.extract`) in one process, on two small generated slides.
+"""Shard extraction (:mod:`wsishard.builder.extract.extract`) in one process, on two small generated slides.
 
 A shard's plan is cut into segments (:func:`segment_tasks`), each segment is read and encoded
 (:func:`extract_segment`), and the segments are written in plan order (:func:`assemble_shards`). The reference
-for a shard's content is :func:`~wsishard.builder.patches.block_samples` of each planned block, read straight from
-the slide: a shard must hold exactly those samples, in plan order, whatever the segmentation, and nothing of an
+for a shard's content is :func:`~wsishard.builder.extract.patches.block_samples` of each planned block, read straight
+from the slide: a shard must hold exactly those samples, in plan order, whatever the segmentation, and nothing of an
 excluded slide; a slide that fails mid-shard drops the shard without leaving any file behind.
 """
 
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import tifffile
 
-from wsishard.builder import extract
-from wsishard.builder.extract import (
+from wsishard.builder.extract import extract
+from wsishard.builder.extract.extract import (
     ShardDone,
     ShardOutcome,
     SlideFailed,
@@ -31,12 +31,12 @@ from wsishard.builder.extract import (
     extract_segment,
     segment_tasks,
 )
-from wsishard.builder.grid import PatchOptions
-from wsishard.builder.options import BuildOptions
-from wsishard.builder.patches import EncodeOptions, SlideWork, block_samples
-from wsishard.builder.plan import ShardPlan
-from wsishard.builder.scan import ScanTask, scan_slide
-from wsishard.builder.staging import stage_scanned
+from wsishard.builder.extract.patches import EncodeOptions, SlideWork, block_samples
+from wsishard.builder.inputs.staging import stage_scanned
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.plan.plan import ShardPlan
+from wsishard.builder.scan.grid import PatchOptions
+from wsishard.builder.scan.scan import ScanTask, scan_slide
 from wsishard.format import shard_name
 from wsishard.shards.index import index_name
 from wsishard.shards.reader import group_members

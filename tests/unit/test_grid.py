@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from wsishard.builder.grid import (
+from wsishard.builder.scan.grid import (
     PatchOptions,
     blocks,
     candidates,

@@ -1,4 +1,4 @@
-"""The build's inputs (:mod:`wsishard.builder.inputs`): slides from folders and list files, per-slide tables.
+"""The build's inputs (:mod:`wsishard.builder.inputs.sources`): slides from folders and list files, per-slide tables.
 
 Slide files here are empty: finding slides never opens them.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from wsishard.builder.inputs import (
+from wsishard.builder.inputs.sources import (
     check_output,
     check_tables,
     find_slides,
@@ -21,7 +21,7 @@ from wsishard.builder.inputs import (
     mpp_table,
     read_table,
 )
-from wsishard.builder.options import BuildOptions
+from wsishard.builder.options.buildopts import BuildOptions
 from wsishard.errors import OptionError
 
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from wsishard.builder.grid import PatchOptions
-from wsishard.builder.options import BuildOptions
-from wsishard.builder.run import build
+from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.run.orchestrate import build
+from wsishard.builder.scan.grid import PatchOptions
 from wsishard.slide import OpenSlideReader, TiffTileReader, open_slide
 from wsishard.testing.synthetic import make_slide
 

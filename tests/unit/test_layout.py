@@ -72,17 +72,16 @@ DEFERRED_IMPORTS = {
     ("demo.py", "wsishard.streaming.sources"): "torch: only once the demo streams",
     ("shards/summary.py", "wsishard.storage.opener"): "the build writes indexes without the opener",
     ("streaming/stain.py", "wsishard.storage.opener"): "slide records are read only for a stain table",
-    ("builder/options.py", "wsishard.builder.keywords"): "a cycle: keywords maps BuildOptions' fields (left)",
-    ("builder/tissue.py", "wsishard.builder.artefacts"): "scipy and scikit-image: not at CLI start-up",
-    ("builder/tissue.py", "wsishard.builder.morphology"): "OpenCV: not at CLI start-up",
+    ("builder/scan/tissue.py", "wsishard.builder.scan.artefacts"): "scipy and scikit-image: not at CLI start-up",
+    ("builder/scan/tissue.py", "wsishard.builder.scan.morphology"): "OpenCV: not at CLI start-up",
     ("slide/__init__.py", "wsishard.slide.openslide_backend"): "OpenSlide: not at CLI start-up",
     ("slide/__init__.py", "wsishard.slide.tiff"): "tifffile: not at CLI start-up",
     **{
         ("cli.py", m): "a command's own modules, imported when it runs: --help starts without them"
         for m in (
-            "wsishard.builder.run",
-            "wsishard.builder.merge",
-            "wsishard.builder.qcdraw",
+            "wsishard.builder.run.orchestrate",
+            "wsishard.builder.run.merge",
+            "wsishard.builder.qc.qcdraw",
             "wsishard.qc_html",
             "wsishard.report",
             "wsishard.shards.verify",

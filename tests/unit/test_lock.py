@@ -1,4 +1,4 @@
-"""The output's lock (:class:`wsishard.builder.lock.OutputLock`) and the create-if-absent primitive under it, in a
+"""The output's lock (:class:`wsishard.builder.run.lock.OutputLock`) and the create-if-absent primitive under it, in a
 local output folder."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from buildtools import files_under, put_files
 
-from wsishard.builder.lock import OutputLock
-from wsishard.builder.state import BuildState
+from wsishard.builder.run.lock import OutputLock
+from wsishard.builder.run.state import BuildState
 from wsishard.errors import OptionError
 from wsishard.storage.output import Destination
 

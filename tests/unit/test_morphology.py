@@ -1,4 +1,4 @@
-"""The tissue scan's image operations (:mod:`wsishard.builder.morphology`, Otsu's threshold) are SciPy's and
+"""The tissue scan's image operations (:mod:`wsishard.builder.scan.morphology`, Otsu's threshold) are SciPy's and
 scikit-image's, pixel for pixel: the tissue and artefact masks (and so the patches) do not move."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 from scipy import ndimage as ndi
 from skimage.morphology import disk
 
-from wsishard.builder.morphology import close, dilate, label, median, otsu_threshold
-from wsishard.builder.morphology import disk as own_disk
+from wsishard.builder.scan.morphology import close, dilate, label, median, otsu_threshold
+from wsishard.builder.scan.morphology import disk as own_disk
 
 
 def _masks() -> list[np.ndarray]:
@@ -154,7 +154,7 @@ def _hsv_as_numpy(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def test_hsv_planes_are_numpys_bit_for_bit_for_every_colour() -> None:
     """All 2^24 colours, in chunks: hue, saturation and value have numpy's float32 bits (the artefact masks, the
     pigment regions and the stain fit compare them with thresholds)."""
-    from wsishard.builder.artefacts import hsv_planes
+    from wsishard.builder.scan.artefacts import hsv_planes
 
     colours = np.arange(1 << 24, dtype=np.uint32)
     for start in range(0, 1 << 24, 1 << 21):
@@ -170,7 +170,7 @@ def test_hsv_planes_are_numpys_bit_for_bit_for_every_colour() -> None:
 
 def test_tissue_fractions_are_the_exact_integral_images() -> None:
     """Through OpenCV's int32 integral image, the fractions numpy's int64 cumsums gave, on masks and views."""
-    from wsishard.builder.grid import tissue_fractions
+    from wsishard.builder.scan.grid import tissue_fractions
 
     rng = np.random.default_rng(6)
     for trial in range(200):

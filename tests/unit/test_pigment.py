@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wsishard.builder.artefacts import find_artefacts
-from wsishard.builder.grid import Candidates, PatchOptions, blocks, candidates
-from wsishard.builder.qc import DARK_RGB, PIGMENT_RGB, QcLayers, legend_lines, qc_picture
-from wsishard.builder.scan import ScanResult
-from wsishard.builder.scanstate import decode_scan, encode_scan
-from wsishard.builder.tissue import TissueOptions
+from wsishard.builder.qc.qc import DARK_RGB, PIGMENT_RGB, QcLayers, legend_lines, qc_picture
+from wsishard.builder.scan.artefacts import find_artefacts
+from wsishard.builder.scan.grid import Candidates, PatchOptions, blocks, candidates
+from wsishard.builder.scan.scan import ScanResult
+from wsishard.builder.scan.scanstate import decode_scan, encode_scan
+from wsishard.builder.scan.tissue import TissueOptions
 from wsishard.manifest import SlideRecord
 from wsishard.testing.artefacts import patch_fractions
 from wsishard.testing.pigment import PIGMENT_KINDS, make_pigments

@@ -7,7 +7,15 @@ import pickle
 
 import numpy as np
 
-from wsishard.builder.plan import BlockList, assign_parts, interleave, make_groups, make_plan, part_groups, plan_group
+from wsishard.builder.plan.plan import (
+    BlockList,
+    assign_parts,
+    interleave,
+    make_groups,
+    make_plan,
+    part_groups,
+    plan_group,
+)
 from wsishard.format import shard_index, shard_name, shard_order
 
 

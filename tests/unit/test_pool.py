@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from wsishard.builder.pool import WorkerPool
+from wsishard.builder.run.pool import WorkerPool
 
 
 def _double_or_die(item: tuple[int, str]) -> int:
@@ -92,7 +92,7 @@ def test_a_worker_dying_while_the_caller_is_busy_is_noticed_at_the_next_submit()
 
 _AFTER_OPENCV = """
 import cv2, numpy as np
-from wsishard.builder.pool import WorkerPool
+from wsishard.builder.run.pool import WorkerPool
 from tests_pool_helper import blur
 image = np.random.default_rng(0).integers(0, 256, (3000, 3000, 3), dtype=np.uint8)
 for _ in range(3):  # OpenCV's thread pool now runs
@@ -122,7 +122,7 @@ def test_workers_forked_after_the_caller_used_opencv_do_not_hang(tmp_path: Path)
 
 _INTERRUPTED = """
 import sys, threading, time
-from wsishard.builder.pool import WorkerPool
+from wsishard.builder.run.pool import WorkerPool
 from tests_pool_helper import nap
 if sys.argv[1] == "forkserver":  # another thread running (an fsspec loop, as in an S3 build): a forkserver's workers
     threading.Thread(target=time.sleep, args=(600,), daemon=True).start()

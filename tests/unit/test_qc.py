@@ -1,4 +1,4 @@
-"""QC pictures (:func:`wsishard.builder.qc.qc_picture`): size cap, tissue contour, translucent patch fill, removed
+"""QC pictures (:func:`wsishard.builder.qc.qc.qc_picture`): size cap, tissue contour, translucent patch fill, removed
 artefacts and annotation outlines in their own colours, the legend band."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from wsishard.builder.qc import (
+from wsishard.builder.qc.qc import (
     CONTOUR_RGB,
     DARK_RGB,
     FILL_ALPHA,
@@ -132,7 +132,7 @@ def test_outline_is_scikit_image_inner_boundary_grown_inwards(width: int) -> Non
     from scipy import ndimage as ndi
     from skimage.segmentation import find_boundaries
 
-    from wsishard.builder.qc import _outline
+    from wsishard.builder.qc.qc import _outline
 
     rng = np.random.default_rng(width)
     for _ in range(5):
@@ -149,7 +149,7 @@ def test_blend_is_pillow_composite_to_the_pixel(alpha: float) -> None:
     before they were drawn in place), and leaves every pixel outside ``where`` as it was."""
     from PIL import Image
 
-    from wsishard.builder.qc import _blend
+    from wsishard.builder.qc.qc import _blend
 
     rng = np.random.default_rng(1)
     view = rng.integers(0, 256, size=(64, 96, 3), dtype=np.uint8)

@@ -1,4 +1,4 @@
-"""What a scan records for its slide's QC picture (:mod:`wsishard.builder.qcrecord`): saved with the scan, read back
+"""What a scan records for its slide's QC picture (:mod:`wsishard.builder.qc.qcrecord`): saved with the scan, read back
 exactly, and drawn into the same picture as the one drawn from the scan's own objects."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from wsishard.builder.grid import Candidates, blocks
-from wsishard.builder.qc import QcLayers
-from wsishard.builder.qcrecord import QcRecord, picture_png, view_jpeg
-from wsishard.builder.scan import ScanResult
-from wsishard.builder.scanstate import decode_scan, encode_scan
+from wsishard.builder.qc.qc import QcLayers
+from wsishard.builder.qc.qcrecord import QcRecord, picture_png, view_jpeg
+from wsishard.builder.scan.grid import Candidates, blocks
+from wsishard.builder.scan.scan import ScanResult
+from wsishard.builder.scan.scanstate import decode_scan, encode_scan
 from wsishard.manifest import SlideRecord
 
 
@@ -73,7 +73,7 @@ def test_a_picture_drawn_from_the_saved_record_is_the_one_drawn_from_the_scan() 
 
 
 def test_a_slide_id_that_no_build_gives_never_names_a_picture(tmp_path: Path) -> None:
-    from wsishard.builder.qcdraw import PictureTask, draw_picture
+    from wsishard.builder.qc.qcdraw import PictureTask, draw_picture
     from wsishard.storage.output import Destination
 
     qc, _ = _record()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFilter
 
-from wsishard.builder.quality import QualityOptions, quality_scores
+from wsishard.builder.extract.quality import QualityOptions, quality_scores
 from wsishard.errors import OptionError
 
 
@@ -70,7 +70,7 @@ def test_options_validation(kw: dict[str, float], name: str) -> None:
 
 def _scores_as_before(patch: Image.Image) -> dict[str, float]:
     """The scores as 0.2 computed them (Pillow's nearest resize, then numpy): the definition the C pass keeps."""
-    from wsishard.builder.quality import DARK_MAX_VALUE, GLASS_MAX_SATURATION, GLASS_MIN_VALUE, SCORE_PX
+    from wsishard.builder.extract.quality import DARK_MAX_VALUE, GLASS_MAX_SATURATION, GLASS_MIN_VALUE, SCORE_PX
 
     w, h = patch.size
     small = (

@@ -12,9 +12,9 @@ import pytest
 import tifffile
 from PIL import Image
 
-from wsishard.builder.grid import PatchOptions, blocks, candidates
-from wsishard.builder.patches import EncodeOptions, SlideWork, block_samples, patch_images
-from wsishard.builder.tissue import detect_tissue
+from wsishard.builder.extract.patches import EncodeOptions, SlideWork, block_samples, patch_images
+from wsishard.builder.scan.grid import PatchOptions, blocks, candidates
+from wsishard.builder.scan.tissue import detect_tissue
 from wsishard.slide import OpenSlideReader, TiffTileReader, open_slide, read_lowres
 from wsishard.testing.synthetic import make_slide
 
@@ -177,7 +177,7 @@ def test_sharp_real_tissue_texture_stays_within_36_db(ihc_slide: str, mpp0: floa
 def test_a_stage_one_reduction_by_a_large_factor_is_the_mean_of_its_blocks(k: int) -> None:
     """Issue 42 (context fields at --context-mpp 300..999): Pillow's reduce drifts for large factors (a white
     1200 x 1200 block became 241, 300: 254), so context patches came out darker; past 64 the mean is numpy's."""
-    from wsishard.builder.resample import reduced_read
+    from wsishard.builder.extract.resample import reduced_read
     from wsishard.slide.memory import MemorySlide
 
     rng = np.random.default_rng(k)

@@ -11,8 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from wsishard.builder.grid import PatchOptions, candidates
-from wsishard.builder.roi import (
+from wsishard.builder.inputs.roi import (
     Region,
     RoiOptions,
     label_patches,
@@ -22,6 +21,7 @@ from wsishard.builder.roi import (
     rasterize,
     slide_roi,
 )
+from wsishard.builder.scan.grid import PatchOptions, candidates
 from wsishard.errors import OptionError, SlideError
 
 SQUARE = [[0, 0], [400, 0], [400, 400], [0, 400], [0, 0]]  # level-0 px
@@ -236,7 +236,7 @@ def test_parse_names() -> None:
 def test_per_patch_labels_survive_the_resume_state(tmp_path: Path) -> None:
     import io
 
-    from wsishard.builder.grid import Candidates
+    from wsishard.builder.scan.grid import Candidates
 
     cands = Candidates(
         col=np.array([1, 2]),
@@ -307,7 +307,7 @@ def test_the_fill_matches_scikit_image_on_random_self_crossing_polygons() -> Non
 def test_an_annotation_file_over_the_size_cap_is_a_slide_error_naming_its_size(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import wsishard.builder.roi as roi
+    import wsishard.builder.inputs.roi as roi
 
     path = _write(tmp_path, {"type": "Polygon", "coordinates": [SQUARE]})
     monkeypatch.setattr(roi, "MAX_ROI_BYTES", 16)  # the real cap is 256 MiB: the same check, a smaller file

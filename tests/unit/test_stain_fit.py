@@ -1,5 +1,5 @@
-"""The build's per-slide Macenko fit (builder/stain.py): against torchstain on real tissue, on known stains, and its
-fallbacks."""
+"""The build's per-slide Macenko fit (builder/scan/stain.py): against torchstain on real tissue, on known stains, and
+its fallbacks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from cmu import cmu_rgb
 
-from wsishard.builder.stain import (
+from wsishard.builder.scan.stain import (
     IO,
     MIN_PIXELS,
     REFERENCE_MATRIX,

@@ -11,8 +11,8 @@ from cmu import cmu_rgb
 from skimage import color
 from stainref import jitter_reference, torchstain_normalize
 
-from wsishard.builder.stain import macenko as fit_macenko
-from wsishard.builder.stain import optical_density
+from wsishard.builder.scan.stain import macenko as fit_macenko
+from wsishard.builder.scan.stain import optical_density
 from wsishard.streaming.stain import (
     REINHARD_REFERENCE,
     StainTarget,

@@ -57,10 +57,10 @@ def test_a_slide_reader_still_loads_its_backend_on_first_use() -> None:
 
 
 def test_a_build_loads_what_its_workers_scan_with_before_it_forks_them() -> None:
-    """``wsishard.builder.run`` (a build's process, before its pool forks) has loaded every library a worker's
-    scan and reads use, so that forked workers inherit them instead of each importing them again; SciPy and
+    """``wsishard.builder.run.orchestrate`` (a build's process, before its pool forks) has loaded every library a
+    worker's scan and reads use, so that forked workers inherit them instead of each importing them again; SciPy and
     scikit-image are not among them (the scan's median, labels and Otsu are the package's own)."""
-    loaded = _loaded_after("import wsishard.builder.run")
+    loaded = _loaded_after("import wsishard.builder.run.orchestrate")
     assert {"cv2", "openslide", "tifffile", "imagecodecs"} <= loaded
     assert not {"scipy", "skimage"} & loaded
 
@@ -73,7 +73,8 @@ def test_a_default_build_never_loads_scipy_or_scikit_image(tmp_path: Path) -> No
     slide = tmp_path / "s.svs"
     make_slide(slide, width=4096, height=3072, seed=5, tissue_fraction=0.3)
     loaded = _loaded_after(
-        "from wsishard.builder.run import build\nfrom wsishard.builder.options import BuildOptions\n"
+        "from wsishard.builder.run.orchestrate import build\n"
+        "from wsishard.builder.options.buildopts import BuildOptions\n"
         f"m = build([{str(slide)!r}], {str(tmp_path / 'out')!r}, BuildOptions(jobs=1))\nassert m.total_samples > 0"
     )
     assert "wsishard" in loaded

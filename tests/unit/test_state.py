@@ -1,4 +1,4 @@
-"""A build's resume state (:class:`wsishard.builder.state.BuildState`): what ``claim`` keeps or removes, scans, done
+"""A build's resume state (:class:`wsishard.builder.run.state.BuildState`): what ``claim`` keeps or removes, scans, done
 records, failed slides and the inputs' stamps, in a local output folder."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from buildtools import files_under, put_files
 
-from wsishard.builder.extract import ShardDone
-from wsishard.builder.grid import Candidates, blocks
-from wsishard.builder.scan import ScanResult
-from wsishard.builder.stamps import fingerprint, input_stamps
-from wsishard.builder.state import BuildState
+from wsishard.builder.extract.extract import ShardDone
+from wsishard.builder.run.stamps import fingerprint, input_stamps
+from wsishard.builder.run.state import BuildState
+from wsishard.builder.scan.grid import Candidates, blocks
+from wsishard.builder.scan.scan import ScanResult
 from wsishard.errors import OptionError
 from wsishard.manifest import Manifest, ShardRecord, SlideRecord
 from wsishard.storage.output import Destination

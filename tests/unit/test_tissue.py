@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 from scipy import ndimage as ndi
 
-from wsishard.builder.tissue import TissueOptions, detect_tissue, stain_feature, tissue_fraction
+from wsishard.builder.scan.tissue import TissueOptions, detect_tissue, stain_feature, tissue_fraction
 from wsishard.errors import OptionError
 from wsishard.testing.synthetic import SyntheticSlide, make_slide
 

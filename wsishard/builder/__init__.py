@@ -1,7 +1,7 @@
-"""The build: slides in, mixed tissue-patch shards and a manifest out.
+"""The build: slides in, mixed tissue-patch shards and a manifest out, one subpackage per stage a slide goes through.
 
-    inputs -> scan (tissue, grid, qc) -> plan -> extract (patches, staging) -> shards + manifest (run)
+    options/ -> inputs/ -> scan/ -> plan/ -> extract/ -> shards + manifest    (qc/ beside scan; run/ drives them)
 
-:func:`wsishard.builder.run.build` orchestrates; the other modules are its stages. Nothing here imports torch
-or webdataset.
+:func:`wsishard.builder.run.orchestrate.build` orchestrates; the other modules are its stages. Nothing here imports
+torch or webdataset.
 """

@@ -1,6 +1,6 @@
 """Who holds a build output: the live lock files in its state folder, read for a message only.
 
-The build's lock (:mod:`wsishard.builder.lock`) writes ``STATE_DIR/lock.*.json`` and decides with :func:`live`
+The build's lock (:mod:`wsishard.builder.run.lock`) writes ``STATE_DIR/lock.*.json`` and decides with :func:`live`
 whether a holder may still run; a reader that finds no manifest asks :func:`running_builds` why. Both sides use
 this module, which knows nothing of the builder or of :class:`~wsishard.storage.output.Destination` (the opener
 reads manifests below both).

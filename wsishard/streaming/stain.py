@@ -45,7 +45,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# torchstain's reference H&E (the original Macenko code's): columns H, E; rows R, G, B (builder/stain.py's copy is
+# torchstain's reference H&E (the original Macenko code's): columns H, E; rows R, G, B (builder/scan/stain.py's copy is
 # the build's; the streaming side does not import the build side's numpy code for two constants)
 _REFERENCE_MATRIX = ((0.5626, 0.2159), (0.7201, 0.8012), (0.4062, 0.5581))
 _REFERENCE_MAX_CONC = (1.9705, 1.0308)

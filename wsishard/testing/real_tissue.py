@@ -23,7 +23,7 @@ import openslide
 import tifffile
 from scipy import ndimage as ndi
 
-from wsishard.builder.tissue import TissueOptions, find_tissue
+from wsishard.builder.scan.tissue import TissueOptions, find_tissue
 from wsishard.testing.artefacts import make_artefacts
 from wsishard.testing.pigment import MELANIN_T
 

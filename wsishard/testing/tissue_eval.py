@@ -1,7 +1,8 @@
 """Tissue detection scored against a generated slide's truth: what the build's scan would keep, and how clean it is.
 
-:func:`score_slide` runs the scan's own steps (the low-resolution view, :func:`~wsishard.builder.tissue.find_tissue`,
-:func:`~wsishard.builder.grid.candidates`) on a :class:`~wsishard.testing.synthetic.SyntheticSlide` and measures
+:func:`score_slide` runs the scan's own steps (the low-resolution view,
+:func:`~wsishard.builder.scan.tissue.find_tissue`, :func:`~wsishard.builder.scan.grid.candidates`) on a
+:class:`~wsishard.testing.synthetic.SyntheticSlide` and measures
 the kept patches with its true masks: how many are mostly artefact, and how much of the clean tissue they cover.
 The tissue tests and ``benchmarks/bench_tissue.py`` share it.
 """
@@ -12,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wsishard.builder.grid import Candidates, PatchOptions, candidates
-from wsishard.builder.tissue import TissueOptions, find_tissue
+from wsishard.builder.scan.grid import Candidates, PatchOptions, candidates
+from wsishard.builder.scan.tissue import TissueOptions, find_tissue
 from wsishard.slide import open_slide, read_lowres
 from wsishard.testing.artefacts import patch_fractions
 from wsishard.testing.synthetic import SyntheticSlide
@@ -45,7 +46,7 @@ class SlideScore:
 
 def scan_cells(path: str, mpp: float, tissue: TissueOptions, patch: PatchOptions) -> Candidates:
     """The cells the build's scan keeps of the slide at ``path`` (level-0 ``mpp``): its low-resolution view,
-    :func:`~wsishard.builder.tissue.find_tissue` and :func:`~wsishard.builder.grid.candidates`."""
+    :func:`~wsishard.builder.scan.tissue.find_tissue` and :func:`~wsishard.builder.scan.grid.candidates`."""
     with open_slide(path) as reader:
         l0_w, l0_h = reader.level_dimensions[0]
         l0_per_t = max(tissue.thumb_mpp / mpp, max(l0_w, l0_h) / tissue.max_thumb_px, 1.0)

@@ -1,0 +1,1 @@
+"""Options: each build option declared once (type, default, unit, help, group), its keywords, its config file."""
