@@ -25,7 +25,15 @@ def add_embed_parser(sub: Any) -> None:
     )
     p.add_argument("shards", help="the build output (folder, manifest.json path or URL prefix)")
     p.add_argument("-o", "--output", required=True, help="the embeddings output (folder or URL prefix)")
-    p.add_argument("--model", required=True, metavar="MODULE:CALLABLE", help="CALLABLE() returns a torch.nn.Module")
+    p.add_argument(
+        "--model",
+        required=True,
+        metavar="MODULE:CALLABLE",
+        help="CALLABLE() returns a torch.nn.Module; or timm:NAME, timm's model NAME (timm installed) without a head",
+    )
+    p.add_argument(
+        "--weights", default=None, metavar="FILE.safetensors", help="weights loaded into the model (never a pickle)"
+    )
     p.add_argument("--mean", type=float, nargs=3, default=IMAGENET_MEAN, metavar=("R", "G", "B"))
     p.add_argument("--std", type=float, nargs=3, default=IMAGENET_STD, metavar=("R", "G", "B"))
     p.add_argument("--device", default=None, help="cuda, cuda:1, cpu... (default: CUDA when present)")
@@ -70,6 +78,7 @@ def embed_options(args: argparse.Namespace) -> EmbedOptions:
         num_workers=args.num_workers,
         resize_px=args.resize,
         part_samples=args.part_samples,
+        weights=args.weights,
     )
 
 

@@ -29,6 +29,8 @@ class EmbedOptions:
             None: as built.
         part_samples: source patches per part, the unit of resume (a part is written atomically once embedded).
         slides_per_shard: slides (samples) per output shard.
+        weights: a ``.safetensors`` file of the model's weights, loaded into it after it is made (never a pickle:
+            ``.pt``/``.pth``/``.bin`` are refused); None: the model as its callable (or timm) makes it.
     """
 
     mean: tuple[float, float, float] = IMAGENET_MEAN
@@ -40,6 +42,7 @@ class EmbedOptions:
     resize_px: int | None = None
     part_samples: int = 8192
     slides_per_shard: int = 64
+    weights: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
@@ -53,8 +56,14 @@ class EmbedOptions:
             raise OptionError(f"num_workers must be >= 0, got {self.num_workers}")
         if self.resize_px is not None and self.resize_px < 1:
             raise OptionError(f"resize_px must be >= 1 px or None, got {self.resize_px}")
+        if self.weights is not None and not str(self.weights).endswith(".safetensors"):
+            raise OptionError(
+                f"weights {self.weights!r}: a .safetensors file (wsishard never unpickles: convert a .pt/.pth/.bin "
+                "checkpoint with safetensors.torch.save_file first)"
+            )
 
     def record(self) -> dict[str, Any]:
         """What decides the features (recorded in the output's manifest and in each part): not the speed options."""
         d = asdict(self)
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items() if k in ("mean", "std", "resize_px")}
+        kept = ("mean", "std", "resize_px", "weights")
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items() if k in kept}

@@ -153,7 +153,7 @@ def _start(model: torch.nn.Module | str, opts: EmbedOptions) -> _Pass:
     device = torch.device(opts.device or (f"cuda:{local}" if torch.cuda.is_available() else "cpu"))
     if device.type == "cpu" and opts.dtype == "fp16":
         raise OptionError("dtype fp16 on a CPU: autocast there runs bf16 or fp32 (--dtype bf16 or fp32)")
-    net = load_model(model).to(device).eval()
+    net = load_model(model, opts.weights).to(device).eval()
     collate = GpuCollate(device, mean=opts.mean, std=opts.std, reuse_output=False)
     return _Pass(net, model_name(model), device, collate, opts)
 
