@@ -39,7 +39,7 @@ def test_the_cli_reference_lists_every_command_and_every_flag(hooks: ModuleType)
     text = hooks.cli_markdown()
     top = parser()
     subs = hooks._subcommands(top)
-    assert set(subs) == {"build", "inspect", "verify", "merge", "demo"}
+    assert set(subs) == {"build", "inspect", "verify", "merge", "demo", "embed", "export"}
     for name, sub in subs.items():
         assert f"## wsishard {name}" in text
         section = text.split(f"## wsishard {name}", 1)[1].split("\n## ", 1)[0]
