@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from wsishard.streaming.collate import _TAG_DIHEDRAL
+from wsishard.streaming.collate import _TAG_DIHEDRAL, check_mean_std
 
 __all__ = ["Collate"]
 
@@ -62,10 +62,7 @@ class Collate:
         augment: bool = False,
         seed: int | None = None,
     ) -> None:
-        if len(mean) != 3 or len(std) != 3:
-            raise ValueError(f"mean and std need 3 values each, got mean={mean!r} std={std!r}")
-        if min(std) <= 0:
-            raise ValueError(f"std must be positive, got {std!r}")
+        check_mean_std(mean, std)
         if not jnp.issubdtype(dtype, jnp.floating):
             raise ValueError(f"dtype must be a float dtype, got {dtype}")
         if augment and seed is None and jax.process_count() > 1:

@@ -74,6 +74,19 @@ _SPARE = 2  # CPU output buffers used in turn: the one the training step holds a
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.float32, 8: torch.float64}
 
 
+def check_mean_std(mean: Sequence[float], std: Sequence[float]) -> None:
+    """Refuse a normalisation that is not 3 means and 3 positive standard deviations (GpuCollate's and
+    ``wsishard.jax.Collate``'s).
+
+    Raises:
+        ValueError: naming the values.
+    """
+    if len(mean) != 3 or len(std) != 3:
+        raise ValueError(f"mean and std need 3 values each, got mean={mean!r} std={std!r}")
+    if min(std) <= 0:
+        raise ValueError(f"std must be positive, got {std!r}")
+
+
 class GpuCollate:
     """Move a uint8 batch to ``device`` and turn it into normalized float NCHW (optionally augmented).
 
@@ -127,10 +140,7 @@ class GpuCollate:
         reuse_output: bool = True,
         crops: MultiCrop | None = None,
     ) -> None:
-        if len(mean) != 3 or len(std) != 3:
-            raise ValueError(f"mean and std need 3 values each, got mean={mean!r} std={std!r}")
-        if min(std) <= 0:
-            raise ValueError(f"std must be positive, got {std!r}")
+        check_mean_std(mean, std)
         if not dtype.is_floating_point:
             raise ValueError(f"dtype must be a float dtype, got {dtype}")
         self.device = torch.device(device)
