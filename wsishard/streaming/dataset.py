@@ -207,8 +207,9 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         if not self._warned and self.world.rank == 0:
             self._warned = _log_dropped(plan, self.spec)
 
-    def reader_stage(self, pieces: int) -> ReadPieces:
-        """The reading stage of a reader with ``pieces`` pieces (that many failing in a row raise)."""
+    def reader_stage(self, pieces: int, position: int = 0) -> ReadPieces:
+        """The reading stage of a reader with ``pieces`` pieces (that many failing in a row raise), starting at
+        item ``position`` of its plan."""
         cfg = self.config
         return ReadPieces(
             self.shards,
@@ -219,6 +220,7 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
             max(pieces, 1),
             cfg.context_scales,
             cfg.bags,
+            position,
         )
 
     def batch_stage(self, lending: Lending, epoch: int = 0) -> DecodeIntoBatches | EncodedBatches | BagBatches:
@@ -240,39 +242,49 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
             context=context_shape(cfg),
         )
 
-    def work(self, world: World, epoch: int, done: int = 0) -> Work:
-        """What ``world``'s (rank, worker) reads in ``epoch`` (or for ever) after the ``done`` batches it had yielded
+    def work(self, world: World, epoch: int, done: int = 0, items: int | None = None) -> Work:
+        """What ``world``'s (rank, worker) reads in ``epoch`` (or for ever) after the ``done`` batches it had yielded,
+        having passed ``items`` items of its plan (None: ``done`` full batches' worth, nothing skipped)
         (:mod:`~wsishard.streaming.planner`)."""
         topology = self.topology(world.num_workers, world.rank) if world.world_size == self.world.world_size else ()
         topology = topology or (world.num_workers,) * world.world_size
         if self.config.resampled:
             sizes = self._true_sizes if self.sampling is not None and self.sampling.lazy else None
-            items = done * self.config.batch_size
-            return Work(Passes(self.spec, topology, world.rank, world.worker, items, sizes), None, None)
+            items = done * self.config.batch_size if items is None else items
+            return Work(Passes(self.spec, topology, world.rank, world.worker, items, sizes), None, None, start=items)
         plan = planner.plan_epoch(self.spec, topology, epoch, self.segments(epoch))
-        return epoch_work(plan, world.rank, world.worker, done)
+        return epoch_work(plan, world.rank, world.worker, done, items)
 
-    def pipeline(self, world: World, epoch: int, done: int = 0, lending: Lending = UNLENT) -> wds.DataPipeline:
+    def pipeline(
+        self, world: World, epoch: int, done: int = 0, lending: Lending = UNLENT, items: int | None = None
+    ) -> wds.DataPipeline:
         """The webdataset pipeline that ``world``'s (rank, worker) runs in ``epoch`` (or for ever), after the
-        ``done`` batches it had yielded (a resumed loader): pieces before its position are skipped unread, and only
-        the piece it stopped in is read again. ``lending``: how its batch buffers are lent
-        (:class:`~wsishard.streaming.ring.Lending`)."""
+        ``done`` batches it had yielded and the ``items`` of its plan it had passed (a resumed loader): pieces before
+        its position are skipped unread, and only the piece it stopped in is read again. ``lending``: how its batch
+        buffers are lent (:class:`~wsishard.streaming.ring.Lending`)."""
+        return wds.DataPipeline(*self._stages(world, epoch, done, lending, items)[1])
+
+    def _stages(
+        self, world: World, epoch: int, done: int, lending: Lending, items: int | None
+    ) -> tuple[ReadPieces, list[object]]:
+        """:meth:`pipeline`'s reader stage, and all its stages in order."""
         cfg, size = self.config, self.config.batch_size
-        work = self.work(world, epoch, done)
+        work = self.work(world, epoch, done, items)
         pieces = work.source.pieces if isinstance(work.source, Pieces) else ()
         counter = Validity(work.done)
         topup = work.budget is not None and cfg.on_error == "skip" and world.world_size > 1
         refill = _Refill(self, pieces, lending, epoch) if topup else None
         total = (work.budget or 0) * size if cfg.pad_last else 0
         logger.debug("rank %d worker %d epoch %d: %d pieces", world.rank, world.worker, epoch, len(pieces))
-        return wds.DataPipeline(
+        reader = self.reader_stage(work.share or self._share_size(work.source), work.start)
+        return reader, [
             work.source,
-            self.reader_stage(len(pieces) or self._share_size(work.source)),
+            reader,
             PadSamples(work.real, total, size, counter),
             self.batch_stage(lending, epoch),
             *([MarkValid(counter, done * size)] if cfg.pad_last else []),
             Budget(work.budget, refill),
-        )
+        ]
 
     def _true_sizes(self, shards: Sequence[int]) -> list[int]:
         """The samples ``select`` keeps in each of ``shards`` (positions in :attr:`shards`): a lazy plan's counts."""
@@ -311,8 +323,10 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         logical = (info.id + (resumed.rotation if resumed else 0)) % workers if info is not None else 0
         world = self.world.with_worker(logical, workers)
         done = resumed.batches[logical] if resumed else 0
-        batches = iter(self.pipeline(world, epoch, done, lending))
-        return _from_worker(batches, logical) if info is not None and handover else batches  # type: ignore[return-value]
+        items = resumed.items[logical] if resumed and resumed.items else None
+        reader, stages = self._stages(world, epoch, done, lending, items)
+        batches = iter(wds.DataPipeline(*stages))
+        return _handed(batches, logical, reader, info is not None) if handover else batches  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -329,15 +343,20 @@ class WorkerShardError:
     reason: str
 
 
-def _from_worker(batches: Iterator[Batch], worker: int) -> Iterator[Batch | WorkerShardError]:
-    """In a DataLoader worker: each batch tagged with the (logical) worker that made it (the loader counts them
-    for its state), then, if a ShardError ends the batches, that error as the stream's last item."""
+def _handed(
+    batches: Iterator[Batch], worker: int, reader: ReadPieces, in_worker: bool
+) -> Iterator[Batch | WorkerShardError]:
+    """For :class:`~wsishard.streaming.loader.ShardLoader`: each batch tagged with the (logical) worker that made it
+    and the reader's place in its plan after it (the loader keeps both for its state); in a DataLoader worker, a
+    ShardError that ends the batches handed over as the stream's last item."""
     try:
         for batch in batches:
             handed = batch if isinstance(batch, Handed) else Handed(batch)
-            handed.worker = worker
+            handed.worker, handed.position = worker, reader.position
             yield handed  # type: ignore[misc]
     except ShardError as exc:
+        if not in_worker:
+            raise
         yield WorkerShardError(exc.shard, exc.reason)
 
 
@@ -350,6 +369,7 @@ class Resume:
     batches: tuple[int, ...]
     rotation: int = 0
     last: int | None = None  # the logical worker of the last batch yielded before
+    items: tuple[int | None, ...] | None = None  # items of its plan each worker had passed (None: its batches')
 
 
 def _log_dropped(plan: Plan, spec: Spec) -> bool:

@@ -19,8 +19,8 @@ from wsishard.streaming.dataset import Resume, ShardStream, WorkerShardError
 from wsishard.streaming.decode import Batch, decode_mode
 from wsishard.streaming.pinning import HostPins, cuda_runtime
 from wsishard.streaming.planner import Segment
-from wsishard.streaming.ring import Lending, Lent, Returns
-from wsishard.streaming.state import STATE_FORMAT, STATE_VERSION, a_type, check_state, segments
+from wsishard.streaming.ring import Lending, Lent, Returns, Tagged
+from wsishard.streaming.state import STATE_FORMAT, STATE_VERSION, a_type, check_state, history_entry, segments
 from wsishard.streaming.world import rank_share
 
 __all__ = ["ShardLoader", "as_is", "loader"]
@@ -84,6 +84,21 @@ def as_is(batch: Batch) -> Batch:
     return batch
 
 
+class _UserCollate:
+    """A ``collate_fn`` of the user's, run on each batch as DataLoader does, its result :class:`Tagged` with the
+    batch's worker and position (which a new dict made by the user's function would lose), and a worker's handed-over
+    error passed on untouched."""
+
+    def __init__(self, user: Callable[[Any], Any]) -> None:
+        self.user = user
+
+    def __call__(self, item: Any) -> Any:
+        if isinstance(item, WorkerShardError):
+            return item
+        worker, position = getattr(item, "worker", 0), getattr(item, "position", None)
+        return Tagged(self.user(item), worker, position)
+
+
 class _Pass(IterableDataset[Batch]):
     """What the DataLoader iterates: one pass of ``stream`` at ``epoch`` (persistent workers count their later
     passes themselves), resumed where ``resume`` says, its buffers lent as ``lending`` says."""
@@ -120,7 +135,9 @@ class ShardLoader:
 
     :meth:`state_dict` says where the batches the training loop has taken stand (plain JSON data, no pickle);
     :meth:`load_state_dict` on a new loader of the same stream and topology makes its batches from there on the
-    same as an uninterrupted run's (without skipped shards: ``on_error="skip"`` can shift them).
+    same as an uninterrupted run's, also after ``on_error="skip"`` skipped a shard or sample (each worker's place in
+    its plan is saved with its batch count), and through a ``collate_fn`` of the user's (its result carries the
+    batch's worker to the loader).
 
     Args:
         dataset: from :func:`~wsishard.streaming.sources.stream`.
@@ -168,13 +185,14 @@ class ShardLoader:
         )
         self._kwargs = {
             **kwargs,
-            "collate_fn": collate_fn or as_is,
+            "collate_fn": as_is if collate_fn is None or collate_fn is as_is else _UserCollate(collate_fn),
             "worker_init_fn": _WorkerInit(kwargs.get("worker_init_fn")),
         }
         self._loader: DataLoader[Batch] | None = None  # persistent workers: one DataLoader for every pass
         self._resume: Resume | None = None  # from load_state_dict, for the pass of its epoch
         self._epoch = dataset.next_epoch
         self._taken = [0] * max(num_workers, 1)  # batches the training loop took from each (logical) worker
+        self._items: list[int | None] = [None] * max(num_workers, 1)  # items of its plan each had passed then
         self._last: int | None = None
 
     def __iter__(self) -> Iterator[Batch]:
@@ -183,6 +201,7 @@ class ShardLoader:
         self._resume = None
         self._epoch = epoch
         self._taken = list(resume.batches) if resume else [0] * max(self.num_workers, 1)
+        self._items = list(resume.items or [None] * len(self._taken)) if resume else [None] * len(self._taken)
         self._last = resume.last if resume else None
         if self._loader is None or not self.persistent:
             self._loader = DataLoader(
@@ -201,7 +220,9 @@ class ShardLoader:
             for handed in batches:
                 worker, ticket = int(getattr(handed, "worker", 0)), getattr(handed, "ticket", None)
                 assert ticket is None or isinstance(ticket, Lent)
-                batch: Batch = dict(handed)  # type: ignore[assignment]  # the keys alone, as a plain dict
+                self._items[worker] = getattr(handed, "position", None)
+                # a user's collate_fn: its result as it made it; else the keys alone, as a plain dict
+                batch: Batch = handed.value if isinstance(handed, Tagged) else dict(handed)  # type: ignore[assignment]
                 del handed
                 image = None if ticket is None else returns.add(ticket)
                 if image is not None and ticket is not None:  # by reference: its image in the buffer
@@ -224,6 +245,7 @@ class ShardLoader:
             "version": STATE_VERSION,
             "epoch": self._epoch,
             "batches": list(self._taken),
+            "items": list(self._items),
             "last_worker": self._last,
             "resampled": cfg.resampled,
             "seed": ds.base_seed,
@@ -233,10 +255,7 @@ class ShardLoader:
             "num_workers": self.num_workers,
             "samples": [len(ds.shards), int(ds.counts.sum())],
             "shuffle": cfg.shuffle,
-            "history": [
-                {"topology": list(g.topology), "batches": [list(b) for b in g.batches]}
-                for g in ds.segments(self._epoch)
-            ],
+            "history": [history_entry(g) for g in ds.segments(self._epoch)],
         }
 
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
@@ -294,7 +313,9 @@ class ShardLoader:
             )
         ordered = sorted(states, key=lambda s: int(s["rank"]))
         segment = Segment(
-            tuple(max(int(s["num_workers"]), 1) for s in ordered), tuple(tuple(s["batches"]) for s in ordered)
+            tuple(max(int(s["num_workers"]), 1) for s in ordered),
+            tuple(tuple(s["batches"]) for s in ordered),
+            tuple(tuple(s.get("items") or [None] * len(s["batches"])) for s in ordered),
         )
         epoch = int(first["epoch"])
         ds.history = (epoch, (*segments(first), segment))
@@ -325,7 +346,7 @@ def _resume(dataset: ShardStream, state: dict[str, Any], workers: int) -> Resume
             return Resume(epoch + 1, (0,) * workers)
     first = 0 if last is None else int(last) + 1
     rotation = next(w % workers for w in range(first, first + workers) if left[w % workers] > 0)
-    return Resume(epoch, taken, rotation, last)
+    return Resume(epoch, taken, rotation, last, tuple(state.get("items") or [None] * workers))
 
 
 def loader(

@@ -155,6 +155,7 @@ class Segment:
 
     topology: Topology
     batches: tuple[tuple[int, ...], ...]  # [rank][worker]
+    items: tuple[tuple[int | None, ...], ...] | None = None  # [rank][worker] plan items passed (None: the batches')
 
 
 def fresh_pieces(spec: Spec, epoch: int) -> list[Piece]:
@@ -250,9 +251,12 @@ def make_plan(assigned: list[list[list[Piece]]], spec: Spec) -> Plan:
     return Plan(readers, spec.batch_size)
 
 
-def remainder(plan: Plan, batches: Sequence[Sequence[int]]) -> list[Piece]:
-    """What ``plan``'s readers had left to yield after ``batches[rank][worker]`` batches each, in (rank, worker,
-    piece) order: the rest of the piece each stopped in and the pieces after it, up to its ``real`` items.
+def remainder(
+    plan: Plan, batches: Sequence[Sequence[int]], items: Sequence[Sequence[int | None]] | None = None
+) -> list[Piece]:
+    """What ``plan``'s readers had left to yield after ``batches[rank][worker]`` batches each, having passed
+    ``items[rank][worker]`` of their items (None: the batches' items; more after a skip), in (rank, worker, piece)
+    order: the rest of the piece each stopped in and the pieces after it, up to its ``real`` items.
 
     Raises:
         ValueError: a reader's batches beyond its budget.
@@ -263,7 +267,9 @@ def remainder(plan: Plan, batches: Sequence[Sequence[int]]) -> list[Piece]:
             done = int(batches[rank][worker])
             if done > reader.budget:
                 raise ValueError(f"rank {rank} worker {worker}: {done} batches, beyond its budget {reader.budget}")
-            left += cut(reader.pieces, min(done * plan.batch_size, reader.real), reader.real)
+            at = min(done * plan.batch_size, reader.real)
+            passed = items[rank][worker] if items is not None else None
+            left += cut(reader.pieces, at if passed is None else max(at, min(passed, reader.real)), reader.real)
     return left
 
 
@@ -310,7 +316,9 @@ def plan_epoch(spec: Spec, topology: Topology, epoch: int, history: Sequence[Seg
         if tuple(len(row) for row in segment.batches) != segment.topology:
             raise ValueError(f"resume history: segment {i} counts batches of other readers than {segment.topology}")
         following = history[i + 1].topology if i + 1 < len(history) else topology
-        plan = make_plan(assign_even(remainder(plan, segment.batches), following, _rng(spec, epoch, i + 1)), spec)
+        plan = make_plan(
+            assign_even(remainder(plan, segment.batches, segment.items), following, _rng(spec, epoch, i + 1)), spec
+        )
     return plan
 
 

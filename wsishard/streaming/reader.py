@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from itertools import islice
+from dataclasses import dataclass, field, replace
+from itertools import chain, islice
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -52,6 +52,11 @@ class ReadPieces:
         max_failures: in skip mode, this many failed pieces in a row raise.
         context: context scales to read with each sample (:func:`~wsishard.streaming.stages.read_shard`).
         bags: the shards hold an embeddings output's slide samples (read as bags).
+        position: the reader's place in its plan's items when it starts (a resumed reader's).
+
+    ``position`` counts the plan items the reader has passed: each item it yields, and the items of a piece it could
+    not yield (a shard or sample skipped under ``on_error="skip"``), so a resumed reader goes on after a skip where
+    the uninterrupted one did. The loader saves it with each batch.
     """
 
     shards: tuple[ShardRef, ...]
@@ -62,7 +67,9 @@ class ReadPieces:
     max_failures: int = 1
     context: int = 0
     bags: bool = False
+    position: int = 0
     skipped: int = field(default=0, init=False)
+    _size: int | None = field(default=None, init=False)  # the current piece's selected samples (lazy select=)
     _in_a_row: int = field(default=0, init=False)
     _chosen: OrderedDict[int, _Chosen] = field(default_factory=OrderedDict, init=False)
 
@@ -77,9 +84,13 @@ class ReadPieces:
             first = next(items, None)  # the current shard is open (and read up to its first item)
             if ahead is not None and following is not None:  # (the same shard again too: a read of its own)
                 ahead(self.shards[following.shard].url)
+            passed = 0
             if first is not None:
-                yield first
-                yield from items
+                for item in chain((first,), items):
+                    self.position += 1
+                    passed += 1
+                    yield item
+            self.position += max(self._count(piece) - passed, 0)  # what a skip left out: passed all the same
             empty = 0 if first is not None else empty + 1
             if lazy and empty > len(self.shards):  # a whole pass of its shards, and select= kept nothing
                 raise ValueError(
@@ -89,7 +100,16 @@ class ReadPieces:
                 )
             piece = following
 
+    def _count(self, piece: Piece) -> int:
+        """The items ``piece`` yields unless something is skipped (a lazy plan's pieces count rows, not the selected
+        samples, until they are read)."""
+        size = self._size
+        if size is None or piece.draws or size == piece.items:
+            return piece.count
+        return replace(piece, items=size, take=-1 if piece.take == piece.items else min(piece.take, size)).count
+
     def _items(self, piece: Piece) -> Iterator[RawSample]:
+        self._size = None
         ref = self.shards[piece.shard]
         try:
             yield from self._read(piece, ref)
@@ -116,6 +136,7 @@ class ReadPieces:
             wanted = {k: int(t) for k, t in zip(chosen.keys, times.tolist(), strict=True) if t}
         else:
             wanted = dict.fromkeys(chosen.keys, 1)
+            self._size = len(chosen.keys) if plan.lazy else None
         whole, found = ShardRef(ref.url, int(plan.rows[s])), 0
         for raw in read_shard(whole, self.opener, self.on_error, self.context, self.bags):
             found += raw["key"] in wanted

@@ -26,14 +26,14 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from wsishard.streaming.pinning import HostPins
 
-__all__ = ["ROW_OFFSET", "UNLENT", "BatchBuffers", "Handed", "Lending", "Lent", "Returns"]
+__all__ = ["ROW_OFFSET", "UNLENT", "BatchBuffers", "Handed", "Lending", "Lent", "Returns", "Tagged"]
 
 RING_SLOTS = 8  # buffers a worker keeps at most: 1 being filled, prefetched ones, the ones on their way to the loop
 # A batch starts 16 bytes past a 32-byte boundary (so does every image and row of it when the row's bytes are a multiple
@@ -115,11 +115,22 @@ class Lent:
 class Handed(dict[str, Any]):
     """A batch on its way from a DataLoader worker to :class:`~wsishard.streaming.loader.ShardLoader`: a plain dict
     of the batch's keys, with what only the loader reads as attributes (they pickle with it), never as keys:
-    ``ticket``, the :class:`Lent` buffer the batch lies in (None: a buffer of its own), and
-    ``worker``, the logical worker that made it. The loader yields a plain ``dict`` of the keys."""
+    ``ticket``, the :class:`Lent` buffer the batch lies in (None: a buffer of its own), ``worker``, the logical
+    worker that made it, and ``position``, the items of its plan that worker had passed after it. The loader yields
+    a plain ``dict`` of the keys."""
 
     ticket: Lent | None = None
     worker: int = 0
+    position: int | None = None
+
+
+class Tagged(NamedTuple):
+    """What a ``collate_fn`` of the user's made of a :class:`Handed` batch, with the batch's ``worker`` and
+    ``position`` carried beside it (a NamedTuple: DataLoader's ``pin_memory`` pins ``value`` and keeps the rest)."""
+
+    value: Any
+    worker: int
+    position: int | None
 
 
 UNLENT = Lending()  # no reuse: every batch a fresh buffer of its own

@@ -15,7 +15,27 @@ MAX_COUNT = 2**48  # epochs or batches a state may name: more is a damaged state
 
 def segments(state: dict[str, Any]) -> tuple[Segment, ...]:
     """The stretches of ``state``'s epoch on earlier topologies (checked by :func:`check_state`)."""
-    return tuple(Segment(tuple(g["topology"]), tuple(tuple(b) for b in g["batches"])) for g in state.get("history", []))
+    return tuple(
+        Segment(
+            tuple(g["topology"]),
+            tuple(tuple(b) for b in g["batches"]),
+            tuple(tuple(i) for i in g["items"]) if g.get("items") is not None else None,
+        )
+        for g in state.get("history", [])
+    )
+
+
+def history_entry(segment: Segment) -> dict[str, Any]:
+    """``segment`` as a state's history entry (what :func:`segments` reads back)."""
+    entry: dict[str, Any] = {"topology": list(segment.topology), "batches": [list(b) for b in segment.batches]}
+    if segment.items is not None:
+        entry["items"] = [list(i) for i in segment.items]
+    return entry
+
+
+def _positions(value: Any, readers: int) -> bool:
+    """``value`` is a state's ``items``: each of ``readers`` workers' place in its plan (an int, or null)."""
+    return isinstance(value, list) and len(value) == readers and all(v is None or is_int(v, 0) for v in value)
 
 
 def is_int(value: Any, low: int, high: int = MAX_COUNT) -> bool:
@@ -48,6 +68,8 @@ def check_state(state: Any) -> None:
     batches = state.get("batches")
     if not isinstance(batches, list) or len(batches) != readers or not all(is_int(b, 0) for b in batches):
         raise ValueError(f"loader state: batches must be {readers} integer(s) in [0, {MAX_COUNT}], got {batches!r}")
+    if "items" in state and not _positions(state["items"], readers):
+        raise ValueError(f"loader state: items must be {readers} integer(s) >= 0 or null, got {state['items']!r}")
     last = state.get("last_worker")
     if last is not None and not is_int(last, 0, readers - 1):
         raise ValueError(f"loader state: last_worker must be null or a worker in [0, {readers - 1}], got {last!r}")
@@ -74,5 +96,17 @@ def check_history(history: Any) -> None:
                 isinstance(row, list) and len(row) == k and all(is_int(b, 0) for b in row)
                 for row, k in zip(batches, topology, strict=False)
             )
+            or not _history_items(g.get("items"), topology)
         ):
             raise ValueError(f"loader state: history[{i}] must be {{topology: [workers per rank], batches: [[...]]}}")
+
+
+def _history_items(items: Any, topology: list[int]) -> bool:
+    """A history entry's ``items`` (absent, or ``[[per worker] per rank]`` as its batches)."""
+    if items is None:
+        return True
+    return (
+        isinstance(items, list)
+        and len(items) == len(topology)
+        and all(_positions(row, k) for row, k in zip(items, topology, strict=False))
+    )

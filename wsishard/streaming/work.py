@@ -65,11 +65,15 @@ class Work:
     real: int | None
     budget: int | None
     done: int = 0
+    start: int = 0  # items of its plan the reader has passed (yielded, or skipped under on_error="skip")
+    share: int = 0  # pieces in the reader's whole plan (as many failing in a row raise under on_error="skip")
 
 
-def epoch_work(plan: Plan, rank: int, worker: int, batches: int) -> Work:
-    """Reader (``rank``, ``worker``) of ``plan`` after its first ``batches`` batches (a resumed loader)."""
+def epoch_work(plan: Plan, rank: int, worker: int, batches: int, items: int | None = None) -> Work:
+    """Reader (``rank``, ``worker``) of ``plan`` after its first ``batches`` batches, having passed ``items`` of its
+    plan's items (None: the batches' items, nothing skipped) (a resumed loader)."""
     reader, size = plan.reader(rank, worker), plan.batch_size
     done = min(batches * size, reader.real)
-    rest = cut(reader.pieces, done, reader.real) if done < reader.real else list(reader.pieces)  # repeats' source
-    return Work(Pieces(tuple(rest)), reader.real - done, max(reader.budget - batches, 0), done)
+    at = done if items is None else max(done, min(items, reader.real))
+    rest = cut(reader.pieces, at, reader.real) if at < reader.real else list(reader.pieces)  # repeats' source
+    return Work(Pieces(tuple(rest)), reader.real - at, max(reader.budget - batches, 0), done, at, len(reader.pieces))
