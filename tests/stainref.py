@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from skimage import color
 
-from wsishard.streaming.stain import StainTarget
+from wsishard.augment.stain import StainTarget
 
 
 def torchstain_normalize(

@@ -3,6 +3,10 @@ reads it too and loads each name from its module on first use (``import wsishard
 
 __version__: str
 
+from wsishard.augment.multicrop import MultiCrop as MultiCrop
+from wsishard.augment.stain import StainOptions as StainOptions
+from wsishard.augment.stain import StainTable as StainTable
+from wsishard.augment.stain import StainTarget as StainTarget
 from wsishard.builder.inputs.sources import find_slides as find_slides
 from wsishard.builder.options.buildopts import BuildOptions as BuildOptions
 from wsishard.builder.options.buildopts import BuildProgress as BuildProgress
@@ -47,15 +51,11 @@ from wsishard.streaming.loader import ShardLoader as ShardLoader
 from wsishard.streaming.loader import loader as loader
 from wsishard.streaming.monitor import LoaderReport as LoaderReport
 from wsishard.streaming.monitor import MonitoredLoader as MonitoredLoader
-from wsishard.streaming.multicrop import MultiCrop as MultiCrop
 from wsishard.streaming.plain import register_gopen_schemes as register_gopen_schemes
 from wsishard.streaming.plain import shard_urls as shard_urls
 from wsishard.streaming.planner import Plan as Plan
 from wsishard.streaming.planner import Spec as Spec
 from wsishard.streaming.planner import plan_epoch as plan_epoch
 from wsishard.streaming.sources import stream as stream
-from wsishard.streaming.stain import StainOptions as StainOptions
-from wsishard.streaming.stain import StainTable as StainTable
-from wsishard.streaming.stain import StainTarget as StainTarget
 from wsishard.streaming.world import World as World
 from wsishard.streaming.world import detect_world as detect_world

@@ -37,7 +37,7 @@
  * The output is written with non-temporal stores: it is far larger than any cache (200 MB of float32 for 256
  * patches of 256 px), and plain stores would first read every line of it. The GIL is released while it runs.
  */
-/* 3. stain_apply: GpuCollate(stain=...)'s pass on a CPU device (wsishard.streaming.stain_cpu): Macenko with each
+/* 3. stain_apply: GpuCollate(stain=...)'s pass on a CPU device (wsishard.augment.stain_cpu): Macenko with each
  * sample's slide matrix, HED jitter, brightness, contrast and saturation, then (x - mean) / std, in one pass per
  * sample, with the torch path's float32 results (within float32 rounding: measured at most 2e-6 of full scale).
  *

@@ -15,12 +15,12 @@ import pytest
 import shardmaker as sm
 import torch
 
+from wsishard.augment.stain import StainOptions
 from wsishard.errors import ManifestError, ShardError
 from wsishard.shards.summary import index_build
 from wsishard.streaming.collate import GpuCollate
 from wsishard.streaming.loader import loader
 from wsishard.streaming.sources import stream
-from wsishard.streaming.stain import StainOptions
 
 pytest_plugins = ("servers",)
 COUNTS = (7, 5, 9, 6)

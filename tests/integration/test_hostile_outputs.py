@@ -14,11 +14,11 @@ import pytest
 import shardmaker as sm
 from streamtools import keys_of as sm_keys
 
+from wsishard.augment.stain import StainTable
 from wsishard.cli import main
 from wsishard.errors import ManifestError, ShardError
 from wsishard.manifest import SlideRecord, manifest_files
 from wsishard.streaming.sources import stream
-from wsishard.streaming.stain import StainTable
 
 DEEP = "[" * 300_000 + "]" * 300_000  # a JSON text Python's parser gives up on with RecursionError
 

@@ -13,12 +13,12 @@ from buildtools import read_output
 from cmu import cmu_rgb, write_tiff
 
 from wsishard import build
+from wsishard.augment.stain import StainOptions, StainTable
 from wsishard.builder.options.buildopts import BuildOptions
 from wsishard.builder.scan.grid import PatchOptions
 from wsishard.builder.scan.stain import IO, REFERENCE_MATRIX, macenko, optical_density
 from wsishard.streaming.collate import GpuCollate
 from wsishard.streaming.decode import Metas
-from wsishard.streaming.stain import StainOptions, StainTable
 
 SHIFT = np.array([1.5, 0.6])  # haematoxylin 50% darker, eosin 40% paler (their concentrations)
 

@@ -71,7 +71,7 @@ DEFERRED_IMPORTS = {
     ("demo.py", "wsishard.streaming.loader"): "torch: only once the demo streams",
     ("demo.py", "wsishard.streaming.sources"): "torch: only once the demo streams",
     ("shards/summary.py", "wsishard.storage.opener"): "the build writes indexes without the opener",
-    ("streaming/stain.py", "wsishard.storage.opener"): "slide records are read only for a stain table",
+    ("augment/stain.py", "wsishard.storage.opener"): "slide records are read only for a stain table",
     ("builder/scan/tissue.py", "wsishard.builder.scan.artefacts"): "scipy and scikit-image: not at CLI start-up",
     ("builder/scan/tissue.py", "wsishard.builder.scan.morphology"): "OpenCV: not at CLI start-up",
     ("slide/__init__.py", "wsishard.slide.openslide_backend"): "OpenSlide: not at CLI start-up",

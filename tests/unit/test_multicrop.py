@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 
 import wsishard
+from wsishard.augment.multicrop import MultiCrop, crop_boxes, crop_codes
+from wsishard.augment.stain import StainOptions, StainTable
 from wsishard.manifest import SlideRecord
 from wsishard.streaming.collate import GpuCollate, dihedral
 from wsishard.streaming.decode import Metas
-from wsishard.streaming.multicrop import MultiCrop, crop_boxes, crop_codes
-from wsishard.streaming.stain import StainOptions, StainTable
 
 A = [[0.65, 0.18], [0.70, 0.85], [0.29, 0.49]]
 B = [[0.55, 0.25], [0.75, 0.80], [0.37, 0.55]]

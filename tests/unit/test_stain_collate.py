@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from wsishard.augment.stain import StainOptions, StainTable, StainTarget, hed_jitter, macenko
 from wsishard.manifest import SlideRecord
 from wsishard.streaming.collate import GpuCollate
 from wsishard.streaming.decode import Metas
-from wsishard.streaming.stain import StainOptions, StainTable, StainTarget, hed_jitter, macenko
 
 MEAN, STD = (0.7, 0.6, 0.75), (0.15, 0.2, 0.1)
 JITTER = StainOptions(hed_scale=0.2, hed_shift=0.02, brightness=0.1, contrast=0.1, saturation=0.1, hue=0.05)

@@ -1,5 +1,5 @@
 """The stain operations on a CPU device in one C pass (``stain_apply`` of wsishard/_native.c, through
-wsishard/streaming/stain_cpu.py) against the torch path of GpuCollate(stain=...) (streaming/stain.py) and the numpy
+wsishard/augment/stain_cpu.py) against the torch path of GpuCollate(stain=...) (augment/stain.py) and the numpy
 references, on real tissue: within float32 rounding (TOL, in [0, 1] units: 0.0026 of a grey level; measured
 about 3e-6), for every dihedral code and both layouts, with the torch path's seeded per-sample parameters."""
 
@@ -16,12 +16,12 @@ from skimage import color
 from stainref import jitter_reference, torchstain_normalize
 
 from wsishard._native import stain_apply
+from wsishard.augment import stain as stain_ops
+from wsishard.augment.stain import StainOptions, StainTable, StainTarget
+from wsishard.augment.stain_cpu import fusable, stain_pass
 from wsishard.manifest import SlideRecord
-from wsishard.streaming import stain as stain_ops
 from wsishard.streaming.collate import GpuCollate, dihedral
 from wsishard.streaming.decode import Metas
-from wsishard.streaming.stain import StainOptions, StainTable, StainTarget
-from wsishard.streaming.stain_cpu import fusable, stain_pass
 
 TOL = 1e-5  # in [0, 1] units, after the stain and before mean / std
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -1,4 +1,4 @@
-"""Batched stain operations (streaming/stain.py) against per-sample references on real tissue: torchstain's
+"""Batched stain operations (augment/stain.py) against per-sample references on real tissue: torchstain's
 Macenko (the fit replaced by each sample's given matrix), scikit-image's CIELAB and HED conversions, torchvision's
 ColorJitter formulas written out in numpy."""
 
@@ -11,9 +11,7 @@ from cmu import cmu_rgb
 from skimage import color
 from stainref import jitter_reference, torchstain_normalize
 
-from wsishard.builder.scan.stain import macenko as fit_macenko
-from wsishard.builder.scan.stain import optical_density
-from wsishard.streaming.stain import (
+from wsishard.augment.stain import (
     REINHARD_REFERENCE,
     StainTarget,
     colour_jitter,
@@ -21,6 +19,8 @@ from wsishard.streaming.stain import (
     macenko,
     reinhard,
 )
+from wsishard.builder.scan.stain import macenko as fit_macenko
+from wsishard.builder.scan.stain import optical_density
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,12 @@ import pytest
 import shardmaker as sm
 import torch
 
+from wsishard.augment.stain import StainOptions, StainTable, StainTarget, macenko
+from wsishard.augment.stainrecords import stain_problem
 from wsishard.errors import OptionError
 from wsishard.manifest import SlideRecord
 from wsishard.streaming.collate import GpuCollate
 from wsishard.streaming.decode import Metas
-from wsishard.streaming.stain import StainOptions, StainTable, StainTarget, macenko
-from wsishard.streaming.stainrecords import stain_problem
 
 GOOD = ([[0.65, 0.18], [0.70, 0.85], [0.29, 0.49]], [2.1, 1.3])
 REFERENCE = (StainTarget().matrix, StainTarget().max_conc)

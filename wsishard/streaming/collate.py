@@ -23,11 +23,11 @@ import numpy as np
 import torch
 
 from wsishard._native import lut_apply as _lut_apply
-from wsishard.streaming import multicrop, stain_cpu
-from wsishard.streaming import stain as stain_ops
+from wsishard.augment import multicrop, stain_cpu
+from wsishard.augment import stain as stain_ops
+from wsishard.augment.multicrop import MultiCrop
+from wsishard.augment.stain import StainOptions
 from wsishard.streaming.decode import device_decoder
-from wsishard.streaming.multicrop import MultiCrop
-from wsishard.streaming.stain import StainOptions
 
 __all__ = ["DeviceBatch", "GpuCollate", "dihedral"]
 
@@ -109,14 +109,14 @@ class GpuCollate:
         seed: seed of the augmentation (None: from OS entropy). Give each rank its own (e.g. the loader's seed plus
             the rank). The ``n``-th batch's random parameters come from ``(seed, n)`` alone: :meth:`state_dict` /
             :meth:`load_state_dict` carry ``n`` over a resume.
-        stain: colour normalisation and augmentation (:class:`~wsishard.streaming.stain.StainOptions`), applied
+        stain: colour normalisation and augmentation (:class:`~wsishard.augment.stain.StainOptions`), applied
             after the dihedral transform, before ``mean``/``std``, in float32 on ``device``. On a CPU device the
-            options :func:`~wsishard.streaming.stain_cpu.fusable` covers run in one C pass (the torch operations'
+            options :func:`~wsishard.augment.stain_cpu.fusable` covers run in one C pass (the torch operations'
             results within float32 rounding; its output in the buffers used in turn, as the table pass's), the
             others as torch operations.
         reuse_output: on a CPU device, write each output into one of two buffers used in turn (True), or into
             memory of its own (False).
-        crops: multi-crop views (:class:`~wsishard.streaming.multicrop.MultiCrop`): the batch then has
+        crops: multi-crop views (:class:`~wsishard.augment.multicrop.MultiCrop`): the batch then has
             ``"global"`` (G, b, 3, S, S) and ``"local"`` (L, b, 3, s, s) instead of ``"image"``, each view a
             random-resized crop with its own dihedral transform (``augment``) and its own stain jitter (``stain``'s
             jitter options; its normalisation runs once per image, before cropping), by the same torch code on
@@ -192,7 +192,7 @@ class GpuCollate:
 
     def views(self, image: torch.Tensor, slide_ids: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
         """uint8 (b, h, w, 3) on any device -> ``{"global": ..., "local": ...}`` (``crops``), normalized ``dtype``
-        on ``self.device`` (:func:`~wsishard.streaming.multicrop.views`)."""
+        on ``self.device`` (:func:`~wsishard.augment.multicrop.views`)."""
         try:
             return multicrop.views(self, image, slide_ids)
         finally:
@@ -225,7 +225,7 @@ class GpuCollate:
         slide_ids: Sequence[str] | None,
         codes: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The float path with the stain operations (:mod:`wsishard.streaming.stain`) before mean and std."""
+        """The float path with the stain operations (:mod:`wsishard.augment.stain`) before mean and std."""
         rows = None
         if options.normalize == "macenko":
             if slide_ids is None or len(slide_ids) != image.shape[0]:
@@ -254,7 +254,7 @@ class GpuCollate:
         rows: torch.Tensor | None,
         codes_of: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The stained path on a CPU device in one C pass (:mod:`wsishard.streaming.stain_cpu`), into the buffers
+        """The stained path on a CPU device in one C pass (:mod:`wsishard.augment.stain_cpu`), into the buffers
         used in turn (through a float32 one for another ``dtype``)."""
         b, h, w, _ = image.shape
         codes = (self.codes(b) if codes_of is None else codes_of).tolist() if self.augment else [0] * b

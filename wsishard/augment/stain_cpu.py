@@ -2,15 +2,15 @@
 ``wsishard/_native.c``), for the options it covers (:func:`fusable`): Macenko or none, HED jitter, brightness,
 contrast and saturation.
 
-Each of these is a per-sample map of a pixel that :mod:`wsishard.streaming.stain` computes with batched tensor ops:
+Each of these is a per-sample map of a pixel that :mod:`wsishard.augment.stain` computes with batched tensor ops:
 Macenko is ``exp(A ln(v + 1) + k)`` capped at 1, HED jitter ``exp(M ln(x) + c)`` with ``M`` Ruifrok and Johnston's
 matrix, the sample's scales and its inverse folded into one 3x3 (``c`` the shifts), brightness a factor, contrast and
 saturation blends. The C pass reads each uint8 value's start (``ln(v + 1)``, ``ln(v / 255)`` or ``v / 255``) from a
 256-entry table the torch path's own float32 ops compute, applies the two 3x3 maps in log space with the clips of the
 torch path between them, ``exp``, then the blends (contrast towards the sample's grey mean: a second pass over the
 sample while it is in cache) and ``(x - mean) / std``, in float32, writing the output in its layout. The per-sample
-parameters are the torch path's (the same draws of :func:`~wsishard.streaming.stain.hed_draws` and
-:func:`~wsishard.streaming.stain.colour_draws`, the same :func:`~wsishard.streaming.stain.macenko_map`), so a
+parameters are the torch path's (the same draws of :func:`~wsishard.augment.stain.hed_draws` and
+:func:`~wsishard.augment.stain.colour_draws`, the same :func:`~wsishard.augment.stain.macenko_map`), so a
 resumed run augments as before. It differs from the torch path by float32 rounding only
 (``tests/unit/test_stain_native.py`` holds it to that). Reinhard (CIELAB statistics) and hue stay on the torch path.
 """
@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from wsishard._native import stain_apply as _stain_apply
-from wsishard.streaming import stain as stain_ops
-from wsishard.streaming.stain import StainOptions
+from wsishard.augment import stain as stain_ops
+from wsishard.augment.stain import StainOptions
 
 __all__ = ["fusable", "stain_pass"]
 

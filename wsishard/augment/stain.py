@@ -28,9 +28,9 @@ from typing import Literal
 import numpy as np
 import torch
 
+from wsishard.augment import stainrecords as records_check
 from wsishard.errors import OptionError
 from wsishard.manifest import SlideRecord
-from wsishard.streaming import stainrecords as records_check
 
 __all__ = [
     "REINHARD_REFERENCE",
@@ -71,7 +71,7 @@ class StainTarget:
 
     Raises:
         OptionError: (a ``ValueError``) a matrix or maxima that cannot normalise, naming the field and its value
-            (:mod:`wsishard.streaming.stainrecords`: a zero or NaN matrix, H and E the same vector, a maximum
+            (:mod:`wsishard.augment.stainrecords`: a zero or NaN matrix, H and E the same vector, a maximum
             of 0, NaN or inf).
     """
 
@@ -118,7 +118,7 @@ class StainTarget:
 class StainTable:
     """The build's per-slide stain matrices on a device, looked up by slide id (from each sample's ``.json``).
 
-    A slide whose recorded stain cannot normalise (:mod:`wsishard.streaming.stainrecords`: a zero or NaN matrix, a
+    A slide whose recorded stain cannot normalise (:mod:`wsishard.augment.stainrecords`: a zero or NaN matrix, a
     maximum of 0 or NaN, a matrix of another shape) is normalised as the reference H&E, as the build records a slide
     it cannot fit; one warning says how many, naming the first slides and fields, and :attr:`unusable` holds
     ``{slide_id: what is wrong}``.

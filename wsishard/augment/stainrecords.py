@@ -1,5 +1,5 @@
-"""Which recorded stains can normalise: the checks :class:`~wsishard.streaming.stain.StainTarget` and
-:class:`~wsishard.streaming.stain.StainTable` hold a Macenko matrix and its maximum concentrations to.
+"""Which recorded stains can normalise: the checks :class:`~wsishard.augment.stain.StainTarget` and
+:class:`~wsishard.augment.stain.StainTable` hold a Macenko matrix and its maximum concentrations to.
 
 A stain is usable when its ``matrix`` is 3 rows (R, G, B) of 2 finite, non-negative numbers whose columns (H, E) are
 unit vectors (as the build writes them, length 1 within :data:`UNIT_TOLERANCE`) pointing apart (their angle at least
@@ -63,7 +63,7 @@ def stain_problem(matrix: Any, max_conc: Any) -> str | None:
 
 
 def pairs(rows: Sequence[Sequence[float]]) -> tuple[tuple[float, float], ...]:
-    """A checked matrix as a tuple of (H, E) rows of floats (:class:`~wsishard.streaming.stain.StainTarget`'s)."""
+    """A checked matrix as a tuple of (H, E) rows of floats (:class:`~wsishard.augment.stain.StainTarget`'s)."""
     return tuple(pair(r) for r in rows)
 
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from wsishard.streaming import stain as stain_ops
+from wsishard.augment import stain as stain_ops
 
 if TYPE_CHECKING:  # the collate imports this module
     from wsishard.streaming.collate import GpuCollate
