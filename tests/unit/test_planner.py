@@ -20,7 +20,7 @@ from wsishard.streaming.planner import (
     reader_pass,
     reader_share,
 )
-from wsishard.streaming.work import Passes
+from wsishard.streaming.work import Passes, epoch_work
 
 BUFFER = 7  # the readers' shuffle buffer in these tests: small, so that it reorders across a piece
 
@@ -151,6 +151,37 @@ def test_an_unpadded_resume_never_repeats_a_sample(
     got = Counter(_taken(plan, stops) + _all(after))
     assert max(got.values(), default=1) == 1
     assert len({sum(r.budget for r in row) for row in after.readers}) == 1
+
+
+@settings(max_examples=80, deadline=None)
+@given(counts_st, topology_st, topology_st, st.integers(1, 6), st.data())
+def test_readers_that_skipped_items_resume_after_them_here_and_elsewhere(
+    counts: list[int], first: tuple[int, ...], second: tuple[int, ...], batch: int, data: st.DataObject
+) -> None:
+    """A reader that passed more items of its plan than its batches hold (a skip under on_error="skip") goes on
+    after the last item it passed: on the same topology (epoch_work) and on another (a segment with items); what
+    was passed and what is left are every item exactly once."""
+    if sum(counts) < max(sum(first), sum(second)):
+        return
+    spec = Spec(counts=np.array(counts), batch_size=batch, seed=3, pad_last=True)
+    plan = plan_epoch(spec, first, 2)
+    stops = _stops(plan, data)
+    got = _yields(plan)
+    passed: list[tuple[int, int]] = []
+    positions = []
+    for rank, row in enumerate(plan.readers):
+        positions.append([])
+        for worker, reader in enumerate(row):
+            done = min(stops[rank][worker] * batch, reader.real)
+            at = data.draw(st.integers(done, reader.real))
+            positions[-1].append(at)
+            passed += got[rank, worker][:at]
+            rest = epoch_work(plan, rank, worker, stops[rank][worker], at)
+            left = [i for piece in rest.source.pieces for i in _items(piece, None)][: rest.real]
+            assert left == got[rank, worker][at:] and rest.real == reader.real - at
+    segment = Segment(first, tuple(tuple(s) for s in stops), tuple(tuple(p) for p in positions))
+    after = plan_epoch(spec, second, 2, [segment])
+    assert Counter(passed + _all(after)) == _expected_items(counts)
 
 
 def _weights(counts: list[int], seed: int) -> tuple[list[np.ndarray], np.ndarray]:
