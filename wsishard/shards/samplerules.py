@@ -25,6 +25,7 @@ from wsishard.format import (
     is_embeddings_extra,
     is_sample_key,
     is_slide_id,
+    key_slide,
     patch_mpp_name,
 )
 from wsishard.manifest import Manifest, expected_patch_size
@@ -60,6 +61,7 @@ class SampleRules:
     roi_classes: int = 0
     context_scales: int = 0  # len(options.context_mpp): the ctx<i> members every sample holds
     context_size_px: int = 0  # options.context_size
+    multi_mpp: bool = False  # options.patch.target_mpp a list: keys name their scale (format.key_slide)
     bags: bool = False  # an embeddings output: one slide per sample (features.npy, coords.npy, keys.json, .json)
 
     @classmethod
@@ -87,6 +89,7 @@ class SampleRules:
             context_scales=len(_list(options.get("context_mpp"))),
             context_size_px=int(_number(options.get("context_size")) or 0),
             bags=is_embeddings_extra(manifest.extra),
+            multi_mpp=isinstance(patch.get("target_mpp"), list),
         )
 
 
@@ -190,7 +193,7 @@ def _meta_problems(data: bytes, rules: SampleRules) -> list[tuple[str, str]]:
 
 
 def _label_problems(key: str, cls: bytes | None, rules: SampleRules) -> list[tuple[str, str]]:
-    slide = key.rsplit("_x", 1)[0]  # the key's slide id (coordinates are digits: the last "_x" is theirs)
+    slide = key_slide(key, rules.multi_mpp)
     label = rules.labels.get(slide)
     labelled = label is not None if slide in rules.labels else rules.labelled
     if not labelled and rules.roi_classes:
