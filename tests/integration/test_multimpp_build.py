@@ -192,3 +192,14 @@ def test_a_rerun_rewrites_a_deleted_shard_from_the_saved_scans(builds: Builds, s
 def decode_meta(path: Path) -> bytes:
     with np.load(path, allow_pickle=False) as arrays:
         return arrays["meta"].tobytes()
+
+
+def test_inspect_counts_the_samples_of_each_mpp(builds: Builds, capsys: pytest.CaptureFixture[str]) -> None:
+    root, samples = builds["multi"]
+    per_mpp = collections.Counter(round(s.meta["patch_mpp"], 6) for s in samples)
+    capsys.readouterr()
+    assert main(["inspect", str(root)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("samples per mpp: "))
+    assert line == "samples per mpp: " + ", ".join(f"{m:g} mpp {per_mpp[m]} patches" for m in MPPS)
+    assert main(["inspect", str(builds[0.5][0])]) == 0
+    assert "samples per mpp" not in capsys.readouterr().out  # a build of one mpp: its one mpp is in the options line
