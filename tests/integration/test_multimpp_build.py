@@ -203,3 +203,14 @@ def test_inspect_counts_the_samples_of_each_mpp(builds: Builds, capsys: pytest.C
     assert line == "samples per mpp: " + ", ".join(f"{m:g} mpp {per_mpp[m]} patches" for m in MPPS)
     assert main(["inspect", str(builds[0.5][0])]) == 0
     assert "samples per mpp" not in capsys.readouterr().out  # a build of one mpp: its one mpp is in the options line
+
+
+def test_a_labelled_multi_mpp_build_verifies(slides: Path, tmp_path: Path) -> None:
+    labels = {f"scanner-{i}.svs": i % 2 for i in range(len(SCANNERS))}
+    out = tmp_path / "labelled"
+    wsishard.build([str(slides)], str(out), mpp=[1.0, 2.0], labels=labels, patch_size=128, jobs=1)
+    _, samples = read_output(str(out))
+    assert {(s.meta["slide_id"], s.members["cls"]) for s in samples} == {
+        (f"scanner-{i}", str(i % 2).encode()) for i in range(len(SCANNERS))
+    }
+    assert main(["verify", str(out)]) == 0  # each key's slide (its scale tag left out) has its label
