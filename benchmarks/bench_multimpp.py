@@ -21,6 +21,7 @@ from pathlib import Path
 
 import benchkit as bk
 import numpy as np
+from benchkit import run
 
 MPPS = (0.5, 1.0, 2.0)
 SCANNERS = (0.2520, 0.2631, 0.2265, 0.2425)
@@ -143,4 +144,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(bk.run("bench_multimpp", main))
+    sys.exit(run("bench_multimpp", main))
