@@ -27,7 +27,7 @@ from wsishard.format import (
     temp_name,
     temp_target,
 )
-from wsishard.shards.samplerules import SampleRules, _label_problems
+from wsishard.shards.samplerules import SampleRules, _label_problems, _meta_problems
 
 
 def test_shard_names_are_zero_padded_and_recognised() -> None:
@@ -171,3 +171,10 @@ def test_verify_holds_a_multi_mpp_sample_to_its_slide_label() -> None:
     assert _label_problems("s1_mpp2_x0_y0", b"1", rules) == []
     assert _label_problems("s1_mpp2_x0_y0", b"0", rules)[0][0].endswith("differs from their slide's label")
     assert _label_problems("s1_mpp2_x0_y0", b"0", dataclasses.replace(rules, multi_mpp=False)) == []  # not found
+
+
+def test_verify_holds_a_multi_mpp_sample_to_the_nearest_of_its_mpps() -> None:
+    rules = SampleRules(patch_size_px=64, image_format="jpg", multi_mpp=True, target_mpps=(0.5, 1.0, 2.0))
+    assert _meta_problems(b'{"patch_size": 64, "patch_mpp": 1.0}', rules) == []
+    off = _meta_problems(b'{"patch_size": 64, "patch_mpp": 1.3}', rules)
+    assert off and "target_mpp 1 by more than" in off[0][0]
