@@ -84,6 +84,8 @@ def add_option(group: Any, dest: str, f: Field[Any], owner: Any = None) -> None:
         check = None if choices or meta.get("with_others") else owner  # choices: argparse's "invalid choice" says it
         # best; with_others: BuildOptions checks the value with the other flags' (_options)
         kw.update(type=_flag_type(_PARSE[meta.get("parse", "str")], check, f), choices=choices, metavar=metavar)
+        if "nargs" in meta:  # --mpp 0.5 1.0 2.0: a list (one value alone: that value, as before)
+            kw["nargs"] = meta["nargs"]
     group.add_argument(option_flag(f), **kw)
     for old in meta.get("old_flags", ()):
         add_old_flag(group, old, option_flag(f), kw, flips=isinstance(default, bool))

@@ -165,10 +165,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         hint = "" if args.qc else "; pictures missing from OUT/qc/ are drawn by inspect --qc"
         print(f"{args.html}: {plural(len(manifest.slides), 'slide')}, failed first{hint}")
     elif not args.qc:
-        from wsishard.shards.summary import label_totals
+        from wsishard.shards.summary import label_totals, mpp_totals
 
         counts = label_totals(root, dict(args.storage_option))
-        print(details(manifest, max_rows=args.rows, label_counts=counts))
+        multi = isinstance(manifest.options.get("patch", {}).get("target_mpp"), list)  # a multi-mpp build's
+        mpps = mpp_totals(root, [s.name for s in manifest.shards], dict(args.storage_option)) if multi else None
+        print(details(manifest, max_rows=args.rows, label_counts=counts, mpp_counts=mpps))
     return EXIT_OK
 
 

@@ -18,7 +18,9 @@ Each sample is one tissue patch with the members::
 
 The key grammar is ``<slide_id>_x<l0_x>_y<l0_y>``: ``slide_id`` is sanitized to ``[A-Za-z0-9_-]`` so a key
 never holds a dot (webdataset splits member names at the first dot) or a path separator, and the
-coordinates are the patch's top-left corner in level-0 pixels.
+coordinates are the patch's top-left corner in level-0 pixels. A multi-mpp build (``--mpp 0.5 1.0 2.0``) puts the
+sample's target mpp between them, its dot written ``p``: ``<slide_id>_mpp0p5_x<l0_x>_y<l0_y>`` (:func:`mpp_tag`),
+so that keys of the same corner at two scales differ; a build of one mpp keeps the plain grammar.
 
 What a manifest or a shard says is data, never trusted as a path or a size: shard names must be :func:`shard_name` s,
 keys must follow the key grammar, and an image's size is read from its header and held to the manifest's patch size
@@ -62,6 +64,7 @@ _PART_MANIFEST = re.compile(r"manifest\.part-(\d{4,})-of-(\d{4,})\.json")
 _PART_SLIDES = re.compile(r"slides\.part-(\d{4,})-of-(\d{4,})\.jsonl")
 _MAX_ID_CHARS = 96
 _CONTEXT_EXT = re.compile(r"ctx(0|[1-9][0-9]?)\.(jpg|png|webp)")  # context_ext(i, image_format)
+_MPP_TAG = re.compile(r"_mpp[0-9]+(?:p[0-9]+)?$")  # mpp_tag's, at the end of a key's slide part
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*_x[0-9]+_y[0-9]+")  # sample_key(sanitize_slide_id(...), x, y)
 
 ImageFormat = Literal["jpg", "png", "webp"]
@@ -142,9 +145,22 @@ def _stem(path: str) -> str:
     return head if dot and head else base
 
 
-def sample_key(slide_id: str, l0_x: int, l0_y: int) -> str:
-    """The webdataset key of the patch at level-0 ``(l0_x, l0_y)`` of ``slide_id`` (already sanitized)."""
-    return f"{slide_id}_x{l0_x}_y{l0_y}"
+def sample_key(slide_id: str, l0_x: int, l0_y: int, mpp: float | None = None) -> str:
+    """The webdataset key of the patch at level-0 ``(l0_x, l0_y)`` of ``slide_id`` (already sanitized); with ``mpp``
+    (a multi-mpp build: the sample's target mpp), that scale's key (:func:`mpp_tag`)."""
+    scale = "" if mpp is None else f"_{mpp_tag(mpp)}"
+    return f"{slide_id}{scale}_x{l0_x}_y{l0_y}"
+
+
+def mpp_tag(mpp: float) -> str:
+    """A multi-mpp build's scale in its keys: ``mpp0p5`` for 0.5, ``mpp2`` for 2.0 (6 decimals at most)."""
+    return "mpp" + f"{mpp:.6f}".rstrip("0").rstrip(".").replace(".", "p")
+
+
+def key_slide(key: str, multi_mpp: bool = False) -> str:
+    """The slide id a :func:`sample_key` names; ``multi_mpp``: a multi-mpp build's key, its scale tag left out."""
+    slide = key.rsplit("_x", 1)[0]  # coordinates are digits: the last "_x" is theirs
+    return _MPP_TAG.sub("", slide) if multi_mpp else slide
 
 
 def is_sample_key(key: str) -> bool:

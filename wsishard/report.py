@@ -76,9 +76,16 @@ def _qc_lines(manifest: Manifest, location: str) -> list[str]:
     return [f"  QC review: wsishard inspect {location} --qc draws the pictures and {page} (no picture drawn yet)"]
 
 
-def details(manifest: Manifest, *, max_rows: int = 50, label_counts: dict[int, int] | None = None) -> str:
+def details(
+    manifest: Manifest,
+    *,
+    max_rows: int = 50,
+    label_counts: dict[int, int] | None = None,
+    mpp_counts: dict[float, int] | None = None,
+) -> str:
     """The summary, the build options, the labels (with ``label_counts``, the build's samples of each label, their
-    counts), a table of slides (with a key to its columns) and one of shards (``max_rows`` of each)."""
+    counts), a multi-mpp build's samples per mpp (``mpp_counts``), a table of slides (with a key to its columns) and
+    one of shards (``max_rows`` of each)."""
     opts = manifest.options
     patch: dict[str, Any] = opts["patch"] if isinstance(opts.get("patch"), dict) else {}  # a manifest's JSON: anything
     tolerance = patch.get("mpp_tolerance") or 0
@@ -98,6 +105,8 @@ def details(manifest: Manifest, *, max_rows: int = 50, label_counts: dict[int, i
             f"context: {', '.join(map(str, context))} mpp at {opts.get('context_size')} px "
             f"(members {', '.join(f'ctx{i}' for i in range(len(context)))})"
         )
+    if mpp_counts:
+        lines.append("samples per mpp: " + ", ".join(f"{m:g} mpp {plural(n, 'patch')}" for m, n in mpp_counts.items()))
     lines += _label_lines(manifest, label_counts)
     lines += [
         "",

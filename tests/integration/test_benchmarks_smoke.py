@@ -120,3 +120,9 @@ def test_embed(tmp_path: Path) -> None:
     r = _smoke("bench_embed", tmp_path, "--workdir", str(tmp_path), "--device", "cpu")
     run = r["rounds"][0]
     assert run["embed"]["patches"] > 0 and run["model"]["patches_per_s"] > 0 and r["ratio"] > 0
+
+
+def test_multimpp(tmp_path: Path) -> None:
+    r = _smoke("bench_multimpp", tmp_path, "--workdir", str(tmp_path))
+    assert [c["mpp"] for c in r["compare"]] == [0.5, 1.0, 2.0] and all(c["overlap"] == 1.0 for c in r["compare"])
+    assert r["rounds"][0]["multi"] > 0 and r["compare"][0]["multi"] > 0

@@ -171,7 +171,7 @@ def test_help_groups_and_shown_defaults(monkeypatch: pytest.MonkeyPatch, capsys:
         "run:",
     ]
     assert [text.index(f"\n{t}\n") for t in titles] == sorted(text.index(f"\n{t}\n") for t in titles)
-    assert re.search(r"--mpp UM +target microns per pixel \(default: 0\.5\)\n", text)
+    assert re.search(r"--mpp UM \[UM \.\.\.\] +target microns per pixel; several .* \(default: 0\.5\)\n", text)
     assert re.search(r"--shard-size BYTES +about this many bytes per shard: .* \(default: 256MB\)\n", text)
     assert re.search(r"--format \{jpg,png,webp\}\s+jpg \(lossy\)", text)
     assert re.search(r"--quality 1\.\.100 +JPEG quality \(default: 90\)\n", text)

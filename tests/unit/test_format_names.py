@@ -4,6 +4,8 @@ grammar, which no path or dot gets through."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from wsishard.format import (
@@ -12,7 +14,9 @@ from wsishard.format import (
     is_sample_key,
     is_shard_name,
     is_slides_name,
+    key_slide,
     manifest_name,
+    mpp_tag,
     parse_part_manifest,
     sample_key,
     sanitize_slide_id,
@@ -23,6 +27,7 @@ from wsishard.format import (
     temp_name,
     temp_target,
 )
+from wsishard.shards.samplerules import SampleRules, _label_problems, _meta_problems
 
 
 def test_shard_names_are_zero_padded_and_recognised() -> None:
@@ -150,3 +155,26 @@ def test_the_key_grammar() -> None:
         "a_x_y1",
     ):
         assert not is_sample_key(bad), bad
+
+
+def test_a_multi_mpp_key_names_its_scale_and_gives_its_slide_back() -> None:
+    assert [mpp_tag(m) for m in (0.5, 1.0, 2.0, 0.252, 0.2631)] == ["mpp0p5", "mpp1", "mpp2", "mpp0p252", "mpp0p2631"]
+    key = sample_key("slide_mpp2", 1016, 0, 0.5)  # a slide id may end like a tag: only a multi-mpp key has one
+    assert key == "slide_mpp2_mpp0p5_x1016_y0" and is_sample_key(key)
+    assert key_slide(key, multi_mpp=True) == "slide_mpp2"
+    assert key_slide(sample_key("slide_mpp2", 1, 2), multi_mpp=False) == "slide_mpp2"
+    assert sample_key("a", 1, 2) == "a_x1_y2"  # a build of one mpp: the plain grammar
+
+
+def test_verify_holds_a_multi_mpp_sample_to_its_slide_label() -> None:
+    rules = SampleRules(patch_size_px=64, image_format="jpg", labels={"s1": 1}, labelled=True, multi_mpp=True)
+    assert _label_problems("s1_mpp2_x0_y0", b"1", rules) == []
+    assert _label_problems("s1_mpp2_x0_y0", b"0", rules)[0][0].endswith("differs from their slide's label")
+    assert _label_problems("s1_mpp2_x0_y0", b"0", dataclasses.replace(rules, multi_mpp=False)) == []  # not found
+
+
+def test_verify_holds_a_multi_mpp_sample_to_the_nearest_of_its_mpps() -> None:
+    rules = SampleRules(patch_size_px=64, image_format="jpg", multi_mpp=True, target_mpps=(0.5, 1.0, 2.0))
+    assert _meta_problems(b'{"patch_size": 64, "patch_mpp": 1.0}', rules) == []
+    off = _meta_problems(b'{"patch_size": 64, "patch_mpp": 1.3}', rules)
+    assert off and "target_mpp 1 by more than" in off[0][0]

@@ -216,10 +216,11 @@ class ShardIndex:
 
 class Table(Mapping[str, np.ndarray]):
     """A shard index's columns by name, each (n,): every column of :data:`COLUMNS`, ``key`` and ``slide_id`` (str),
-    ``position`` (row number) and ``shard`` (the shard's name). Columns other than the stored ones are made when
-    first read: a ``select=`` reading ``tissue`` alone costs no string conversion."""
+    ``position`` (row number), ``shard`` (the shard's name) and ``mpp`` (float64: ``patch_mpp`` to the 6 decimals a
+    sample's ``.json`` gives it, so that ``t["mpp"] == 0.5`` picks a multi-mpp build's 0.5 mpp samples). Columns other
+    than the stored ones are made when first read: a ``select=`` reading ``tissue`` alone costs no string conversion."""
 
-    _MADE = ("key", "slide_id", "position", "shard")
+    _MADE = ("key", "slide_id", "position", "shard", "mpp")
 
     def __init__(self, index: ShardIndex, shard: str) -> None:
         self._index, self._shard = index, shard
@@ -239,6 +240,8 @@ class Table(Mapping[str, np.ndarray]):
                 if name == "slide_id"
                 else np.arange(n, dtype=np.int64)
                 if name == "position"
+                else np.round(index.columns["patch_mpp"].astype(np.float64), 6)
+                if name == "mpp"
                 else np.full(n, self._shard)
             )
         return self._made[name]

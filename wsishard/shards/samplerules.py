@@ -25,6 +25,7 @@ from wsishard.format import (
     is_embeddings_extra,
     is_sample_key,
     is_slide_id,
+    key_slide,
     patch_mpp_name,
 )
 from wsishard.manifest import Manifest, expected_patch_size
@@ -60,6 +61,8 @@ class SampleRules:
     roi_classes: int = 0
     context_scales: int = 0  # len(options.context_mpp): the ctx<i> members every sample holds
     context_size_px: int = 0  # options.context_size
+    multi_mpp: bool = False  # options.patch.target_mpp a list: keys name their scale (format.key_slide)
+    target_mpps: tuple[float, ...] = ()  # that list: each sample's mpp is held to the nearest of them
     bags: bool = False  # an embeddings output: one slide per sample (features.npy, coords.npy, keys.json, .json)
 
     @classmethod
@@ -87,6 +90,8 @@ class SampleRules:
             context_scales=len(_list(options.get("context_mpp"))),
             context_size_px=int(_number(options.get("context_size")) or 0),
             bags=is_embeddings_extra(manifest.extra),
+            multi_mpp=isinstance(patch.get("target_mpp"), list),
+            target_mpps=tuple(v for v in map(_number, _list(patch.get("target_mpp"))) if v is not None and v > 0),
         )
 
 
@@ -177,6 +182,8 @@ def _meta_problems(data: bytes, rules: SampleRules) -> list[tuple[str, str]]:
     if size != rules.patch_size_px or isinstance(size, bool):
         problems.append((f"samples' .{META_EXT} patch_size is not {rules.patch_size_px}", f"patch_size {size!r}"))
     target, tolerance = rules.target_mpp, rules.mpp_tolerance
+    if rules.target_mpps:  # a multi-mpp build: the scale nearest the sample's mpp
+        target = min(rules.target_mpps, key=lambda t: abs((mpp or 0) / t - 1))
     if target is not None and (mpp is None or abs(mpp / target - 1) > tolerance + _MPP_ROUNDING):
         name = rules.mpp_name
         problems.append(
@@ -190,7 +197,7 @@ def _meta_problems(data: bytes, rules: SampleRules) -> list[tuple[str, str]]:
 
 
 def _label_problems(key: str, cls: bytes | None, rules: SampleRules) -> list[tuple[str, str]]:
-    slide = key.rsplit("_x", 1)[0]  # the key's slide id (coordinates are digits: the last "_x" is theirs)
+    slide = key_slide(key, rules.multi_mpp)
     label = rules.labels.get(slide)
     labelled = label is not None if slide in rules.labels else rules.labelled
     if not labelled and rules.roi_classes:

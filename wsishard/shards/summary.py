@@ -6,6 +6,7 @@ indexes' own summaries (:func:`summarize`, :func:`write_summary`).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import io
 import logging
@@ -19,7 +20,15 @@ import numpy as np
 
 from wsishard.errors import IndexFileError
 from wsishard.format import part_label
-from wsishard.shards.index import INDEX_VERSION, IndexWriter, index_bytes, index_digest, index_name, index_shard_file
+from wsishard.shards.index import (
+    INDEX_VERSION,
+    IndexWriter,
+    index_bytes,
+    index_digest,
+    index_name,
+    index_shard_file,
+    load_index,
+)
 from wsishard.storage.output import Destination
 from wsishard.storage.urls import manifest_location
 
@@ -239,3 +248,23 @@ def label_totals(root: str, storage_options: Mapping[str, Any] | None = None) ->
         return None
     totals = summary.label_counts.sum(axis=0) if len(summary.shards) else np.zeros(len(summary.labels), np.int64)
     return {int(label): int(n) for label, n in zip(summary.labels, totals, strict=True)}
+
+
+def mpp_totals(
+    root: str, shards: Sequence[str], storage_options: Mapping[str, Any] | None = None
+) -> dict[float, int] | None:
+    """Samples of each patch mpp (6 decimals, as the index's ``mpp`` column) in ``shards`` of the build at ``root``,
+    from their per-sample indexes (a multi-mpp build's counts per scale); None when one cannot be read."""
+    dest, totals = Destination(root, storage_options), collections.Counter[float]()
+    for shard in shards:
+        data = dest.read_bytes(index_name(shard))
+        if data is None:
+            return None
+        try:
+            mpps = load_index(data, index_name(shard)).table(shard)["mpp"]
+        except IndexFileError as exc:
+            logger.warning("%s", exc)
+            return None
+        values, counts = np.unique(mpps, return_counts=True)
+        totals.update({float(v): int(n) for v, n in zip(values, counts, strict=True)})
+    return dict(sorted(totals.items()))

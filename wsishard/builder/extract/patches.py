@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from PIL import Image
@@ -18,7 +18,7 @@ from wsishard.builder.extract.context import BlockContext
 from wsishard.builder.extract.quality import quality_scores
 from wsishard.builder.extract.resample import REST_SLACK, Reduced, ceil_to, encode_image, floor_to, reduced_read
 from wsishard.builder.options.patchopts import EncodeOptions as EncodeOptions
-from wsishard.builder.scan.grid import Block, Candidates
+from wsishard.builder.scan.grid import Block, Candidates, ScaleWork
 from wsishard.format import PatchMeta, sample_key
 from wsishard.slide.reader import SlideReader
 from wsishard.storage.urls import public_location
@@ -28,7 +28,8 @@ Samples = list[tuple[str, dict[str, bytes]]]  # (key, {ext: encoded bytes}) per 
 
 @dataclass(frozen=True)
 class SlideWork:
-    """What reading a scanned slide's patches needs: where it is, its id and label, the level and the grid."""
+    """What reading a scanned slide's patches needs: where it is, its id and label, the level and the grid; in a
+    multi-mpp build, every scale's (``scales``, the blocks' ``scale`` indexing them: :meth:`at`)."""
 
     path: str  # a local file (a URL slide's local copy while it is read)
     slide_id: str
@@ -38,10 +39,19 @@ class SlideWork:
     blocks: list[Block]
     label: int | None
     file_name: str = ""  # recorded in each sample's .json (default: the path's base name, without a URL's query)
+    scales: tuple[ScaleWork, ...] = ()  # a multi-mpp build's scales, ascending mpp (the first is level, cands...)
+    key_mpp: float | None = None  # a multi-mpp build's scale: its target mpp, named in the sample keys
 
     @property
     def name(self) -> str:
         return self.file_name or os.path.basename(public_location(self.path))
+
+    def at(self, scale: int) -> SlideWork:
+        """The work of one scale (a block's ``scale``): its level, grid and key; this work in a build of one mpp."""
+        if not self.scales:
+            return self
+        one = self.scales[scale]
+        return replace(self, level=one.level, patch_mpp=one.patch_mpp, cands=one.cands, key_mpp=one.mpp, scales=())
 
 
 def read_block_image(reader: SlideReader, block: Block, cands: Candidates, level: int) -> Image.Image:
@@ -98,6 +108,7 @@ def plan_block(reader: SlideReader, work: SlideWork, block: Block) -> None:
     :meth:`~wsishard.slide.tiff.TiffTileReader.plan_read` does, decodes a tile that neighbouring blocks share once)."""
     plan = getattr(reader, "plan_read", None)
     if plan is not None:
+        work = work.at(block.scale)
         rect, k, needed, _, _ = _stage_one_read(reader, block, work.cands, work.level)
         plan(work.level, *rect, k, needed)
 
@@ -143,6 +154,7 @@ def _needed_rects(
 
 def block_samples(reader: SlideReader, work: SlideWork, block: Block, encode: EncodeOptions) -> Samples:
     """Read one block of ``work``'s slide and return its patches as ``(key, members)`` in the block's order."""
+    work = work.at(block.scale)
     cands = work.cands
     size, extent, down = cands.patch, cands.l0_extent, reader.level_downsamples[work.level]
     context = _block_context(reader, work, block, encode)
@@ -178,7 +190,7 @@ def block_samples(reader: SlideReader, work: SlideWork, block: Block, encode: En
         if cands.label is not None and label is not None:
             meta["label_name"] = cands.label_names[label]
         members["json"] = json.dumps(meta, sort_keys=True).encode()
-        out.append((sample_key(work.slide_id, x, y), members))
+        out.append((sample_key(work.slide_id, x, y, work.key_mpp), members))
     return out
 
 

@@ -227,9 +227,10 @@ class BuildOptions:
             raise OptionError(
                 "invalid labels: give slide labels (--labels) or annotation-class labels (--roi-labels), not both"
             )
-        if self.patch.target_mpp in self.context_mpp and self.context_size_px == self.patch.patch_size_px:
+        same = [m for m in self.patch.mpps if m in self.context_mpp]
+        if same and self.context_size_px == self.patch.patch_size_px:
             raise OptionError(
-                f"invalid context_mpp: {self.patch.target_mpp!r} is the patch's own mpp at the same size "
+                f"invalid context_mpp: {same[0]!r} is the patch's own mpp at the same size "
                 "(it would repeat the patch; give another mpp or a --context-size)"
             )
         for slide, label in self.labels.items():

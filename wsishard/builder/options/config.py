@@ -131,6 +131,9 @@ def _checked(table: str, key: str, f: Field[Any], value: Any, name: str) -> Any:
         need = None if isinstance(value, bool) else "true or false"
     elif parse in ("mpp_table", "label_table"):
         need = None if isinstance(value, str) or _table_of(value, parse) else "a CSV path or a table of slide = value"
+    elif "nargs" in f.metadata and isinstance(value, list):  # mpp = [0.5, 1.0, 2.0]
+        numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+        need, value = (None, [float(v) for v in value]) if numbers else ("numbers", value)
     elif parse in ("names", "mpps"):
         need = None if isinstance(value, str | list) else "a list or a comma-separated text"
     elif parse == "size":
@@ -244,7 +247,7 @@ def _keyword_value(record: Mapping[str, Any], f: Field[Any], value: Any) -> Any:
     if f.name == "context_size" and value == _recorded(record, "patch.patch_size_px")[1]:
         return NONE  # recorded resolved; unset follows the patch size, as the build did
     if str(f.type).startswith("float"):
-        return float(value)
+        return [float(v) for v in value] if isinstance(value, list) else float(value)
     return value
 
 

@@ -7,8 +7,9 @@ the work (:mod:`~wsishard.builder.scan.grid`, :mod:`~wsishard.builder.extract.co
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from wsishard.builder.options.values import target_mpps
 from wsishard.errors import OptionError, check_option
 from wsishard.format import IMAGE_FORMATS
 
@@ -20,7 +21,8 @@ class PatchOptions:
     """What a patch is and which ones are kept.
 
     Attributes:
-        target_mpp: microns per pixel of the written patches.
+        target_mpp: microns per pixel of the written patches; several (a tuple, ascending) make a multi-mpp build:
+            each scale's patches as a build of that mpp alone would make them, from one scan (:attr:`mpps`).
         patch_size_px: width = height of a written patch, px.
         stride_px: grid step in output px (None: ``patch_size_px``, no overlap).
         min_tissue: keep patches with at least this fraction of tissue (0..1).
@@ -41,9 +43,15 @@ class PatchOptions:
     A field's ``metadata`` describes its ``wsishard build`` flag as plain data (read by :mod:`wsishard.cli`).
     """
 
-    target_mpp: float = field(
+    target_mpp: float | tuple[float, ...] = field(
         default=0.5,
-        metadata={"flag": "--mpp", "metavar": "UM", "parse": "positive_float", "help": "target microns per pixel"},
+        metadata={
+            "flag": "--mpp",
+            "metavar": "UM",
+            "parse": "positive_float",
+            "nargs": "+",
+            "help": "target microns per pixel; several (--mpp 0.5 1.0 2.0) build every one from one scan",
+        },
     )
     patch_size_px: int = field(
         default=256,
@@ -99,9 +107,7 @@ class PatchOptions:
 
     def __post_init__(self) -> None:
         """Validate every field; the message names the field, the bad value and what is needed."""
-        check_option(
-            self.target_mpp > 0 and math.isfinite(self.target_mpp), "target_mpp", self.target_mpp, "a finite UM > 0"
-        )
+        object.__setattr__(self, "target_mpp", target_mpps(self.target_mpp))  # canonical: one, or ascending
         check_option(8 <= self.patch_size_px <= 8192, "patch_size_px", self.patch_size_px, "8..8192")
         check_option(self.stride_px is None or 1 <= self.stride_px <= 8192, "stride_px", self.stride_px, "1..8192")
         check_option(0.0 <= self.min_tissue <= 1.0, "min_tissue", self.min_tissue, "0 <= FRAC <= 1")
@@ -122,6 +128,25 @@ class PatchOptions:
             self.block_patches is None or 1 <= self.block_patches <= 64, "block_patches", self.block_patches, "1..64"
         )
         check_option(0.0 <= self.max_artefact <= 1.0, "max_artefact", self.max_artefact, "0 <= FRAC <= 1")
+
+    @property
+    def mpps(self) -> tuple[float, ...]:
+        """The target mpps, ascending (one for a build of one magnification)."""
+        return self.target_mpp if isinstance(self.target_mpp, tuple) else (self.target_mpp,)
+
+    @property
+    def multi(self) -> bool:
+        """Whether this is a multi-mpp build (its keys then name their mpp: :func:`~wsishard.format.sample_key`)."""
+        return isinstance(self.target_mpp, tuple)
+
+    @property
+    def mpp(self) -> float:
+        """The target mpp of one scale's options (:meth:`at`); the finest of a multi-mpp build's."""
+        return self.mpps[0]
+
+    def at(self, mpp: float) -> PatchOptions:
+        """These options for one scale: ``target_mpp`` one number."""
+        return self if mpp == self.target_mpp else replace(self, target_mpp=mpp)
 
     @property
     def stride(self) -> int:

@@ -1,5 +1,5 @@
-"""The values an option or a per-slide table accepts: a level-0 mpp, an integer label, the context mpps. Below
-the options and the tables alike, so that both check a value the same way."""
+"""The values an option or a per-slide table accepts: a level-0 mpp, an integer label, the target and context mpps.
+Below the options and the tables alike, so that both check a value the same way."""
 
 from __future__ import annotations
 
@@ -39,6 +39,28 @@ def context_mpps(value: Any) -> tuple[float, ...]:
         twice = next(m for m in mpps if mpps.count(m) > 1)
         raise OptionError(f"invalid context_mpp: {twice!r} is given twice")
     return tuple(sorted(mpps))
+
+
+def target_mpps(value: Any) -> Any:
+    """``--mpp``'s value in canonical form: one number as given (a build of one magnification, as always), several
+    as a tuple of floats in ascending order (a multi-mpp build): ``[2, 0.5, 1]`` -> ``(0.5, 1.0, 2.0)``; ``[0.5]``
+    -> ``0.5``.
+
+    Raises:
+        OptionError: (a ``ValueError``) an empty list, a value that is no number or not a finite UM > 0, or one
+            given twice, naming it.
+    """
+    items = list(value) if isinstance(value, list | tuple) else [value]
+    if not items:
+        raise OptionError(f"invalid target_mpp: {value!r} (need one mpp or more, e.g. 0.5 1.0 2.0)")
+    for mpp in items:
+        if isinstance(mpp, bool) or not isinstance(mpp, int | float) or not (math.isfinite(mpp) and mpp > 0):
+            raise OptionError(f"invalid target_mpp: {mpp!r} (need a finite UM > 0)")
+    mpps = [float(m) for m in items]
+    if len(set(mpps)) != len(mpps):
+        twice = next(m for m in mpps if mpps.count(m) > 1)
+        raise OptionError(f"invalid target_mpp: {twice!r} is given twice")
+    return items[0] if len(items) == 1 else tuple(sorted(mpps))  # one value as given, as before
 
 
 def valid_label(label: int) -> bool:

@@ -237,7 +237,7 @@ def _final_record(scan: ScanResult, failure: str | None, patches: int) -> SlideR
         return dataclasses.replace(record, status="failed", reason=reason, patches=0)
     if record.status != "ok":
         return record
-    quality = len(scan.cands or ()) - patches  # planned patches not written: left out by the quality filters
+    quality = sum(scan.block_sizes) - patches  # planned patches not written: left out by the quality filters
     filtered = {**record.filtered, **({"quality": quality} if quality > 0 else {})}
     return dataclasses.replace(record, patches=patches, filtered=filtered)
 

@@ -7,7 +7,7 @@ resampled to the target mpp, in which patches are exactly ``patch_size_px`` wide
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -27,7 +27,7 @@ def choose_level(path: str, slide_mpp: float, level_downsamples: tuple[float, ..
         SlideError: the target is finer than level 0 and upsampling is not allowed, or allowed but by less than the
             factor needed (``max_upsample``).
     """
-    l0_per_o = options.target_mpp / slide_mpp  # level-0 px per output px
+    l0_per_o = options.mpp / slide_mpp  # level-0 px per output px
     slack = 1.0 + max(LEVEL_SLACK, options.mpp_tolerance)
     if l0_per_o * options.max_upsample < 1.0:
         raise SlideError(
@@ -50,7 +50,7 @@ def output_scale(slide_mpp: float, level_downsample: float, options: PatchOption
 
     The patches' actual mpp is ``slide_mpp * output_scale(...)``.
     """
-    exact = options.target_mpp / slide_mpp
+    exact = options.mpp / slide_mpp
     factor = max(1, round(exact / level_downsample))
     snapped = factor * level_downsample
     return snapped if abs(snapped / exact - 1.0) <= options.mpp_tolerance else exact
@@ -241,6 +241,7 @@ class Block:
         patches: (k,) indices into the slide's :class:`Candidates`.
         o_x, o_y: output-px top-left of the block.
         o_w, o_h: output-px size of the block.
+        scale: a multi-mpp build's scale the block is of (its index in the target mpps, ascending); 0 otherwise.
     """
 
     patches: np.ndarray
@@ -248,9 +249,10 @@ class Block:
     o_y: int
     o_w: int
     o_h: int
+    scale: int = 0
 
 
-def blocks(cands: Candidates, block_patches: int) -> list[Block]:
+def blocks(cands: Candidates, block_patches: int, scale: int = 0) -> list[Block]:
     """Cut the kept patches into blocks of at most ``block_patches`` x ``block_patches`` grid cells.
 
     Each block's rectangle is the bounding box of its kept cells, so no more is read than needed.
@@ -270,5 +272,39 @@ def blocks(cands: Candidates, block_patches: int) -> list[Block]:
         c0, c1 = int(cands.col[members].min()), int(cands.col[members].max())
         r0, r1 = int(cands.row[members].min()), int(cands.row[members].max())
         s, p = cands.stride, cands.patch
-        out.append(Block(patches=members, o_x=c0 * s, o_y=r0 * s, o_w=(c1 - c0) * s + p, o_h=(r1 - r0) * s + p))
+        o_w, o_h = (c1 - c0) * s + p, (r1 - r0) * s + p
+        out.append(Block(patches=members, o_x=c0 * s, o_y=r0 * s, o_w=o_w, o_h=o_h, scale=scale))
     return out
+
+
+@dataclass(frozen=True)
+class ScaleWork:
+    """One scale of a multi-mpp build's slide: its target mpp, the level read, the patches' mpp and its grid."""
+
+    mpp: float
+    level: int
+    patch_mpp: float
+    cands: Candidates
+
+
+def scale_grids(
+    path: str,
+    options: PatchOptions,
+    record: Any,
+    level_downsamples: tuple[float, ...],
+    first: Candidates,
+    grid: Callable[[PatchOptions, float], Candidates],
+) -> tuple[ScaleWork, ...]:
+    """A multi-mpp build's scales (``()`` for one mpp): the first (finest) from the slide ``record`` (its ``slide_mpp``,
+    ``level``, ``patch_mpp``) and ``first``; each other one's level and grid as a build of that mpp alone would choose
+    them (``grid``: a scale's candidates on the slide's one tissue mask, given its options and level downsample)."""
+    if not options.multi:
+        return ()
+    mpp0 = float(record.slide_mpp or 0)
+    out = [ScaleWork(options.mpps[0], record.level or 0, record.patch_mpp or 0, first)]
+    for mpp in options.mpps[1:]:
+        one = options.at(mpp)
+        level = choose_level(path, mpp0, level_downsamples, one)  # coarser than the first: never refused
+        patch_mpp = round(mpp0 * output_scale(mpp0, level_downsamples[level], one), 6)
+        out.append(ScaleWork(mpp, level, patch_mpp, grid(one, float(level_downsamples[level]))))
+    return tuple(out)

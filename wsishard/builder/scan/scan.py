@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,16 +21,19 @@ from wsishard.builder.inputs.roi import label_patches, roi_status, slide_roi
 from wsishard.builder.inputs.sources import lookup
 from wsishard.builder.inputs.staging import Scratch, StagedSlide, local_copy, stage_scanned
 from wsishard.builder.options.buildopts import BuildOptions
+from wsishard.builder.options.patchopts import PatchOptions
 from wsishard.builder.qc.qc import QcLayers, legend_lines
 from wsishard.builder.qc.qcrecord import QcRecord, picture_png, view_jpeg
 from wsishard.builder.scan.grid import (
     Block,
     Candidates,
+    ScaleWork,
     blocks,
     candidates,
     choose_level,
     grid_shape,
     output_scale,
+    scale_grids,
 )
 from wsishard.builder.scan.stain import fit_or_reference
 from wsishard.builder.scan.tissue import TissueResult, find_tissue
@@ -115,6 +118,7 @@ class ScanResult:
     bytes_per_patch: float | None = None
     staged: StagedSlide | None = None  # a slide copied from object storage: its patches, encoded from that copy
     qc: QcRecord | None = None  # what its QC picture needs (None: the scan failed before finding tissue)
+    scales: tuple[ScaleWork, ...] = ()  # a multi-mpp build's scales (``cands`` is the first's; ``blocks``, all of them)
 
     @property
     def block_sizes(self) -> list[int]:
@@ -123,10 +127,12 @@ class ScanResult:
     @property
     def work(self) -> SlideWork | None:
         """What reading the slide's patches needs (None: it has none)."""
-        return None if self.cands is None else _slide_work(self.record, self.cands, self.blocks)
+        return None if self.cands is None else _slide_work(self.record, self.cands, self.blocks, self.scales)
 
 
-def _slide_work(record: SlideRecord, cands: Candidates, block_list: list[Block]) -> SlideWork:
+def _slide_work(
+    record: SlideRecord, cands: Candidates, block_list: list[Block], scales: tuple[ScaleWork, ...] = ()
+) -> SlideWork:
     return SlideWork(
         path=record.file,
         slide_id=record.slide_id,
@@ -135,6 +141,7 @@ def _slide_work(record: SlideRecord, cands: Candidates, block_list: list[Block])
         cands=cands,
         blocks=block_list,
         label=record.label,
+        scales=scales,
     )
 
 
@@ -201,7 +208,7 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
     if record.reason:
         return ScanResult(record)
     options = task.options
-    patch, mpp0 = options.patch, float(record.slide_mpp or 0)
+    patch, mpp0 = options.patch.at(options.patch.mpps[0]), float(record.slide_mpp or 0)  # the finest scale
     l0_per_o = output_scale(mpp0, float(record.downsample or 1), patch)
     cols, rows = grid_shape((l0_w, l0_h), l0_per_o, patch.patch_size_px, patch.stride)
     if cols == 0 or rows == 0:
@@ -219,36 +226,53 @@ def _scan_open(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Scan
     found = find_tissue(thumb, l0_per_t * mpp0, options.tissue)
     mask = found.mask
     roi = slide_roi(options.roi, task.roi_file, mask.shape, l0_per_t)
-    cands = candidates(
-        (l0_w, l0_h),
-        mpp0,
-        mask,
-        l0_per_t,
-        patch,
-        seed=_slide_seed(task),
-        level_downsample=float(record.downsample or 1),
-        artefact=found.ink | found.dark,
-        roi=None if roi is None else roi.mask,
-        min_roi_coverage=options.roi.min_roi_coverage,
-        pigment=found.pigment,
-    )
-    if roi is not None and options.roi.labels:
-        cands = label_patches(cands, roi, options.roi.labels, l0_per_t)
+
+    grid = _grids(task, (l0_w, l0_h), mpp0, found, roi, l0_per_t)
+    cands = grid(patch, float(record.downsample or 1))
+    scales = scale_grids(task.path, options.patch, record, reader.level_downsamples, cands, grid)
     record = replace(record, **_tissue_report(found, l0_per_t * mpp0, cands))
     layers = QcLayers(mask, l0_per_t, found.ink, found.dark, None if roi is None else roi.mask, found.pigment)
     qc = _qc_record(task, layers, asked, thumb, cands, record)
     if task.qc_name is not None:
         _write_qc(task, reader, thumb, qc, cands)
-    if len(cands) == 0:
+    if len(cands) + sum(len(one.cands) for one in scales[1:]) == 0:
         reason = "no tissue found" if not mask.any() else f"no patch with >= {patch.min_tissue:.0%} tissue"
         left_out = ", ".join(f"{k} {n}" for k, n in sorted(record.filtered.items()))
         return ScanResult(replace(record, reason=reason + (f" (left out: {left_out})" if left_out else "")), qc=qc)
-    block_list = blocks(cands, options.block_side)
-    work = _slide_work(record, cands, block_list)
+    block_list = [
+        b for i, one in enumerate(scales or (None,)) for b in blocks(one.cands if one else cands, options.block_side, i)
+    ]
+    work = _slide_work(record, cands, block_list, scales)
     # the stain on the whole view, not the tissue mask: the scan's masks take darker-stained tissue for ink
     record = replace(record, stain=fit_or_reference(thumb[None], seed=_slide_seed(task)).to_record())
     measured = _bytes_per_patch(task, reader, work) if options.shard_size_bytes is not None else None
-    return ScanResult(replace(record, status="ok"), cands, block_list, measured, qc=qc)
+    return ScanResult(replace(record, status="ok"), cands, block_list, measured, qc=qc, scales=scales)
+
+
+def _grids(
+    task: ScanTask, l0_dims: tuple[int, int], mpp0: float, found: TissueResult, roi: Any, l0_per_t: float
+) -> Callable[[PatchOptions, float], Candidates]:
+    """A scale's candidates (given its patch options and its level's downsample) on the slide's one tissue mask."""
+    options = task.options
+
+    def grid(patch: PatchOptions, downsample: float) -> Candidates:
+        cands = candidates(
+            l0_dims,
+            mpp0,
+            found.mask,
+            l0_per_t,
+            patch,
+            seed=_slide_seed(task),
+            level_downsample=downsample,
+            artefact=found.ink | found.dark,
+            roi=None if roi is None else roi.mask,
+            min_roi_coverage=options.roi.min_roi_coverage,
+            pigment=found.pigment,
+        )
+        labels = options.roi.labels
+        return cands if roi is None or not labels else label_patches(cands, roi, labels, l0_per_t)
+
+    return grid
 
 
 def _tissue_report(found: TissueResult, t_mpp: float, cands: Candidates) -> dict[str, Any]:
@@ -313,11 +337,12 @@ def _resolution(task: ScanTask, reader: SlideReader, record: SlideRecord) -> Sli
     try:
         mpp0, mpp_source = resolve_mpp(task.path, reader.properties, task.mpp_override, options.default_mpp, l0_dims)
         record = replace(record, slide_mpp=mpp0, mpp_source=mpp_source)
-        level = choose_level(task.path, mpp0, reader.level_downsamples, options.patch)
+        finest = options.patch.at(options.patch.mpps[0])  # a multi-mpp build's record is its finest scale's
+        level = choose_level(task.path, mpp0, reader.level_downsamples, finest)
     except SlideError as exc:
         return replace(record, reason=exc.reason)
     downsample = reader.level_downsamples[level]
-    patch_mpp = round(mpp0 * output_scale(mpp0, downsample, options.patch), 6)
+    patch_mpp = round(mpp0 * output_scale(mpp0, downsample, finest), 6)
     return replace(record, level=level, downsample=downsample, patch_mpp=patch_mpp)
 
 

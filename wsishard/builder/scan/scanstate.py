@@ -16,12 +16,13 @@ import dataclasses
 import io
 import json
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
 from wsishard import manifest as manifest_records
 from wsishard.builder.qc.qcrecord import is_record_array, read_record, record_arrays
-from wsishard.builder.scan.grid import Candidates, blocks
+from wsishard.builder.scan.grid import Candidates, ScaleWork, blocks
 from wsishard.builder.scan.scan import ScanResult
 from wsishard.storage.output import Destination
 
@@ -44,17 +45,28 @@ _GRID = ("col", "row")  # int64 in memory, saved as int32 (a grid of 2**31 cells
 
 def encode_scan(scan: ScanResult) -> bytes:
     """A scan result as the bytes of a compressed ``.npz`` file (:func:`decode_scan`'s inverse)."""
-    cands, geometry, arrays = scan.cands, None, {}
+    cands, geometry, arrays = scan.cands, None, dict[str, np.ndarray]()
     if cands is not None:
-        geometry = dict(l0_per_o=cands.l0_per_o, stride=cands.stride, patch=cands.patch, total=cands.total)
-        arrays = {k: v.astype(np.int32) if k in _GRID else v for k, v in cands.arrays().items()}  # grid indices
-    meta = dict(record=dataclasses.asdict(scan.record), cands=geometry, bytes=scan.bytes_per_patch)
+        geometry, arrays = _grid_data(cands)
+    meta: dict[str, Any] = dict(record=dataclasses.asdict(scan.record), cands=geometry, bytes=scan.bytes_per_patch)
+    scales: list[dict[str, Any]] = [dict(mpp=one.mpp, level=one.level, patch_mpp=one.patch_mpp) for one in scan.scales]
+    for i, one in enumerate(scan.scales[1:], start=1):  # a multi-mpp build: each further scale's grid (names _s<i>)
+        scales[i]["cands"], more = _grid_data(one.cands)
+        arrays.update({f"{k}_s{i}": v for k, v in more.items()})
+    if scales:
+        meta["scales"] = scales
     if scan.qc is not None:
         meta["qc"], qc_arrays = record_arrays(scan.qc)
         arrays.update(qc_arrays)
     buf = io.BytesIO()
     np.savez_compressed(buf, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)  # type: ignore[arg-type]
     return buf.getvalue()
+
+
+def _grid_data(cands: Candidates) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A grid's scalar fields and its arrays, as saved (:meth:`Candidates.from_arrays` reads them back)."""
+    geometry = dict(l0_per_o=cands.l0_per_o, stride=cands.stride, patch=cands.patch, total=cands.total)
+    return geometry, {k: v.astype(np.int32) if k in _GRID else v for k, v in cands.arrays().items()}  # grid indices
 
 
 def decode_scan(data: bytes, block_patches: int, *, qc: bool = False) -> ScanResult:
@@ -67,10 +79,23 @@ def decode_scan(data: bytes, block_patches: int, *, qc: bool = False) -> ScanRes
         if meta["cands"] is None:
             return ScanResult(record, qc=drawn)
         got = {
-            k: arrays[k].astype(np.int64) if k in _GRID else arrays[k] for k in arrays.files if not is_record_array(k)
+            k: arrays[k].astype(np.int64) if k.split("_s")[0] in _GRID else arrays[k]
+            for k in arrays.files
+            if not is_record_array(k)
         }
         cands = Candidates.from_arrays(got, **meta["cands"])
-    return ScanResult(record, cands, blocks(cands, block_patches), meta["bytes"], qc=drawn)
+        scales = tuple(
+            ScaleWork(
+                one["mpp"],
+                one["level"],
+                one["patch_mpp"],
+                cands if i == 0 else Candidates.from_arrays(got, f"_s{i}", **one["cands"]),
+            )
+            for i, one in enumerate(meta.get("scales", []))
+        )
+    grids = [one.cands for one in scales] or [cands]
+    block_list = [b for i, grid in enumerate(grids) for b in blocks(grid, block_patches, i)]
+    return ScanResult(record, cands, block_list, meta["bytes"], qc=drawn, scales=scales)
 
 
 class ScanStore:
