@@ -304,8 +304,9 @@ def loader_rate(
     """``wsishard.loader`` over ``stream(source, batch_size=batch, resampled=True, seed=0, **stream_kw)``, each batch
     through ``collate`` where given (device-ready; synchronised on CUDA): samples/s over ``batches`` batches after
     ``warm`` (default: one a worker, at least two: a collate makes its two output buffers), per worker, per worker
-    CPU second, the first batch's seconds (and the loader's part of them), the collate's and the main process's
-    time per batch, and the distinct slides of each batch (from the keys: no JSON parsed)."""
+    CPU second, the first batch's seconds (and the loader's part of them), the collate's time per batch (wall, and
+    CPU of the calling thread), the main process's CPU per batch, and the distinct slides of each batch (from the
+    keys: no JSON parsed)."""
     import psutil
     import torch
 
@@ -314,13 +315,13 @@ def loader_rate(
     ds = stream(source, batch_size=batch, **({"resampled": True, "seed": 0} | stream_kw))
     it = iter(loader(ds, num_workers=workers, **(loader_kw or {})))
     warm = max(workers, 2) if warm is None else warm
-    distinct, collate_s, procs, t0 = [], 0.0, [], time.perf_counter()
+    distinct, collate_s, collate_cpu_s, procs, t0 = [], 0.0, 0.0, [], time.perf_counter()
     for i in range(warm + batches):
         if i == warm:
             procs = psutil.Process().children()
             t_start, cpu0, main0 = time.perf_counter(), cpu_s(procs), time.process_time()
         got = next(it)
-        tc = time.perf_counter()
+        tc, cc = time.perf_counter(), time.thread_time()
         if collate is not None:
             collate(got)
             if torch.cuda.is_available():
@@ -328,7 +329,7 @@ def loader_rate(
         if i == 0:
             first_s, first_loader_s = time.perf_counter() - t0, tc - t0
         elif i >= warm:
-            collate_s += time.perf_counter() - tc
+            collate_s, collate_cpu_s = collate_s + time.perf_counter() - tc, collate_cpu_s + time.thread_time() - cc
         distinct.append(len({k.rsplit("_x", 1)[0] for k in got["key"]}))  # <slide_id>_x<X>_y<Y>
     wall, cpu, main_cpu = time.perf_counter() - t_start, cpu_s(procs) - cpu0, time.process_time() - main0
     del it  # shuts the workers down
@@ -341,6 +342,7 @@ def loader_rate(
         "first_batch_s": first_s,
         "first_batch_loader_s": first_loader_s,
         "collate_ms_per_batch": 1000 * collate_s / batches,
+        "collate_cpu_ms_per_batch": 1000 * collate_cpu_s / batches,  # the calling thread's
         "main_cpu_ms_per_batch": 1000 * main_cpu / batches,
         "distinct_slides": distinct,
     }
