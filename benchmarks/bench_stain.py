@@ -121,10 +121,14 @@ def main(argv: list[str] | None = None) -> int:
         __doc__,
         ("--device", {"default": "cuda" if torch.cuda.is_available() else "cpu"}),
         ("--no-loader", {"action": "store_true", "help": "skip part 2 (device-ready loader throughput)"}),
+        ("--repeats", {"type": int, "help": "timed collate calls per row (default 5, quick 3)"}),
+        ("--batches", {"type": int, "help": "loader batches per run (default 20, quick 6)"}),
+        ("--rounds", {"type": int, "help": "device-ready rounds, each run (default 5, quick 3)"}),
         argv=argv,
     )
     device, batch = torch.device(args.device), bk.sized(args, 32, 256, 256)
-    repeats, batches, rounds = bk.sized(args, 1, 3, 5), bk.sized(args, 2, 6, 20), bk.sized(args, 1, 3, 5)
+    repeats, batches = args.repeats or bk.sized(args, 1, 3, 5), args.batches or bk.sized(args, 2, 6, 20)
+    rounds = args.rounds or bk.sized(args, 1, 3, 5)
     rows, source = collate_rows(device, batch, repeats)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} torch threads"
     caption = f"GpuCollate on {device} ({where}), batch {batch} x 256 px, {source}, median of calls"
