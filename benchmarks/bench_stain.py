@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         report |= {
             "device_ready_ratio": bk.median_range(ready["ratios"])[0],
             "device_ready_cpu_ratios": ready["cpu_ratios"],
+            "device_ready_cpu_ratio": bk.median_range(ready["cpu_ratios"])[0],
         }
         cells = [
             (r["config"], f"{r['samples_per_s']:,.0f}", f"{r['samples_per_cpu_s']:,.0f}", f"{r['collate_cpu_ms']:.1f}")
