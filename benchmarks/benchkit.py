@@ -53,6 +53,9 @@ TITLES = {  # each saved run's section on the performance page
     "bench_storage": "Object storage behind a request delay",
     "bench_embed": "Embedding a build",
     "bench_embed_gpu": "Embedding a build on a GPU",
+    "bench_multicrop": "Multi-crop views on the device",
+    "bench_multicrop_gpu": "Multi-crop views on a GPU",
+    "bench_multimpp": "Several magnifications in one build",
 }
 
 
