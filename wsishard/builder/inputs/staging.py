@@ -30,6 +30,7 @@ import fsspec
 from wsishard.builder.extract.patches import EncodeOptions, Samples, SlideWork, block_samples
 from wsishard.errors import SlideError, SlideFailure
 from wsishard.slide import SlideReader, open_slide
+from wsishard.slide.dicom import is_dicom, series_files
 from wsishard.slide.remote_tiff import open_in_place
 from wsishard.storage.urls import StorageOptions, is_url, public_location
 
@@ -62,23 +63,38 @@ def scratch_for(paths: list[str], folder: str | None, storage_options: StorageOp
 
 @contextlib.contextmanager
 def local_copy(url: str, scratch: str, storage_options: StorageOptions | None = None) -> Iterator[str]:
-    """Copy ``url`` into ``scratch`` for the duration of the ``with`` block, then delete it.
+    """Copy ``url`` into a folder of its own in ``scratch`` for the duration of the ``with`` block, then delete it:
+    a DICOM file with the other files of its series beside it (OpenSlide opens the series from the folder).
 
     Raises:
         SlideError: the object cannot be downloaded.
     """
-    os.makedirs(scratch, exist_ok=True)
-    local = os.path.join(scratch, f"{uuid.uuid4().hex[:12]}-{url.rstrip('/').rsplit('/', 1)[-1]}")
+    folder = os.path.join(scratch, f"copy-{uuid.uuid4().hex[:12]}")
+    os.makedirs(folder)
+    local = os.path.join(folder, _copy_name(url))
     try:
         try:
-            fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
-            fs.get_file(path, local)
+            fs, _ = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+            files = series_files(url, storage_options) if is_dicom(url) else [url]
+            for one in files:
+                fs.get_file(
+                    fsspec.core.url_to_fs(one, **dict(storage_options or {}))[1], os.path.join(folder, _copy_name(one))
+                )
         except (OSError, ValueError) as exc:
             raise SlideError(url, f"cannot be copied to scratch ({type(exc).__name__})") from exc
         yield local
     finally:
-        if os.path.exists(local):
-            os.remove(local)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def copied_bytes(local: str) -> int:
+    """The bytes :func:`local_copy` downloaded to make ``local`` (with a DICOM series' other files)."""
+    folder = os.path.dirname(local)
+    return sum(os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder))
+
+
+def _copy_name(url: str) -> str:
+    return public_location(url).rstrip("/").rsplit("/", 1)[-1] or "slide"
 
 
 @dataclass(frozen=True)
@@ -129,7 +145,7 @@ def stage_slide(task: StageTask) -> StageOutcome:
             return StageOutcome(task.index, StagedSlide(out_path, tuple(spans), remote.bytes_read))
         with local_copy(task.url, scratch.folder, scratch.storage_options) as local:
             staged = stage_copy(local, task.work, task.encode, out_path)
-            copied = os.path.getsize(local)
+            copied = copied_bytes(local)
         return StageOutcome(task.index, replace(staged, bytes_read=copied))
     if os.path.exists(out_path):
         os.remove(out_path)

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -19,7 +18,13 @@ from wsishard.builder.extract.context import context_footprints, context_legend
 from wsishard.builder.extract.patches import SlideWork, block_samples
 from wsishard.builder.inputs.roi import label_patches, roi_status, slide_roi
 from wsishard.builder.inputs.sources import lookup
-from wsishard.builder.inputs.staging import Scratch, StagedSlide, local_copy, stage_scanned
+from wsishard.builder.inputs.staging import (
+    Scratch,
+    StagedSlide,
+    copied_bytes,
+    local_copy,
+    stage_scanned,
+)
 from wsishard.builder.options.buildopts import BuildOptions
 from wsishard.builder.qc.qc import QcLayers, legend_lines
 from wsishard.builder.qc.qcrecord import QcRecord, picture_png, view_jpeg
@@ -86,10 +91,11 @@ def scan_tasks(
     annotations: list[str | None],
     dest: Destination,
     scratch: Scratch,
+    names: Mapping[str, str] | None = None,
 ) -> Iterator[ScanTask]:
     """The scan tasks of the slides ``indices`` of a build of ``paths`` (each slide's id is unique among them all;
-    ``annotations``: each slide's annotation file)."""
-    ids = unique_slide_ids([public_location(p) for p in paths])  # never from a query string
+    ``annotations``: each slide's annotation file; ``names``: the slides not named by their file, by location)."""
+    ids = unique_slide_ids([public_location(p) for p in paths], names)  # never from a query string
     shared = replace(options, labels={}, mpp_overrides={})
     for i in indices:
         yield ScanTask(
@@ -184,7 +190,7 @@ def _scan_url(task: ScanTask, record: SlideRecord) -> ScanResult:
         return replace(result, record=replace(result.record, bytes_read=remote.bytes_read, read="in place"))
     with local_copy(task.path, scratch.folder, scratch.storage_options) as local:
         result = _scan_path(task, local, record)
-        copied = os.path.getsize(local)
+        copied = copied_bytes(local)
         staged = stage_scanned(local, result.work, task.index, task.path, scratch.folder, task.options.encode)
     return replace(result, staged=staged, record=replace(result.record, bytes_read=copied, read="copied"))
 
