@@ -303,6 +303,7 @@ def _stage_group(ctx: BuildContext, group: _Group, previous: Done) -> dict[int, 
             work=work,
             scratch=ctx.scratch,
             encode=encode,
+            copy=group.scans[s].record.read == "copied",
         )
         for s in wanted
         if (work := group.scans[s].work) is not None

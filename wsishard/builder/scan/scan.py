@@ -22,6 +22,7 @@ from wsishard.builder.inputs.staging import (
     Scratch,
     StagedSlide,
     copied_bytes,
+    in_place_pays,
     local_copy,
     stage_scanned,
 )
@@ -181,18 +182,24 @@ def crashed_scan(task: ScanTask) -> ScanResult:
 
 def _scan_url(task: ScanTask, record: SlideRecord) -> ScanResult:
     """A slide given as a URL, read in place by range; or scanned from a copy in scratch, its patches staged from
-    that copy before it is deleted (:func:`~wsishard.builder.inputs.staging.stage_scanned`)."""
+    that copy before it is deleted (:func:`~wsishard.builder.inputs.staging.stage_scanned`); or scanned in place
+    and then copied and staged, where its patches lie on most of its bytes (in place cannot win: ``in_place_pays``).
+    """
     scratch, fast = task.scratch, task.options.fast_path
     remote = open_in_place(task.path, scratch.folder, scratch.storage_options, fast=fast)
+    scanned = 0
     if remote is not None:
         with remote:
             result = _scan_open(task, remote, record)
-        return replace(result, record=replace(result.record, bytes_read=remote.bytes_read, read="in place"))
+            work = result.work
+            if work is None or in_place_pays(remote, work):
+                return replace(result, record=replace(result.record, bytes_read=remote.bytes_read, read="in place"))
+        scanned = remote.bytes_read
     with local_copy(task.path, scratch.folder, scratch.storage_options) as local:
-        result = _scan_path(task, local, record)
+        result = _scan_path(task, local, record) if remote is None else result
         copied = copied_bytes(local)
         staged = stage_scanned(local, result.work, task.index, task.path, scratch.folder, task.options.encode)
-    return replace(result, staged=staged, record=replace(result.record, bytes_read=copied, read="copied"))
+    return replace(result, staged=staged, record=replace(result.record, bytes_read=scanned + copied, read="copied"))
 
 
 def _scan_path(task: ScanTask, path: str, record: SlideRecord) -> ScanResult:
