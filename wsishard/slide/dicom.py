@@ -10,9 +10,11 @@ file, by range in object storage. OpenSlide reads local files only: a series in 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from wsishard.slide.dicomheader import DicomHeader, read_header
 from wsishard.storage.urls import StorageOptions, is_url, public_location
@@ -20,6 +22,7 @@ from wsishard.storage.urls import StorageOptions, is_url, public_location
 logger = logging.getLogger(__name__)
 
 SUFFIX = ".dcm"
+_READERS = 16  # headers read at once
 
 
 def is_dicom(path: str) -> bool:
@@ -57,12 +60,19 @@ def group_series(
 
     The ``.dcm`` files of one folder (local, or a prefix in object storage) whose headers name the same study and
     series are one slide, kept as the first of them; a warning names the files grouped. A ``.dcm`` that is no
-    whole-slide image (a report, say) is kept as it is: its scan records it failed, with OpenSlide's reason."""
+    whole-slide image (a report, say) is kept as it is: its scan records it failed, with OpenSlide's reason. The
+    headers are read :data:`_READERS` at a time (a bucket's round trips overlap)."""
     series: dict[tuple[str, str, str], list[str]] = {}
     kept: list[str] = []
     names: dict[str, str] = {}
+    dicom = [p for p in paths if is_dicom(p)]
+    headers: dict[str, DicomHeader | None] = {}
+    if dicom:
+        read = functools.partial(header, storage_options=storage_options)
+        with ThreadPoolExecutor(min(_READERS, len(dicom)), thread_name_prefix="wsishard-dicom") as pool:
+            headers = dict(zip(dicom, pool.map(read, dicom), strict=True))
     for path in paths:
-        found = header(path, storage_options) if is_dicom(path) else None
+        found = headers.get(path)
         if found is None or not found.is_slide:
             kept.append(path)
             continue
