@@ -271,3 +271,17 @@ def test_stream_refuses_credentials_in_an_s3_url_without_showing_them() -> None:
     with pytest.raises(OptionError, match=r"s3://\*\*\*@bucket/out: credentials in an s3:// URL are not read") as info:
         stream(f"s3://AKIDEXAMPLE:{SECRET}@bucket/out", batch_size=2)
     assert SECRET not in str(info.value) and "AKIDEXAMPLE" not in str(info.value)
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_an_empty_object_reads_as_empty_and_a_small_one_whole(s3: S3Server, s3_bucket: str, prefetch: int) -> None:
+    """The first block is asked for before the size is known (prefetch): an empty object's refused range is its end."""
+    fs = s3.fs()
+    fs.pipe(f"{s3_bucket}/empty.json", b"")
+    fs.pipe(f"{s3_bucket}/small.json", b"abc")
+    opener = StreamOpener(s3.storage_options, prefetch=prefetch)
+    with opener(f"s3://{s3_bucket}/empty.json") as fh:
+        assert fh.read() == b""
+    with opener(f"s3://{s3_bucket}/small.json") as fh:
+        assert fh.read() == b"abc"
+    assert read_bytes(f"s3://{s3_bucket}/empty.json", s3.storage_options) == b""

@@ -65,7 +65,7 @@ class _RemoteObject:
         try:
             data: bytes = self.fs.cat_file(self.path, start=start, end=start + length)
         except Exception as exc:
-            if start > 0 and is_past_end(exc):
+            if is_past_end(exc):  # at 0: an empty object, its first block asked for before its size was known
                 return b""
             raise
         if len(data) > length:  # the server ignored the Range header and sent the whole object
@@ -78,7 +78,8 @@ class _RemoteObject:
 def _blocks(remote: _RemoteObject, block_size: int) -> Iterator[bytes]:
     """The object's bytes in blocks, in order (sizes unknown to the server end at the first short block). The first
     is asked for at once, beside the size (one round trip to a shard's first byte, not two), and checked after."""
-    block = remote.fetch(0, block_size)
+    known_empty = remote.sized.is_set() and remote.size == 0  # (no prefetch thread: the size came first)
+    block = b"" if known_empty else remote.fetch(0, block_size)
     remote.sized.wait()
     size = remote.size
     if size is not None and len(block) < min(block_size, size):  # cut short, unseen without the size: again
