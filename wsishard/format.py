@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
 from wsishard.imageheader import image_header as image_header
@@ -125,9 +126,10 @@ def sanitize_slide_id(name: str) -> str:
     return cleaned or "slide"
 
 
-def unique_slide_ids(paths: list[str]) -> list[str]:
-    """Sanitized, unique slide ids for ``paths`` (file stems; a short hash of the path breaks ties)."""
-    stems = [sanitize_slide_id(_stem(p)) for p in paths]
+def unique_slide_ids(paths: list[str], names: Mapping[str, str] | None = None) -> list[str]:
+    """Sanitized, unique slide ids for ``paths``: their file stems, or their ``names`` where given (a DICOM series'
+    name, keyed by path); a short hash of the path breaks ties."""
+    stems = [sanitize_slide_id((names or {}).get(p) or _stem(p)) for p in paths]
     counts: dict[str, int] = {}
     for stem in stems:
         counts[stem] = counts.get(stem, 0) + 1

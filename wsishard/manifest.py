@@ -84,7 +84,7 @@ class SlideRecord:
     roi: str = ""  # with --roi: "annotated: <file>", "missing: skipped" or "missing: built whole"
     label: int | None = None
     bytes_read: int = 0  # bytes of the slide file downloaded (scan and extraction); 0: a local file
-    read: str = ""  # a URL slide's scan: "in place" (ranged reads) or "copied" (downloaded first); "": a local file
+    read: str = ""  # a URL slide: "in place" (ranged reads) or "copied" (downloaded whole, to scan or after); "": local
     stain: dict[str, Any] = field(default_factory=dict)  # H&E stain: builder/scan/stain.py StainFit.to_record; {}: none
 
 

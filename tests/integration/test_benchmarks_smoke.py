@@ -114,7 +114,7 @@ def test_storage(tmp_path: Path) -> None:
     r = _smoke("bench_storage", tmp_path, "--workdir", str(tmp_path))
     assert r["in_place_0"]["identical"] and r["in_place_20"]["identical"]  # read in place: the local build's shards
     assert r["in_place_20"]["gets"] > 0 and r["copy_20"]["bytes"] >= r["copy_20"]["slide_bytes"]  # proxy's counts
-    assert r["stream_0"][0] > 0 and r["stream_20"][0] > 0 and r["stream_local_20"][0] > 0
+    assert r["stream_0"][0] > 0 and r["stream_20"][0] > 0 and r["stream_local"][0] > 0
 
 
 def test_embed(tmp_path: Path) -> None:

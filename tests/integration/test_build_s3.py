@@ -196,6 +196,8 @@ def test_slides_read_from_a_bucket_through_bounded_scratch(
 
     monkeypatch.setattr(wsishard.builder.inputs.staging, "local_copy", spy)
     monkeypatch.setattr(wsishard.builder.scan.scan, "local_copy", spy)
+    # in place, though these small slides' patches lie on most of their bytes (copied then: test_copy_or_in_place.py)
+    monkeypatch.setattr(wsishard.builder.inputs.staging, "COPY_ABOVE_FRACTION", float("inf"))
     scratch = tmp_path / "scratch"
     opts = dataclasses.replace(OPTS, jobs=1)  # in-process, so the spy sees every copy
     out = tmp_path / "out"

@@ -185,11 +185,12 @@ def test_not_found_and_forbidden_are_not_retried(http_serve: Any, out: sm.Output
     server: HttpServer = http_serve(Path(out.root).parent)
     with pytest.raises(FileNotFoundError):
         StreamOpener(retry=FAST)(f"{server.url}/out/no-such-shard.tar")
-    assert len(server.requests_to("no-such-shard.tar")) <= 2  # fsspec's HEAD, then GET: one attempt
+    # the first block's GET (sent beside the size's request), fsspec's HEAD, then its GET: one attempt each
+    assert len(server.requests_to("no-such-shard.tar")) <= 3
     server.faults.fail, server.faults.status = 10_000, 403
     with pytest.raises(PermissionError):
         StreamOpener(retry=FAST)(f"{server.url}/out/shard-000000-0000.tar")
-    assert len(server.requests_to("shard-000000-0000.tar")) <= 2
+    assert len(server.requests_to("shard-000000-0000.tar")) <= 3
 
 
 def _client_error(code: str, status: int) -> Exception:
@@ -270,3 +271,17 @@ def test_stream_refuses_credentials_in_an_s3_url_without_showing_them() -> None:
     with pytest.raises(OptionError, match=r"s3://\*\*\*@bucket/out: credentials in an s3:// URL are not read") as info:
         stream(f"s3://AKIDEXAMPLE:{SECRET}@bucket/out", batch_size=2)
     assert SECRET not in str(info.value) and "AKIDEXAMPLE" not in str(info.value)
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_an_empty_object_reads_as_empty_and_a_small_one_whole(s3: S3Server, s3_bucket: str, prefetch: int) -> None:
+    """The first block is asked for before the size is known (prefetch): an empty object's refused range is its end."""
+    fs = s3.fs()
+    fs.pipe(f"{s3_bucket}/empty.json", b"")
+    fs.pipe(f"{s3_bucket}/small.json", b"abc")
+    opener = StreamOpener(s3.storage_options, prefetch=prefetch)
+    with opener(f"s3://{s3_bucket}/empty.json") as fh:
+        assert fh.read() == b""
+    with opener(f"s3://{s3_bucket}/small.json") as fh:
+        assert fh.read() == b"abc"
+    assert read_bytes(f"s3://{s3_bucket}/empty.json", s3.storage_options) == b""

@@ -106,15 +106,19 @@ def test_a_slide_built_in_place_makes_far_fewer_requests_than_tiles_and_the_loca
 
     from buildtools import SMALL_BUILD, read_output
 
+    import wsishard.builder.inputs.staging
     import wsishard.slide.ranges
     from wsishard.builder.run.orchestrate import build
 
     server: HttpServer = http_serve(str(cohort))
     name = next(p.name for p in sorted(cohort.iterdir()) if p.suffix == ".svs")
     opts = dataclasses.replace(SMALL_BUILD, jobs=1)  # in-process: the policy patched below applies
+    # in place even though its patches' tiles are most of the file (which a build copies: test_copy_or_in_place.py)
+    monkeypatch.setattr(wsishard.builder.inputs.staging, "COPY_ABOVE_FRACTION", float("inf"))
     remote = build([f"{server.url}/{name}"], str(tmp_path / "remote"), opts)
     local = build([str(cohort / name)], str(tmp_path / "local"), opts)
     (record,) = remote.slides
+    assert record.read == "in place"
     assert record.patches > 100 and remote.shards == local.shards  # byte-identical shards (sizes and sha256)
     assert [s.key for s in read_output(str(tmp_path / "remote"))[1]] == [
         s.key for s in read_output(str(tmp_path / "local"))[1]
@@ -129,11 +133,15 @@ def test_a_slide_built_in_place_makes_far_fewer_requests_than_tiles_and_the_loca
 
 
 def test_a_slide_under_half_a_megabyte_is_copied_and_recorded_so_and_its_shards_equal_the_local_builds(
-    http_serve: Any, cohort: Path, tmp_path: Path
+    http_serve: Any, cohort: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import dataclasses
 
     from buildtools import SMALL_BUILD
+
+    import wsishard.builder.inputs.staging
+
+    monkeypatch.setattr(wsishard.builder.inputs.staging, "COPY_ABOVE_FRACTION", float("inf"))  # size alone decides
 
     from wsishard.builder.run.orchestrate import build
     from wsishard.slide.remote_tiff import COPY_BELOW_BYTES
@@ -145,7 +153,7 @@ def test_a_slide_under_half_a_megabyte_is_copied_and_recorded_so_and_its_shards_
     shutil.copy(next(p for p in sorted(cohort.iterdir()) if p.suffix == ".svs"), folder / "big.svs")
     assert tiny.stat().st_size < COPY_BELOW_BYTES < (folder / "big.svs").stat().st_size
     server: HttpServer = http_serve(str(folder))
-    opts = dataclasses.replace(SMALL_BUILD, jobs=1)
+    opts = dataclasses.replace(SMALL_BUILD, jobs=1)  # in-process: the fraction patched above applies
     remote = build([f"{server.url}/{tiny.name}", f"{server.url}/big.svs"], str(tmp_path / "remote"), opts)
     local = build([str(tiny), str(folder / "big.svs")], str(tmp_path / "local"), opts)
     read = {Path(s.file).name: (s.read, s.bytes_read) for s in remote.slides}

@@ -76,6 +76,35 @@ def test_a_shard_opened_ahead_and_not_read_next_is_replaced_and_a_local_path_is_
     assert [v for k, v in _AHEAD.items() if k[1] == id(opener)] == [kept]
 
 
+def test_a_shards_first_block_is_asked_for_beside_its_size_not_after_it(
+    http_serve: Any, stream_out: sm.Output, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One round trip to a shard's first byte, not two: the size's answer waits here until the server has the first
+    block's GET (sent only after the size, it never would; the wait would end at its deadline)."""
+    import wsishard.storage.remote
+
+    server: HttpServer = http_serve(stream_out.root)
+    name = max(stream_out.keys, key=lambda n: Path(stream_out.root, n).stat().st_size)
+    seen: list[bool] = []
+    info_size = wsishard.storage.remote._RemoteObject._info_size
+
+    def slow_size(self: Any) -> int | None:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not any(m == "GET" and r for m, _, r in server.requests_to(name)):
+            time.sleep(0.01)
+        seen.append(any(m == "GET" and r for m, _, r in server.requests_to(name)))
+        return info_size(self)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(wsishard.storage.remote._RemoteObject, "_info_size", slow_size)
+    with StreamOpener(block_size=4096)(f"{server.url}/{name}") as fh:
+        assert fh.read() == Path(stream_out.root, name).read_bytes()  # the first block checked against the size
+    assert seen == [True]
+    server.log.clear()
+    with StreamOpener(block_size=4096, prefetch=0)(f"{server.url}/{name}") as fh:  # no thread: size, then blocks
+        assert fh.read() == Path(stream_out.root, name).read_bytes()
+    assert seen == [True, False]
+
+
 def test_a_request_failing_mid_shard_names_the_shard(http_serve: Any, stream_out: sm.Output) -> None:
     server: HttpServer = http_serve(stream_out.root)
     name = max(stream_out.keys, key=lambda n: Path(stream_out.root, n).stat().st_size)

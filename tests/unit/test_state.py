@@ -303,3 +303,15 @@ def test_input_stamps_follow_size_and_modification_time(tmp_path: Path) -> None:
     os.utime(b, ns=(b.stat().st_atime_ns, b.stat().st_mtime_ns + 10**9))
     second = input_stamps([str(a), str(b)])
     assert second[str(a)] == first[str(a)] and second[str(b)] != first[str(b)]
+
+
+def test_the_qc_picture_of_a_slide_named_by_its_dicom_series_is_the_builds_own(tmp_path: Path) -> None:
+    """A build interrupted before its manifest knows its pictures by the slides' names (a DICOM series': its
+    ContainerIdentifier, not its first file's stem): a build replacing it removes them, and keeps what is not its."""
+    out = tmp_path / "out"
+    stamps = {"/s/boxes_0.dcm": {"size": 10, "mtime_ns": 1}}
+    names = {"/s/boxes_0.dcm": "SLIDE_1"}
+    BuildState(Destination(str(out)), DIGEST, names=names).claim(overwrite=False, stamps=stamps)
+    put_files(out, "qc/SLIDE_1.png", "qc/boxes_0.png")
+    BuildState(Destination(str(out)), "another", names=names).claim(overwrite=True, stamps=stamps)
+    assert files_under(out) == [".wsishard/build.json", "qc/boxes_0.png"]  # boxes_0.png: no slide of the build's

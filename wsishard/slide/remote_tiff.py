@@ -20,10 +20,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import fsspec
+import numpy as np
 import tifffile
 
 from wsishard.errors import SlideError
-from wsishard.slide.ranges import RangeFetcher, RangePolicy, Span
+from wsishard.slide.ranges import RangeFetcher, RangePolicy, Span, coalesce
 from wsishard.slide.reader import Rect, one_line
 from wsishard.slide.tiff import Into, TiffTileReader, _TiledLevel, _tiles_needed
 from wsishard.storage.urls import StorageOptions, public_location
@@ -91,6 +92,18 @@ class RemoteTiffReader(TiffTileReader):
     def bytes_read(self) -> int:
         """Bytes fetched from the object so far (also once closed): directories and tiles."""
         return (self._directory_bytes() if self._closed_bytes is None else self._closed_bytes) + self._ranges.bytes
+
+    @property
+    def size_bytes(self) -> int:
+        """The object's size."""
+        return int(self._file.size or 0)
+
+    def in_place_bytes(self, level: int, under: np.ndarray) -> int:
+        """The bytes reading the tiles of ``level`` marked in ``under`` ((rows, cols) bool, as :meth:`tile_bytes`)
+        in place fetches: their coalesced ranges, the bytes between neighbouring tiles too."""
+        lv, policy = self._levels[level], self._ranges.policy
+        spans = [(lv.offsets[i], lv.bytecounts[i]) for i in np.flatnonzero(under)]
+        return sum(end - start for start, end, _ in coalesce(spans, policy.gap_bytes, policy.max_range_bytes))
 
     @property
     def requests(self) -> int:

@@ -29,10 +29,19 @@ logger = logging.getLogger(__name__)
 
 
 def find_slides(inputs: Sequence[str], storage_options: StorageOptions | None = None) -> list[str]:
+    """The slides of :func:`find_inputs`, without their names."""
+    return find_inputs(inputs, storage_options)[0]
+
+
+def find_inputs(
+    inputs: Sequence[str], storage_options: StorageOptions | None = None
+) -> tuple[list[str], dict[str, str]]:
     """Slide files from folders (recursive), slide files, text files listing slides (one per line), and URLs
     (``s3://bucket/slides/``: every slide under the prefix; or one object), sorted, each file once (the same file
     under two paths, a symlink or a hard link is built once, with a warning; a dangling symlink is kept, for its
-    scan to record it failed), each local DICOM series once (its first file; a warning names the files).
+    scan to record it failed), each DICOM series once (its first file; a warning names the files); and the names
+    of the slides not named by their file (a DICOM series: :func:`~wsishard.slide.dicom.series_name`), by public
+    location (:func:`~wsishard.format.unique_slide_ids` takes them).
 
     Raises:
         OptionError: an input does not exist, or nothing that looks like a slide was found.
@@ -51,11 +60,11 @@ def find_slides(inputs: Sequence[str], storage_options: StorageOptions | None = 
         else:
             raise OptionError(f"no such file or folder: {item}")
     paths = _distinct(sorted(dict.fromkeys(p if is_url(p) else os.path.normpath(p) for p in found)))
-    paths = group_series(paths)  # a DICOM series' files are one slide
+    paths, names = group_series(paths, storage_options)  # a DICOM series' files are one slide
     if not paths:
         raise OptionError(f"no slide files ({', '.join(SLIDE_SUFFIXES)}) found in: {', '.join(inputs)}")
     warn_copies(paths)
-    return paths
+    return paths, names
 
 
 def _distinct(paths: list[str]) -> list[str]:

@@ -1,6 +1,8 @@
 """Slides in object storage: bounded local scratch copies, and per-slide staging of encoded patches.
 
-SVS and pyramidal TIFF slides given as URLs are read in place, by range (:mod:`wsishard.slide.remote_tiff`).
+SVS and pyramidal TIFF slides given as URLs are read in place, by range (:mod:`wsishard.slide.remote_tiff`), unless
+in place cannot win: a tiny slide (:data:`~wsishard.slide.remote_tiff.COPY_BELOW_BYTES`), or one whose kept patches
+lie on most of its bytes (:func:`in_place_pays`, known once its scan has laid them out) is copied instead.
 OpenSlide needs local files, so any other slide given as a URL is copied into the scratch folder by the worker that
 scans it, and deleted right after: a worker holds one slide copy at a time, so scratch holds at most ``jobs`` slides.
 Shards mix every slide of a group, which would need the whole group on disk at once; instead, while the copy is
@@ -26,16 +28,21 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import fsspec
+import numpy as np
 
 from wsishard.builder.extract.patches import EncodeOptions, Samples, SlideWork, block_samples
 from wsishard.errors import SlideError, SlideFailure
 from wsishard.slide import SlideReader, open_slide
-from wsishard.slide.remote_tiff import open_in_place
+from wsishard.slide.dicom import is_dicom, series_files
+from wsishard.slide.remote_tiff import RemoteTiffReader, open_in_place
 from wsishard.storage.urls import StorageOptions, is_url, public_location
 
 logger = logging.getLogger(__name__)
 
 _LEN = struct.Struct("<I")
+# A slide whose kept patches' tiles, read in place, would take more than this share of its file's bytes is copied:
+# in place would download about as much, in more requests, with the directories read again to stage it.
+COPY_ABOVE_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -62,23 +69,57 @@ def scratch_for(paths: list[str], folder: str | None, storage_options: StorageOp
 
 @contextlib.contextmanager
 def local_copy(url: str, scratch: str, storage_options: StorageOptions | None = None) -> Iterator[str]:
-    """Copy ``url`` into ``scratch`` for the duration of the ``with`` block, then delete it.
+    """Copy ``url`` into a folder of its own in ``scratch`` for the duration of the ``with`` block, then delete it:
+    a DICOM file with the other files of its series beside it (OpenSlide opens the series from the folder).
 
     Raises:
         SlideError: the object cannot be downloaded.
     """
-    os.makedirs(scratch, exist_ok=True)
-    local = os.path.join(scratch, f"{uuid.uuid4().hex[:12]}-{url.rstrip('/').rsplit('/', 1)[-1]}")
+    folder = os.path.join(scratch, f"copy-{uuid.uuid4().hex[:12]}")
+    os.makedirs(folder)
+    local = os.path.join(folder, _copy_name(url))
     try:
         try:
-            fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
-            fs.get_file(path, local)
+            fs, _ = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+            files = series_files(url, storage_options) if is_dicom(url) else [url]
+            for one in files:
+                fs.get_file(
+                    fsspec.core.url_to_fs(one, **dict(storage_options or {}))[1], os.path.join(folder, _copy_name(one))
+                )
         except (OSError, ValueError) as exc:
             raise SlideError(url, f"cannot be copied to scratch ({type(exc).__name__})") from exc
         yield local
     finally:
-        if os.path.exists(local):
-            os.remove(local)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def copied_bytes(local: str) -> int:
+    """The bytes :func:`local_copy` downloaded to make ``local`` (with a DICOM series' other files)."""
+    folder = os.path.dirname(local)
+    return sum(os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder))
+
+
+def _copy_name(url: str) -> str:
+    return public_location(url).rstrip("/").rsplit("/", 1)[-1] or "slide"
+
+
+def in_place_pays(reader: RemoteTiffReader, work: SlideWork) -> bool:
+    """Whether reading ``work``'s patches in place downloads less than a copy: the ranges that fetch the tiles of
+    its level under its patches (coalesced, as in place reads them) take under :data:`COPY_ABOVE_FRACTION` of the
+    file's bytes (context patches' margins aside)."""
+    tile_w, tile_h, counts = reader.tile_bytes(work.level)  # (rows, cols) int64
+    cands, down = work.cands, reader.level_downsamples[work.level]
+    x0, y0, side = cands.l0_x / down, cands.l0_y / down, cands.l0_extent / down
+    rows, cols = counts.shape
+    c0 = np.clip((x0 // tile_w).astype(np.int64), 0, cols - 1)
+    r0 = np.clip((y0 // tile_h).astype(np.int64), 0, rows - 1)
+    c1 = np.clip(((x0 + side - 1) // tile_w).astype(np.int64), c0, cols - 1) + 1
+    r1 = np.clip(((y0 + side - 1) // tile_h).astype(np.int64), r0, rows - 1) + 1
+    edges = np.zeros((rows + 1, cols + 1), dtype=np.int64)  # each patch's tile rectangle, as corner increments
+    for r, c, sign in ((r0, c0, 1), (r0, c1, -1), (r1, c0, -1), (r1, c1, 1)):
+        np.add.at(edges, (r, c), sign)
+    under = edges.cumsum(axis=0).cumsum(axis=1)[:rows, :cols] > 0  # (rows, cols): tiles under some patch
+    return reader.in_place_bytes(work.level, under) < COPY_ABOVE_FRACTION * reader.size_bytes
 
 
 @dataclass(frozen=True)
@@ -108,6 +149,7 @@ class StageTask:
     work: SlideWork  # its path is the URL; the local copy is read
     scratch: Scratch
     encode: EncodeOptions
+    copy: bool = False  # its scan chose a copy (its record's ``read``): never read in place
 
 
 @dataclass(frozen=True)
@@ -122,14 +164,15 @@ def stage_slide(task: StageTask) -> StageOutcome:
     scratch = task.scratch
     out_path = staging_path(scratch.folder, task.index)
     with SlideFailure(public_location(task.url)) as failure:  # logged (-v) without a query string or user info
-        remote = open_in_place(task.url, scratch.folder, scratch.storage_options, fast=task.encode.fast_path)
+        fast = task.encode.fast_path and not task.copy
+        remote = open_in_place(task.url, scratch.folder, scratch.storage_options, fast=fast)
         if remote is not None:  # tiles read by range
             with remote:
                 spans = _write_blocks(remote, replace(task.work, file_name=task.work.name), task.encode, out_path)
             return StageOutcome(task.index, StagedSlide(out_path, tuple(spans), remote.bytes_read))
         with local_copy(task.url, scratch.folder, scratch.storage_options) as local:
             staged = stage_copy(local, task.work, task.encode, out_path)
-            copied = os.path.getsize(local)
+            copied = copied_bytes(local)
         return StageOutcome(task.index, replace(staged, bytes_read=copied))
     if os.path.exists(out_path):
         os.remove(out_path)

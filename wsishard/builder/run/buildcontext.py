@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from wsishard.builder.inputs.staging import Scratch
 from wsishard.builder.options.buildopts import BuildOptions, BuildProgress
@@ -62,6 +62,7 @@ class BuildContext:
         pool: the worker processes.
         paths: every slide's location as read (a URL with its query string; records hold its public location).
         progress: told of each slide scanned and each shard written.
+        names: the names of the slides not named by their file (a DICOM series), by public location.
     """
 
     options: BuildOptions
@@ -71,6 +72,7 @@ class BuildContext:
     pool: WorkerPool
     paths: list[str]
     progress: ProgressCallback[BuildProgress]
+    names: Mapping[str, str] = field(default_factory=dict)
 
     @functools.cached_property
     def failures(self) -> Failures:

@@ -28,7 +28,7 @@ from wsishard.builder.extract.extract import (
     segment_tasks,
 )
 from wsishard.builder.inputs.roi import match_annotations
-from wsishard.builder.inputs.sources import check_tables, find_slides
+from wsishard.builder.inputs.sources import check_tables, find_inputs
 from wsishard.builder.inputs.staging import (
     StagedSlide,
     StageTask,
@@ -109,14 +109,14 @@ def build(
     sources, out, options = build_arguments(inputs, output, options, keywords, config)
     if part is not None and not 1 <= part[0] <= part[1]:
         raise OptionError(f"invalid part {part[0]}/{part[1]}: need 1 <= i <= n")
-    paths = find_slides(sources, storage_options)
+    paths, names = find_inputs(sources, storage_options)
     options = options.with_block_side(len(paths))  # recorded as chosen (the manifest, the resume fingerprint)
     check_tables(paths, options)  # warnings logged; an OptionError before anything is written
     annotations = match_annotations(options.roi.path, paths)  # likewise: a bad --roi never claims the output
     dest = Destination(out, storage_options)
     dest.makedirs()
     recorded = options_dict(options, for_fingerprint=True)
-    state = BuildState(dest, fingerprint(paths, recorded), part, build_identity(paths, recorded))
+    state = BuildState(dest, fingerprint(paths, recorded), part, build_identity(paths, recorded), names)
     jobs = options.jobs or os.cpu_count() or 1
     with state.lock:  # one build (or the parts of one) at a time; released on errors and interrupts too
         stamps = input_stamps(paths, storage_options)  # by location as stored (no query string or user info)
@@ -128,7 +128,14 @@ def build(
         _remove_leftovers(dest, set(mine))
         with scratch_for(paths, scratch, storage_options) as space, WorkerPool(jobs) as pool:
             ctx = BuildContext(
-                options=options, dest=dest, state=state, scratch=space, pool=pool, paths=paths, progress=progress
+                options=options,
+                dest=dest,
+                state=state,
+                scratch=space,
+                pool=pool,
+                paths=paths,
+                progress=progress,
+                names=names,
             )
             early = _scan_all(ctx, annotations, sorted(s for g in mine for s in groups[g]))
             slides, shards = _extract_groups(ctx, [(g, groups[g]) for g in mine], early)
@@ -146,7 +153,7 @@ def _scan_all(ctx: BuildContext, annotations: list[str | None], indices: list[in
     store = ctx.state.scans
     have = store.scanned()
     todo = [i for i in indices if i not in have]
-    tasks = scan_tasks(ctx.options, ctx.paths, todo, annotations, ctx.dest, ctx.scratch)
+    tasks = scan_tasks(ctx.options, ctx.paths, todo, annotations, ctx.dest, ctx.scratch, ctx.names)
     progress = ctx.state.lock.refreshing(ctx.progress)  # scanning saves nothing else that would refresh the lock
     done = len(indices) - len(todo)
     progress(BuildProgress("scan", done, len(indices)))
@@ -290,7 +297,14 @@ def _stage_group(ctx: BuildContext, group: _Group, previous: Done) -> dict[int, 
     wanted = sorted({s for sp in todo for s, _ in sp.blocks} - ctx.failures.slides - set(group.staged))
     encode = ctx.options.encode
     tasks = [
-        StageTask(index=s, url=group.scans[s].record.file, work=work, scratch=ctx.scratch, encode=encode)
+        StageTask(
+            index=s,
+            url=group.scans[s].record.file,
+            work=work,
+            scratch=ctx.scratch,
+            encode=encode,
+            copy=group.scans[s].record.read == "copied",
+        )
         for s in wanted
         if (work := group.scans[s].work) is not None
     ]

@@ -61,9 +61,12 @@ class BuildState:
         digest: str,
         part: tuple[int, int] | None = None,
         identity: dict[str, Any] | None = None,
+        names: Mapping[str, str] | None = None,
     ) -> None:
-        # identity: what ``digest`` is the fingerprint of (stamps.build_identity), recorded to say what changed
+        # identity: what ``digest`` is the fingerprint of (stamps.build_identity), recorded to say what changed;
+        # names: the slides not named by their file (a DICOM series), by location, which name their QC pictures
         self.dest, self.digest, self.part, self.identity = dest, digest, part, identity
+        self.names = dict(names or {})
         # parts of a cluster build share the output: each keeps its own list of failed slides (its groups only)
         self._failed = _FAILED if part is None else f"failed.{fmt.part_label(part)}.json"
         self.lock = OutputLock(dest, digest, part)
@@ -136,7 +139,7 @@ class BuildState:
                 "choose an empty or new folder, or pass --overwrite to build beside them (they are "
                 "kept)"
             )
-        pictures = _pictures(fmt.unique_slide_ids(list(stamps or {})))
+        pictures = _pictures(fmt.unique_slide_ids(list(stamps or {}), self.names))
         clash = [n for n in foreign if _untemp(n) in pictures or _build_name(_untemp(n))]
         if clash:
             raise OptionError(
@@ -181,7 +184,9 @@ class BuildState:
         listed = {s.get("name") for m in manifests.values() for s in m.get("shards", [])}
         listed |= {n.removesuffix(".json") for n in self.dest.listdir(self._name(_DONE))}
         ids = {s.get("slide_id") for m in manifests.values() for s in m.get("slides", [])}
-        ids |= set(fmt.unique_slide_ids(sorted(build.get("inputs") or {})) if build else self._slide_ids(names))
+        ids |= set(
+            fmt.unique_slide_ids(sorted(build.get("inputs") or {}), self.names) if build else self._slide_ids(names)
+        )
         pictures = _pictures(ids)
 
         def owned(name: str) -> bool:

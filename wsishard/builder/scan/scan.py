@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -19,7 +19,14 @@ from wsishard.builder.extract.context import context_footprints, context_legend
 from wsishard.builder.extract.patches import SlideWork, block_samples
 from wsishard.builder.inputs.roi import label_patches, roi_status, slide_roi
 from wsishard.builder.inputs.sources import lookup
-from wsishard.builder.inputs.staging import Scratch, StagedSlide, local_copy, stage_scanned
+from wsishard.builder.inputs.staging import (
+    Scratch,
+    StagedSlide,
+    copied_bytes,
+    in_place_pays,
+    local_copy,
+    stage_scanned,
+)
 from wsishard.builder.options.buildopts import BuildOptions
 from wsishard.builder.options.patchopts import PatchOptions
 from wsishard.builder.qc.qc import QcLayers, legend_lines
@@ -89,10 +96,11 @@ def scan_tasks(
     annotations: list[str | None],
     dest: Destination,
     scratch: Scratch,
+    names: Mapping[str, str] | None = None,
 ) -> Iterator[ScanTask]:
     """The scan tasks of the slides ``indices`` of a build of ``paths`` (each slide's id is unique among them all;
-    ``annotations``: each slide's annotation file)."""
-    ids = unique_slide_ids([public_location(p) for p in paths])  # never from a query string
+    ``annotations``: each slide's annotation file; ``names``: the slides not named by their file, by location)."""
+    ids = unique_slide_ids([public_location(p) for p in paths], names)  # never from a query string
     shared = replace(options, labels={}, mpp_overrides={})
     for i in indices:
         yield ScanTask(
@@ -182,18 +190,24 @@ def crashed_scan(task: ScanTask) -> ScanResult:
 
 def _scan_url(task: ScanTask, record: SlideRecord) -> ScanResult:
     """A slide given as a URL, read in place by range; or scanned from a copy in scratch, its patches staged from
-    that copy before it is deleted (:func:`~wsishard.builder.inputs.staging.stage_scanned`)."""
+    that copy before it is deleted (:func:`~wsishard.builder.inputs.staging.stage_scanned`); or scanned in place
+    and then copied and staged, where its patches lie on most of its bytes (in place cannot win: ``in_place_pays``).
+    """
     scratch, fast = task.scratch, task.options.fast_path
     remote = open_in_place(task.path, scratch.folder, scratch.storage_options, fast=fast)
+    scanned = 0
     if remote is not None:
         with remote:
             result = _scan_open(task, remote, record)
-        return replace(result, record=replace(result.record, bytes_read=remote.bytes_read, read="in place"))
+            work = result.work
+            if work is None or in_place_pays(remote, work):
+                return replace(result, record=replace(result.record, bytes_read=remote.bytes_read, read="in place"))
+        scanned = remote.bytes_read
     with local_copy(task.path, scratch.folder, scratch.storage_options) as local:
-        result = _scan_path(task, local, record)
-        copied = os.path.getsize(local)
+        result = _scan_path(task, local, record) if remote is None else result
+        copied = copied_bytes(local)
         staged = stage_scanned(local, result.work, task.index, task.path, scratch.folder, task.options.encode)
-    return replace(result, staged=staged, record=replace(result.record, bytes_read=copied, read="copied"))
+    return replace(result, staged=staged, record=replace(result.record, bytes_read=scanned + copied, read="copied"))
 
 
 def _scan_path(task: ScanTask, path: str, record: SlideRecord) -> ScanResult:
