@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
