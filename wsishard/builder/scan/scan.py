@@ -18,14 +18,7 @@ from wsishard.builder.extract.context import context_footprints, context_legend
 from wsishard.builder.extract.patches import SlideWork, block_samples
 from wsishard.builder.inputs.roi import label_patches, roi_status, slide_roi
 from wsishard.builder.inputs.sources import lookup
-from wsishard.builder.inputs.staging import (
-    Scratch,
-    StagedSlide,
-    copied_bytes,
-    in_place_pays,
-    local_copy,
-    stage_scanned,
-)
+from wsishard.builder.inputs.staging import Scratch, StagedSlide, copied_bytes, in_place_pays, local_copy, stage_scanned
 from wsishard.builder.options.buildopts import BuildOptions
 from wsishard.builder.options.patchopts import PatchOptions
 from wsishard.builder.qc.qc import QcLayers, legend_lines
@@ -188,10 +181,8 @@ def crashed_scan(task: ScanTask) -> ScanResult:
 
 
 def _scan_url(task: ScanTask, record: SlideRecord) -> ScanResult:
-    """A slide given as a URL, read in place by range; or scanned from a copy in scratch, its patches staged from
-    that copy before it is deleted (:func:`~wsishard.builder.inputs.staging.stage_scanned`); or scanned in place
-    and then copied and staged, where its patches lie on most of its bytes (in place cannot win: ``in_place_pays``).
-    """
+    """A slide given as a URL, read in place by range; or scanned from a copy in scratch (or in place, then copied
+    where its patches lie on most of its bytes: ``in_place_pays``), its patches staged from that copy."""
     scratch, fast = task.scratch, task.options.fast_path
     remote = open_in_place(task.path, scratch.folder, scratch.storage_options, fast=fast)
     scanned = 0
