@@ -43,7 +43,7 @@ WIDE_WORKERS = 8  # the many-worker rows, on a machine with at least twice as ma
 PAIR_BATCHES = {1: 8, 2: 12}  # timed batches of a loader slice in an interleaved pair, by workers (~0.5 s)
 RESUME_STEPS = (10, 10_000)  # resumed at these steps (2 workers)
 FLOOR_ROUNDS = 4  # floor rounds per decoder, interleaved inside each worker
-SAMPLING_TARGET = 0.8  # --sampling: weighted or selected samples/s against unweighted
+SAMPLING_TARGET = 0.9  # --sampling: weighted or selected samples/s against unweighted (issue 47)
 log = bk.logger("bench_stream")
 
 
