@@ -214,3 +214,13 @@ def test_a_labelled_multi_mpp_build_verifies(slides: Path, tmp_path: Path) -> No
         (f"scanner-{i}", str(i % 2).encode()) for i in range(len(SCANNERS))
     }
     assert main(["verify", str(out)]) == 0  # each key's slide (its scale tag left out) has its label
+
+
+def test_the_shards_are_the_same_whatever_the_jobs(builds: Builds, slides: Path, tmp_path: Path) -> None:
+    """Every scale's blocks are dealt and read by the plan alone: two jobs write the same bytes."""
+    root, _ = builds["multi"]
+    wsishard.build([str(slides)], str(tmp_path / "two"), mpp=list(MPPS), patch_size=128, shard_samples=60, jobs=2)
+    shards = sorted(root.glob("shard-*.tar"))
+    assert len(shards) >= 2 and [p.name for p in shards] == sorted(p.name for p in (tmp_path / "two").glob("*.tar"))
+    for shard in shards:
+        assert (tmp_path / "two" / shard.name).read_bytes() == shard.read_bytes(), shard.name
