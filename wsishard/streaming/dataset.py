@@ -8,17 +8,13 @@ Which reader reads what comes from the planner, given a :class:`~wsishard.stream
 the main process: webdataset's splitters re-detect the rank in each worker from the environment, which in a worker
 started by ``spawn`` without ``RANK`` silently gives every rank all shards.
 
-Error behaviour (``on_error``):
-    ``"raise"`` (default): a shard that cannot be opened, is truncated or corrupt, holds a sample with a
-    missing member, an undecodable image, an image whose header declares another size than the manifest's
-    patch size (checked before decoding: a decompression bomb costs nothing) or a member name that is not a key
-    (a path), or holds fewer samples than the manifest says raises :class:`~wsishard.errors.ShardError` naming
-    the shard (and the sample). A sample missing a member is never yielded; a short shard is only detectable at
-    its end, so its earlier (complete) samples may already have been batched. ``"skip"``: the rest of a failing
-    shard (or the one bad sample) is skipped, counted and logged; complete samples read before the failure are
-    kept. In epoch mode under DDP a worker left short by skipping tops up by re-reading its own shards, so every
-    rank still yields the planned number of batches (some samples are then seen twice); a single process just
-    yields fewer batches.
+Error behaviour (``on_error``): ``"raise"`` (default): a shard that cannot be opened, is truncated, corrupt or short
+of its manifest's count, or holds a sample with a missing member, an undecodable image, an image of another size
+than the manifest's (checked from its header: a decompression bomb costs nothing) or a member name that is not a key
+raises :class:`~wsishard.errors.ShardError` naming the shard (and the sample); a short shard shows only at its end,
+after its complete samples may have been batched. ``"skip"``: the rest of the shard (or the one sample) is skipped,
+counted and logged, and a resume stays exact (:attr:`ReadPieces.position`). In epoch mode under DDP a worker left
+short tops up by re-reading its own shards, so every rank yields its planned batches.
 
 The stages live in :mod:`wsishard.streaming.stages` and :mod:`wsishard.streaming.decode`. Members other than the
 image, ``.json`` and ``.cls`` are never read: ``.pyd``/``.pth``/``.pickle`` members are ignored and nothing is
@@ -374,21 +370,14 @@ class Resume:
 
 def _log_dropped(plan: Plan, spec: Spec) -> bool:
     """Log (a warning) what an epoch of ``plan`` drops, if anything; True."""
-    total = sum(r.items for row in plan.readers for r in row)
-    kept = sum(r.real for row in plan.readers for r in row)
+    total, kept = (sum(getattr(r, k) for row in plan.readers for r in row) for k in ("items", "real"))
     if kept < total:
+        last = ", and each worker its last incomplete batch (drop_last)" if spec.drop_last else ""
         logger.warning(
-            "epoch mode reads %d of %d samples each epoch (%d dropped, %.1f%%): every rank yields the same number of "
-            "batches (%d batches of %d samples) with %d rank(s) x %d worker(s)%s; stream(..., pad_last=True) reads "
-            "every sample exactly once, padding with repeats marked batch['valid'] == False",
-            kept,
-            total,
-            total - kept,
-            100 * (total - kept) / total,
-            plan.batches_per_rank,
-            plan.batch_size,
-            len(plan.topology),
-            max(plan.topology),
-            ", and each worker drops its last incomplete batch (drop_last)" if spec.drop_last else "",
+            f"epoch mode reads {kept} of {total} samples each epoch ({total - kept} dropped, "
+            f"{100 * (total - kept) / total:.1f}%): every rank yields the same number of batches "
+            f"({plan.batches_per_rank} of {plan.batch_size}) with {len(plan.topology)} rank(s) x "
+            f"{max(plan.topology)} worker(s){last}; stream(..., pad_last=True) reads every sample exactly once, "
+            "padding with repeats marked batch['valid'] == False"
         )
     return True

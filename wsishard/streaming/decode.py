@@ -101,16 +101,6 @@ class Metas(Sequence[PatchMeta]):
         return Metas, (self._items,)  # texts not yet read cross as texts, dicts read (maybe changed) as dicts
 
 
-def decode_sample(raw: RawSample) -> Sample:
-    """Decode one sample on its own: image via PIL (JPEG/PNG/WebP only), ``.json``, ``.cls``.
-
-    Raises:
-        ShardError: a field does not decode (names the shard and the sample).
-    """
-    meta, label = _fields(raw)
-    return Sample(key=raw["key"], shard=raw["shard"], image=_pil_rgb(raw), meta=meta, label=label)
-
-
 def _fields(raw: RawSample) -> tuple[PatchMeta, int]:
     """The sample's ``.json`` (UTF-8, as wsishard writes it) and its label (``.cls``, else the json's ``label``,
     else -1), an int64."""

@@ -43,11 +43,6 @@ class World:
         if not 0 <= self.worker < self.num_workers:
             raise ValueError(f"worker must be in [0, {self.num_workers}), got {self.worker}")
 
-    @property
-    def total_workers(self) -> int:
-        """Readers across the job: ``world_size * num_workers``."""
-        return self.world_size * self.num_workers
-
     def with_worker(self, worker: int, num_workers: int) -> World:
         """The same rank, seen from DataLoader worker ``worker`` of ``num_workers``."""
         return replace(self, worker=worker, num_workers=num_workers)
