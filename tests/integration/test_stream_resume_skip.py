@@ -131,3 +131,27 @@ def test_a_lazy_select_with_a_skip_resumes_as_the_uninterrupted_one(tmp_path: Pa
         again = fresh()
         again.load_state_dict(json.loads(json.dumps(first.state_dict())))
         assert taken + _sig(list(itertools.islice(again, 30 - steps))) == reference
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_rank_topping_up_after_a_skip_resumes_as_the_uninterrupted_one(tmp_path: Path, workers: int) -> None:
+    """Under DDP a rank left short by a skip re-reads its own shards to yield its planned batches (a top-up); a job
+    stopped at any batch, before or during the top-up, resumes to the uninterrupted rank's batches."""
+    out = sm.make_output(str(tmp_path / "o"), COUNTS)
+    sm.truncate(out.path(2), 0.3)
+
+    def rank(r: int) -> ShardLoader:
+        return _loader(out.root, workers, resampled=False, shuffle=4, world=World(rank=r, world_size=2))
+
+    tops = []
+    for r in range(2):
+        reference = _sig(list(rank(r)))
+        topped = len(set(sum(reference, ()))) < len(sum(reference, ()))  # this rank re-read some samples
+        tops.append(topped)
+        for steps in range(1, len(reference)):
+            first = rank(r)
+            taken = _sig(list(itertools.islice(first, steps)))
+            again = rank(r)
+            again.load_state_dict(json.loads(json.dumps(first.state_dict())))
+            assert taken + _sig(list(again)) == reference, f"rank {r} (topped up: {topped}) stopped at {steps}"
+    assert any(tops)  # one rank did top up

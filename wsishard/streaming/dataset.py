@@ -52,22 +52,42 @@ logger = logging.getLogger(__name__)
 _TOPUP_STREAM = 2  # a seed word keeping the top-up passes' random stream apart from the shuffles'
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Refill:
-    """Top-up batches for :class:`~wsishard.streaming.reader.Budget`: one more reshuffled pass over a reader's own
-    pieces."""
+    """Top-up batches for :class:`~wsishard.streaming.reader.Budget`: one more reshuffled pass over a reader's whole
+    plan (``pieces``, of ``start`` items), after the ``skip`` items of top-up passes a resumed reader had passed."""
 
     dataset: ShardStream
     pieces: tuple[planner.Piece, ...]
     lending: Lending
     epoch: int = 0
+    start: int = 0
+    skip: int = 0
+    reader: ReadPieces | None = None  # the current pass's reader stage (its position: the reader's)
 
     def __call__(self, pass_index: int) -> Iterator[Batch]:
+        total = sum(p.count for p in self.pieces)
+        done = self.skip // total if total else 0  # whole top-up passes a resumed reader had passed
+        at, pass_index = (self.skip - done * total if pass_index == 1 else 0), pass_index + done
         seed = (*self.pieces[0].seed, _TOPUP_STREAM, pass_index) if self.pieces else ()
         order = np.random.default_rng(seed).permutation(len(self.pieces)).tolist()
         pieces = tuple(replace(self.pieces[i], seed=(*self.pieces[i].seed, _TOPUP_STREAM, pass_index)) for i in order)
-        reader = self.dataset.reader_stage(len(pieces))
-        return iter(wds.DataPipeline(Pieces(pieces), reader, self.dataset.batch_stage(self.lending, self.epoch)))
+        self.reader = self.dataset.reader_stage(len(pieces), self.start + (pass_index - 1) * total + at)
+        pieces = tuple(planner.cut(pieces, at, total)) if at else pieces
+        return iter(wds.DataPipeline(Pieces(pieces), self.reader, self.dataset.batch_stage(self.lending, self.epoch)))
+
+
+@dataclass(frozen=True)
+class _Place:
+    """Where a reader stands in its plan: its reader stage's position, or its current top-up pass's once one began."""
+
+    main: ReadPieces
+    refill: _Refill | None
+
+    @property
+    def position(self) -> int:
+        topping = self.refill.reader if self.refill is not None else None
+        return topping.position if topping is not None else self.main.position
 
 
 # ---- the dataset ---------------------------------------------------------------------------------------
@@ -247,7 +267,10 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         if self.config.resampled:
             sizes = self._true_sizes if self.sampling is not None and self.sampling.lazy else None
             items = done * self.config.batch_size if items is None else items
-            return Work(Passes(self.spec, topology, world.rank, world.worker, items, sizes), None, None, start=items)
+            share = tuple(planner.reader_share(self.spec, topology, world.rank, world.worker))
+            return Work(
+                Passes(self.spec, topology, world.rank, world.worker, items, sizes), None, None, 0, items, share
+            )
         plan = planner.plan_epoch(self.spec, topology, epoch, self.segments(epoch))
         return epoch_work(plan, world.rank, world.worker, done, items)
 
@@ -262,20 +285,19 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
 
     def _stages(
         self, world: World, epoch: int, done: int, lending: Lending, items: int | None
-    ) -> tuple[ReadPieces, list[object]]:
+    ) -> tuple[_Place, list[object]]:
         """:meth:`pipeline`'s reader stage, and all its stages in order."""
         cfg, size = self.config, self.config.batch_size
         work = self.work(world, epoch, done, items)
-        pieces = work.source.pieces if isinstance(work.source, Pieces) else ()
         counter = Validity(work.done)
         topup = work.budget is not None and cfg.on_error == "skip" and world.world_size > 1
-        refill = _Refill(self, pieces, lending, epoch) if topup else None
+        refill = _Refill(self, work.plan, lending, epoch, work.start + (work.real or 0), work.topped) if topup else None
         total = (work.budget or 0) * size if cfg.pad_last else 0
-        logger.debug("rank %d worker %d epoch %d: %d pieces", world.rank, world.worker, epoch, len(pieces))
-        reader = self.reader_stage(work.share or self._share_size(work.source), work.start)
-        return reader, [
+        logger.debug("rank %d worker %d epoch %d: %d pieces", world.rank, world.worker, epoch, len(work.plan))
+        main = self.reader_stage(len(work.plan), work.start)  # as many failing in a row raise (skip mode)
+        return _Place(main, refill), [
             work.source,
-            reader,
+            main,
             PadSamples(work.real, total, size, counter),
             self.batch_stage(lending, epoch),
             *([MarkValid(counter, done * size)] if cfg.pad_last else []),
@@ -286,14 +308,6 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
         """The samples ``select`` keeps in each of ``shards`` (positions in :attr:`shards`): a lazy plan's counts."""
         assert self.sampling is not None
         return selection.selected_counts(self.sampling, self.opener, [self.shards[s].url for s in shards])
-
-    @staticmethod
-    def _share_size(source: object) -> int:
-        """The shards a resampled reader visits (``source`` a :class:`~wsishard.streaming.work.Passes`): how many
-        may fail in a row under ``on_error="skip"`` before it gives up; 1 otherwise."""
-        if isinstance(source, Passes):
-            return len(planner.reader_share(source.spec, source.topology, source.rank, source.worker))
-        return 1
 
     def __iter__(self) -> Iterator[Batch]:
         """One pass (:meth:`next_pass`): every batch is a fresh buffer of its own."""
@@ -309,9 +323,8 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
             epoch: the pass's epoch.
             resume: where each worker of a resumed loader stands in ``epoch``, and which worker the first plays.
             lending: how the batch buffers are lent (:class:`~wsishard.streaming.ring.Lending`).
-            handover: in a worker of a :class:`~wsishard.streaming.loader.ShardLoader`: each batch tagged with its
-                (logical) worker, which the loader takes off again, and a :class:`~wsishard.errors.ShardError` handed
-                over as the last item (:class:`WorkerShardError`). A DataLoader of the user's own gets plain batches.
+            handover: for a :class:`~wsishard.streaming.loader.ShardLoader` (:func:`_handed`); a DataLoader of the
+                user's own gets plain batches.
         """
         info = torch.utils.data.get_worker_info()
         workers = info.num_workers if info is not None else 1
@@ -327,12 +340,8 @@ class ShardStream(torch.utils.data.IterableDataset[Batch]):
 
 @dataclass(frozen=True)
 class WorkerShardError:
-    """A worker's :class:`~wsishard.errors.ShardError`, handed to the main process as data.
-
-    DataLoader re-raises a worker's exception by calling its type with one message string, which a
-    ``ShardError`` (two fields) does not take, so it would arrive as a ``RuntimeError``; as an item of the
-    stream it arrives intact and :class:`~wsishard.streaming.loader.ShardLoader` raises it as the ``ShardError``
-    it was.
+    """A worker's :class:`~wsishard.errors.ShardError`, handed to the main process as data (DataLoader would
+    re-raise the exception as a ``RuntimeError`` of its text), which ``ShardLoader`` raises as the ShardError it was.
     """
 
     shard: str
@@ -340,7 +349,7 @@ class WorkerShardError:
 
 
 def _handed(
-    batches: Iterator[Batch], worker: int, reader: ReadPieces, in_worker: bool
+    batches: Iterator[Batch], worker: int, reader: _Place, in_worker: bool
 ) -> Iterator[Batch | WorkerShardError]:
     """For :class:`~wsishard.streaming.loader.ShardLoader`: each batch tagged with the (logical) worker that made it
     and the reader's place in its plan after it (the loader keeps both for its state); in a DataLoader worker, a
@@ -358,8 +367,7 @@ def _handed(
 
 @dataclass(frozen=True)
 class Resume:
-    """Where a resumed loader picks an epoch up: batches each (logical) worker had yielded, and which worker the
-    DataLoader's first worker plays (``rotation``), so the round robin goes on where it stopped."""
+    """Where a resumed loader picks an epoch up: each (logical) worker's batches, and which worker the first plays."""
 
     epoch: int
     batches: tuple[int, ...]

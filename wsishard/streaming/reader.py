@@ -52,11 +52,8 @@ class ReadPieces:
         max_failures: in skip mode, this many failed pieces in a row raise.
         context: context scales to read with each sample (:func:`~wsishard.streaming.stages.read_shard`).
         bags: the shards hold an embeddings output's slide samples (read as bags).
-        position: the reader's place in its plan's items when it starts (a resumed reader's).
-
-    ``position`` counts the plan items the reader has passed: each item it yields, and the items of a piece it could
-    not yield (a shard or sample skipped under ``on_error="skip"``), so a resumed reader goes on after a skip where
-    the uninterrupted one did. The loader saves it with each batch.
+        position: the plan items the reader has passed (a resumed reader's, at start): those it yielded, and those
+            a skip (``on_error="skip"``) left out, so a resume goes on where the uninterrupted reader did.
     """
 
     shards: tuple[ShardRef, ...]
@@ -252,7 +249,7 @@ class Budget(Generic[B]):
             count += 1
             if count == self.batches:
                 return
-        refill = self.refill
+        refill, empty = self.refill, 0
         for pass_index in range(1, 2**31):
             if count >= self.batches or refill is None:
                 return
@@ -266,7 +263,8 @@ class Budget(Generic[B]):
                 count, got = count + 1, got + 1
                 if count == self.batches:
                     return
-            if got == 0:
+            empty = empty + 1 if got == 0 else 0
+            if empty == 2:  # (a resumed reader's first top-up may be the end of a pass: nothing to give)
                 raise ShardError(
                     "(every shard of this worker)", f"re-reading gave no batch; {count} of {self.batches} planned"
                 )

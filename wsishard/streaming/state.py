@@ -33,8 +33,11 @@ def history_entry(segment: Segment) -> dict[str, Any]:
     return entry
 
 
-def _positions(value: Any, readers: int) -> bool:
-    """``value`` is a state's ``items``: each of ``readers`` workers' place in its plan (an int, or null)."""
+def _positions(value: Any, readers: int, rows: list[int] | None = None) -> bool:
+    """``value`` is a state's ``items``: each of ``readers`` workers' place in its plan (an int, or null); with
+    ``rows``, a history's: a list of such lists, ``rows[i]`` workers long."""
+    if rows is not None:
+        return isinstance(value, list) and len(value) == readers and all(map(_positions, value, rows))
     return isinstance(value, list) and len(value) == readers and all(v is None or is_int(v, 0) for v in value)
 
 
@@ -96,17 +99,6 @@ def check_history(history: Any) -> None:
                 isinstance(row, list) and len(row) == k and all(is_int(b, 0) for b in row)
                 for row, k in zip(batches, topology, strict=False)
             )
-            or not _history_items(g.get("items"), topology)
+            or not (g.get("items") is None or _positions(g["items"], len(topology), topology))
         ):
             raise ValueError(f"loader state: history[{i}] must be {{topology: [workers per rank], batches: [[...]]}}")
-
-
-def _history_items(items: Any, topology: list[int]) -> bool:
-    """A history entry's ``items`` (absent, or ``[[per worker] per rank]`` as its batches)."""
-    if items is None:
-        return True
-    return (
-        isinstance(items, list)
-        and len(items) == len(topology)
-        and all(_positions(row, k) for row, k in zip(items, topology, strict=False))
-    )

@@ -66,7 +66,8 @@ class Work:
     budget: int | None
     done: int = 0
     start: int = 0  # items of its plan the reader has passed (yielded, or skipped under on_error="skip")
-    share: int = 0  # pieces in the reader's whole plan (as many failing in a row raise under on_error="skip")
+    plan: tuple[Piece, ...] = ()  # the reader's whole plan (an epoch's top-ups re-read it; resampled: one pass)
+    topped: int = 0  # items of top-up passes it had passed (a resumed reader that stopped while topping up)
 
 
 def epoch_work(plan: Plan, rank: int, worker: int, batches: int, items: int | None = None) -> Work:
@@ -76,4 +77,5 @@ def epoch_work(plan: Plan, rank: int, worker: int, batches: int, items: int | No
     done = min(batches * size, reader.real)
     at = done if items is None else max(done, min(items, reader.real))
     rest = cut(reader.pieces, at, reader.real) if at < reader.real else list(reader.pieces)  # repeats' source
-    return Work(Pieces(tuple(rest)), reader.real - at, max(reader.budget - batches, 0), done, at, len(reader.pieces))
+    topped = max(items - reader.real, 0) if items is not None else 0
+    return Work(Pieces(tuple(rest)), reader.real - at, max(reader.budget - batches, 0), done, at, reader.pieces, topped)
