@@ -102,6 +102,11 @@ class Reader:
     def items(self) -> int:
         return sum(p.count for p in self.pieces)
 
+    def passed(self, batches: int, batch_size: int, items: int | None = None) -> int:
+        """Its items passed after ``batches`` batches: theirs, or ``items`` (more after a skip), at most ``real``."""
+        done = min(batches * batch_size, self.real)
+        return done if items is None else max(done, min(items, self.real))
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -267,9 +272,8 @@ def remainder(
             done = int(batches[rank][worker])
             if done > reader.budget:
                 raise ValueError(f"rank {rank} worker {worker}: {done} batches, beyond its budget {reader.budget}")
-            at = min(done * plan.batch_size, reader.real)
-            passed = items[rank][worker] if items is not None else None
-            left += cut(reader.pieces, at if passed is None else max(at, min(passed, reader.real)), reader.real)
+            at = reader.passed(done, plan.batch_size, items[rank][worker] if items is not None else None)
+            left += cut(reader.pieces, at, reader.real)
     return left
 
 

@@ -98,8 +98,7 @@ class ReadPieces:
             piece = following
 
     def _count(self, piece: Piece) -> int:
-        """The items ``piece`` yields unless something is skipped (a lazy plan's pieces count rows, not the selected
-        samples, until they are read)."""
+        """The items ``piece`` yields without a skip (a lazy piece: its selected samples once read, not its rows)."""
         size = self._size
         if size is None or piece.draws or size == piece.items:
             return piece.count

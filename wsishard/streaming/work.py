@@ -75,7 +75,7 @@ def epoch_work(plan: Plan, rank: int, worker: int, batches: int, items: int | No
     plan's items (None: the batches' items, nothing skipped) (a resumed loader)."""
     reader, size = plan.reader(rank, worker), plan.batch_size
     done = min(batches * size, reader.real)
-    at = done if items is None else max(done, min(items, reader.real))
+    at = reader.passed(batches, size, items)
     rest = cut(reader.pieces, at, reader.real) if at < reader.real else list(reader.pieces)  # repeats' source
     topped = max(items - reader.real, 0) if items is not None else 0
     return Work(Pieces(tuple(rest)), reader.real - at, max(reader.budget - batches, 0), done, at, reader.pieces, topped)
