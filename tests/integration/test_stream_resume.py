@@ -214,6 +214,11 @@ BAD_FIELDS = {
     "history not a list": ("history", {"topology": [2]}),
     "history of another shape": ("history", [{"topology": [2], "batches": [[1, 2, 3]]}]),
     "history of no topology": ("history", [{"batches": [[1]]}]),
+    "items of another length": ("items", [3]),
+    "negative items": ("items", [-1, None]),
+    "items as text": ("items", ["3", 0]),
+    "history items of another shape": ("history", [{"topology": [2], "batches": [[1, 2]], "items": [[3]]}]),
+    "history items negative": ("history", [{"topology": [2], "batches": [[1, 2]], "items": [[3, -1]]}]),
 }
 
 
